@@ -1,0 +1,29 @@
+"""The pure StreamingLLM cache policy: which cells a sequence keeps and where they sit.
+
+No engine, no network: this package imports neither ``llama_cpp`` nor ``grpc``.
+"""
+
+from cachepolicy.config import PolicyConfig, PolicyName, PositionMode
+from cachepolicy.errors import CacheFull, ConfigError, SinkdError
+from cachepolicy.plan import AppendPlan, Evict, Op, SeqState, Shift, SubBatch, plan_append
+from cachepolicy.sequence import CacheSequence, Cell, Receipt, TraceEvent
+
+__all__ = [
+    "AppendPlan",
+    "CacheFull",
+    "CacheSequence",
+    "Cell",
+    "ConfigError",
+    "Evict",
+    "Op",
+    "PolicyConfig",
+    "PolicyName",
+    "PositionMode",
+    "Receipt",
+    "SeqState",
+    "Shift",
+    "SinkdError",
+    "SubBatch",
+    "TraceEvent",
+    "plan_append",
+]

@@ -1,0 +1,160 @@
+"""A sequence under a policy: its state, its eviction trace and its receipt.
+
+`plan` is pure; an engine applies a sub-batch's ops to the real cache and then calls `adopt_ops` and
+`adopt_tokens`, so this object always describes what the cache holds. `append` does both at once for
+simulation and tests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from cachepolicy.config import PolicyConfig
+from cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
+
+DEFAULT_TRACE_CAPACITY = 256
+
+
+@dataclass(frozen=True)
+class Cell:
+    cache_pos: int
+    logical_pos: int
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One eviction: what left (logical and cache ranges) and how the window moved, if it did."""
+
+    at_token: int  # tokens seen when the eviction happened
+    evicted_logical: tuple[int, int]
+    evicted_cache: tuple[int, int]
+    shift_delta: int  # 0 when the shift was deferred (K) or the mode keeps positions
+    shifted_cache: tuple[int, int] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "at_token": self.at_token,
+            "evicted_logical": list(self.evicted_logical),
+            "evicted_cache": list(self.evicted_cache),
+            "shift_delta": self.shift_delta,
+            "shifted_cache": list(self.shifted_cache) if self.shifted_cache else None,
+        }
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Content-free account of what a sequence retains: positions and counts only."""
+
+    config: PolicyConfig
+    n_seen: int
+    retained: int
+    anchors_logical: tuple[int, int]  # [start, end)
+    recent_logical: tuple[int, int]
+    anchors_cache: tuple[int, int]
+    recent_cache: tuple[int, int]
+    pending_gap: int
+    evictions: int
+    evicted_tokens: int
+    shifts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.config.as_dict(),
+            "n_seen": self.n_seen,
+            "retained": self.retained,
+            "anchors_logical": list(self.anchors_logical),
+            "recent_logical": list(self.recent_logical),
+            "anchors_cache": list(self.anchors_cache),
+            "recent_cache": list(self.recent_cache),
+            "pending_gap": self.pending_gap,
+            "evictions": self.evictions,
+            "evicted_tokens": self.evicted_tokens,
+            "shifts": self.shifts,
+        }
+
+
+class CacheSequence:
+    def __init__(self, config: PolicyConfig, trace_capacity: int = DEFAULT_TRACE_CAPACITY) -> None:
+        self.config = config
+        self.state = SeqState.empty(config)
+        self.trace: deque[TraceEvent] = deque(maxlen=trace_capacity)
+
+    def plan(self, n_tokens: int, max_batch: int | None = None) -> AppendPlan:
+        return plan_append(self.config, self.state, n_tokens, max_batch)
+
+    def adopt_ops(self, sub_batch: SubBatch) -> None:
+        """Record that `sub_batch.ops` were applied to the cache."""
+        if sub_batch.ops:
+            self.trace.append(_event(self.state, sub_batch))
+        self.state = sub_batch.after_ops
+
+    def adopt_tokens(self, sub_batch: SubBatch) -> None:
+        """Record that the sub-batch's tokens were decoded into the cache."""
+        self.state = sub_batch.after
+
+    def append(self, n_tokens: int, max_batch: int | None = None) -> AppendPlan:
+        plan = self.plan(n_tokens, max_batch)
+        for sub_batch in plan.sub_batches:
+            self.adopt_ops(sub_batch)
+            self.adopt_tokens(sub_batch)
+        return plan
+
+    def fork(self) -> CacheSequence:
+        """An independent copy: the state is immutable and the trace is copied."""
+        child = CacheSequence(self.config, self.trace.maxlen or DEFAULT_TRACE_CAPACITY)
+        child.state = self.state
+        child.trace.extend(self.trace)
+        return child
+
+    def reset(self) -> None:
+        self.state = SeqState.empty(self.config)
+        self.trace.clear()
+
+    @property
+    def retained(self) -> int:
+        return self.state.retained(self.config)
+
+    def cells(self) -> list[Cell]:
+        """Every retained cell in cache order (sinks, then the window)."""
+        s = self.state
+        sinks = [Cell(i, i) for i in range(s.sink_count(self.config))]
+        start = max(s.window_start, s.sink_count(self.config))
+        return sinks + [Cell(lp - s.shift, lp) for lp in range(start, s.n_seen)]
+
+    def logical_positions(self) -> list[int]:
+        return [c.logical_pos for c in self.cells()]
+
+    def cache_positions(self) -> list[int]:
+        return [c.cache_pos for c in self.cells()]
+
+    def receipt(self) -> Receipt:
+        s = self.state
+        n_sinks = s.sink_count(self.config)
+        start = max(s.window_start, n_sinks)
+        return Receipt(
+            config=self.config,
+            n_seen=s.n_seen,
+            retained=s.retained(self.config),
+            anchors_logical=(0, n_sinks),
+            recent_logical=(start, s.n_seen),
+            anchors_cache=(0, n_sinks),
+            recent_cache=(start - s.shift, s.n_seen - s.shift),
+            pending_gap=s.gap(self.config) if s.window_count() else 0,
+            evictions=s.evictions,
+            evicted_tokens=s.evicted_tokens,
+            shifts=s.shifts,
+        )
+
+
+def _event(before: SeqState, sub_batch: SubBatch) -> TraceEvent:
+    evict = next(op for op in sub_batch.ops if isinstance(op, Evict))
+    shift = next((op for op in sub_batch.ops if isinstance(op, Shift)), None)
+    return TraceEvent(
+        at_token=before.n_seen,
+        evicted_logical=(evict.logical_start, evict.logical_end),
+        evicted_cache=(evict.p0, evict.p1),
+        shift_delta=shift.delta if shift else 0,
+        shifted_cache=(shift.p0, shift.p1) if shift else None,
+    )
