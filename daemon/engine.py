@@ -1,0 +1,452 @@
+"""The one adapter around llama.cpp: the only module of sinkd that imports ``llama_cpp``.
+
+It owns the model, one context with several sequences, one batch, and the samplers; it applies the
+policy's plans with ``llama_memory_seq_rm``/``llama_memory_seq_add`` and checks every return value;
+it validates every batch before ``llama_decode``, because llama.cpp aborts the whole process on some
+misuse (a batch above ``n_batch`` hits a GGML_ASSERT).
+
+NOTE: the context uses per-sequence KV streams (``kv_unified = false``). In a unified cache
+``llama_memory_seq_cp`` shares cells between parent and child, so a child's ``seq_rm`` + ``seq_add``
+would move the parent's positions too; with one stream per sequence the copy is physical and every
+fork is safe. The price: each sequence gets ``n_ctx / n_seq_max`` cells, fixed at start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import llama_cpp as llama
+import numpy as np
+
+from cachepolicy import CacheSequence, Evict, PolicyConfig, PositionMode, Shift, SubBatch
+from daemon.errors import EngineError, InvalidInput, ModelMismatch, Unsupported
+from daemon.models import ModelEntry
+
+Outputs = Literal["none", "last", "all"]
+
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
+KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Context settings. Each sequence gets `n_ctx_seq` cells (llama.cpp rounds it up to a multiple
+    of 256; `Engine.n_ctx_seq` is what it gave); the context holds `n_seq_max` sequences."""
+
+    n_ctx_seq: int = 512
+    n_seq_max: int = 4
+    n_batch: int = 256
+    n_threads: int = max(1, min(os.cpu_count() or 1, 8))
+    n_gpu_layers: int = 0
+    kv_type: str = "f16"
+    swa_full: bool = True  # a sliding-window cache can shift only at full size
+
+    def validate(self) -> None:
+        if self.n_ctx_seq < 1:
+            raise InvalidInput(f"n_ctx_seq: must be >= 1, got {self.n_ctx_seq}")
+        if not 1 <= self.n_seq_max <= MAX_SEQUENCES:
+            raise InvalidInput(f"n_seq_max: must be in 1..{MAX_SEQUENCES}, got {self.n_seq_max}")
+        if self.n_batch < 1:
+            raise InvalidInput(f"n_batch: must be >= 1, got {self.n_batch}")
+        if self.n_threads < 1:
+            raise InvalidInput(f"n_threads: must be >= 1, got {self.n_threads}")
+        if self.kv_type not in KV_TYPES:
+            raise InvalidInput(f"kv_type: must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not 0.0 <= self.temperature <= 5.0:
+            raise InvalidInput(f"temperature: must be in [0, 5], got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidInput(f"top_k: must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidInput(f"top_p: must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise InvalidInput(f"min_p: must be in [0, 1), got {self.min_p}")
+        if not 0 <= self.seed < 2**32:
+            raise InvalidInput(f"seed: must be in [0, 2^32), got {self.seed}")
+
+
+class _LlamaLog:
+    """Routes llama.cpp's log through one callback that keeps only the KV allocation lines.
+
+    Prompts never reach llama.cpp's log, but we keep nothing else anyway: ids and sizes only.
+    """
+
+    _kv_size = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
+    _swa_size = re.compile(r"llama_kv_cache_iswa|SWA")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kv_mib: list[tuple[float, int]] = []
+        self.verbose = bool(os.environ.get("SINKD_LLAMA_LOG"))
+        self.callback = llama.llama_log_callback(self._on_log)
+        llama.llama_log_set(self.callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        line = text.decode("utf-8", errors="replace")
+        if self.verbose:
+            print(line, end="")
+        match = self._kv_size.search(line)
+        if match:
+            with self.lock:
+                self.kv_mib.append((float(match.group(1)), int(match.group(2))))
+
+    def take_kv(self) -> list[tuple[float, int]]:
+        with self.lock:
+            taken, self.kv_mib = self.kv_mib, []
+        return taken
+
+
+_log: _LlamaLog | None = None
+_backend_lock = threading.Lock()
+
+
+def _init_backend() -> _LlamaLog:
+    global _log
+    with _backend_lock:
+        if _log is None:
+            _log = _LlamaLog()
+            llama.llama_backend_init()
+        return _log
+
+
+class Sampler:
+    """A llama.cpp sampler chain for one sequence: greedy at temperature 0, else k, p, min-p, temp, dist."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        params.validate()
+        self.params = params
+        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        if not chain:
+            raise EngineError("llama_sampler_chain_init failed")
+        self._chain = chain
+        if params.temperature == 0.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(params.seed))
+
+    def reset(self) -> None:
+        llama.llama_sampler_reset(self._chain)
+
+    def close(self) -> None:
+        if self._chain:
+            llama.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class Engine:
+    """One model, one context, `n_seq_max` sequences. Not thread-safe: one thread owns it."""
+
+    def __init__(
+        self,
+        path: Path,
+        entry: ModelEntry | None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.config.validate()
+        self.entry = entry
+        self.path = path
+        log = _init_backend()
+        self._stack = contextlib.ExitStack()
+        try:
+            self._load(log)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _load(self, log: _LlamaLog) -> None:
+        cfg = self.config
+        mparams = llama.llama_model_default_params()
+        mparams.n_gpu_layers = cfg.n_gpu_layers
+        model = llama.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise EngineError(f"llama.cpp could not load {self.path.name} (not a valid GGUF?)")
+        self._stack.callback(llama.llama_model_free, model)
+        self._model = model
+        self._vocab = llama.llama_model_get_vocab(model)
+        self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        self.adds_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
+        self.bos = int(llama.llama_vocab_bos(self._vocab))
+        self.n_layer = int(llama.llama_model_n_layer(model))
+        self.n_head_kv = int(llama.llama_model_n_head_kv(model))
+        n_head = int(llama.llama_model_n_head(model))
+        self.architecture = self._meta("general.architecture") or "unknown"
+        key_length = self._meta(f"{self.architecture}.attention.key_length")
+        self.head_dim = int(key_length) if key_length else int(llama.llama_model_n_embd(model)) // n_head
+        self.n_ctx_train = int(llama.llama_model_n_ctx_train(model))
+        self.n_swa = int(llama.llama_model_n_swa(model))
+        self.tokenizer_sha256 = self._tokenizer_hash()
+        template = llama.llama_model_chat_template(model, None)
+        self.chat_template = (template or b"").decode("utf-8", errors="replace")
+        self.template_sha256 = hashlib.sha256(template or b"").hexdigest()
+        if self.entry is not None:
+            self._check_entry(self.entry)
+
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
+        cparams.n_batch = cfg.n_batch
+        cparams.n_ubatch = cfg.n_batch  # one ubatch per decode: a failed decode leaves no partial batch
+        cparams.n_seq_max = cfg.n_seq_max
+        cparams.n_threads = cfg.n_threads
+        cparams.n_threads_batch = cfg.n_threads
+        cparams.kv_unified = False
+        cparams.swa_full = cfg.swa_full
+        cparams.type_k = KV_TYPES[cfg.kv_type]
+        cparams.type_v = KV_TYPES[cfg.kv_type]
+        cparams.no_perf = True
+        log.take_kv()
+        ctx = llama.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise EngineError("llama.cpp could not create a context (out of memory? bad KV type?)")
+        self._stack.callback(llama.llama_free, ctx)  # freed before the model (LIFO)
+        self._ctx = ctx
+        self.kv_allocations = log.take_kv()  # (MiB, cells) per KV cache llama.cpp allocated
+        self._mem = llama.llama_get_memory(ctx)
+        self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx))
+        self.n_batch = int(llama.llama_n_batch(ctx))
+        self.can_shift = bool(llama.llama_memory_can_shift(self._mem))
+        batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        self._stack.callback(llama.llama_batch_free, batch)
+        self._batch = batch
+        self._free_seqs = list(range(cfg.n_seq_max - 1, -1, -1))
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- identity and receipts ---
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def _tokenizer_hash(self) -> str:
+        h = hashlib.sha256()
+        for tok in range(self.n_vocab):
+            h.update(llama.llama_vocab_get_text(self._vocab, tok) or b"")
+            h.update(b"\0%d\0%r\n" % (llama.llama_vocab_get_attr(self._vocab, tok),
+                                       llama.llama_vocab_get_score(self._vocab, tok)))
+        return h.hexdigest()
+
+    def _check_entry(self, entry: ModelEntry) -> None:
+        for field, actual in (
+            ("tokenizer_sha256", self.tokenizer_sha256),
+            ("template_sha256", self.template_sha256),
+            ("n_layer", self.n_layer),
+            ("n_head_kv", self.n_head_kv),
+            ("head_dim", self.head_dim),
+            ("n_ctx_train", self.n_ctx_train),
+            ("adds_bos", self.adds_bos),
+        ):
+            expected = getattr(entry, field)
+            if expected != actual:
+                raise ModelMismatch(entry.name, field, expected, actual)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.n_layer * self.n_head_kv * self.head_dim * 2 * KV_BYTES_PER_ELEMENT[self.config.kv_type]
+
+    @property
+    def kv_allocated_bytes(self) -> int:
+        return int(sum(mib for mib, _ in self.kv_allocations) * 2**20)
+
+    # --- validation ---
+
+    def check_policy(self, policy: PolicyConfig) -> None:
+        """Refuse what this context cannot run: a budget above its cells, a shift it cannot apply."""
+        policy.check_context(self.n_ctx_seq)
+        if self.entry is None and policy.evicts:
+            raise Unsupported(
+                f"policy {policy.policy.value} needs a model from models.lock; an unlisted model runs"
+                " with the full policy only"
+            )
+        if policy.position_mode is PositionMode.SHIFT and not self.can_shift:
+            reason = " (its sliding-window cache shifts only at full size: swa_full)" if self.n_swa else ""
+            raise Unsupported(
+                f"policy {policy.policy.value} shifts positions, but this model's cache cannot shift{reason}"
+            )
+        bound = policy.max_cache_position()
+        if self.n_swa and policy.evicts and (bound is None or bound > self.n_swa):
+            raise Unsupported(
+                f"policy {policy.policy.value} lets cache positions reach "
+                f"{'the transcript length' if bound is None else bound}, beyond the model's sliding"
+                f" window of {self.n_swa}: its local layers would drop the sinks"
+            )
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise InvalidInput(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    # --- sequences ---
+
+    def acquire_seq(self) -> int:
+        if not self._free_seqs:
+            raise Unsupported(f"all {self.config.n_seq_max} sequences of the context are in use")
+        return self._free_seqs.pop()
+
+    def release_seq(self, seq_id: int) -> None:
+        self.clear(seq_id)
+        self._free_seqs.append(seq_id)
+
+    def clear(self, seq_id: int) -> None:
+        """Remove every cell of the sequence; verified physically (pos max -1)."""
+        if not llama.llama_memory_seq_rm(self._mem, seq_id, -1, -1):
+            raise EngineError(f"llama_memory_seq_rm refused to clear sequence {seq_id}")
+        if self.pos_range(seq_id) != (-1, -1):
+            raise EngineError(f"sequence {seq_id} still holds cells after clear")
+
+    def copy(self, src: int, dst: int) -> None:
+        """Physical copy of every cell (per-sequence streams): the copies are independent after."""
+        self.clear(dst)
+        llama.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        if self.pos_range(dst) != self.pos_range(src):
+            raise EngineError(f"copy of sequence {src} to {dst} is incomplete")
+
+    def pos_range(self, seq_id: int) -> tuple[int, int]:
+        return (
+            int(llama.llama_memory_seq_pos_min(self._mem, seq_id)),
+            int(llama.llama_memory_seq_pos_max(self._mem, seq_id)),
+        )
+
+    # --- feeding tokens through a policy ---
+
+    def feed(
+        self,
+        seq_id: int,
+        seq: CacheSequence,
+        tokens: list[int],
+        outputs: Outputs = "last",
+        pos_offset: int = 0,
+    ) -> np.ndarray | None:
+        """Append `tokens` to the sequence under its policy; return logits as `outputs` asks.
+
+        "last": the next-token logits after the final token (n_vocab,); "all": one row per token
+        (n_tokens, n_vocab), row i predicting token i+1. Nothing reaches llama.cpp unless the whole
+        append is valid, and the policy's state is advanced op by op, so it always names what the
+        cache holds, even if llama.cpp fails half way. `pos_offset` translates every position
+        (relative positions, hence the exact-arithmetic result, are unchanged): it calibrates how far
+        numerical noise alone moves the logits, the floor for comparing shifted and unshifted caches.
+        """
+        self.check_tokens(tokens)
+        plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
+        rows: list[np.ndarray] = []
+        last: np.ndarray | None = None
+        for i, sb in enumerate(plan.sub_batches):
+            self._apply_ops(seq_id, sb, pos_offset)
+            seq.adopt_ops(sb)
+            is_last = i == len(plan.sub_batches) - 1
+            want = "all" if outputs == "all" else ("last" if outputs == "last" and is_last else "none")
+            chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
+            self._decode_one(seq_id, chunk, sb.cache_pos + pos_offset, want)
+            seq.adopt_tokens(sb)
+            if want == "all":
+                rows.append(self._logits_rows(sb.n_tokens))
+            elif want == "last":
+                last = self.logits(sb.n_tokens - 1)
+        if outputs == "all":
+            return np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
+        return last
+
+    def _apply_ops(self, seq_id: int, sb: SubBatch, pos_offset: int = 0) -> None:
+        for op in sb.ops:
+            p0, p1 = op.p0 + pos_offset, op.p1 + pos_offset
+            if isinstance(op, Evict):
+                if not llama.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
+                    raise EngineError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+            elif isinstance(op, Shift):
+                llama.llama_memory_seq_add(self._mem, seq_id, p0, p1, op.delta)
+
+    def _decode_one(self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs) -> None:
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise InvalidInput(f"batch of {n} tokens is outside 1..n_batch ({self.n_batch})")
+        b = self._batch
+        b.n_tokens = n
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = outputs == "all" or (outputs == "last" and i == n - 1)
+        rc = llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
+
+    def logits(self, index: int) -> np.ndarray:
+        ptr = llama.llama_get_logits_ith(self._ctx, index)
+        if not ptr:
+            raise EngineError(f"no logits at batch index {index}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _logits_rows(self, n: int) -> np.ndarray:
+        ptr = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+
+    def sample(self, sampler: Sampler, index: int = -1) -> int:
+        """Sample (and accept) the next token from the logits of the last decode's `index`."""
+        return int(llama.llama_sampler_sample(sampler._chain, self._ctx, index))
+
+    # --- text ---
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        """Tokenize with special tokens parsed; BOS only when asked and the model adds one."""
+        data = text.encode("utf-8", errors="replace")
+        cap = len(data) + 8
+        buf = (llama.llama_token * cap)()
+        n = llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True)
+        if n < 0:
+            cap = -n
+            buf = (llama.llama_token * cap)()
+            n = llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self._vocab, token))
