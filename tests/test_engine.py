@@ -246,7 +246,9 @@ def test_unlisted_model_runs_full_only(make_engine: MakeEngine) -> None:
     from daemon.loading import open_unlisted
     from daemon.models import load_lock, model_path
 
-    engine = open_unlisted(model_path(load_lock().get(None)), EngineConfig(n_ctx_seq=64, n_seq_max=1))
+    engine = open_unlisted(
+        model_path(load_lock().get(None)), EngineConfig(n_ctx_seq=64, n_seq_max=1)
+    )
     try:
         engine.check_policy(PolicyConfig.named("full", sinks=0, window=64))
         with pytest.raises(Unsupported, match="full policy only"):

@@ -251,8 +251,12 @@ appends = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=
     sizes=appends,
     shift=st.booleans(),
 )
-def test_e1_retains_first_s_and_last_w(sinks: int, window: int, sizes: list[int], shift: bool) -> None:
-    seq = CacheSequence(PolicyConfig.named("sink" if shift else "sink-noshift", sinks=sinks, window=window))
+def test_e1_retains_first_s_and_last_w(
+    sinks: int, window: int, sizes: list[int], shift: bool
+) -> None:
+    seq = CacheSequence(
+        PolicyConfig.named("sink" if shift else "sink-noshift", sinks=sinks, window=window)
+    )
     n = 0
     for size in sizes:
         seq.append(size)

@@ -1,0 +1,59 @@
+"""The one place where sinkd's typed errors become exit codes and a one-line message."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from cachepolicy.errors import CacheFull, ConfigError, SinkdError
+from daemon.errors import (
+    EngineError,
+    InvalidInput,
+    ModelMismatch,
+    ModelMissing,
+    ModelNotAllowed,
+    PullFailed,
+    Unsupported,
+)
+
+# Documented in the README; 1 is left to Python itself, 2 to usage errors (typer's own too).
+EXIT_CODES: list[tuple[type[SinkdError], int]] = [
+    (ConfigError, 2),
+    (InvalidInput, 2),
+    (ModelMissing, 3),
+    (ModelNotAllowed, 4),
+    (ModelMismatch, 4),
+    (Unsupported, 5),
+    (EngineError, 6),
+    (PullFailed, 7),
+    (CacheFull, 8),
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def exit_code(error: SinkdError) -> int:
+    return next((code for cls, code in EXIT_CODES if isinstance(error, cls)), 1)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn a sinkd error into `sinkd: message` on stderr and its exit code, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SinkdError as e:
+            print(f"sinkd: {e}", file=sys.stderr)
+            raise typer.Exit(exit_code(e)) from None
+        except KeyboardInterrupt:
+            print("sinkd: interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+        except BrokenPipeError:
+            raise typer.Exit(0) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,219 @@
+"""`sinkd`: stream text through a policy, print receipts, manage models."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cachepolicy import PolicyConfig
+from cli import models
+from cli.errors import handle_errors
+from daemon.errors import InvalidInput
+
+app = typer.Typer(
+    help="sinkd: a small local LLM over an unbounded stream at constant memory (attention sinks on"
+    " llama.cpp). Evicted tokens are gone: this is not memory.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(models.app, name="models")
+out = Console()
+err = Console(stderr=True)
+
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model from models.lock.")]
+PolicyOpt = Annotated[
+    str, typer.Option("--policy", "-p", help="full | window | sink | sink-noshift")
+]
+SinksOpt = Annotated[
+    int | None, typer.Option("--sinks", "-s", help="S: sink positions kept (default: the model's).")
+]
+WindowOpt = Annotated[
+    int | None,
+    typer.Option("--window", "-w", help="W: recent positions kept (default: the model's)."),
+]
+EvictOpt = Annotated[int, typer.Option("--evict", "-e", help="E: window cells evicted at once.")]
+CompactOpt = Annotated[
+    int,
+    typer.Option("--compact", "-k", help="K: defer the position shift until the gap reaches K."),
+]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for llama.cpp.")]
+KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache dtype (checked: f16).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _policy(
+    entry_sinks: int,
+    entry_window: int,
+    policy: str,
+    sinks: int | None,
+    window: int | None,
+    evict: int,
+    compact: int,
+) -> PolicyConfig:
+    return PolicyConfig.named(
+        policy,
+        sinks=entry_sinks if sinks is None else sinks,
+        window=entry_window if window is None else window,
+        evict_chunk=evict,
+        compact_interval=compact,
+    )
+
+
+def _engine_config(budget: int, threads: int | None, kv_type: str) -> Any:
+    from daemon.engine import EngineConfig
+
+    kw: dict[str, Any] = {"n_ctx_seq": budget, "n_seq_max": 1, "kv_type": kv_type}
+    if threads is not None:
+        kw["n_threads"] = threads
+    return EngineConfig(**kw)
+
+
+@app.command()
+@handle_errors
+def receipt(
+    model: ModelOpt = None,
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    kv_type: KvTypeOpt = "f16",
+    as_json: JsonFlag = False,
+) -> None:
+    """Tensor-shape receipt: what one session's cache costs, by formula and as llama.cpp allocated it."""
+    from daemon.loading import open_engine
+    from daemon.models import load_lock
+
+    entry = load_lock().get(model)
+    policy = _policy(entry.default_sinks, entry.default_window, "sink", sinks, window, 1, 0)
+    with open_engine(entry.name, _engine_config(policy.budget, None, kv_type)) as engine:
+        engine.check_policy(policy)
+        payload = policy.budget * engine.kv_bytes_per_token
+        data = {
+            "model": entry.name,
+            "sha256": entry.sha256,
+            "layers": engine.n_layer,
+            "kv_heads": engine.n_head_kv,
+            "head_dim": engine.head_dim,
+            "kv_dtype": kv_type,
+            "bytes_per_token": engine.kv_bytes_per_token,
+            "sinks": policy.sinks,
+            "window": policy.window,
+            "retained": policy.budget,
+            "payload_bytes_per_session": payload,
+            "formula": "retained x layers x kv_heads x head_dim x 2 (K,V) x bytes per element",
+            "allocated_cells_per_session": engine.n_ctx_seq,
+            "allocated_kv_mib_per_session": round(
+                sum(mib for mib, _ in engine.kv_allocations) / engine.config.n_seq_max, 2
+            ),
+            "allocations": [{"mib": mib, "cells": cells} for mib, cells in engine.kv_allocations],
+        }
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"tensor-shape receipt: {entry.name}", show_header=False)
+    for key, value in data.items():
+        if key in ("allocations", "sha256"):
+            continue
+        table.add_row(key.replace("_", " "), _fmt(value))
+    out.print(table)
+    out.print(
+        f"llama.cpp rounds each sequence's stream up to a multiple of 256 cells: it allocated"
+        f" {engine.n_ctx_seq} cells for a budget of {policy.budget} (its log gives MiB to 0.01)."
+    )
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10_000:
+        return f"{value:,} ({value / 2**20:.2f} MiB)"
+    return str(value)
+
+
+def _read_texts(source: str, block_bytes: int = 4096) -> Iterator[str]:
+    """Blocks of text from a file or stdin, split at line ends, invalid UTF-8 replaced."""
+    stream = sys.stdin.buffer if source == "-" else Path(source).open("rb")  # noqa: SIM115
+    try:
+        buf = b""
+        while True:
+            data = stream.read(block_bytes)
+            if not data:
+                break
+            buf += data
+            cut = buf.rfind(b"\n") + 1
+            if cut:
+                yield buf[:cut].decode("utf-8", errors="replace")
+                buf = buf[cut:]
+        if buf:
+            yield buf.decode("utf-8", errors="replace")
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+@app.command()
+@handle_errors
+def stream(
+    source: Annotated[str, typer.Argument(help="A text file, or - for stdin.")],
+    model: ModelOpt = None,
+    policy: PolicyOpt = "sink",
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: EvictOpt = 16,
+    compact: CompactOpt = 0,
+    chunk: Annotated[int, typer.Option("--chunk", help="Tokens per reported chunk.")] = 256,
+    threads: ThreadsOpt = None,
+    kv_type: KvTypeOpt = "f16",
+    as_json: JsonFlag = False,
+) -> None:
+    """Feed text through a policy on the embedded engine; per chunk: tokens, retained, evicted, perplexity."""
+    from daemon.loading import open_engine
+    from daemon.models import load_lock
+    from daemon.textstream import stream_text
+
+    if chunk < 1:
+        raise InvalidInput(f"--chunk: must be >= 1, got {chunk}")
+    if source != "-" and not Path(source).is_file():
+        raise InvalidInput(f"no such file: {source}")
+    entry = load_lock().get(model)
+    cfg = _policy(entry.default_sinks, entry.default_window, policy, sinks, window, evict, compact)
+    table = None
+    if not as_json:
+        table = Table(
+            title=f"sinkd stream: {entry.name}, {cfg.policy.value} S={cfg.sinks} W={cfg.window}"
+            f" E={cfg.evict_chunk} K={cfg.compact_interval}"
+        )
+        for col in ("chunk", "tokens seen", "retained", "evicted", "evictions", "ppl", "RSS MiB"):
+            table.add_column(col, justify="right")
+    seq = None
+    with open_engine(entry.name, _engine_config(cfg.budget, threads, kv_type)) as engine:
+        for report, current in stream_text(engine, cfg, _read_texts(source), chunk_tokens=chunk):
+            seq = current
+            if as_json:
+                print(json.dumps(report.as_dict()), flush=True)
+            else:
+                row = report.as_dict()
+                out.print(
+                    f"{row['chunk']:>5}  seen {row['tokens_seen']:>7}  retained {row['retained']:>5}"
+                    f"  evicted {row['evicted_tokens']:>7}  ppl {row['perplexity']:>9.3f}"
+                    f"  rss {report.rss_bytes / 2**20:7.1f} MiB",
+                    highlight=False,
+                )
+    if seq is None:
+        raise InvalidInput("the input held no text")
+    final = seq.receipt().as_dict()
+    final["model"] = entry.name
+    final["note"] = "evicted tokens are gone: the model sees only the sinks and the window"
+    if as_json:
+        print(json.dumps({"receipt": final}), flush=True)
+    else:
+        out.print_json(json.dumps(final))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

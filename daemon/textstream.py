@@ -1,0 +1,117 @@
+"""Feed an endless text through one sequence under a policy, scoring each chunk as it goes.
+
+Memory stays flat: text is read incrementally, each chunk's logits are reduced to per-token losses
+at once, and the sequence holds at most S+W cells.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from cachepolicy import CacheSequence, PolicyConfig
+from daemon.engine import Engine
+
+
+def token_nll(logits: np.ndarray, targets: list[int]) -> np.ndarray:
+    """Negative log-likelihood of targets[i] under logits row i (natural log)."""
+    rows = logits.astype(np.float64)
+    rows -= rows.max(axis=1, keepdims=True)
+    log_z = np.log(np.exp(rows).sum(axis=1))
+    nll: np.ndarray = log_z - rows[np.arange(len(targets)), targets]
+    return nll
+
+
+def rss_bytes() -> int:
+    """Resident memory now (Linux /proc), else the peak from getrusage."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass(frozen=True)
+class ChunkReport:
+    index: int
+    tokens_seen: int
+    chunk_tokens: int
+    retained: int
+    evicted_tokens: int
+    evictions: int
+    nll_sum: float
+    scored: int
+    rss_bytes: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll_sum / self.scored) if self.scored else float("nan")
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "chunk": self.index,
+            "tokens_seen": self.tokens_seen,
+            "chunk_tokens": self.chunk_tokens,
+            "retained": self.retained,
+            "evicted_tokens": self.evicted_tokens,
+            "evictions": self.evictions,
+            "perplexity": round(self.perplexity, 4),
+            "rss_bytes": self.rss_bytes,
+        }
+
+
+def token_chunks(engine: Engine, texts: Iterable[str], chunk_tokens: int) -> Iterator[list[int]]:
+    """Tokenize text pieces as they arrive and regroup them into chunks of `chunk_tokens`."""
+    pending: list[int] = []
+    first = True
+    for text in texts:
+        pending.extend(engine.tokenize(text, add_bos=first))
+        first = False
+        while len(pending) >= chunk_tokens:
+            yield pending[:chunk_tokens]
+            del pending[:chunk_tokens]
+    if pending:
+        yield pending
+
+
+def stream_text(
+    engine: Engine,
+    policy: PolicyConfig,
+    texts: Iterable[str],
+    chunk_tokens: int = 256,
+    seq_id: int = 0,
+) -> Iterator[tuple[ChunkReport, CacheSequence]]:
+    """Append the text chunk by chunk; each report scores the chunk's tokens given what the cache kept."""
+    engine.check_policy(policy)
+    seq = CacheSequence(policy)
+    prev_last: np.ndarray | None = None  # logits predicting the chunk's first token
+    for index, chunk in enumerate(token_chunks(engine, texts, chunk_tokens)):
+        rows = engine.feed(seq_id, seq, chunk, outputs="all")
+        assert rows is not None
+        if prev_last is not None:
+            rows_used, targets = np.vstack([prev_last[None, :], rows[:-1]]), chunk
+        else:
+            rows_used, targets = rows[:-1], chunk[1:]
+        nll = token_nll(rows_used, targets) if targets else np.zeros(0)
+        prev_last = rows[-1].copy()
+        del rows, rows_used
+        r = seq.receipt()
+        yield (
+            ChunkReport(
+                index=index,
+                tokens_seen=r.n_seen,
+                chunk_tokens=len(chunk),
+                retained=r.retained,
+                evicted_tokens=r.evicted_tokens,
+                evictions=r.evictions,
+                nll_sum=float(nll.sum()),
+                scored=len(targets),
+                rss_bytes=rss_bytes(),
+            ),
+            seq,
+        )
