@@ -215,5 +215,64 @@ def stream(
         out.print_json(json.dumps(final))
 
 
+@app.command()
+@handle_errors
+def serve(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="TOML settings file.")
+    ] = None,
+    socket: Annotated[Path | None, typer.Option("--socket", help="Unix socket path.")] = None,
+    tcp: Annotated[
+        str | None, typer.Option("--tcp", help="Also listen on host:port (needs tenants).")
+    ] = None,
+    model: ModelOpt = None,
+    max_sessions: Annotated[
+        int | None, typer.Option("--max-sessions", help="Sequences in the context.")
+    ] = None,
+    n_ctx_seq: Annotated[int | None, typer.Option("--ctx", help="Cells per session.")] = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: Annotated[
+        int | None, typer.Option("--gpu-layers", help="Layers to offload (CUDA/Metal builds).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Prometheus endpoint on 127.0.0.1.")
+    ] = None,
+) -> None:
+    """Run the gRPC daemon until SIGTERM or Ctrl-C; pulls and verifies the model first if missing."""
+    import logging
+
+    from pydantic import ValidationError
+
+    from daemon.config import load_settings
+    from daemon.models import load_lock, model_path
+    from daemon.server import Daemon
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = load_settings(
+            config, socket=socket, tcp=tcp, model=model, max_sessions=max_sessions,
+            n_ctx_seq=n_ctx_seq, n_threads=threads, n_gpu_layers=gpu_layers, metrics_port=metrics_port,
+        )  # fmt: skip
+    except ValidationError as e:
+        for problem in e.errors():
+            where = ".".join(str(p) for p in problem["loc"]) or "settings"
+            print(f"sinkd: {where}: {problem['msg']}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    entry = load_lock().get(settings.model)
+    if not model_path(entry).is_file():
+        err.print(f"model {entry.name} is not pulled yet: pulling it now")
+        models.pull_model(entry.name)
+    daemon = Daemon(settings)
+    daemon.start()
+    try:
+        daemon.wait_ready()
+    except BaseException:
+        daemon.stop()
+        raise
+    err.print(f"sinkd serving {entry.name} on {', '.join(daemon.addresses)}", highlight=False)
+    daemon.serve_until_signal()
+    err.print("sinkd stopped", highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

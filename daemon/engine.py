@@ -35,6 +35,17 @@ Outputs = Literal["none", "last", "all"]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One sequence's tokens in a multi-sequence decode; `logits` asks for the last token's row."""
+
+    seq_id: int
+    tokens: list[int]
+    pos0: int
+    logits: bool = True
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,8 @@ class Sampler:
         if not chain:
             raise EngineError("llama_sampler_chain_init failed")
         self._chain = chain
+        self._data: np.ndarray | None = None
+        self._ids: np.ndarray | None = None
         if params.temperature == 0.0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
         else:
@@ -149,6 +162,29 @@ class Sampler:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(params.seed))
+
+    def sample_logits(self, logits: np.ndarray) -> int:
+        """Sample (and accept) a token from a stored next-token logits row with this chain."""
+        n = len(logits)
+        if self._data is None or len(self._data) != n:
+            self._data = np.zeros(n, dtype=_TOKEN_DATA)
+            self._ids = np.arange(n, dtype=np.int32)
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        arr = llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+            size=n,
+            selected=-1,
+            sorted=False,
+        )
+        llama.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise EngineError("the sampler chain selected no token")
+        token = int(data["id"][arr.selected])
+        llama.llama_sampler_accept(self._chain, token)
+        return token
 
     def reset(self) -> None:
         llama.llama_sampler_reset(self._chain)
@@ -384,7 +420,7 @@ class Engine:
         rows: list[np.ndarray] = []
         last: np.ndarray | None = None
         for i, sb in enumerate(plan.sub_batches):
-            self._apply_ops(seq_id, sb, pos_offset)
+            self.apply_ops(seq_id, sb, pos_offset)
             seq.adopt_ops(sb)
             is_last = i == len(plan.sub_batches) - 1
             want: Outputs = "none"
@@ -401,7 +437,8 @@ class Engine:
             return np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
         return last
 
-    def _apply_ops(self, seq_id: int, sb: SubBatch, pos_offset: int = 0) -> None:
+    def apply_ops(self, seq_id: int, sb: SubBatch, pos_offset: int = 0) -> None:
+        """Apply a sub-batch's evictions and shifts to the sequence; a refused removal raises."""
         for op in sb.ops:
             p0, p1 = op.p0 + pos_offset, op.p1 + pos_offset
             if isinstance(op, Evict):
@@ -425,6 +462,39 @@ class Engine:
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
+
+    def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
+        """One llama_decode over several sequences (continuous batching); validated first.
+
+        Returns, per item, a copy of its last token's logits (or None where not asked).
+        """
+        total = sum(len(item.tokens) for item in items)
+        if not 0 < total <= self.n_batch:
+            raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
+        seqs = [item.seq_id for item in items]
+        if len(set(seqs)) != len(seqs) or not all(0 <= q < self.config.n_seq_max for q in seqs):
+            raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
+        for item in items:
+            if not item.tokens:
+                raise InvalidInput(f"empty batch item for sequence {item.seq_id}")
+            self.check_tokens(item.tokens)
+        b = self._batch
+        i = 0
+        out_index: list[int | None] = []
+        for item in items:
+            for j, tok in enumerate(item.tokens):
+                b.token[i] = tok
+                b.pos[i] = item.pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = item.seq_id
+                b.logits[i] = item.logits and j == len(item.tokens) - 1
+                i += 1
+            out_index.append(i - 1 if item.logits else None)
+        b.n_tokens = total
+        rc = llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
+        return [None if idx is None else self.logits(idx) for idx in out_index]
 
     def logits(self, index: int) -> np.ndarray:
         ptr = llama.llama_get_logits_ith(self._ctx, index)
@@ -464,14 +534,34 @@ class Engine:
 
     def piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
-        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
         return buf.raw[: max(n, 0)]
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: list[tuple[str, str]], add_assistant: bool) -> str:
+        """Frame messages with the model's own chat template (llama.cpp's built-in renderer)."""
+        if not self.chat_template:
+            raise Unsupported("this model has no chat template")
+        keep = [(role.encode(), text.encode("utf-8", errors="replace")) for role, text in messages]
+        chat = (llama.llama_chat_message * len(keep))(
+            *(llama.llama_chat_message(role=r, content=c) for r, c in keep)
+        )
+        template = self.chat_template.encode()
+        size = sum(len(c) for _, c in keep) * 2 + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama.llama_chat_apply_template(template, chat, len(keep), add_assistant, buf, size)
+            if n < 0:
+                raise Unsupported("llama.cpp does not recognise this model's chat template")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n
+        raise EngineError("chat template rendering did not converge")
 
     def is_eog(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))

@@ -1,0 +1,102 @@
+"""Daemon settings: one pydantic-settings model from a TOML file, SINKD_* variables and flags.
+
+Precedence: flags (init arguments) > environment > TOML file > defaults. Invalid fields are reported
+by name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+def default_socket() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/sinkd-{os.getuid()}"
+    return Path(runtime) / "sinkd" / "sinkd.sock"
+
+
+class Tenant(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SINKD_", extra="forbid", env_nested_delimiter="__"
+    )
+
+    model: str | None = None  # models.lock name; None: the lock's default
+    socket: Path = Field(default_factory=default_socket)
+    tcp: str | None = None  # host:port; loopback only unless tls is set
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tenants: list[Tenant] = Field(default_factory=list)
+    admin_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    n_ctx_seq: int = Field(default=512, ge=1, le=131072)
+    max_sessions: int = Field(default=4, ge=1, le=256)
+    max_kv_bytes: int | None = Field(default=None, ge=1)
+    n_batch: int = Field(default=256, ge=1, le=8192)
+    step_tokens: int = Field(default=256, ge=1)
+    n_threads: int | None = Field(default=None, ge=1)
+    n_gpu_layers: int = Field(default=0, ge=0)
+    kv_type: str = "f16"
+    default_evict_chunk: int = Field(default=16, ge=1)
+    max_pinned_system_tokens: int = Field(default=256, ge=0)
+    idle_timeout_s: float = Field(default=3600.0, gt=0)
+    max_message_bytes: int = Field(default=4 * 2**20, ge=1024)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    verify_model_hash: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = os.environ.get("SINKD_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml)))
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.step_tokens > self.n_batch:
+            raise ValueError(
+                f"step_tokens ({self.step_tokens}) must be <= n_batch ({self.n_batch})"
+            )
+        if self.tcp and not self.tenants:
+            raise ValueError(
+                "tcp: listening on TCP needs tenants (bearer tokens); without them sinkd serves only its Unix socket"
+            )
+        if self.tcp and not self.tls_cert:
+            host = self.tcp.rsplit(":", 1)[0].strip("[]")
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                raise ValueError(
+                    f"tcp: {host} is not loopback; set tls_cert and tls_key to listen there"
+                )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenants: names must be unique")
+        return self
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from `config_file` (or $SINKD_CONFIG), the environment and explicit overrides."""
+    if config_file is not None:
+        os.environ["SINKD_CONFIG"] = str(config_file)
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

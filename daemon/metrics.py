@@ -1,0 +1,74 @@
+"""Prometheus metrics: counts, latencies and ids only, never text or token ids.
+
+Each daemon has its own registry, so several daemons (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            "sinkd_time_to_first_token_seconds",
+            "Request to first token",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.itl = Histogram(
+            "sinkd_inter_token_latency_seconds",
+            "Between generated tokens",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.prefill_tokens = Counter(
+            "sinkd_prefill_tokens", "Tokens appended (prefill)", registry=r
+        )
+        self.decode_tokens = Counter("sinkd_decode_tokens", "Generated tokens decoded", registry=r)
+        self.steps = Counter("sinkd_steps", "llama_decode calls made by the scheduler", registry=r)
+        self.evictions = Counter("sinkd_evictions", "Eviction events", registry=r)
+        self.evicted_tokens = Counter("sinkd_evicted_tokens", "Cells evicted", registry=r)
+        self.resets = Counter("sinkd_resets", "Session resets", registry=r)
+        self.reset_latency = Histogram(
+            "sinkd_reset_latency_seconds",
+            "Reset, cells freed and verified",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.stale_handles = Counter(
+            "sinkd_stale_handle_rejections", "Requests refused for a stale generation", registry=r
+        )
+        self.auth_rejections = Counter(
+            "sinkd_auth_rejections", "Requests refused for a missing or wrong token", registry=r
+        )
+        self.alloc_failures = Counter(
+            "sinkd_allocation_failures", "Sessions or batches refused for lack of room", registry=r
+        )
+        self.invariant_violations = Counter(
+            "sinkd_invariant_violations", "Sessions failed by a run-time cache check", registry=r
+        )
+        self.active_sessions = Gauge("sinkd_active_sessions", "Open sessions", registry=r)
+        self.cells_in_use = Gauge(
+            "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r
+        )
+        self.session_cells = Gauge(
+            "sinkd_session_cells", "KV cells retained by a session", ["session"], registry=r
+        )
+
+    def count(self, name: str) -> int:
+        """The current value of one of our counters, by attribute name."""
+        value = self.registry.get_sample_value(f"sinkd_{name}_total")
+        return int(value or 0)
+
+    def forget_session(self, session_id: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.session_cells.remove(session_id)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,137 @@
+"""The daemon: gRPC server, health and reflection around the service; graceful stop on SIGTERM/SIGINT.
+
+Health is NOT_SERVING until the model has loaded and again once shutdown begins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from daemon.auth import Authenticator
+from daemon.config import Settings
+from daemon.errors import SinkdError
+from daemon.metrics import Metrics
+from daemon.service import SinkdService
+from daemon.servicer import AdminServicer, SessionsServicer
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
+
+log = logging.getLogger("sinkd.server")
+SERVICE_NAMES = (
+    pb.DESCRIPTOR.services_by_name["Sessions"].full_name,
+    pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+)
+
+
+class ListenError(SinkdError):
+    """The daemon could not bind its socket or port."""
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.service = SinkdService(settings, self.metrics)
+        self.health = health.HealthServicer()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="sinkd-rpc"),
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", settings.max_message_bytes),
+            ],
+        )
+        authenticator = Authenticator(settings)
+        sessions = SessionsServicer(self.service, authenticator)
+        pb_grpc.add_SessionsServicer_to_server(sessions, self.server)  # type: ignore[no-untyped-call]
+        admin = AdminServicer(self.service, authenticator)
+        pb_grpc.add_AdminServicer_to_server(admin, self.server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.addresses: list[str] = []
+        self._stopped = threading.Event()
+
+    def _set_health(self, status: int) -> None:
+        self.health.set("", status)
+        for name in SERVICE_NAMES:
+            self.health.set(name, status)
+
+    def _bind_unix(self, path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise ListenError(f"{path} exists and is not a socket; refusing to replace it")
+            path.unlink()  # a stale socket from a killed daemon must not block the restart
+        old = os.umask(0o177)
+        try:
+            port = self.server.add_insecure_port(f"unix:{path}")
+        finally:
+            os.umask(old)
+        if not port:
+            raise ListenError(f"could not listen on unix:{path}")
+        os.chmod(path, 0o600)
+        return f"unix:{path}"
+
+    def start(self) -> None:
+        """Bind, start serving, then load the model in the engine thread (health flips when done)."""
+        s = self.settings
+        self.addresses.append(self._bind_unix(s.socket))
+        if s.tcp:
+            if s.tls_cert and s.tls_key:
+                creds = grpc.ssl_server_credentials(
+                    [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())]
+                )
+                port = self.server.add_secure_port(s.tcp, creds)
+            else:
+                port = self.server.add_insecure_port(s.tcp)
+            if not port:
+                raise ListenError(f"could not listen on {s.tcp}")
+            host = s.tcp.rsplit(":", 1)[0]
+            self.addresses.append(f"{host}:{port}")
+        if s.metrics_port:
+            self.metrics.serve(s.metrics_port)
+        self.server.start()
+        self.service.start()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        self.service.wait_ready(timeout)
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, cancel in-flight work, free the context (in its own thread), return."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        event = self.server.stop(grace)
+        self.service.stop()
+        event.wait(grace + 1)
+        if self.settings.socket.exists():
+            self.settings.socket.unlink()
+
+    def serve_until_signal(self) -> None:
+        """Block until SIGTERM or SIGINT, then stop gracefully (the daemon is already started)."""
+        done = threading.Event()
+
+        def on_signal(signum: int, frame: object) -> None:
+            log.info("signal %d: shutting down", signum)
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        while not done.wait(0.5):
+            pass
+        self.stop()

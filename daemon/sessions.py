@@ -1,0 +1,231 @@
+"""Sessions: one llama.cpp sequence each, owned by one tenant, identified by a generation hash.
+
+State diagram (one session)::
+
+    CREATED -> PREFILLING <-> GENERATING -> IDLE -> (PREFILLING | GENERATING) ...
+       any state --reset--> IDLE (new generation, cells freed)
+       any state --close/expiry--> CLOSED
+       any state --invariant violation--> FAILED (cells freed; only reset or close are accepted)
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cachepolicy import CacheSequence, PolicyConfig, SubBatch
+from daemon.errors import SinkdError
+
+
+class SessionState(str, enum.Enum):
+    CREATED = "created"
+    PREFILLING = "prefilling"
+    GENERATING = "generating"
+    IDLE = "idle"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class NotFound(SinkdError):
+    """No such session for this tenant (another tenant's session is reported the same way)."""
+
+
+class StaleGeneration(SinkdError):
+    """The handle's generation is not the session's current one (reset, model change, restart)."""
+
+
+class SessionFailed(SinkdError):
+    """The session failed a run-time invariant check; its cells were freed."""
+
+
+class ResourceExhausted(SinkdError):
+    """No room for another session (sequences or memory), or the context is full."""
+
+
+class PermissionDenied(SinkdError):
+    """Authenticated, but not allowed to do this (e.g. the admin asking for a session's text)."""
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    name: str
+    sha256: str
+    tokenizer_sha256: str
+    template_sha256: str
+
+
+def generation_hash(
+    session_id: str,
+    tenant: str,
+    reset_count: int,
+    model: ModelIdentity,
+    system_prompt_sha256: str,
+    policy: PolicyConfig,
+    boot_id: str,
+) -> str:
+    """Everything that makes a stream a different stream; any change makes old handles stale.
+
+    `boot_id` is drawn at daemon start: until sessions are durable, a restart stales every handle.
+    """
+    material = json.dumps(
+        {
+            "session": session_id,
+            "tenant": tenant,
+            "reset_count": reset_count,
+            "model_sha256": model.sha256,
+            "tokenizer_sha256": model.tokenizer_sha256,
+            "template_sha256": model.template_sha256,
+            "system_prompt_sha256": system_prompt_sha256,
+            "policy": policy.as_dict(),
+            "boot": boot_id,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+class RetainedTokens:
+    """The token ids of the retained cells, kept beside the policy so the owner can read them back.
+
+    Content: never logged, never shown to the admin.
+    """
+
+    def __init__(self, sinks: int) -> None:
+        self.sinks_cap = sinks
+        self.sinks: list[int] = []
+        self.window: deque[int] = deque()
+
+    def apply(self, sub_batch: SubBatch, tokens: Iterable[int]) -> None:
+        from cachepolicy import Evict
+
+        for op in sub_batch.ops:
+            if isinstance(op, Evict):
+                for _ in range(op.logical_end - op.logical_start):
+                    self.window.popleft()
+        for tok in tokens:
+            if len(self.sinks) < self.sinks_cap:
+                self.sinks.append(tok)
+            else:
+                self.window.append(tok)
+
+    def all(self) -> list[int]:
+        return self.sinks + list(self.window)
+
+    def __len__(self) -> int:
+        return len(self.sinks) + len(self.window)
+
+    def copy(self) -> RetainedTokens:
+        other = RetainedTokens(self.sinks_cap)
+        other.sinks = list(self.sinks)
+        other.window = deque(self.window)
+        return other
+
+
+@dataclass
+class Session:
+    id: str
+    tenant: str
+    seq_id: int
+    policy: PolicyConfig
+    seq: CacheSequence
+    sampling: Any  # daemon.engine.SamplingParams (kept import-free of llama_cpp)
+    sampler: Any  # daemon.engine.Sampler
+    model: ModelIdentity
+    boot_id: str
+    system_tokens: list[int]
+    system_prompt_sha256: str
+    pinned: int  # how many system prompt tokens are sinks
+    reset_count: int = 0
+    state: SessionState = SessionState.CREATED
+    generation: str = ""
+    last_logits: np.ndarray | None = None
+    pending_prefix: list[int] = field(default_factory=list)
+    retained: RetainedTokens = field(init=False)
+    last_active: float = field(default_factory=time.monotonic)
+    failure: str = ""
+
+    def __post_init__(self) -> None:
+        self.retained = RetainedTokens(self.policy.sinks)
+        self.refresh_generation()
+
+    def refresh_generation(self) -> None:
+        self.generation = generation_hash(
+            self.id,
+            self.tenant,
+            self.reset_count,
+            self.model,
+            self.system_prompt_sha256,
+            self.policy,
+            self.boot_id,
+        )
+
+    def receipt(self, bytes_per_token: float) -> dict[str, Any]:
+        r = self.seq.receipt().as_dict()
+        r.update(
+            session_id=self.id,
+            generation=self.generation,
+            reset_count=self.reset_count,
+            state=self.state.value,
+            tenant=self.tenant,
+            kv_payload_bytes=int(r["retained"] * bytes_per_token),
+            model=self.model.name,
+            model_sha256=self.model.sha256,
+            system_prompt_tokens=len(self.system_tokens),
+            system_prompt_tokens_pinned=self.pinned,
+            system_prompt_sha256=self.system_prompt_sha256,
+        )
+        return r
+
+
+def new_session_id() -> str:
+    return "s_" + secrets.token_hex(8)
+
+
+class Registry:
+    """Sessions by id; lookups check tenant and generation. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+
+    def add(self, session: Session) -> None:
+        with self._lock:
+            self._sessions[session.id] = session
+
+    def remove(self, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop(session_id, None)
+
+    def lookup(self, tenant: str, session_id: str, generation: str) -> Session:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None or session.tenant != tenant or session.state is SessionState.CLOSED:
+            raise NotFound(f"no session {session_id!r} (sessions do not survive a daemon restart)")
+        if generation != session.generation:
+            raise StaleGeneration(
+                f"session {session_id} is at another generation (reset, model change or restart):"
+                " this handle is stale; use the handle from the latest create, reset or fork"
+            )
+        return session
+
+    def of_tenant(self, tenant: str) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if s.tenant == tenant]
+
+    def all(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)

@@ -1,0 +1,329 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Policy(_message.Message):
+    __slots__ = ("name", "sinks", "window", "evict_chunk", "compact_interval", "pin_system_prompt")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SINKS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    EVICT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    PIN_SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sinks: int
+    window: int
+    evict_chunk: int
+    compact_interval: int
+    pin_system_prompt: bool
+    def __init__(self, name: _Optional[str] = ..., sinks: _Optional[int] = ..., window: _Optional[int] = ..., evict_chunk: _Optional[int] = ..., compact_interval: _Optional[int] = ..., pin_system_prompt: _Optional[bool] = ...) -> None: ...
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Handle(_message.Message):
+    __slots__ = ("session_id", "generation")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    generation: str
+    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ...) -> None: ...
+
+class Range(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RESET_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    N_SEEN_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_FIELD_NUMBER: _ClassVar[int]
+    ANCHORS_LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    RECENT_LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    ANCHORS_CACHE_FIELD_NUMBER: _ClassVar[int]
+    RECENT_CACHE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_GAP_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SHIFTS_FIELD_NUMBER: _ClassVar[int]
+    KV_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_TOKENS_PINNED_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    generation: str
+    reset_count: int
+    state: str
+    policy: Policy
+    n_seen: int
+    retained: int
+    anchors_logical: Range
+    recent_logical: Range
+    anchors_cache: Range
+    recent_cache: Range
+    pending_gap: int
+    evictions: int
+    evicted_tokens: int
+    shifts: int
+    kv_payload_bytes: int
+    model: str
+    model_sha256: str
+    system_prompt_tokens: int
+    system_prompt_tokens_pinned: int
+    system_prompt_sha256: str
+    tenant: str
+    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("policy", "sampling", "system_prompt")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    policy: Policy
+    sampling: Sampling
+    system_prompt: str
+    def __init__(self, policy: _Optional[_Union[Policy, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., system_prompt: _Optional[str] = ...) -> None: ...
+
+class CreateSessionResponse(_message.Message):
+    __slots__ = ("handle", "receipt")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    receipt: Receipt
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class TokenList(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("handle", "text", "tokens")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    text: str
+    tokens: TokenList
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenList, _Mapping]] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("appended", "receipt")
+    APPENDED_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    appended: int
+    receipt: Receipt
+    def __init__(self, appended: _Optional[int] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("handle", "max_tokens", "stop", "sampling")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    sampling: Sampling
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+
+class ChatRequest(_message.Message):
+    __slots__ = ("handle", "message", "max_tokens", "stop", "sampling")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    message: str
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    sampling: Sampling
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., message: _Optional[str] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+
+class Token(_message.Message):
+    __slots__ = ("id", "text", "index", "latency_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    text: str
+    index: int
+    latency_ms: float
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., latency_ms: _Optional[float] = ...) -> None: ...
+
+class Done(_message.Message):
+    __slots__ = ("reason", "generated", "receipt")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    generated: int
+    receipt: Receipt
+    def __init__(self, reason: _Optional[str] = ..., generated: _Optional[int] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("token", "done")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    token: Token
+    done: Done
+    def __init__(self, token: _Optional[_Union[Token, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
+
+class HandleRequest(_message.Message):
+    __slots__ = ("handle",)
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ...) -> None: ...
+
+class ResetResponse(_message.Message):
+    __slots__ = ("handle", "receipt")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    receipt: Receipt
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("handle", "receipt")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    receipt: Receipt
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class CloseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ("handle", "include_text")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    include_text: bool
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., include_text: _Optional[bool] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("receipt", "retained_text")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    receipt: Receipt
+    retained_text: str
+    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., retained_text: _Optional[str] = ...) -> None: ...
+
+class TraceEvent(_message.Message):
+    __slots__ = ("at_token", "evicted_logical", "evicted_cache", "shift_delta", "shifted_cache")
+    AT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_CACHE_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_DELTA_FIELD_NUMBER: _ClassVar[int]
+    SHIFTED_CACHE_FIELD_NUMBER: _ClassVar[int]
+    at_token: int
+    evicted_logical: Range
+    evicted_cache: Range
+    shift_delta: int
+    shifted_cache: Range
+    def __init__(self, at_token: _Optional[int] = ..., evicted_logical: _Optional[_Union[Range, _Mapping]] = ..., evicted_cache: _Optional[_Union[Range, _Mapping]] = ..., shift_delta: _Optional[int] = ..., shifted_cache: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+
+class TraceResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TraceEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[Receipt]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CELLS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    CELLS_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    INVARIANT_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    max_sessions: int
+    cells_in_use: int
+    cells_per_session: int
+    kv_bytes_per_token: int
+    prefill_tokens: int
+    decode_tokens: int
+    evictions: int
+    steps: int
+    invariant_violations: int
+    model: str
+    model_sha256: str
+    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "sha256", "loaded", "is_default", "default_sinks", "default_window")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SINKS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sha256: str
+    loaded: bool
+    is_default: bool
+    default_sinks: int
+    default_window: int
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., loaded: _Optional[bool] = ..., is_default: _Optional[bool] = ..., default_sinks: _Optional[int] = ..., default_window: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,479 @@
+"""The gRPC daemon on a temporary Unix socket with the real model: tenants, handles, resets, forks,
+continuous batching, cancellation, admission, invariants and shutdown."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from daemon.config import Settings
+from daemon.server import Daemon
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.conftest import TEXT
+
+pytestmark = pytest.mark.model
+
+ALICE = [("authorization", "Bearer alice-token")]
+BOB = [("authorization", "Bearer bob-token")]
+ADMIN = [("authorization", "Bearer admin-token")]
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def settings(tmp: Path, **kw: Any) -> Settings:
+    base: dict[str, Any] = {
+        "socket": tmp / "sinkd.sock",
+        "tenants": [
+            {"name": "alice", "token_sha256": sha("alice-token")},
+            {"name": "bob", "token_sha256": sha("bob-token")},
+        ],
+        "admin_token_sha256": sha("admin-token"),
+        "max_sessions": 6,
+        "n_ctx_seq": 256,
+        "step_tokens": 64,
+        "n_batch": 256,
+    }
+    base.update(kw)
+    return Settings(**base)
+
+
+class Client:
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.s = pb_grpc.SessionsStub(self.channel)
+        self.admin = pb_grpc.AdminStub(self.channel)
+
+    def create(self, md: Any = ALICE, system: str = "", **policy: Any) -> pb.CreateSessionResponse:
+        policy.setdefault("name", "sink")
+        policy.setdefault("sinks", 4)
+        policy.setdefault("window", 60)
+        return self.s.Create(
+            pb.CreateSessionRequest(policy=pb.Policy(**policy), system_prompt=system), metadata=md
+        )
+
+    def append(self, h: pb.Handle, text: str, md: Any = ALICE, **kw: Any) -> pb.AppendResponse:
+        return self.s.Append(pb.AppendRequest(handle=h, text=text), metadata=md, **kw)
+
+    def generate(self, h: pb.Handle, n: int = 12, md: Any = ALICE) -> tuple[list[int], pb.Done]:
+        ids, done = [], None
+        for ev in self.s.Generate(pb.GenerateRequest(handle=h, max_tokens=n), metadata=md):
+            if ev.HasField("token"):
+                ids.append(ev.token.id)
+            else:
+                done = ev.done
+        assert done is not None
+        return ids, done
+
+    def inspect(self, h: pb.Handle, md: Any = ALICE, text: bool = False) -> pb.InspectResponse:
+        return self.s.Inspect(pb.InspectRequest(handle=h, include_text=text), metadata=md)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(settings(tmp_path_factory.mktemp("sinkd")))
+    d.start()
+    d.wait_ready(120)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[Client]:
+    c = Client(daemon.addresses[0])
+    yield c
+    for r in c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions:
+        c.s.Close(
+            pb.HandleRequest(handle=pb.Handle(session_id=r.session_id, generation=r.generation)),
+            metadata=ALICE,
+        )
+    for r in c.s.List(pb.ListSessionsRequest(), metadata=BOB).sessions:
+        c.s.Close(
+            pb.HandleRequest(handle=pb.Handle(session_id=r.session_id, generation=r.generation)),
+            metadata=BOB,
+        )
+    c.channel.close()
+
+
+def code_of(call: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        result = call()
+        if hasattr(result, "__iter__") and not isinstance(result, pb.InspectResponse):
+            list(result)
+    return err.value.code()
+
+
+def test_health_serves_only_once_loaded(tmp_path: Path, daemon: Daemon) -> None:
+    unstarted = Daemon(settings(tmp_path))
+    req = health_pb2.HealthCheckRequest()
+    assert unstarted.health.Check(req, None).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(daemon.addresses[0]))
+    assert stub.Check(req).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_socket_is_private(daemon: Daemon) -> None:
+    mode = os.stat(daemon.settings.socket).st_mode & 0o777
+    assert mode == 0o600
+    assert os.stat(daemon.settings.socket.parent).st_mode & 0o777 == 0o700
+
+
+def test_tenants_cannot_see_or_touch_each_other(client: Client) -> None:
+    h = client.create().handle
+    client.append(h, "Alice's private notes about the harbour.")
+    req = pb.HandleRequest(handle=h)
+    for call in (
+        lambda: client.inspect(h, md=BOB),
+        lambda: client.append(h, "x", md=BOB),
+        lambda: client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2), metadata=BOB),
+        lambda: client.s.Chat(pb.ChatRequest(handle=h, message="hi"), metadata=BOB),
+        lambda: client.s.Reset(req, metadata=BOB),
+        lambda: client.s.Fork(req, metadata=BOB),
+        lambda: client.s.Trace(req, metadata=BOB),
+        lambda: client.s.Close(req, metadata=BOB),
+    ):
+        assert code_of(call) == grpc.StatusCode.NOT_FOUND
+    assert client.s.List(pb.ListSessionsRequest(), metadata=BOB).sessions == []
+    assert [
+        r.session_id for r in client.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+    ] == [h.session_id]
+    assert client.inspect(h).receipt.n_seen > 0  # untouched by bob's attempts
+    # the admin sees every session content-free, and can read no text
+    everyone = client.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
+    assert h.session_id in [r.session_id for r in everyone]
+    assert code_of(lambda: client.inspect(h, md=ADMIN, text=True)) == grpc.StatusCode.NOT_FOUND
+    assert (
+        code_of(lambda: client.admin.Stats(pb.StatsRequest(), metadata=ALICE))
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
+
+
+@pytest.mark.parametrize(
+    "md", [[], [("authorization", "Bearer nope")], [("authorization", "Basic abc")]]
+)
+def test_missing_or_wrong_token_is_unauthenticated(client: Client, md: Any) -> None:
+    assert (
+        code_of(lambda: client.s.List(pb.ListSessionsRequest(), metadata=md))
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert code_of(lambda: client.create(md=md)) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_reset_stales_the_handle_frees_cells_and_leaves_nothing(
+    client: Client, daemon: Daemon
+) -> None:
+    h = client.create().handle
+    client.append(h, TEXT)
+    before = client.admin.Stats(pb.StatsRequest(), metadata=ADMIN).cells_in_use
+    held = client.inspect(h).receipt.retained
+    assert held > 0
+    r = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE)
+    session = daemon.service.registry.lookup("alice", h.session_id, r.handle.generation)
+    assert daemon.service.scheduler.call(lambda e: e.pos_range(session.seq_id)) == (-1, -1)
+    assert (
+        r.receipt.retained == 0
+        and r.receipt.reset_count == 1
+        and r.handle.generation != h.generation
+    )
+    assert client.admin.Stats(pb.StatsRequest(), metadata=ADMIN).cells_in_use == before - held
+    for call in (
+        lambda: client.append(h, "x"),
+        lambda: client.inspect(h),
+        lambda: client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE),
+        lambda: client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2), metadata=ALICE),
+    ):
+        assert code_of(call) == grpc.StatusCode.FAILED_PRECONDITION
+    # the next stream inherits nothing: it continues exactly as a fresh session does
+    client.append(r.handle, "The lighthouse keeper counted the ships")
+    after_reset, _ = client.generate(r.handle)
+    fresh = client.create().handle
+    client.append(fresh, "The lighthouse keeper counted the ships")
+    assert client.generate(fresh)[0] == after_reset
+    s_fresh = daemon.service.registry.lookup("alice", fresh.session_id, fresh.generation)
+    s_reset = daemon.service.registry.lookup("alice", r.handle.session_id, r.handle.generation)
+    assert np.array_equal(s_fresh.last_logits, s_reset.last_logits)  # bit-identical
+
+
+def test_fork_is_owned_and_independent(client: Client, daemon: Daemon) -> None:
+    parent = client.create().handle
+    client.append(parent, TEXT[:200])
+    child = client.s.Fork(pb.HandleRequest(handle=parent), metadata=ALICE)
+    assert child.handle.session_id != parent.session_id and child.receipt.tenant == "alice"
+    assert child.receipt.n_seen == client.inspect(parent).receipt.n_seen
+    assert code_of(lambda: client.inspect(child.handle, md=BOB)) == grpc.StatusCode.NOT_FOUND
+    p = daemon.service.registry.lookup("alice", parent.session_id, parent.generation)
+    logits_before = p.last_logits.copy()
+    parent_before = client.inspect(parent).receipt
+    assert parent_before.evictions == 0
+    client.append(child.handle, TEXT[200:])  # evicts and shifts in the child only
+    assert client.inspect(child.handle).receipt.evictions > 0
+    assert client.inspect(parent).receipt == parent_before
+    assert np.array_equal(p.last_logits, logits_before)
+    control = client.create().handle
+    client.append(control, TEXT[:200])
+    assert client.generate(parent)[0] == client.generate(control)[0]
+    fork_of_fork = client.s.Fork(pb.HandleRequest(handle=child.handle), metadata=ALICE)
+    assert fork_of_fork.receipt.n_seen == client.inspect(child.handle).receipt.n_seen
+
+
+def test_batched_sessions_match_solo_runs(client: Client) -> None:
+    prompts = [TEXT[i * 90 : i * 90 + 200] for i in range(4)]
+    solo = []
+    for prompt in prompts:
+        h = client.create().handle
+        client.append(h, prompt)
+        solo.append(client.generate(h, n=16)[0])
+        client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+    handles = [client.create().handle for _ in prompts]
+    results: list[list[int]] = [[] for _ in prompts]
+
+    def run(i: int) -> None:
+        client.append(handles[i], prompts[i])
+        results[i] = client.generate(handles[i], n=16)[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+
+
+def test_admission_refuses_past_the_session_limit(client: Client, daemon: Daemon) -> None:
+    handles = [client.create().handle for _ in range(daemon.service.max_sessions())]
+    with pytest.raises(grpc.RpcError) as err:
+        client.create(md=BOB)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "session limit reached: 6 sessions of 256 cells" in err.value.details()
+    client.append(handles[0], "still fine")
+    assert client.inspect(handles[0]).receipt.n_seen > 0
+
+
+def test_cancelled_append_stops_and_leaves_a_consistent_session(client: Client) -> None:
+    h = client.create().handle
+    long_text = " ".join([TEXT] * 8)  # about 2,200 tokens: dozens of scheduler steps
+    with pytest.raises(grpc.RpcError) as err:
+        client.append(h, long_text, timeout=0.5)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.3)
+    first = client.inspect(h).receipt
+    time.sleep(0.5)
+    second = client.inspect(h).receipt
+    assert first.n_seen == second.n_seen  # no more work after the cancel
+    assert 0 < first.n_seen < 2200
+    assert first.retained + first.evicted_tokens == first.n_seen
+    client.append(h, "And then")
+    assert len(client.generate(h, n=4)[0]) == 4
+
+
+def test_cancelled_generate_stops_within_a_step(client: Client) -> None:
+    h = client.create().handle
+    client.append(h, TEXT[:200])
+    n0 = client.inspect(h).receipt.n_seen
+    call = client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=200), metadata=ALICE)
+    got = 0
+    for ev in call:
+        got += ev.HasField("token")
+        if got == 3:
+            call.cancel()
+            break
+    time.sleep(0.3)
+    r1 = client.inspect(h).receipt
+    time.sleep(0.3)
+    assert client.inspect(h).receipt.n_seen == r1.n_seen
+    assert n0 + 2 <= r1.n_seen <= n0 + 5
+    assert len(client.generate(h, n=3)[0]) == 3
+
+
+def test_system_prompt_longer_than_s_is_evicted_unless_pinned(client: Client) -> None:
+    system = "You are a lighthouse keeper. Always answer in one short sentence about the sea."
+    plain = client.create(system=system, sinks=4, window=60)
+    pinned = client.create(system=system, sinks=4, window=60, pin_system_prompt=True)
+    n_sys = plain.receipt.system_prompt_tokens
+    assert n_sys > 4
+    assert plain.receipt.system_prompt_tokens_pinned == 4 and plain.receipt.policy.sinks == 4
+    assert pinned.receipt.system_prompt_tokens_pinned == n_sys == pinned.receipt.policy.sinks
+    for h in (plain.handle, pinned.handle):
+        client.append(h, TEXT[:600])
+    plain_text = client.inspect(plain.handle, text=True).retained_text
+    pinned_text = client.inspect(pinned.handle, text=True).retained_text
+    assert "one short sentence about the sea" in pinned_text
+    assert "one short sentence about the sea" not in plain_text
+
+
+def test_invariant_violation_fails_that_session_alone(client: Client, daemon: Daemon) -> None:
+    victim = client.create().handle
+    bystander = client.create().handle
+    client.append(victim, TEXT[:200])
+    client.append(bystander, TEXT[:200])
+    s = daemon.service.registry.lookup("alice", victim.session_id, victim.generation)
+    daemon.service.scheduler.call(
+        lambda e: e.clear(s.seq_id)
+    )  # corrupt: cells vanish behind the policy
+    before = client.admin.Stats(pb.StatsRequest(), metadata=ADMIN).invariant_violations
+    with pytest.raises(grpc.RpcError) as err:
+        client.append(victim, "more")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cache positions" in err.value.details()
+    assert client.admin.Stats(pb.StatsRequest(), metadata=ADMIN).invariant_violations == before + 1
+    assert code_of(lambda: client.generate(victim)) == grpc.StatusCode.FAILED_PRECONDITION
+    assert len(client.generate(bystander, n=3)[0]) == 3
+    r = client.s.Reset(pb.HandleRequest(handle=victim), metadata=ALICE)  # reset recovers it
+    client.append(r.handle, "A fresh start")
+    assert client.inspect(r.handle).receipt.state == "idle"
+
+
+def test_trace_and_receipt_report_logical_and_cache_positions(client: Client) -> None:
+    h = client.create(sinks=4, window=60, evict_chunk=8).handle
+    client.append(h, TEXT[:700])
+    r = client.inspect(h).receipt
+    assert (r.anchors_logical.start, r.anchors_logical.end) == (0, 4)
+    assert r.recent_logical.end == r.n_seen and r.retained <= 64
+    assert (r.recent_cache.start, r.recent_cache.end) == (4, r.retained)
+    events = client.s.Trace(pb.HandleRequest(handle=h), metadata=ALICE).events
+    assert len(events) == r.evictions and events[0].evicted_logical.start == 4
+    assert all(e.evicted_logical.end - e.evicted_logical.start == 8 for e in events)
+
+
+def test_bad_requests_get_clear_statuses(client: Client) -> None:
+    bad = pb.Handle(session_id="s_doesnotexist", generation="x")
+    assert code_of(lambda: client.inspect(bad)) == grpc.StatusCode.NOT_FOUND
+    assert code_of(lambda: client.create(window=0)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(lambda: client.create(name="lru")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(lambda: client.create(window=300)) == grpc.StatusCode.INVALID_ARGUMENT
+    h = client.create().handle
+    bad_tokens = pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=[1, 2, 10**6]))
+    assert (
+        code_of(lambda: client.s.Append(bad_tokens, metadata=ALICE))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert code_of(lambda: client.generate(h)) == grpc.StatusCode.INVALID_ARGUMENT  # empty session
+    sampling = pb.Sampling(temperature=9.0)
+    req = pb.GenerateRequest(handle=h, max_tokens=2, sampling=sampling)
+    assert (
+        code_of(lambda: client.s.Generate(req, metadata=ALICE)) == grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+def test_idle_sessions_expire(tmp_path: Path) -> None:
+    d = Daemon(settings(tmp_path, idle_timeout_s=1.0))
+    d.start()
+    d.wait_ready(60)
+    try:
+        c = Client(d.addresses[0])
+        h = c.create().handle
+        time.sleep(3.0)
+        assert code_of(lambda: c.inspect(h)) == grpc.StatusCode.NOT_FOUND
+    finally:
+        d.stop()
+
+
+def test_stop_with_sessions_open_cancels_and_frees(tmp_path: Path) -> None:
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(60)
+    c = Client(d.addresses[0])
+    h = c.create().handle
+    c.append(h, TEXT[:200])
+    codes: list[grpc.StatusCode] = []
+
+    def long_generate() -> None:
+        try:
+            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2000), metadata=ALICE):
+                pass
+        except grpc.RpcError as e:
+            codes.append(e.code())
+
+    t = threading.Thread(target=long_generate)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    d.stop(grace=1.0)
+    t.join(10)
+    assert time.monotonic() - t0 < 5
+    assert codes and codes[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert d.service.scheduler.engine is None  # the context was freed
+    assert not d.settings.socket.exists()
+
+
+def test_sigterm_exits_zero_and_a_restart_stales_old_handles(tmp_path: Path) -> None:
+    sock = tmp_path / "d.sock"
+    env = dict(os.environ, SINKD_MAX_SESSIONS="2", SINKD_N_CTX_SEQ="256")
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "serve", "--socket", str(sock)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"unix:{sock}"))
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return proc
+            except grpc.RpcError:
+                time.sleep(0.2)
+        proc.kill()
+        raise AssertionError(proc.stderr.read().decode() if proc.stderr else "no output")
+
+    proc = start()
+    c = Client(f"unix:{sock}")
+    h = c.create(md=[]).handle  # no tenants: the socket's user is the single tenant
+    proc.send_signal(signal.SIGKILL)  # a crash leaves the socket file behind
+    proc.wait(10)
+    assert sock.exists()
+    proc = start()  # the stale socket does not block the restart
+    c = Client(f"unix:{sock}")
+    assert (
+        code_of(lambda: c.inspect(h, md=[])) == grpc.StatusCode.NOT_FOUND
+    )  # sessions are not durable yet
+    c.create(md=[])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert not sock.exists()
+
+
+def test_generated_code_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, "proto/generate.py", "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_text_in_logs_metrics_or_admin_replies(
+    client: Client, daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import generate_latest
+
+    sentinel = "ZQXJ-sentinel-4471"
+    caplog.set_level("DEBUG")
+    h = client.create(system=f"Secret rule {sentinel}.").handle
+    client.append(h, f"The password is {sentinel}. " * 3)
+    client.generate(h, n=4)
+    list(
+        client.s.Chat(
+            pb.ChatRequest(handle=h, message=f"Repeat {sentinel}", max_tokens=4), metadata=ALICE
+        )
+    )
+    assert sentinel in client.inspect(h, text=True).retained_text  # the owner can read it back
+    admin_replies = str(client.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN))
+    admin_replies += str(client.admin.Stats(pb.StatsRequest(), metadata=ADMIN))
+    for where in (caplog.text, generate_latest(daemon.metrics.registry).decode(), admin_replies):
+        assert sentinel not in where and "password" not in where
