@@ -237,6 +237,12 @@ def serve(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Prometheus endpoint on 127.0.0.1.")
     ] = None,
+    allow_unchecked: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unchecked", help="Run a KV dtype or backend not checked in models.lock."
+        ),
+    ] = False,
 ) -> None:
     """Run the gRPC daemon until SIGTERM or Ctrl-C; pulls and verifies the model first if missing."""
     import logging
@@ -252,6 +258,7 @@ def serve(
         settings = load_settings(
             config, socket=socket, tcp=tcp, model=model, max_sessions=max_sessions,
             n_ctx_seq=n_ctx_seq, n_threads=threads, n_gpu_layers=gpu_layers, metrics_port=metrics_port,
+            allow_unchecked=allow_unchecked or None,
         )  # fmt: skip
     except ValidationError as e:
         for problem in e.errors():

@@ -55,6 +55,7 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=4 * 2**20, ge=1024)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     verify_model_hash: bool = True
+    allow_unchecked: bool = False  # run a KV dtype or backend the lock has not been checked with
 
     @classmethod
     def settings_customise_sources(

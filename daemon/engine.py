@@ -60,6 +60,7 @@ class EngineConfig:
     n_gpu_layers: int = 0
     kv_type: str = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
+    kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
 
     def validate(self) -> None:
         if self.n_ctx_seq < 1:
@@ -259,7 +260,7 @@ class Engine:
         cparams.n_seq_max = cfg.n_seq_max
         cparams.n_threads = cfg.n_threads
         cparams.n_threads_batch = cfg.n_threads
-        cparams.kv_unified = False
+        cparams.kv_unified = cfg.kv_unified
         cparams.swa_full = cfg.swa_full
         cparams.type_k = KV_TYPES[cfg.kv_type]
         cparams.type_v = KV_TYPES[cfg.kv_type]

@@ -76,7 +76,12 @@ class SinkdService:
         )
         if s.n_threads:
             config = dataclasses.replace(config, n_threads=s.n_threads)
-        engine = open_engine(self.entry.name, config, verify_hash=s.verify_model_hash)
+        engine = open_engine(
+            self.entry.name,
+            config,
+            verify_hash=s.verify_model_hash,
+            allow_unchecked=s.allow_unchecked,
+        )
         self.identity = ModelIdentity(
             self.entry.name, self.entry.sha256, engine.tokenizer_sha256, engine.template_sha256
         )

@@ -477,3 +477,61 @@ def test_no_text_in_logs_metrics_or_admin_replies(
     admin_replies += str(client.admin.Stats(pb.StatsRequest(), metadata=ADMIN))
     for where in (caplog.text, generate_latest(daemon.metrics.registry).decode(), admin_replies):
         assert sentinel not in where and "password" not in where
+
+
+def test_tcp_tls_metrics_and_reflection(tmp_path: Path) -> None:
+    import shutil
+    import socket
+    import urllib.request
+
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    metrics_port = free_port()
+    d = Daemon(
+        settings(tmp_path, tcp="localhost:0", tls_cert=cert, tls_key=key, metrics_port=metrics_port)
+    )
+    d.start()
+    d.wait_ready(60)
+    try:
+        tcp = d.addresses[1]
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        stub = pb_grpc.SessionsStub(grpc.secure_channel(tcp, creds))
+        h = stub.Create(
+            pb.CreateSessionRequest(policy=pb.Policy(name="sink", sinks=4, window=60)), metadata=BOB
+        ).handle
+        stub.Append(pb.AppendRequest(handle=h, text="over TLS"), metadata=BOB)
+        plain = pb_grpc.SessionsStub(grpc.insecure_channel(tcp))
+        assert code_of(lambda: plain.List(pb.ListSessionsRequest(), metadata=BOB, timeout=2)) in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
+        scrape = (
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+        assert "sinkd_prefill_tokens_total" in scrape and "sinkd_active_sessions 1.0" in scrape
+        refl = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(d.addresses[0]))
+        reply = next(
+            refl.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+        )
+        names = {s.name for s in reply.list_services_response.service}
+        assert {"sinkd.v1.Sessions", "sinkd.v1.Admin", "grpc.health.v1.Health"} <= names
+    finally:
+        d.stop()
