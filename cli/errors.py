@@ -19,9 +19,21 @@ from daemon.errors import (
     PullFailed,
     Unsupported,
 )
+from daemon.sessions import (
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SessionFailed,
+    StaleGeneration,
+)
 
 # Documented in the README; 1 is left to Python itself, 2 to usage errors (typer's own too).
 EXIT_CODES: list[tuple[type[SinkdError], int]] = [
+    (NotFound, 11),
+    (StaleGeneration, 12),
+    (SessionFailed, 12),
+    (ResourceExhausted, 8),
+    (PermissionDenied, 13),
     (ConfigError, 2),
     (InvalidInput, 2),
     (ModelMissing, 3),
@@ -36,7 +48,24 @@ EXIT_CODES: list[tuple[type[SinkdError], int]] = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# What a daemon's refusal (a gRPC status name) means for the exit code.
+REFUSED_CODES = {
+    "INVALID_ARGUMENT": 2,
+    "RESOURCE_EXHAUSTED": 8,
+    "NOT_FOUND": 11,
+    "FAILED_PRECONDITION": 12,
+    "UNAUTHENTICATED": 13,
+    "PERMISSION_DENIED": 13,
+}
+
+
 def exit_code(error: SinkdError) -> int:
+    from cli.backend import DaemonUnavailable, Refused
+
+    if isinstance(error, DaemonUnavailable):
+        return 10
+    if isinstance(error, Refused):
+        return REFUSED_CODES.get(error.code, 14)
     return next((code for cls, code in EXIT_CODES if isinstance(error, cls)), 1)
 
 

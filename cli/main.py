@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cachepolicy import PolicyConfig
-from cli import models
+from cli import models, sessions
 from cli.errors import handle_errors
 from daemon.errors import InvalidInput
 
@@ -24,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(models.app, name="models")
+app.add_typer(sessions.app, name="sessions")
 out = Console()
 err = Console(stderr=True)
 
@@ -279,6 +280,175 @@ def serve(
     err.print(f"sinkd serving {entry.name} on {', '.join(daemon.addresses)}", highlight=False)
     daemon.serve_until_signal()
     err.print("sinkd stopped", highlight=False)
+
+
+ConnectOpt = Annotated[
+    str | None, typer.Option("--connect", help="Use the daemon at this address ($SINKD_ADDRESS).")
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", help="Bearer token (default: $SINKD_TOKEN).", envvar="SINKD_TOKEN"),
+]
+
+
+def _backend(
+    embedded: bool, connect: str | None, token: str | None, model: str | None, budget: int
+) -> Any:
+    from cli.backend import EmbeddedBackend, RemoteBackend
+
+    if embedded:
+        return EmbeddedBackend(model=model, n_ctx_seq=budget, max_sessions=2)
+    return RemoteBackend(connect, token)
+
+
+def _policy_dict(
+    policy: str, sinks: int | None, window: int | None, evict: int | None, compact: int
+) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": policy, "compact_interval": compact}
+    if sinks is not None:
+        d["sinks"] = sinks
+    if window is not None:
+        d["window"] = window
+    if evict is not None:
+        d["evict_chunk"] = evict
+    return d
+
+
+@app.command()
+@handle_errors
+def chat(
+    embedded: Annotated[
+        bool, typer.Option("--embedded", help="Run the model in this process, no daemon.")
+    ] = False,
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    model: ModelOpt = None,
+    system: Annotated[str, typer.Option("--system", help="System prompt.")] = "",
+    pin_system: Annotated[
+        bool, typer.Option("--pin-system", help="Keep the whole system prompt as sinks.")
+    ] = False,
+    policy: PolicyOpt = "sink",
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: Annotated[
+        int | None, typer.Option("--evict", "-e", help="E: window cells evicted at once.")
+    ] = None,
+    compact: CompactOpt = 0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest reply.")] = 256,
+) -> None:
+    """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit."""
+    from cli.chat import ChatLoop
+
+    pol = _policy_dict(policy, sinks, window, evict, compact)
+    pol["pin_system_prompt"] = pin_system
+    backend = _backend(embedded, connect, token, model, 512)
+    try:
+        handle, receipt = backend.create(pol, system_prompt=system)
+        loop = ChatLoop(backend, handle, max_tokens, sys.stdout, err)
+        loop.status(receipt)
+        loop.run(sys.stdin)
+    finally:
+        backend.shutdown()
+
+
+@app.command()
+@handle_errors
+def narrate(
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    model: ModelOpt = None,
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: Annotated[
+        int | None, typer.Option("--evict", "-e", help="E: window cells evicted at once.")
+    ] = None,
+    chunk_lines: Annotated[
+        int, typer.Option("--chunk-lines", help="Append after this many lines...")
+    ] = 16,
+    chunk_seconds: Annotated[
+        float, typer.Option("--chunk-seconds", help="...or after this long.")
+    ] = 1.0,
+    every_lines: Annotated[
+        int, typer.Option("--every-lines", help="Narrate after this many appended lines...")
+    ] = 200,
+    every_seconds: Annotated[
+        float, typer.Option("--every-seconds", help="...or this many seconds.")
+    ] = 30.0,
+    max_line_bytes: Annotated[
+        int, typer.Option("--max-line-bytes", help="Longer lines are cut here.")
+    ] = 512,
+    queue_lines: Annotated[
+        int, typer.Option("--queue-lines", help="Lines waiting at most.")
+    ] = 1024,
+    on_full: Annotated[
+        str, typer.Option("--on-full", help="drop-oldest (stay current) or block (lose nothing).")
+    ] = "drop-oldest",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest narration.")] = 48,
+    as_json: JsonFlag = False,
+) -> None:
+    """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`); embedded unless --connect."""
+    import datetime
+    import threading
+
+    from cli.narrate import Counts, LineQueue, NarrateConfig, Narrator, read_lines
+    from daemon.textstream import rss_bytes
+
+    cfg = NarrateConfig(
+        chunk_lines,
+        chunk_seconds,
+        every_lines,
+        every_seconds,
+        max_line_bytes,
+        queue_lines,
+        on_full,
+        max_tokens,
+    )
+    cfg.validate()
+    counts = Counts()
+    backend = _backend(connect is None, connect, token, model, 512)
+
+    def emit(text: str, snapshot: dict[str, Any]) -> None:
+        ts = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        if as_json:
+            print(
+                json.dumps(
+                    {
+                        "event": "narration",
+                        "ts": ts,
+                        "text": text,
+                        **snapshot,
+                        "rss_bytes": rss_bytes(),
+                    }
+                ),
+                flush=True,
+            )
+        else:
+            out.print(f"[dim]{ts}[/dim] {text}", highlight=False)
+
+    queue = LineQueue(cfg.queue_lines, cfg.on_full, counts)
+    reader = threading.Thread(
+        target=read_lines, args=(sys.stdin.buffer, queue, counts, cfg.max_line_bytes), daemon=True
+    )
+    interrupted = False
+    try:
+        handle, _ = backend.create(_policy_dict("sink", sinks, window, evict, 0))
+        reader.start()
+        Narrator(backend, handle, cfg, counts, emit).run(queue)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        backend.shutdown()
+    summary = {**counts.as_dict(), "interrupted": interrupted, "rss_bytes": rss_bytes()}
+    if as_json:
+        print(json.dumps({"event": "summary", **summary}), flush=True)
+    else:
+        err.print(
+            f"narrate: {summary['lines_read']} lines read, {summary['lines_appended']} appended,"
+            f" {summary['lines_dropped']} dropped, {summary['lines_truncated']} cut,"
+            f" {summary['narrations']} narrations, {summary['evicted_tokens']} tokens evicted"
+            f" in {summary['evictions']} evictions",
+            highlight=False,
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -114,3 +114,14 @@ def test_stream_from_a_pipe_keeps_memory_flat() -> None:
     assert evicting[0]["chunk"] == 0
     growth = chunks[-1]["rss_bytes"] - chunks[1]["rss_bytes"]
     assert growth < 8 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB after warm-up"
+
+
+@pytest.mark.model
+def test_models_pull_keeps_a_verified_file() -> None:
+    from daemon.models import load_lock, model_path
+
+    path = model_path(load_lock().get(None))
+    mtime = path.stat().st_mtime_ns
+    code, _, err = run("models", "pull")
+    assert code == 0 and "sha256 verified" in err
+    assert path.stat().st_mtime_ns == mtime  # verified in place, not fetched again

@@ -1,0 +1,349 @@
+"""Where the CLI's sessions live: a running daemon over gRPC, or an embedded service in this process.
+
+Both speak plain dicts (the same receipt shape as `SinkdService.receipt`), so commands do not care
+which one they hold. gRPC errors become typed CLI errors here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cachepolicy.errors import SinkdError
+
+
+class DaemonUnavailable(SinkdError):
+    """No daemon answers at the address."""
+
+
+class Refused(SinkdError):
+    """The daemon refused the request; `code` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Handle:
+    session_id: str
+    generation: str
+
+
+class Backend(Protocol):
+    def create(
+        self,
+        policy: dict[str, Any],
+        system_prompt: str = "",
+        sampling: dict[str, Any] | None = None,
+    ) -> tuple[Handle, dict[str, Any]]: ...
+    def append(self, handle: Handle, text: str) -> dict[str, Any]: ...
+    def generate(
+        self, handle: Handle, max_tokens: int, stops: list[str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+    def chat(
+        self, handle: Handle, message: str, max_tokens: int, stops: list[str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+    def reset(self, handle: Handle) -> tuple[Handle, dict[str, Any]]: ...
+    def fork(self, handle: Handle) -> tuple[Handle, dict[str, Any]]: ...
+    def close(self, handle: Handle) -> None: ...
+    def inspect(self, handle: Handle, include_text: bool = False) -> tuple[dict[str, Any], str]: ...
+    def trace(self, handle: Handle) -> list[dict[str, Any]]: ...
+    def list(self) -> list[dict[str, Any]]: ...
+    def shutdown(self) -> None: ...
+
+
+def default_address() -> str:
+    from daemon.config import default_socket
+
+    return os.environ.get("SINKD_ADDRESS") or f"unix:{default_socket()}"
+
+
+# --- remote ---
+
+
+def _range(r: Any) -> list[int]:
+    return [int(r.start), int(r.end)]
+
+
+def receipt_from_pb(r: Any) -> dict[str, Any]:
+    p = r.policy
+    return {
+        "session_id": r.session_id,
+        "generation": r.generation,
+        "reset_count": r.reset_count,
+        "state": r.state,
+        "tenant": r.tenant,
+        "policy": {
+            "policy": p.name,
+            "sinks": p.sinks,
+            "window": p.window,
+            "evict_chunk": p.evict_chunk,
+            "compact_interval": p.compact_interval,
+        },
+        "n_seen": r.n_seen,
+        "retained": r.retained,
+        "anchors_logical": _range(r.anchors_logical),
+        "recent_logical": _range(r.recent_logical),
+        "anchors_cache": _range(r.anchors_cache),
+        "recent_cache": _range(r.recent_cache),
+        "pending_gap": r.pending_gap,
+        "evictions": r.evictions,
+        "evicted_tokens": r.evicted_tokens,
+        "shifts": r.shifts,
+        "kv_payload_bytes": r.kv_payload_bytes,
+        "model": r.model,
+        "model_sha256": r.model_sha256,
+        "system_prompt_tokens": r.system_prompt_tokens,
+        "system_prompt_tokens_pinned": r.system_prompt_tokens_pinned,
+        "system_prompt_sha256": r.system_prompt_sha256,
+    }
+
+
+class RemoteBackend:
+    def __init__(
+        self, address: str | None = None, token: str | None = None, timeout: float = 3.0
+    ) -> None:
+        import grpc
+
+        from proto.sinkd.v1 import sinkd_pb2 as pb
+        from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
+
+        self.grpc, self.pb = grpc, pb
+        self.address = address or default_address()
+        token = token if token is not None else os.environ.get("SINKD_TOKEN")
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.channel = grpc.insecure_channel(self.address)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise DaemonUnavailable(
+                f"no sinkd daemon answers at {self.address}; start one with `sinkd serve`"
+                " (or use --embedded where the command offers it)"
+            ) from None
+        self.stub = pb_grpc.SessionsStub(self.channel)  # type: ignore[no-untyped-call]
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.stub, method)(request, metadata=self.metadata)
+        except self.grpc.RpcError as e:
+            raise self._refused(e) from None
+
+    def _refused(self, e: Any) -> SinkdError:
+        if e.code() == self.grpc.StatusCode.UNAVAILABLE:
+            return DaemonUnavailable(f"the daemon at {self.address} went away: {e.details()}")
+        return Refused(e.code().name, e.details() or "refused")
+
+    def _handle(self, h: Handle) -> Any:
+        return self.pb.Handle(session_id=h.session_id, generation=h.generation)
+
+    def create(
+        self,
+        policy: dict[str, Any],
+        system_prompt: str = "",
+        sampling: dict[str, Any] | None = None,
+    ) -> tuple[Handle, dict[str, Any]]:
+        pb = self.pb
+        req = pb.CreateSessionRequest(policy=pb.Policy(**policy), system_prompt=system_prompt)
+        if sampling:
+            req.sampling.CopyFrom(pb.Sampling(**sampling))
+        r = self._call("Create", req)
+        return Handle(r.handle.session_id, r.handle.generation), receipt_from_pb(r.receipt)
+
+    def append(self, handle: Handle, text: str) -> dict[str, Any]:
+        r = self._call("Append", self.pb.AppendRequest(handle=self._handle(handle), text=text))
+        return receipt_from_pb(r.receipt)
+
+    def _stream(self, method: str, request: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        try:
+            for ev in getattr(self.stub, method)(request, metadata=self.metadata):
+                if ev.HasField("token"):
+                    t = ev.token
+                    yield (
+                        "token",
+                        {"id": t.id, "text": t.text, "index": t.index, "latency_ms": t.latency_ms},
+                    )
+                else:
+                    d = ev.done
+                    yield (
+                        "done",
+                        {
+                            "reason": d.reason,
+                            "generated": d.generated,
+                            "receipt": receipt_from_pb(d.receipt),
+                        },
+                    )
+        except self.grpc.RpcError as e:
+            raise self._refused(e) from None
+
+    def generate(
+        self, handle: Handle, max_tokens: int, stops: list[str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        req = self.pb.GenerateRequest(
+            handle=self._handle(handle), max_tokens=max_tokens, stop=stops
+        )
+        return self._stream("Generate", req)
+
+    def chat(
+        self, handle: Handle, message: str, max_tokens: int, stops: list[str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        req = self.pb.ChatRequest(
+            handle=self._handle(handle), message=message, max_tokens=max_tokens, stop=stops
+        )
+        return self._stream("Chat", req)
+
+    def reset(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
+        r = self._call("Reset", self.pb.HandleRequest(handle=self._handle(handle)))
+        return Handle(r.handle.session_id, r.handle.generation), receipt_from_pb(r.receipt)
+
+    def fork(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
+        r = self._call("Fork", self.pb.HandleRequest(handle=self._handle(handle)))
+        return Handle(r.handle.session_id, r.handle.generation), receipt_from_pb(r.receipt)
+
+    def close(self, handle: Handle) -> None:
+        self._call("Close", self.pb.HandleRequest(handle=self._handle(handle)))
+
+    def inspect(self, handle: Handle, include_text: bool = False) -> tuple[dict[str, Any], str]:
+        r = self._call(
+            "Inspect",
+            self.pb.InspectRequest(handle=self._handle(handle), include_text=include_text),
+        )
+        return receipt_from_pb(r.receipt), r.retained_text
+
+    def trace(self, handle: Handle) -> list[dict[str, Any]]:
+        r = self._call("Trace", self.pb.HandleRequest(handle=self._handle(handle)))
+        return [
+            {
+                "at_token": e.at_token,
+                "evicted_logical": _range(e.evicted_logical),
+                "evicted_cache": _range(e.evicted_cache),
+                "shift_delta": e.shift_delta,
+                "shifted_cache": _range(e.shifted_cache) if e.HasField("shifted_cache") else None,
+            }
+            for e in r.events
+        ]
+
+    def list(self) -> list[dict[str, Any]]:
+        return [
+            receipt_from_pb(r) for r in self._call("List", self.pb.ListSessionsRequest()).sessions
+        ]
+
+    def resolve(self, session_id: str) -> Handle:
+        """The owner's current handle for an id (the CLI names sessions by id alone)."""
+        for r in self.list():
+            if r["session_id"] == session_id:
+                return Handle(session_id, r["generation"])
+        raise Refused("NOT_FOUND", f"no session {session_id!r}")
+
+    def shutdown(self) -> None:
+        self.channel.close()
+
+
+# --- embedded ---
+
+
+class EmbeddedBackend:
+    """The same service the daemon runs, in this process, for one local user."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        n_ctx_seq: int = 512,
+        max_sessions: int = 2,
+        threads: int | None = None,
+    ) -> None:
+        from daemon.auth import LOCAL_TENANT, Principal
+        from daemon.config import Settings
+        from daemon.service import SinkdService
+
+        settings = Settings(
+            model=model, n_ctx_seq=n_ctx_seq, max_sessions=max_sessions, n_threads=threads
+        )
+        self.service = SinkdService(settings)
+        self.principal = Principal(LOCAL_TENANT, admin=True)
+        self.service.start()
+        self.service.wait_ready()
+
+    def _h(self, session: Any) -> Handle:
+        return Handle(session.id, session.generation)
+
+    def _t(self, h: Handle) -> tuple[str, str]:
+        return h.session_id, h.generation
+
+    def create(
+        self,
+        policy: dict[str, Any],
+        system_prompt: str = "",
+        sampling: dict[str, Any] | None = None,
+    ) -> tuple[Handle, dict[str, Any]]:
+        from daemon.engine import SamplingParams
+        from daemon.service import PolicyRequest
+
+        req = PolicyRequest(
+            name=policy.get("name", "sink"),
+            sinks=policy.get("sinks"),
+            window=policy.get("window"),
+            evict_chunk=policy.get("evict_chunk") or None,
+            compact_interval=policy.get("compact_interval", 0),
+            pin_system_prompt=policy.get("pin_system_prompt", False),
+        )
+        session = self.service.create(
+            self.principal, req, SamplingParams(**(sampling or {})), system_prompt
+        )
+        return self._h(session), self.service.receipt(session)
+
+    def append(self, handle: Handle, text: str) -> dict[str, Any]:
+        session, _ = self.service.append(self.principal, self._t(handle), text, None)
+        return self.service.receipt(session)
+
+    def _events(
+        self, events: Iterator[tuple[str, Any]], handle: Handle
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        for kind, payload in events:
+            if kind == "done":
+                session = self.service.registry.lookup(
+                    self.principal.tenant or "", *self._t(handle)
+                )
+                payload = {**payload, "receipt": self.service.receipt(session)}
+            yield kind, payload
+
+    def generate(
+        self, handle: Handle, max_tokens: int, stops: list[str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self._events(
+            self.service.generate(self.principal, self._t(handle), max_tokens, stops, None), handle
+        )
+
+    def chat(
+        self, handle: Handle, message: str, max_tokens: int, stops: list[str]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        prompt = self.service.chat_tokens(self.principal, self._t(handle), message)
+        events = self.service.generate(
+            self.principal, self._t(handle), max_tokens, stops, None, prompt_tokens=prompt
+        )
+        return self._events(events, handle)
+
+    def reset(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
+        session = self.service.reset(self.principal, self._t(handle))
+        return self._h(session), self.service.receipt(session)
+
+    def fork(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
+        child = self.service.fork(self.principal, self._t(handle))
+        return self._h(child), self.service.receipt(child)
+
+    def close(self, handle: Handle) -> None:
+        self.service.close(self.principal, self._t(handle))
+
+    def inspect(self, handle: Handle, include_text: bool = False) -> tuple[dict[str, Any], str]:
+        return self.service.inspect(self.principal, self._t(handle), include_text)
+
+    def trace(self, handle: Handle) -> list[dict[str, Any]]:
+        return self.service.trace(self.principal, self._t(handle))
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.service.list_sessions(self.principal)
+
+    def shutdown(self) -> None:
+        self.service.stop()

@@ -1,0 +1,215 @@
+"""`sinkd narrate`: an endless log from stdin, appended in chunks, narrated every N lines or T seconds.
+
+A reader thread takes lines as fast as they come into a bounded queue; the main loop appends them to
+one session and asks the model for a short narration. When the model falls behind, the queue's
+policy decides: `drop-oldest` (default: the narration stays current, drops are counted) or `block`
+(nothing is lost, the writer waits). Memory is bounded by the queue and the session's S+W cells.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from cli.backend import Backend, Handle, Refused
+
+NARRATION_REQUEST = (
+    "In one or two sentences, say what just happened in the log lines above. Be concrete and brief."
+)
+DROP_OLDEST, BLOCK = "drop-oldest", "block"
+
+
+@dataclass
+class NarrateConfig:
+    chunk_lines: int = 16
+    chunk_seconds: float = 1.0
+    every_lines: int = 200
+    every_seconds: float = 30.0
+    max_line_bytes: int = 512
+    queue_lines: int = 1024
+    on_full: str = DROP_OLDEST
+    max_tokens: int = 48
+
+    def validate(self) -> None:
+        from daemon.errors import InvalidInput
+
+        for name in ("chunk_lines", "every_lines", "max_line_bytes", "queue_lines", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(
+                    f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}"
+                )
+        for name in ("chunk_seconds", "every_seconds"):
+            if getattr(self, name) <= 0:
+                raise InvalidInput(
+                    f"--{name.replace('_', '-')}: must be > 0, got {getattr(self, name)}"
+                )
+        if self.on_full not in (DROP_OLDEST, BLOCK):
+            raise InvalidInput(f"--on-full: must be {DROP_OLDEST} or {BLOCK}, got {self.on_full!r}")
+
+
+@dataclass
+class Counts:
+    lines_read: int = 0
+    lines_appended: int = 0
+    lines_dropped: int = 0
+    lines_truncated: int = 0
+    lines_with_invalid_utf8: int = 0
+    narrations: int = 0
+    evictions: int = 0
+    evicted_tokens: int = 0
+    tokens_seen: int = 0
+    retained: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d.update(self.extra)
+        return d
+
+
+class LineQueue:
+    """Bounded FIFO of lines with a policy for when it is full; thread-safe."""
+
+    def __init__(self, capacity: int, on_full: str, counts: Counts) -> None:
+        self._lines: deque[str] = deque()
+        self._capacity = capacity
+        self._on_full = on_full
+        self._counts = counts
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, line: str) -> None:
+        with self._cond:
+            if len(self._lines) >= self._capacity:
+                if self._on_full == DROP_OLDEST:
+                    self._lines.popleft()
+                    self._counts.lines_dropped += 1
+                else:
+                    while len(self._lines) >= self._capacity and not self._closed:
+                        self._cond.wait()
+            self._lines.append(line)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self, max_lines: int, timeout: float) -> list[str] | None:
+        """Up to `max_lines`, waiting at most `timeout` for a full chunk; None once closed and empty."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._lines) < max_lines and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if not self._lines and self._closed:
+                return None
+            n = min(max_lines, len(self._lines))
+            out = [self._lines.popleft() for _ in range(n)]
+            self._cond.notify_all()
+            return out
+
+
+def read_lines(stream: IO[bytes], queue: LineQueue, counts: Counts, max_line_bytes: int) -> None:
+    """Read lines without ever holding more than `max_line_bytes` of one; the rest of a long line is
+    skipped. Invalid UTF-8 is replaced, counted, never fatal."""
+    try:
+        while True:
+            raw = stream.readline(max_line_bytes + 1)
+            if not raw:
+                break
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                counts.lines_truncated += 1
+                raw = raw[:max_line_bytes]
+                while True:  # discard the rest of the line
+                    rest = stream.readline(65536)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+            line = raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+            if "\ufffd" in line and b"\xef\xbf\xbd" not in raw:
+                counts.lines_with_invalid_utf8 += 1
+            counts.lines_read += 1
+            queue.put(line)
+    finally:
+        queue.close()
+
+
+class Narrator:
+    def __init__(
+        self,
+        backend: Backend,
+        handle: Handle,
+        config: NarrateConfig,
+        counts: Counts,
+        emit: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        self.backend = backend
+        self.handle = handle
+        self.config = config
+        self.counts = counts
+        self.emit = emit
+        self._since = 0
+        self._last = time.monotonic()
+        self._chat = True
+
+    def run(self, queue: LineQueue) -> None:
+        cfg = self.config
+        while True:
+            lines = queue.take(cfg.chunk_lines, cfg.chunk_seconds)
+            if lines is None:
+                break
+            if lines:
+                self._note(self.backend.append(self.handle, "\n".join(lines) + "\n"))
+                self.counts.lines_appended += len(lines)
+                self._since += len(lines)
+            due = (
+                self._since >= cfg.every_lines or time.monotonic() - self._last >= cfg.every_seconds
+            )
+            if due and self._since:
+                self.narrate()
+        if self._since:
+            self.narrate()
+
+    def narrate(self) -> None:
+        text, receipt = self._ask()
+        self._note(receipt)
+        self.counts.narrations += 1
+        self._since = 0
+        self._last = time.monotonic()
+        self.emit(text.strip(), self.counts.as_dict())
+
+    def _ask(self) -> tuple[str, dict[str, Any]]:
+        stops = ["\n\n"]
+        if self._chat:
+            try:
+                return self._collect(
+                    self.backend.chat(self.handle, NARRATION_REQUEST, self.config.max_tokens, stops)
+                )
+            except Refused as e:
+                if "chat template" not in str(e):
+                    raise
+                self._chat = False  # a model without a chat template: plain continuation
+        self.backend.append(self.handle, "\nWhat just happened, in one sentence:")
+        return self._collect(self.backend.generate(self.handle, self.config.max_tokens, stops))
+
+    def _collect(self, events: Any) -> tuple[str, dict[str, Any]]:
+        parts, receipt = [], {}
+        for kind, payload in events:
+            if kind == "token":
+                parts.append(payload["text"])
+            else:
+                receipt = payload["receipt"]
+        return "".join(parts), receipt
+
+    def _note(self, receipt: dict[str, Any]) -> None:
+        if receipt:
+            self.counts.evictions = receipt["evictions"]
+            self.counts.evicted_tokens = receipt["evicted_tokens"]
+            self.counts.tokens_seen = receipt["n_seen"]
+            self.counts.retained = receipt["retained"]

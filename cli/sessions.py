@@ -1,0 +1,201 @@
+"""`sinkd sessions list | inspect | trace | reset | close`: a tenant's sessions on a running daemon.
+
+Sessions are named by id; the CLI looks up the owner's current generation for it (`--generation`
+pins one instead, and a stale one is refused like any stale handle).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.backend import Handle, RemoteBackend
+from cli.errors import handle_errors
+
+app = typer.Typer(
+    help="List, inspect, trace, reset and close your sessions on a running daemon.",
+    no_args_is_help=True,
+)
+out = Console()
+
+ConnectOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--connect", help="Daemon address (default: the user's Unix socket; $SINKD_ADDRESS)."
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", help="Bearer token (default: $SINKD_TOKEN).", envvar="SINKD_TOKEN"),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+IdArg = Annotated[str, typer.Argument(help="Session id (from `sinkd sessions list`).")]
+GenOpt = Annotated[
+    str | None, typer.Option("--generation", help="Pin this generation instead of the current one.")
+]
+
+
+def _handle(backend: RemoteBackend, session_id: str, generation: str | None) -> Handle:
+    return Handle(session_id, generation) if generation else backend.resolve(session_id)
+
+
+def _span(r: list[int]) -> str:
+    return f"[{r[0]}, {r[1]})" if r[1] > r[0] else "none"
+
+
+def receipt_table(r: dict[str, Any], title: str = "receipt") -> Table:
+    p = r["policy"]
+    table = Table(title=title, show_header=False)
+    rows = [
+        ("session", r["session_id"]),
+        ("generation", f"{r['generation'][:16]} (resets: {r['reset_count']})"),
+        ("state", r["state"]),
+        (
+            "policy",
+            f"{p['policy']} S={p['sinks']} W={p['window']} E={p['evict_chunk']} K={p['compact_interval']}",
+        ),
+        ("tokens seen", str(r["n_seen"])),
+        ("retained cells", f"{r['retained']} ({r['kv_payload_bytes']:,} bytes of KV)"),
+        ("anchors", f"logical {_span(r['anchors_logical'])}  cache {_span(r['anchors_cache'])}"),
+        ("recent", f"logical {_span(r['recent_logical'])}  cache {_span(r['recent_cache'])}"),
+        (
+            "evicted",
+            f"{r['evicted_tokens']} tokens in {r['evictions']} evictions ({r['shifts']} shifts, gap {r['pending_gap']})",
+        ),
+        (
+            "system prompt",
+            f"{r['system_prompt_tokens']} tokens, {r['system_prompt_tokens_pinned']} pinned as sinks",
+        ),
+        ("model", f"{r['model']} ({r['model_sha256'][:12]})"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+@app.command("list")
+@handle_errors
+def list_sessions(
+    connect: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFlag = False
+) -> None:
+    """Your sessions: positions and counts, no text."""
+    backend = RemoteBackend(connect, token)
+    rows = backend.list()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"sessions at {backend.address}")
+    for col in ("id", "generation", "state", "policy", "seen", "retained", "evicted"):
+        table.add_column(col)
+    for r in rows:
+        p = r["policy"]
+        table.add_row(
+            r["session_id"], r["generation"][:12], r["state"], f"{p['policy']} {p['sinks']}+{p['window']}",
+            str(r["n_seen"]), str(r["retained"]), str(r["evicted_tokens"]),
+        )  # fmt: skip
+    out.print(table)
+
+
+@app.command("inspect")
+@handle_errors
+def inspect(
+    session_id: IdArg,
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    text: Annotated[
+        bool, typer.Option("--text", help="Also print the retained text (owner only).")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """The receipt: anchors and recent range, logical and cache positions, bytes, evictions."""
+    backend = RemoteBackend(connect, token)
+    receipt, retained = backend.inspect(_handle(backend, session_id, generation), include_text=text)
+    if as_json:
+        print(
+            json.dumps(
+                {"receipt": receipt, **({"retained_text": retained} if text else {})}, indent=2
+            )
+        )
+        return
+    out.print(receipt_table(receipt))
+    if text:
+        out.rule("retained text (what the model still sees)")
+        out.print(retained, markup=False, highlight=False)
+
+
+@app.command("trace")
+@handle_errors
+def trace(
+    session_id: IdArg,
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The eviction trace: what left the cache, when, and how the window moved."""
+    backend = RemoteBackend(connect, token)
+    events = backend.trace(_handle(backend, session_id, generation))
+    if as_json:
+        print(json.dumps(events, indent=2))
+        return
+    table = Table(title=f"eviction trace of {session_id} (newest {len(events)})")
+    for col in ("at token", "evicted logical", "evicted cache", "shift"):
+        table.add_column(col, justify="right")
+    for e in events:
+        shift = (
+            f"{e['shift_delta']} on {_span(e['shifted_cache'])}"
+            if e["shifted_cache"]
+            else "deferred"
+        )
+        table.add_row(
+            str(e["at_token"]), _span(e["evicted_logical"]), _span(e["evicted_cache"]), shift
+        )
+    out.print(table)
+
+
+@app.command("reset")
+@handle_errors
+def reset(
+    session_id: IdArg,
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a new generation: every cell freed, old handles refused from now on."""
+    backend = RemoteBackend(connect, token)
+    handle, receipt = backend.reset(_handle(backend, session_id, generation))
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "session_id": handle.session_id,
+                    "generation": handle.generation,
+                    "receipt": receipt,
+                }
+            )
+        )
+    else:
+        out.print(
+            f"{session_id}: reset; new generation {handle.generation[:16]}, {receipt['retained']} cells held"
+        )
+
+
+@app.command("close")
+@handle_errors
+def close(
+    session_id: IdArg,
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Close the session and free its sequence."""
+    backend = RemoteBackend(connect, token)
+    backend.close(_handle(backend, session_id, generation))
+    print(json.dumps({"closed": session_id}) if as_json else f"{session_id}: closed")
