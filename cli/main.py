@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -449,6 +450,105 @@ def narrate(
             f" in {summary['evictions']} evictions",
             highlight=False,
         )
+
+
+eval_app = typer.Typer(help="Measure quality over stream position.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("ppl")
+@handle_errors
+def eval_ppl(
+    text: Annotated[str, typer.Option("--text", help="A text file, or - for stdin.")],
+    model: ModelOpt = None,
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to stream.")] = 4096,
+    policies: Annotated[
+        str,
+        typer.Option("--policies", help="Comma list of full,window,sink,sink-noshift,recompute."),
+    ] = "full,window,sink,sink-noshift,recompute",
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: EvictOpt = 1,
+    compact: CompactOpt = 0,
+    stride: Annotated[
+        int, typer.Option("--stride", help="recompute: tokens scored per re-encoding.")
+    ] = 64,
+    bucket: Annotated[int, typer.Option("--bucket", help="Tokens per perplexity bucket.")] = 256,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON and PNG go.")] = Path(
+        "bench/results"
+    ),
+    name: Annotated[str, typer.Option("--name", help="File name stem of the results.")] = "ppl",
+    as_json: JsonFlag = False,
+) -> None:
+    """Per-token loss through the engine for each policy; perplexity by stream position as JSON and PNG."""
+    import platform
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from daemon.engine import Engine
+    from daemon.evaluation import plot, run_ppl, summary
+    from daemon.loading import open_engine
+    from daemon.models import load_lock
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    known = {"full", "window", "sink", "sink-noshift", "recompute"}
+    if not names or set(names) - known:
+        raise InvalidInput(f"--policies: choose from {', '.join(sorted(known))}, got {policies!r}")
+    if tokens < 2 or bucket < 1:
+        raise InvalidInput("--tokens must be >= 2 and --bucket >= 1")
+    if text != "-" and not Path(text).is_file():
+        raise InvalidInput(f"no such file: {text}")
+    entry = load_lock().get(model)
+    cfg = _policy(entry.default_sinks, entry.default_window, "sink", sinks, window, evict, compact)
+    raw = sys.stdin.read() if text == "-" else Path(text).read_text(errors="replace")
+
+    def factory(config: Any) -> Engine:
+        return open_engine(entry.name, config)
+
+    with factory(_engine_config(256, None, "f16")) as probe:
+        ids = probe.tokenize(raw, add_bos=True)[:tokens]
+        n_ctx_train = probe.n_ctx_train
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.speed:>6.1f} tok/s" if False else ""), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+
+        def progress(policy: str, total: int) -> Any:
+            task = bar.add_task(policy, total=total)
+            return lambda n: bar.advance(task, n)
+
+        runs = run_ppl(factory, ids, names, cfg.sinks, cfg.window, cfg.evict_chunk, cfg.compact_interval,
+                       stride, min(n_ctx_train, len(ids)), progress)  # fmt: skip
+    results: dict[str, Any] = {
+        "model": entry.name, "model_sha256": entry.sha256, "text": text, "tokens": len(ids),
+        "sinks": cfg.sinks, "window": cfg.window, "evict_chunk": cfg.evict_chunk,
+        "compact_interval": cfg.compact_interval, "stride": stride, "bucket": bucket,
+        "n_ctx_train": n_ctx_train, "machine": platform.platform(), "cpus": os.cpu_count(),
+        "command": "sinkd " + " ".join(sys.argv[1:]),
+        "runs": [summary(r, bucket) for r in runs],
+    }  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+    plot(
+        results,
+        str(out_dir / f"{name}.png"),
+        f"{entry.name}, S={cfg.sinks} W={cfg.window} E={cfg.evict_chunk}, {Path(text).name}",
+    )
+    if as_json:
+        print(json.dumps(results))
+        return
+    table = Table(title=f"perplexity over {len(ids)} tokens ({out_dir / name}.json, .png)")
+    for col in ("policy", "scored", "ppl", "last bucket", "tok/s", "note"):
+        table.add_column(col)
+    for r in results["runs"]:
+        table.add_row(r["policy"], str(r["scored_tokens"]), f"{r['ppl']:.2f}", f"{r['ppl_last_bucket']:.2f}",
+                      f"{r['tokens_per_s']:.0f}", r["note"])  # fmt: skip
+    out.print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     max_kv_bytes: int | None = Field(default=None, ge=1)
     n_batch: int = Field(default=256, ge=1, le=8192)
     step_tokens: int = Field(default=256, ge=1)
+    prefill_chunk: int = Field(default=64, ge=1)  # a session's prefill per step, whatever the load
     n_threads: int | None = Field(default=None, ge=1)
     n_gpu_layers: int = Field(default=0, ge=0)
     kv_type: str = "f16"
@@ -74,6 +75,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
+        if self.prefill_chunk > self.step_tokens:
+            raise ValueError(
+                f"prefill_chunk ({self.prefill_chunk}) must be <= step_tokens ({self.step_tokens})"
+            )
         if self.step_tokens > self.n_batch:
             raise ValueError(
                 f"step_tokens ({self.step_tokens}) must be <= n_batch ({self.n_batch})"

@@ -26,7 +26,15 @@ from typing import Literal
 import llama_cpp as llama
 import numpy as np
 
-from cachepolicy import CacheSequence, Evict, PolicyConfig, PositionMode, Shift, SubBatch
+from cachepolicy import (
+    CacheSequence,
+    ConfigError,
+    Evict,
+    PolicyConfig,
+    PositionMode,
+    Shift,
+    SubBatch,
+)
 from daemon.errors import EngineError, InvalidInput, ModelMismatch, Unsupported
 from daemon.models import ModelEntry
 
@@ -57,7 +65,7 @@ class EngineConfig:
     n_seq_max: int = 4
     n_batch: int = 256
     n_threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = field(default_factory=lambda: int(os.environ.get("SINKD_GPU_LAYERS", "0")))
     kv_type: str = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
     kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
@@ -88,8 +96,8 @@ class SamplingParams:
     def validate(self) -> None:
         if not 0.0 <= self.temperature <= 5.0:
             raise InvalidInput(f"temperature: must be in [0, 5], got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidInput(f"top_k: must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 <= self.top_k <= 1_000_000:
+            raise InvalidInput(f"top_k: must be in 0..1000000 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidInput(f"top_p: must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
@@ -280,6 +288,21 @@ class Engine:
         self._stack.callback(llama.llama_batch_free, batch)
         self._batch = batch
         self._free_seqs = list(range(cfg.n_seq_max - 1, -1, -1))
+        self._state_base, self._state_per_cell = self._calibrate_cell_size()
+
+    def _calibrate_cell_size(self) -> tuple[int, int]:
+        """Serialised sequence state grows by a fixed size per cell: measure it once, at load."""
+        sizes = []
+        for n in (0, 1, 2):
+            self.clear(0)
+            if n:
+                self.decode_batch([BatchItem(0, [0] * n, 0, logits=False)])
+            sizes.append(int(llama.llama_state_seq_get_size(self._ctx, 0)))
+        self.clear(0)
+        per_cell = sizes[1] - sizes[0]
+        if per_cell <= 0 or sizes[2] - sizes[1] != per_cell:
+            raise EngineError(f"sequence state size is not linear in cells: {sizes}")
+        return sizes[0], per_cell
 
     def close(self) -> None:
         self._stack.close()
@@ -354,6 +377,16 @@ class Engine:
                 f"policy {policy.policy.value} shifts positions, but this model's cache cannot shift{reason}"
             )
         bound = policy.max_cache_position()
+        if (
+            policy.position_mode is PositionMode.SHIFT
+            and bound is not None
+            and bound > self.n_ctx_train
+        ):
+            raise ConfigError(
+                "compact_interval",
+                f"sinks + window + compact_interval = {bound} would take positions past the model's"
+                f" trained context of {self.n_ctx_train}",
+            )
         if self.n_swa and policy.evicts and (bound is None or bound > self.n_swa):
             raise Unsupported(
                 f"policy {policy.policy.value} lets cache positions reach "
@@ -390,6 +423,16 @@ class Engine:
         llama.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
         if self.pos_range(dst) != self.pos_range(src):
             raise EngineError(f"copy of sequence {src} to {dst} is incomplete")
+
+    def cell_count(self, seq_id: int) -> int:
+        """How many cells llama.cpp really holds for the sequence (from its serialised size)."""
+        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id)) - self._state_base
+        cells, rest = divmod(size, self._state_per_cell)
+        if rest:
+            raise EngineError(
+                f"sequence {seq_id}: state size {size} is not a whole number of cells"
+            )
+        return cells
 
     def pos_range(self, seq_id: int) -> tuple[int, int]:
         return (

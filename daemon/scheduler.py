@@ -117,11 +117,16 @@ class Scheduler:
         metrics: Metrics,
         step_tokens: int = 256,
         idle_timeout_s: float = 3600.0,
+        prefill_chunk: int = 64,
     ) -> None:
         self._engine_factory = engine_factory
         self.registry = registry
         self.metrics = metrics
         self.step_tokens = step_tokens
+        # NOTE: a session's prefill is cut into chunks of this size whatever the load (a chunk that
+        # does not fit this step waits for the next), so its sub-batches, hence its logits, are the
+        # same alone or batched with others: a solo replay reproduces any session bit for bit.
+        self.prefill_chunk = min(prefill_chunk, step_tokens)
         self.idle_timeout_s = idle_timeout_s
         self.engine: Engine | None = None
         self.ready = threading.Event()
@@ -270,6 +275,8 @@ class Scheduler:
             raise SessionFailed(
                 f"session {session.id} failed ({session.failure}); reset or close it"
             )
+        # the full policy refuses the whole append before any token goes in (CacheFull)
+        session.seq.plan(len(session.pending_prefix) + len(job.tokens))
         if session.pending_prefix:
             job.tokens = session.pending_prefix + job.tokens
             session.pending_prefix = []
@@ -280,6 +287,12 @@ class Scheduler:
         assert job.gen is not None
         if session.last_logits is None:
             raise InvalidInput("the session is empty: append text before generating")
+        if not session.policy.evicts and session.seq.retained >= session.policy.budget:
+            job.reason = "cache_full"  # the full policy never evicts: generation ends here
+            self._queues[session.id].popleft()
+            self._settle(session)
+            job.finish({"reason": job.reason, "generated": job.generated})
+            return
         token = job.gen.sampler.sample_logits(session.last_logits)
         engine = self.engine
         assert engine is not None
@@ -357,7 +370,9 @@ class Scheduler:
             if budget == 0:
                 break
             tokens = [job.pending] if job.pending is not None else None
-            n = 1 if tokens else min(len(job.tokens) - job.offset, budget)
+            n = 1 if tokens else min(len(job.tokens) - job.offset, self.prefill_chunk)
+            if n > budget:
+                continue  # waits for the next step rather than taking a load-dependent piece
             session = job.session
             try:
                 plan = session.seq.plan(n, max_batch=n)
@@ -425,6 +440,9 @@ class Scheduler:
             )
             expected = (first, last)
         problems = []
+        cells = engine.cell_count(session.seq_id)
+        if cells != r.retained:
+            problems.append(f"llama.cpp holds {cells} cells, the policy retains {r.retained}")
         if (lo, hi) != expected:
             problems.append(
                 f"cache positions {lo}..{hi}, policy expects {expected[0]}..{expected[1]}"

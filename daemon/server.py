@@ -12,8 +12,10 @@ import stat
 import threading
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -24,7 +26,6 @@ from daemon.metrics import Metrics
 from daemon.service import SinkdService
 from daemon.servicer import AdminServicer, SessionsServicer
 from proto.sinkd.v1 import sinkd_pb2 as pb
-from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
 
 log = logging.getLogger("sinkd.server")
 SERVICE_NAMES = (
@@ -35,6 +36,62 @@ SERVICE_NAMES = (
 
 class ListenError(SinkdError):
     """The daemon could not bind its socket or port."""
+
+
+class _Undecodable:
+    """A request that is not a valid message (e.g. a text field that is not UTF-8)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _register(server: grpc.Server, service: str, servicer: object) -> None:
+    """Like the generated add_*_to_server, but an unparseable request is INVALID_ARGUMENT, not
+    gRPC's generic INTERNAL: it is the caller's error, and it must say so."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service]
+    handlers = {}
+    for method in descriptor.methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+
+        def deserialize(data: bytes, cls: Any = request_cls) -> Any:
+            try:
+                return cls.FromString(data)
+            except DecodeError as e:
+                return _Undecodable(str(e))
+
+        behavior = getattr(servicer, method.name)
+        if method.server_streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext, fn: Any = behavior) -> Any:
+                if isinstance(request, _Undecodable):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _bad_message(request))
+                yield from fn(request, context)
+
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=deserialize,
+                response_serializer=response_cls.SerializeToString,
+            )
+        else:
+
+            def unary(request: Any, context: grpc.ServicerContext, fn: Any = behavior) -> Any:
+                if isinstance(request, _Undecodable):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _bad_message(request))
+                return fn(request, context)
+
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                unary,
+                request_deserializer=deserialize,
+                response_serializer=response_cls.SerializeToString,
+            )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(descriptor.full_name, handlers),)
+    )
+
+
+def _bad_message(request: _Undecodable) -> str:
+    return f"the request is not a valid sinkd.v1 message (text fields must be UTF-8): {request.why}"
 
 
 class Daemon:
@@ -52,10 +109,8 @@ class Daemon:
             ],
         )
         authenticator = Authenticator(settings)
-        sessions = SessionsServicer(self.service, authenticator)
-        pb_grpc.add_SessionsServicer_to_server(sessions, self.server)  # type: ignore[no-untyped-call]
-        admin = AdminServicer(self.service, authenticator)
-        pb_grpc.add_AdminServicer_to_server(admin, self.server)  # type: ignore[no-untyped-call]
+        _register(self.server, "Sessions", SessionsServicer(self.service, authenticator))
+        _register(self.server, "Admin", AdminServicer(self.service, authenticator))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server

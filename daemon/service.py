@@ -61,6 +61,7 @@ class SinkdService:
             self.metrics,
             step_tokens=settings.step_tokens,
             idle_timeout_s=settings.idle_timeout_s,
+            prefill_chunk=settings.prefill_chunk,
         )
         self.scheduler.on_close = self._close_on_engine
         self.identity: ModelIdentity | None = None

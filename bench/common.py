@@ -1,0 +1,50 @@
+"""Shared by the benchmark scripts: the machine, a printed table, a JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+
+
+def machine() -> dict[str, Any]:
+    import llama_cpp
+
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    cells = [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print(title)
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=False)))
+    for r in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=False)))
+    print()
+
+
+def write(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = {"command": "python " + " ".join(sys.argv), "machine": machine(), **data}
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q / 100 * len(s)))] if s else float("nan")

@@ -1,0 +1,119 @@
+"""4. 1, 2, 4 and 8 concurrent sessions through the daemon: aggregate tokens/s, per-session
+inter-token latency p50/p99, batched against one at a time; time to first token while another
+session prefills a long append.
+
+    python bench/concurrency.py [--tokens 48]   -> bench/results/concurrency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import percentile, table, write
+
+from daemon.server import Daemon
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from tests.conftest import TEXT
+from tests.test_daemon import Client, settings
+
+MD = [("authorization", "Bearer alice-token")]
+
+
+def session(client: Client, prompt: list[int]) -> pb.Handle:
+    h = client.s.Create(
+        pb.CreateSessionRequest(policy=pb.Policy(name="sink", sinks=4, window=252)), metadata=MD
+    ).handle
+    client.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=prompt)), metadata=MD)
+    return h
+
+
+def generate(client: Client, h: pb.Handle, n: int, out: list[float]) -> None:
+    for ev in client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=n), metadata=MD):
+        if ev.HasField("token") and ev.token.index > 0:
+            out.append(ev.token.latency_ms)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tokens", type=int, default=48)
+    a = p.parse_args()
+    d = Daemon(settings(Path(tempfile.mkdtemp()), max_sessions=9, n_ctx_seq=256))
+    d.start()
+    d.wait_ready(60)
+    client = Client(d.addresses[0])
+    pool = d.service.engine.tokenize(TEXT * 8)
+    rows, results = [], []
+    for n in (1, 2, 4, 8):
+        handles = [session(client, pool[i * 20 : i * 20 + 40]) for i in range(n)]
+        lat: list[list[float]] = [[] for _ in range(n)]
+        threads = [
+            threading.Thread(target=generate, args=(client, h, a.tokens, lat[i]))
+            for i, h in enumerate(handles)
+        ]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        batched = n * a.tokens / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        serial_lat: list[float] = []
+        for h in handles:  # the same sessions, one at a time
+            generate(client, h, a.tokens, serial_lat)
+        serial = n * a.tokens / (time.perf_counter() - t0)
+        flat = [x for per in lat for x in per]
+        results.append(
+            {
+                "sessions": n,
+                "batched_tok_s": batched,
+                "serial_tok_s": serial,
+                "itl_p50_ms": percentile(flat, 50),
+                "itl_p99_ms": percentile(flat, 99),
+            }
+        )
+        rows.append(
+            [n, batched, serial, batched / serial, percentile(flat, 50), percentile(flat, 99)]
+        )
+        for h in handles:
+            client.s.Close(pb.HandleRequest(handle=h), metadata=MD)
+    table(
+        f"{a.tokens} tokens per session, greedy",
+        ["sessions", "batched tok/s", "one at a time tok/s", "speedup", "ITL p50 ms", "ITL p99 ms"],
+        rows,
+    )
+
+    # time to first token while another session prefills a long append
+    ttft = {}
+    for label, busy in (("idle daemon", False), ("during a 2,000-token append", True)):
+        h = session(client, pool[:40])
+        other = session(client, pool[:8]) if busy else None
+        if other is not None:
+            bg = threading.Thread(
+                target=client.s.Append,
+                args=(pb.AppendRequest(handle=other, tokens=pb.TokenList(ids=pool[:2000])),),
+                kwargs={"metadata": MD},
+            )
+            bg.start()
+            time.sleep(0.3)
+        t0 = time.perf_counter()
+        first = next(
+            ev
+            for ev in client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=1), metadata=MD)
+            if ev.HasField("token")
+        )
+        ttft[label] = 1000 * (time.perf_counter() - t0)
+        del first
+        if other is not None:
+            bg.join()
+        client.s.Close(pb.HandleRequest(handle=h), metadata=MD)
+    table("time to first token", ["situation", "ms"], [[k, v] for k, v in ttft.items()])
+    d.stop()
+    write("concurrency", {"tokens": a.tokens, "results": results, "ttft_ms": ttft})
+
+
+if __name__ == "__main__":
+    main()

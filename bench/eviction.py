@@ -1,0 +1,111 @@
+"""3. What eviction costs: decode speed and one shift's cost for E = 1, 4, 16, 64, W/2 and K = 0, 16,
+64, 256, beside the perplexity each gives. E=1/K=0 is the paper's per-token eviction; E=W/2 is what
+llama.cpp's own server does (discard half the window at once).
+
+    python bench/eviction.py [--decode 768] [--ppl-tokens 2048]   -> bench/results/eviction.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+from common import ROOT, table, write
+
+from cachepolicy import CacheSequence, PolicyConfig, Shift
+from daemon.engine import EngineConfig, Sampler, SamplingParams
+from daemon.evaluation import score_policy
+from daemon.loading import open_engine
+from tests.conftest import TEXT
+
+S, W = 4, 252
+
+
+def decode_cost(policy: PolicyConfig, tokens: int) -> dict[str, float]:
+    """Decode past the budget one token per step; split step times by whether a shift preceded them."""
+    with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
+        seq = CacheSequence(policy)
+        logits = engine.feed(0, seq, engine.tokenize(TEXT * 2)[:256])
+        sampler = Sampler(SamplingParams(temperature=0.8, seed=3))
+        with_shift, without = [], []
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            tok = sampler.sample_logits(logits)  # type: ignore[arg-type]
+            shifted = any(isinstance(op, Shift) for op in seq.plan(1).ops)
+            t = time.perf_counter()
+            logits = engine.feed(0, seq, [tok])
+            (with_shift if shifted else without).append(time.perf_counter() - t)
+        total = time.perf_counter() - t0
+    plain = statistics.median(without) if without else float("nan")
+    shift = statistics.median(with_shift) if with_shift else float("nan")
+    return {
+        "tok_s": tokens / total,
+        "step_ms": 1000 * plain,
+        "shift_step_ms": 1000 * shift,
+        "shift_cost_ms": 1000 * (shift - plain) if without and with_shift else float("nan"),
+        "shifts": len(with_shift),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--decode", type=int, default=768)
+    p.add_argument("--ppl-tokens", type=int, default=2048)
+    a = p.parse_args()
+    text_path = ROOT / "bench" / "texts" / "kjv.txt"
+    text = (
+        text_path.read_text()[300_000:]
+        if text_path.exists()
+        else Path("/usr/share/common-licenses/GPL-3").read_text()
+    )
+    with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
+        ids = engine.tokenize(text)[: a.ppl_tokens]
+    settings = [(e, 0) for e in (1, 4, 16, 64, W // 2)] + [(1, k) for k in (16, 64, 256)]
+    rows, results = [], []
+    for e, k in settings:
+        policy = PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=e, compact_interval=k)
+        cost = decode_cost(policy, a.decode)
+        with open_engine(None, EngineConfig(n_ctx_seq=policy.budget, n_seq_max=1)) as engine:
+            run = score_policy(engine, ids, policy)
+        ppl_after = math.exp(float(run.nll[S + W :].mean()))
+        label = {(1, 0): " (paper)", (W // 2, 0): " (llama.cpp server)"}.get((e, k), "")
+        results.append(
+            {
+                "evict_chunk": e,
+                "compact_interval": k,
+                **cost,
+                "ppl": run.perplexity,
+                "ppl_after_budget": ppl_after,
+                "prefill_tok_s": run.tokens_per_s,
+            }
+        )
+        rows.append(
+            [
+                f"E={e} K={k}{label}",
+                cost["tok_s"],
+                cost["step_ms"],
+                cost["shift_cost_ms"],
+                cost["shifts"],
+                ppl_after,
+                run.tokens_per_s,
+            ]
+        )
+    table(f"sink S={S} W={W}: decode ({a.decode} tokens past the budget) and perplexity ({a.ppl_tokens} tokens of the KJV)",
+          ["setting", "decode tok/s", "step ms", "shift cost ms", "shifts", "ppl", "prefill tok/s"], rows)  # fmt: skip
+    write(
+        "eviction",
+        {
+            "sinks": S,
+            "window": W,
+            "decode_tokens": a.decode,
+            "ppl_tokens": len(ids),
+            "results": results,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

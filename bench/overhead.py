@@ -1,0 +1,116 @@
+"""2. A session decoding through the daemon (gRPC, scheduler, policy) against a bare llama-cpp-python
+loop on the same model, threads and budget, in the same run.
+
+    python bench/overhead.py [--tokens 200] [--rounds 3]   -> bench/results/overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import llama_cpp as llama
+from common import table, write
+
+from daemon.engine import EngineConfig
+from daemon.models import load_lock, model_path
+from daemon.server import Daemon
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from tests.conftest import TEXT
+from tests.test_daemon import Client
+
+
+def bare(prompt: list[int], tokens: int, threads: int) -> float:
+    """The minimal loop: one context, one sequence, greedy sampler, one token per llama_decode."""
+    model = llama.llama_model_load_from_file(
+        str(model_path(load_lock().get(None))).encode(), llama.llama_model_default_params()
+    )
+    cp = llama.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 256, 256, 256, 1
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = llama.llama_init_from_model(model, cp)
+    smpl = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    llama.llama_sampler_chain_add(smpl, llama.llama_sampler_init_greedy())
+    batch = llama.llama_batch_init(256, 0, 1)
+
+    def decode(toks: list[int], pos: int) -> None:
+        batch.n_tokens = len(toks)
+        for i, t in enumerate(toks):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == len(toks) - 1
+        assert llama.llama_decode(ctx, batch) == 0
+
+    decode(prompt, 0)
+    tok = llama.llama_sampler_sample(smpl, ctx, -1)
+    t0 = time.perf_counter()
+    for i in range(tokens):
+        decode([tok], len(prompt) + i)
+        tok = llama.llama_sampler_sample(smpl, ctx, -1)
+    seconds = time.perf_counter() - t0
+    llama.llama_batch_free(batch)
+    llama.llama_sampler_free(smpl)
+    llama.llama_free(ctx)
+    llama.llama_model_free(model)
+    return tokens / seconds
+
+
+def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
+    md = [("authorization", "Bearer alice-token")]
+    h = client.s.Create(
+        pb.CreateSessionRequest(policy=pb.Policy(name="sink", sinks=4, window=252)), metadata=md
+    ).handle
+    client.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=prompt)), metadata=md)
+    stamps = [
+        time.perf_counter()
+        for ev in client.s.Generate(
+            pb.GenerateRequest(handle=h, max_tokens=tokens + 1), metadata=md
+        )
+        if ev.HasField("token")
+    ]
+    client.s.Close(pb.HandleRequest(handle=h), metadata=md)
+    return tokens / (stamps[-1] - stamps[0])  # from the first token on: decode steps only
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    threads = EngineConfig().n_threads
+    from tests.test_daemon import settings
+
+    d = Daemon(settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
+    d.start()
+    d.wait_ready(60)
+    client = Client(d.addresses[0])
+    prompt = d.service.engine.tokenize(TEXT)[:40]
+    rows, results = [], []
+    for r in range(a.rounds):  # interleaved: the machine's noise hits both alike
+        b = bare(prompt, a.tokens, threads)
+        s = daemon_run(client, prompt, a.tokens)
+        results.append({"bare_tok_s": b, "daemon_tok_s": s, "ratio": s / b})
+        rows.append([r + 1, b, s, s / b])
+    d.stop()
+    ratios = sorted(x["ratio"] for x in results)
+    rows.append(["median", "", "", ratios[len(ratios) // 2]])
+    table(
+        f"decode tokens/s, {a.tokens} tokens after a 40-token prompt, {threads} threads",
+        ["round", "bare loop", "daemon", "daemon/bare"],
+        rows,
+    )
+    write(
+        "overhead",
+        {
+            "tokens": a.tokens,
+            "threads": threads,
+            "rounds": results,
+            "median_ratio": ratios[len(ratios) // 2],
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
