@@ -45,7 +45,7 @@ def write(section: str, data: dict[str, Any]) -> None:
 
 
 def sweep() -> None:
-    ids = tokenize((TEXTS / "kjv.txt").read_text()[200_000:], 4096)
+    ids = tokenize((TEXTS / "kjv.txt").read_text()[200_000:], 3072)
     rows = []
     for sinks in (0, 1, 2, 4, 8):
         policy = "window" if sinks == 0 else "sink"
@@ -62,7 +62,7 @@ def sweep() -> None:
     for window in (60, 124, 252, 508):
         (run,) = run_ppl(factory, ids, ["sink"], 4, window, evict=1)
         wrows.append({"sinks": 4, "window": window, "ppl": run.perplexity})
-    print("sink sweep, budget 256 (S+W), 4,096 tokens of the KJV, E=1 (cf. StreamingLLM Table 2)")
+    print("sink sweep, budget 256 (S+W), 3,072 tokens of the KJV, E=1 (cf. StreamingLLM Table 2)")
     print("  " + "".join(f"{r['sinks']}+{r['window']:<8}" for r in rows))
     print("  " + "".join(f"{r['ppl']:<10.2f}" for r in rows))
     print("window sweep at S=4")
@@ -195,8 +195,10 @@ def probes() -> None:
             system = engine.tokenize(
                 engine.render_chat([("system", instruction)], add_assistant=False)
             )
-            sinks = len(system) if pinned else 4
-            seq = CacheSequence(PolicyConfig.named("sink", sinks=sinks, window=252, evict_chunk=1))
+            sinks = len(system) if pinned else 4  # the same budget of 256 either way
+            seq = CacheSequence(
+                PolicyConfig.named("sink", sinks=sinks, window=256 - sinks, evict_chunk=1)
+            )
             engine.clear(0)
             engine.feed(0, seq, system + filler[:1500])
             user = engine.tokenize(

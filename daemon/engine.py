@@ -293,16 +293,17 @@ class Engine:
     def _calibrate_cell_size(self) -> tuple[int, int]:
         """Serialised sequence state grows by a fixed size per cell: measure it once, at load."""
         sizes = []
-        for n in (0, 1, 2):
+        for n in (0, 1, 2, 3):
             self.clear(0)
             if n:
                 self.decode_batch([BatchItem(0, [0] * n, 0, logits=False)])
             sizes.append(int(llama.llama_state_seq_get_size(self._ctx, 0)))
         self.clear(0)
-        per_cell = sizes[1] - sizes[0]
-        if per_cell <= 0 or sizes[2] - sizes[1] != per_cell:
+        self._state_empty = sizes[0]  # an empty sequence writes no per-layer headers
+        per_cell = sizes[2] - sizes[1]
+        if per_cell <= 0 or sizes[3] - sizes[2] != per_cell:
             raise EngineError(f"sequence state size is not linear in cells: {sizes}")
-        return sizes[0], per_cell
+        return sizes[1] - per_cell, per_cell
 
     def close(self) -> None:
         self._stack.close()
@@ -426,7 +427,10 @@ class Engine:
 
     def cell_count(self, seq_id: int) -> int:
         """How many cells llama.cpp really holds for the sequence (from its serialised size)."""
-        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id)) - self._state_base
+        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
+        if size == self._state_empty:
+            return 0
+        size -= self._state_base
         cells, rest = divmod(size, self._state_per_cell)
         if rest:
             raise EngineError(
@@ -460,6 +464,9 @@ class Engine:
         numerical noise alone moves the logits, the floor for comparing shifted and unshifted caches.
         """
         self.check_tokens(tokens)
+        seq.config.check_context(
+            self.n_ctx_seq
+        )  # a budget above the stream: llama.cpp finds no slot
         plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
         rows: list[np.ndarray] = []
         last: np.ndarray | None = None

@@ -179,7 +179,11 @@ class SinkdService:
 
         session = self.scheduler.call(admit)
         if system_tokens:  # the system prompt goes in now, batched like any append
-            self.scheduler.submit(Job(session, [])).wait()
+            try:
+                self.scheduler.submit(Job(session, [])).wait()
+            except BaseException:
+                self.scheduler.call(lambda engine: self._close_on_engine(session))
+                raise
         session.state = SessionState.IDLE
         return session
 

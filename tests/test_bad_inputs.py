@@ -43,6 +43,16 @@ def bystander(client: Client, daemon: Daemon) -> tuple[pb.Handle, Any]:
     return h, daemon.service.registry.lookup("bob", h.session_id, h.generation)
 
 
+@pytest.fixture(autouse=True)
+def close_all_but_the_bystander(client: Client, bystander: tuple[pb.Handle, Any]) -> Iterator[None]:
+    yield
+    for md in (ALICE, BOB):
+        for r in client.s.List(pb.ListSessionsRequest(), metadata=md).sessions:
+            if r.session_id != bystander[0].session_id:
+                h = pb.Handle(session_id=r.session_id, generation=r.generation)
+                client.s.Close(pb.HandleRequest(handle=h), metadata=md)
+
+
 def status(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str, Any]:
     try:
         result = call()

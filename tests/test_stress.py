@@ -48,6 +48,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 @dataclass
 class Tracked:
     tenant: str
+    owner: int  # the one worker thread that drives it: its history is in execution order
     handle: pb.Handle
     history: list[tuple[str, Any]] = field(
         default_factory=list
@@ -89,9 +90,9 @@ def test_isolation_under_load(daemon: Daemon) -> None:
     stats = {"ops": 0, "resets": 0, "forks": 0, "cancels": 0, "sentinel_checks": 0}
     deadline = time.monotonic() + STRESS_SECONDS
 
-    def mine(tenant: str) -> list[Tracked]:
+    def mine(owner: int) -> list[Tracked]:
         with lock:
-            return [t for t in live.values() if t.tenant == tenant]
+            return [t for t in live.values() if t.owner == owner]
 
     def worker(tenant: str, seed: int) -> None:
         rng = random.Random(seed)
@@ -100,7 +101,7 @@ def test_isolation_under_load(daemon: Daemon) -> None:
         try:
             while time.monotonic() < deadline:
                 stats["ops"] += 1
-                sessions = mine(tenant)
+                sessions = mine(seed)
                 op = rng.choice(
                     [
                         "create",
@@ -132,7 +133,7 @@ def test_isolation_under_load(daemon: Daemon) -> None:
                         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                         continue
                     with lock:
-                        live[h.session_id] = Tracked(tenant, h)
+                        live[h.session_id] = Tracked(tenant, seed, h)
                     continue
                 t = rng.choice(sessions)
                 if op == "append":
@@ -168,15 +169,14 @@ def test_isolation_under_load(daemon: Daemon) -> None:
                         pb.AppendRequest(handle=t.handle, tokens=pb.TokenList(ids=probe)),
                         metadata=md,
                     )
-                    out = "".join(
-                        ev.token.text
-                        for ev in client.s.Generate(
-                            pb.GenerateRequest(handle=t.handle, max_tokens=6), metadata=md
-                        )
+                    request = pb.GenerateRequest(handle=t.handle, max_tokens=6)
+                    got = [
+                        ev.token
+                        for ev in client.s.Generate(request, metadata=md)
                         if ev.HasField("token")
-                    )
-                    assert sentinel.split()[-1].rstrip(".") not in out
-                    t.history = [("append", probe), ("gen", 6, None)]
+                    ]
+                    assert sentinel.split()[-1].rstrip(".") not in "".join(g.text for g in got)
+                    t.history = [("append", probe), ("gen", 6, [g.id for g in got])]
                     stats["sentinel_checks"] += 1
                 elif op == "fork":
                     try:
@@ -185,7 +185,7 @@ def test_isolation_under_load(daemon: Daemon) -> None:
                         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                         continue
                     with lock:
-                        live[child.session_id] = Tracked(tenant, child, list(t.history))
+                        live[child.session_id] = Tracked(tenant, seed, child, list(t.history))
                     stats["forks"] += 1
                 elif op == "cancel" and t.history:
                     call = client.s.Generate(
@@ -231,9 +231,10 @@ def test_isolation_under_load(daemon: Daemon) -> None:
     # every live session's greedy output equals a solo replay of its own history
     replayed = 0
     for t in list(live.values()):
-        if not t.history or any(op[0] == "gen" and op[2] is None for op in t.history):
-            continue
         md = TENANTS[t.tenant]
+        if not t.history:
+            client.s.Close(pb.HandleRequest(handle=t.handle), metadata=md)
+            continue
         r = client.s.Inspect(pb.InspectRequest(handle=t.handle), metadata=md).receipt
         client.s.Close(pb.HandleRequest(handle=t.handle), metadata=md)
         solo = client.s.Create(pb.CreateSessionRequest(policy=r.policy), metadata=md).handle
