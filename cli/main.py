@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import ProgressColumn
 from rich.table import Table
+from rich.text import Text
 
 from cachepolicy import PolicyConfig
 from cli import models, sessions
@@ -452,6 +454,11 @@ def narrate(
         )
 
 
+class _TokensPerSecond(ProgressColumn):
+    def render(self, task: Any) -> Text:
+        return Text(f"{task.speed or 0:7.1f} tok/s")
+
+
 eval_app = typer.Typer(help="Measure quality over stream position.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
@@ -515,7 +522,7 @@ def eval_ppl(
         ids = probe.tokenize(raw, add_bos=True)[:tokens]
         n_ctx_train = probe.n_ctx_train
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.speed:>6.1f} tok/s" if False else ""), TimeRemainingColumn(),
+                  _TokensPerSecond(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:  # fmt: skip
 
         def progress(policy: str, total: int) -> Any:

@@ -155,6 +155,12 @@ def _cancel_with(context: grpc.ServicerContext) -> Callable[[Job], None]:
 
 
 class SessionsServicer(_Base, pb_grpc.SessionsServicer):
+    def _handle_and_receipt(self, session: Any) -> dict[str, Any]:
+        return {
+            "handle": pb.Handle(session_id=session.id, generation=session.generation),
+            "receipt": receipt_pb(self.service.receipt(session)),
+        }
+
     @rpc
     def Create(
         self, request: pb.CreateSessionRequest, context: Any, principal: Principal
@@ -170,10 +176,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         )
         sampling = _sampling(request.sampling if request.HasField("sampling") else None)
         session = self.service.create(principal, policy, sampling, request.system_prompt)
-        return pb.CreateSessionResponse(
-            handle=pb.Handle(session_id=session.id, generation=session.generation),
-            receipt=receipt_pb(self.service.receipt(session)),
-        )
+        return pb.CreateSessionResponse(**self._handle_and_receipt(session))
 
     @rpc
     def Append(
@@ -239,20 +242,14 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> pb.ResetResponse:
         session = self.service.reset(principal, _handle(request.handle))
-        return pb.ResetResponse(
-            handle=pb.Handle(session_id=session.id, generation=session.generation),
-            receipt=receipt_pb(self.service.receipt(session)),
-        )
+        return pb.ResetResponse(**self._handle_and_receipt(session))
 
     @rpc
     def Fork(
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> pb.ForkResponse:
         child = self.service.fork(principal, _handle(request.handle))
-        return pb.ForkResponse(
-            handle=pb.Handle(session_id=child.id, generation=child.generation),
-            receipt=receipt_pb(self.service.receipt(child)),
-        )
+        return pb.ForkResponse(**self._handle_and_receipt(child))
 
     @rpc
     def Close(

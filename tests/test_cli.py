@@ -125,3 +125,22 @@ def test_models_pull_keeps_a_verified_file() -> None:
     code, _, err = run("models", "pull")
     assert code == 0 and "sha256 verified" in err
     assert path.stat().st_mtime_ns == mtime  # verified in place, not fetched again
+
+
+@pytest.mark.model
+def test_a_corrupt_model_file_is_refused_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon.models import load_lock, model_path
+
+    good = model_path(load_lock().get(None)).read_bytes()
+    monkeypatch.setenv("SINKD_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(bytes(bad))
+    code, _, err = run("receipt")
+    assert code == 4 and "sha256 differs from models.lock" in err
+    (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(good[:1000])
+    code, _, err = run("receipt")
+    assert code == 4 and "size differs" in err

