@@ -173,10 +173,16 @@ def stream(
     chunk: Annotated[int, typer.Option("--chunk", help="Tokens per reported chunk.")] = 256,
     threads: ThreadsOpt = None,
     kv_type: KvTypeOpt = "f16",
+    model_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--model-file", help="An unlisted GGUF (not in models.lock): full policy only."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Feed text through a policy on the embedded engine; per chunk: tokens, retained, evicted, perplexity."""
-    from daemon.loading import open_engine
+    from daemon.loading import open_engine, open_unlisted
     from daemon.models import load_lock
     from daemon.textstream import stream_text
 
@@ -184,18 +190,22 @@ def stream(
         raise InvalidInput(f"--chunk: must be >= 1, got {chunk}")
     if source != "-" and not Path(source).is_file():
         raise InvalidInput(f"no such file: {source}")
-    entry = load_lock().get(model)
-    cfg = _policy(entry.default_sinks, entry.default_window, policy, sinks, window, evict, compact)
-    table = None
+    if model_file is None:
+        entry = load_lock().get(model)
+        name, default_sinks, default_window = entry.name, entry.default_sinks, entry.default_window
+    else:
+        name, default_sinks, default_window = model_file.name, 0, 256
+    cfg = _policy(default_sinks, default_window, policy, sinks, window, evict, compact)
+    config = _engine_config(cfg.budget, threads, kv_type)
     if not as_json:
-        table = Table(
-            title=f"sinkd stream: {entry.name}, {cfg.policy.value} S={cfg.sinks} W={cfg.window}"
-            f" E={cfg.evict_chunk} K={cfg.compact_interval}"
+        err.print(
+            f"sinkd stream: {name}, {cfg.policy.value} S={cfg.sinks} W={cfg.window}"
+            f" E={cfg.evict_chunk} K={cfg.compact_interval}",
+            highlight=False,
         )
-        for col in ("chunk", "tokens seen", "retained", "evicted", "evictions", "ppl", "RSS MiB"):
-            table.add_column(col, justify="right")
     seq = None
-    with open_engine(entry.name, _engine_config(cfg.budget, threads, kv_type)) as engine:
+    engine_cm = open_unlisted(model_file, config) if model_file else open_engine(name, config)
+    with engine_cm as engine:
         for report, current in stream_text(engine, cfg, _read_texts(source), chunk_tokens=chunk):
             seq = current
             if as_json:
@@ -211,7 +221,7 @@ def stream(
     if seq is None:
         raise InvalidInput("the input held no text")
     final = seq.receipt().as_dict()
-    final["model"] = entry.name
+    final["model"] = name
     final["note"] = "evicted tokens are gone: the model sees only the sinks and the window"
     if as_json:
         print(json.dumps({"receipt": final}), flush=True)

@@ -144,3 +144,28 @@ def test_a_corrupt_model_file_is_refused_naming_the_field(
     (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(good[:1000])
     code, _, err = run("receipt")
     assert code == 4 and "size differs" in err
+
+
+@pytest.mark.model
+def test_an_unlisted_model_file_runs_full_only(tmp_path: Path) -> None:
+    from daemon.models import load_lock, model_path
+
+    unlisted = tmp_path / "some-other.gguf"
+    unlisted.symlink_to(model_path(load_lock().get(None)))
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    code, _, err = run("stream", str(text), "--model-file", str(unlisted))
+    assert code == 5 and "full policy only" in err
+    code, out, err = run(
+        "stream",
+        str(text),
+        "--model-file",
+        str(unlisted),
+        "--policy",
+        "full",
+        "--window",
+        "512",
+        "--json",
+    )
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["receipt"]["evictions"] == 0
