@@ -113,7 +113,6 @@ class _LlamaLog:
     """
 
     _kv_size = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
-    _swa_size = re.compile(r"llama_kv_cache_iswa|SWA")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
