@@ -151,14 +151,14 @@ class Scheduler:
 
     def call(self, fn: Callable[[Engine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps and return its result."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() or not self._thread.is_alive():
             raise ShuttingDown("the daemon is shutting down")
         fut: Future[T] = Future()
         self._inbox.put(("call", (fn, fut)))
         return fut.result()
 
     def submit(self, job: Job) -> Job:
-        if self._stopping.is_set():
+        if self._stopping.is_set() or not self._thread.is_alive():
             raise ShuttingDown("the daemon is shutting down")
         self._inbox.put(("job", job))
         return job
@@ -180,9 +180,24 @@ class Scheduler:
                     break
                 self._expire_idle()
                 if any(self._queues.values()):
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception:  # a bug must not take the daemon down: fail this step's work
+                        log.exception("scheduler step failed; failing the requests in it")
+                        self._fail_all(
+                            EngineError("internal error in the scheduler (see the daemon log)")
+                        )
         finally:
             self._shutdown()
+
+    def _fail_all(self, error: SinkdError) -> None:
+        for sid, jobs in list(self._queues.items()):
+            for job in jobs:
+                job.fail(error)
+            del self._queues[sid]
+            for session in self.registry.all():
+                if session.id == sid:
+                    self._check(session)
 
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False once stopping."""

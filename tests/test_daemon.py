@@ -535,3 +535,25 @@ def test_tcp_tls_metrics_and_reflection(tmp_path: Path) -> None:
         assert {"sinkd.v1.Sessions", "sinkd.v1.Admin", "grpc.health.v1.Health"} <= names
     finally:
         d.stop()
+
+
+def test_a_bug_in_a_step_fails_its_requests_and_the_daemon_serves_on(
+    client: Client, daemon: Daemon
+) -> None:
+    victim = client.create().handle
+    client.append(victim, TEXT[:100])
+    scheduler = daemon.service.scheduler
+    original = scheduler._build
+
+    def broken(*args: Any) -> Any:
+        scheduler._build = original  # fail once
+        raise RuntimeError("a bug")
+
+    scheduler._build = broken  # type: ignore[method-assign]
+    with pytest.raises(grpc.RpcError) as err:
+        client.append(victim, "more words")
+    assert err.value.code() == grpc.StatusCode.INTERNAL and "internal error" in err.value.details()
+    assert client.inspect(victim).receipt.retained > 0  # its cells still match its policy
+    other = client.create().handle
+    client.append(other, "the daemon still serves")
+    assert len(client.generate(other, n=3)[0]) == 3
