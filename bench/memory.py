@@ -11,9 +11,9 @@ import argparse
 from common import table, write
 
 from cachepolicy import CacheSequence, PolicyConfig
-from daemon.config import Settings
 from daemon.engine import EngineConfig
 from daemon.loading import open_engine
+from daemon.service import admitted_sessions
 from daemon.textstream import rss_bytes
 from tests.conftest import TEXT
 
@@ -74,10 +74,7 @@ def main() -> None:
 
     budget_rows = []
     for gib in (0.05, 0.25, 1.0):
-        s = Settings(max_sessions=256, n_ctx_seq=256, max_kv_bytes=int(gib * 2**30))
-        admitted = min(
-            s.max_sessions, int(s.max_kv_bytes // (256 * 23040))
-        )  # what SinkdService.max_sessions computes
+        admitted = admitted_sessions(256, 256, per[0]["formula_bytes"] / 256, int(gib * 2**30))
         budget_rows.append([f"{gib} GiB", admitted])
     table(
         "sessions admitted for a KV memory budget (256 cells each, 5.6 MiB)",

@@ -19,7 +19,7 @@ import numpy as np
 
 from cachepolicy import CacheFull, CacheSequence, PolicyConfig
 from daemon.engine import Engine, EngineConfig
-from daemon.textstream import token_nll
+from daemon.textstream import chunk_nll, token_nll
 
 Progress = Callable[[int], None]
 EngineFactory = Callable[[EngineConfig], Engine]
@@ -65,10 +65,7 @@ def score_policy(
             stopped = start
             break
         assert rows is not None
-        if prev is None:
-            losses.append(token_nll(rows[:-1], piece[1:]))
-        else:
-            losses.append(token_nll(np.vstack([prev[None, :], rows[:-1]]), piece))
+        losses.append(chunk_nll(prev, rows, piece))
         prev = rows[-1].copy()
         if progress:
             progress(len(piece))

@@ -38,6 +38,16 @@ from daemon.sessions import (
 MAX_GENERATE_TOKENS = 4096
 
 
+def admitted_sessions(
+    sequences: int, cells_per_session: int, bytes_per_token: float, max_kv_bytes: int | None
+) -> int:
+    """Admission: the context's sequences, and with a memory budget as many sessions as it holds
+    at their tensor-shape size."""
+    if not max_kv_bytes:
+        return sequences
+    return min(sequences, int(max_kv_bytes // (cells_per_session * bytes_per_token)))
+
+
 @dataclass(frozen=True)
 class PolicyRequest:
     name: str = "sink"
@@ -111,11 +121,12 @@ class SinkdService:
 
     def max_sessions(self) -> int:
         engine = self.engine
-        limit = engine.config.n_seq_max
-        if self.settings.max_kv_bytes:
-            per_session = engine.n_ctx_seq * engine.kv_bytes_per_token
-            limit = min(limit, int(self.settings.max_kv_bytes // per_session))
-        return limit
+        return admitted_sessions(
+            engine.config.n_seq_max,
+            engine.n_ctx_seq,
+            engine.kv_bytes_per_token,
+            self.settings.max_kv_bytes,
+        )
 
     # --- sessions ---
 

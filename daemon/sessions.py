@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cachepolicy import CacheSequence, PolicyConfig, SubBatch
+from cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
 from daemon.errors import SinkdError
 
 
@@ -106,8 +106,6 @@ class RetainedTokens:
         self.window: deque[int] = deque()
 
     def apply(self, sub_batch: SubBatch, tokens: Iterable[int]) -> None:
-        from cachepolicy import Evict
-
         for op in sub_batch.ops:
             if isinstance(op, Evict):
                 for _ in range(op.logical_end - op.logical_start):

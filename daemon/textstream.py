@@ -26,6 +26,14 @@ def token_nll(logits: np.ndarray, targets: list[int]) -> np.ndarray:
     return nll
 
 
+def chunk_nll(prev_last: np.ndarray | None, rows: np.ndarray, chunk: list[int]) -> np.ndarray:
+    """Losses of a chunk's tokens: row i predicts token i+1, and the previous chunk's last row (if
+    any) predicts the first token. The stream's very first token is never scored."""
+    if prev_last is None:
+        return token_nll(rows[:-1], chunk[1:]) if len(chunk) > 1 else np.zeros(0)
+    return token_nll(np.vstack([prev_last[None, :], rows[:-1]]), chunk)
+
+
 def rss_bytes() -> int:
     """Resident memory now (Linux /proc), else the peak from getrusage."""
     try:
@@ -93,13 +101,9 @@ def stream_text(
     for index, chunk in enumerate(token_chunks(engine, texts, chunk_tokens)):
         rows = engine.feed(seq_id, seq, chunk, outputs="all")
         assert rows is not None
-        if prev_last is not None:
-            rows_used, targets = np.vstack([prev_last[None, :], rows[:-1]]), chunk
-        else:
-            rows_used, targets = rows[:-1], chunk[1:]
-        nll = token_nll(rows_used, targets) if targets else np.zeros(0)
+        nll = chunk_nll(prev_last, rows, chunk)
         prev_last = rows[-1].copy()
-        del rows, rows_used
+        del rows
         r = seq.receipt()
         yield (
             ChunkReport(
@@ -110,7 +114,7 @@ def stream_text(
                 evicted_tokens=r.evicted_tokens,
                 evictions=r.evictions,
                 nll_sum=float(nll.sum()),
-                scored=len(targets),
+                scored=len(nll),
                 rss_bytes=rss_bytes(),
             ),
             seq,
