@@ -169,3 +169,19 @@ def test_an_unlisted_model_file_runs_full_only(tmp_path: Path) -> None:
     )
     assert code == 0, err
     assert json.loads(out.splitlines()[-1])["receipt"]["evictions"] == 0
+
+
+@pytest.mark.model
+def test_eval_ppl_writes_json_and_a_plot(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    code, out, err = run("eval", "ppl", "--text", str(text), "--tokens", "200", "--policies", "sink,window,recompute",
+                         "--sinks", "4", "--window", "60", "--evict", "8", "--stride", "32", "--bucket", "50",
+                         "--out", str(tmp_path), "--name", "t", "--json")  # fmt: skip
+    assert code == 0, err
+    results = json.loads(out)
+    assert [r["policy"] for r in results["runs"]] == ["sink", "window", "recompute"]
+    assert all(r["scored_tokens"] == results["tokens"] - 1 for r in results["runs"])
+    assert (tmp_path / "t.json").is_file() and (tmp_path / "t.png").stat().st_size > 10_000
+    code, _, err = run("eval", "ppl", "--text", str(text), "--policies", "lru")
+    assert code == 2 and "--policies" in err
