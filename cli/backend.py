@@ -99,6 +99,12 @@ def receipt_from_pb(r: Any) -> dict[str, Any]:
         "system_prompt_tokens": r.system_prompt_tokens,
         "system_prompt_tokens_pinned": r.system_prompt_tokens_pinned,
         "system_prompt_sha256": r.system_prompt_sha256,
+        "resume": r.resume,
+        "stale_reason": r.stale_reason,
+        "snapshot_n_seen": r.snapshot_n_seen,
+        "snapshot_unix_time": r.snapshot_unix_time,
+        "journal_chunks": r.journal_chunks,
+        "journal_tokens": r.journal_tokens,
     }
 
 
@@ -258,8 +264,12 @@ class EmbeddedBackend:
         from daemon.config import Settings
         from daemon.service import SinkdService
 
-        settings = Settings(
-            model=model, n_ctx_seq=n_ctx_seq, max_sessions=max_sessions, n_threads=threads
+        settings = Settings(  # in-process and gone with the process: nothing to make durable
+            model=model,
+            n_ctx_seq=n_ctx_seq,
+            max_sessions=max_sessions,
+            n_threads=threads,
+            durable=False,
         )
         self.service = SinkdService(settings)
         self.principal = Principal(LOCAL_TENANT, admin=True)
@@ -337,7 +347,8 @@ class EmbeddedBackend:
         self.service.close(self.principal, self._t(handle))
 
     def inspect(self, handle: Handle, include_text: bool = False) -> tuple[dict[str, Any], str]:
-        return self.service.inspect(self.principal, self._t(handle), include_text)
+        receipt, text, _ = self.service.inspect(self.principal, self._t(handle), include_text)
+        return receipt, text
 
     def trace(self, handle: Handle) -> list[dict[str, Any]]:
         return self.service.trace(self.principal, self._t(handle))

@@ -7,6 +7,7 @@ pins one instead, and a stale one is refused like any stale handle).
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 import typer
@@ -89,15 +90,26 @@ def list_sessions(
         print(json.dumps(rows, indent=2))
         return
     table = Table(title=f"sessions at {backend.address}")
-    for col in ("id", "generation", "state", "policy", "seen", "retained", "evicted"):
+    cols = ("id", "generation", "state", "policy", "seen", "retained", "evicted", "last snapshot",
+            "journal", "resume")  # fmt: skip
+    for col in cols:
         table.add_column(col)
     for r in rows:
         p = r["policy"]
         table.add_row(
             r["session_id"], r["generation"][:12], r["state"], f"{p['policy']} {p['sinks']}+{p['window']}",
-            str(r["n_seen"]), str(r["retained"]), str(r["evicted_tokens"]),
+            str(r["n_seen"]), str(r["retained"]), str(r["evicted_tokens"]), _snapshot_cell(r),
+            f"{r['journal_chunks']} chunks, {r['journal_tokens']} tokens",
+            r["stale_reason"] if r["state"] == "stale" else r["resume"],
         )  # fmt: skip
     out.print(table)
+
+
+def _snapshot_cell(r: dict[str, Any]) -> str:
+    if r["snapshot_n_seen"] < 0:
+        return "none"
+    age = max(0.0, time.time() - r["snapshot_unix_time"])
+    return f"at token {r['snapshot_n_seen']}, {age:.0f} s ago"
 
 
 @app.command("inspect")

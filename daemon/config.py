@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
@@ -22,6 +22,11 @@ from pydantic_settings import (
 def default_socket() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/sinkd-{os.getuid()}"
     return Path(runtime) / "sinkd" / "sinkd.sock"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sinkd"
 
 
 class Tenant(BaseModel):
@@ -57,6 +62,13 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     verify_model_hash: bool = True
     allow_unchecked: bool = False  # run a KV dtype or backend the lock has not been checked with
+    # durable sessions: journal and snapshots in state_dir; a restart resumes every session
+    durable: bool = True
+    state_dir: Path = Field(default_factory=default_state_dir)
+    sync: Literal["full", "normal"] = "full"  # full: fsync per commit (power loss); normal: crash
+    snapshot_every_tokens: int = Field(default=512, ge=1)
+    snapshot_every_s: float = Field(default=300.0, gt=0)
+    snapshots_kept: int = Field(default=2, ge=2, le=16)
 
     @classmethod
     def settings_customise_sources(

@@ -150,18 +150,28 @@ def _init_backend() -> _LlamaLog:
 
 
 class Sampler:
-    """A llama.cpp sampler chain for one sequence: greedy at temperature 0, else k, p, min-p, temp, dist."""
+    """A llama.cpp sampler chain for one sequence: greedy at temperature 0, else k, p, min-p, temp,
+    then one draw from a seeded PCG64 stream.
 
-    def __init__(self, params: SamplingParams) -> None:
+    The draw is ours, not llama.cpp's `dist`, because its state must survive a restart: a sampler is
+    fully described by (params, draws), and `Sampler(params, draws=n)` continues where one that had
+    drawn n times stopped (each draw consumes exactly one 64-bit step of the stream).
+    """
+
+    def __init__(self, params: SamplingParams, draws: int = 0) -> None:
         params.validate()
         self.params = params
+        self.stochastic = params.temperature != 0.0
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         if not chain:
             raise EngineError("llama_sampler_chain_init failed")
         self._chain = chain
         self._data: np.ndarray | None = None
         self._ids: np.ndarray | None = None
-        if params.temperature == 0.0:
+        self.draws = 0
+        self._bits = np.random.PCG64(params.seed)
+        self._rng = np.random.Generator(self._bits)
+        if not self.stochastic:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
         else:
             if params.top_k > 0:
@@ -169,7 +179,13 @@ class Sampler:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(params.seed))
+        self.advance(draws)
+
+    def advance(self, draws: int) -> None:
+        if draws < 0:
+            raise InvalidInput(f"sampler draws must be >= 0, got {draws}")
+        self._bits.advance(draws)
+        self.draws += draws
 
     def sample_logits(self, logits: np.ndarray) -> int:
         """Sample (and accept) a token from a stored next-token logits row with this chain."""
@@ -188,14 +204,31 @@ class Sampler:
             sorted=False,
         )
         llama.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if ctypes.cast(arr.data, ctypes.c_void_p).value != data.ctypes.data:
+            raise EngineError("the sampler chain moved its candidates out of our buffer")
+        if self.stochastic:
+            arr.selected = self._draw(data["logit"][: arr.size])
         if not 0 <= arr.selected < arr.size:
             raise EngineError("the sampler chain selected no token")
         token = int(data["id"][arr.selected])
         llama.llama_sampler_accept(self._chain, token)
         return token
 
+    def _draw(self, logits: np.ndarray) -> int:
+        """One draw from softmax(logits) over the candidates the chain kept."""
+        if len(logits) == 0:
+            return -1
+        z = np.exp(logits.astype(np.float64) - float(np.max(logits)))
+        cdf = np.cumsum(z)
+        u = self._rng.random()  # exactly one step of the stream, whatever the candidates
+        self.draws += 1
+        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
     def reset(self) -> None:
         llama.llama_sampler_reset(self._chain)
+        self._bits = np.random.PCG64(self.params.seed)
+        self._rng = np.random.Generator(self._bits)
+        self.draws = 0
 
     def close(self) -> None:
         if self._chain:
@@ -437,6 +470,34 @@ class Engine:
             )
         return cells
 
+    def save_seq(self, seq_id: int) -> bytes:
+        """The sequence's cells as llama.cpp serialises them (positions, K and V rows)."""
+        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(llama.llama_state_seq_get_data(self._ctx, buf, size, seq_id))
+        if written != size:
+            raise EngineError(f"sequence {seq_id}: state wrote {written} of {size} bytes")
+        return bytes(buf)
+
+    def restore_seq(self, seq_id: int, data: bytes) -> None:
+        """Replace the sequence's cells with a `save_seq` image; a refused image leaves it empty."""
+        self.clear(seq_id)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        read = int(llama.llama_state_seq_set_data(self._ctx, buf, len(data), seq_id))
+        if read != len(data):
+            self.clear(seq_id)
+            raise EngineError(f"sequence {seq_id}: llama.cpp took {read} of {len(data)} bytes")
+
+    def compact(self, seq_id: int) -> None:
+        """Rewrite the sequence's cells into consecutive slots, in their order.
+
+        Evictions leave holes between slots, and where the holes are changes the order of the float
+        sums in attention: enough, on this CPU path, to move logits by ~0.7. A restored snapshot is
+        always packed, so the daemon packs a sequence after each eviction: a live sequence and its
+        restored snapshot then hold the same layout and compute the same bits.
+        """
+        self.restore_seq(seq_id, self.save_seq(seq_id))
+
     def pos_range(self, seq_id: int) -> tuple[int, int]:
         return (
             int(llama.llama_memory_seq_pos_min(self._mem, seq_id)),
@@ -560,7 +621,7 @@ class Engine:
 
     def sample(self, sampler: Sampler, index: int = -1) -> int:
         """Sample (and accept) the next token from the logits of the last decode's `index`."""
-        return int(llama.llama_sampler_sample(sampler._chain, self._ctx, index))
+        return sampler.sample_logits(self.logits(index))
 
     # --- text ---
 

@@ -53,6 +53,33 @@ class Metrics:
         self.invariant_violations = Counter(
             "sinkd_invariant_violations", "Sessions failed by a run-time cache check", registry=r
         )
+        self.snapshots = Counter("sinkd_snapshots", "Session snapshots written", registry=r)
+        self.snapshot_failures = Counter(
+            "sinkd_snapshot_failures", "Snapshots not written (the previous one kept)", registry=r
+        )
+        self.snapshot_seconds = Histogram(
+            "sinkd_snapshot_seconds",
+            "Snapshot: cells read, written, fsynced, renamed",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.snapshot_bytes = Histogram(
+            "sinkd_snapshot_bytes",
+            "Snapshot file size",
+            registry=r,
+            buckets=(2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28),
+        )
+        self.journal_failures = Counter(
+            "sinkd_journal_failures", "Journal commits that failed", registry=r
+        )
+        self.resumed_sessions = Counter(
+            "sinkd_resumed_sessions", "Sessions restored at start", registry=r
+        )
+        self.stale_sessions = Counter(
+            "sinkd_stale_sessions",
+            "Stored sessions that could not be restored at start",
+            registry=r,
+        )
         self.active_sessions = Gauge("sinkd_active_sessions", "Open sessions", registry=r)
         self.cells_in_use = Gauge(
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r

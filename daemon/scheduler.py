@@ -7,12 +7,20 @@ before its tokens enter the batch. After the decode, the cache is checked agains
 session's policy; a violation fails that session alone.
 
 Work from other threads arrives through `call` (run a function between steps) and `submit` (a job).
+
+With durability on, nothing is told to a client before what it acknowledges is committed to the
+journal: replies wait in `_replies` until `_release` commits (one commit per phase of a step, for
+every session in it). A prefill chunk joins the journal when its append is acknowledged (or ends
+with part of it applied); a generated token joins it before the client sees it. Between steps,
+sessions whose snapshot is due are snapshotted.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -22,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cachepolicy import CacheFull, SubBatch
+from daemon.durability import Durability
 from daemon.engine import BatchItem, Engine, Sampler
 from daemon.errors import EngineError, InvalidInput, SinkdError
+from daemon.journal import JournalError
 from daemon.metrics import Metrics
 from daemon.sessions import (
     Registry,
@@ -33,9 +43,11 @@ from daemon.sessions import (
     SessionState,
     StaleGeneration,
 )
+from daemon.snapshots import SnapshotError
 from daemon.textout import TextAssembler
 
 log = logging.getLogger("sinkd.scheduler")
+SNAPSHOT_RETRY_S = 30.0  # a failed snapshot (disk full, ...) is not retried sooner
 T = TypeVar("T")
 
 
@@ -45,6 +57,10 @@ class Cancelled(SinkdError):
 
 class ShuttingDown(SinkdError):
     """The daemon is stopping and takes no more work."""
+
+
+class CorruptHistory(SinkdError):
+    """A journalled chunk does not fit the session's history: it cannot be restored exactly."""
 
 
 @dataclass
@@ -138,6 +154,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="sinkd-engine", daemon=True)
         self._last_expiry = time.monotonic()
         self.on_close: Callable[[Session], None] = lambda s: None
+        self.on_ready: Callable[[Engine], None] = lambda e: None  # e.g. resume stored sessions
+        self.durability: Durability | None = None
+        self._replies: list[tuple[Session, Callable[[], None]]] = []
 
     # --- from other threads ---
 
@@ -168,9 +187,11 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self.engine = self._engine_factory()
+            self.on_ready(self.engine)
         except BaseException as e:  # reported by the server; health stays NOT_SERVING
             self.load_error = e
             self.ready.set()
+            self._shutdown(snapshot=False)
             return
         self.ready.set()
         try:
@@ -187,17 +208,24 @@ class Scheduler:
                         self._fail_all(
                             EngineError("internal error in the scheduler (see the daemon log)")
                         )
+                self._snapshot_due()
         finally:
             self._shutdown()
 
     def _fail_all(self, error: SinkdError) -> None:
+        failed: list[Session] = []
         for sid, jobs in list(self._queues.items()):
             for job in jobs:
+                if job.pending is not None:  # emitted (and journalled) but never decoded
+                    failed.append(job.session)
                 job.fail(error)
             del self._queues[sid]
             for session in self.registry.all():
-                if session.id == sid:
+                if session.id == sid and session not in failed:
                     self._check(session)
+        for session in failed:
+            self._fail_session(session, "a step failed between sampling a token and decoding it")
+        self._release()
 
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False once stopping."""
@@ -220,8 +248,15 @@ class Scheduler:
                 job: Job = payload
                 self._queues.setdefault(job.session.id, deque()).append(job)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, snapshot: bool = True) -> None:
         err = ShuttingDown("the daemon is shutting down")
+        if snapshot and self.engine is not None and self.durability is not None:
+            for session in self.registry.all():  # a clean stop: resume needs no replay
+                if session.unlogged:
+                    # an append in flight: it was never acknowledged, and it is not kept
+                    log.info("session %s: an unacknowledged append is dropped", session.id)
+                elif session.logged_since_snap:
+                    self._snapshot(session)
         for jobs in self._queues.values():
             for job in jobs:
                 job.fail(err)
@@ -240,11 +275,38 @@ class Scheduler:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        if self.durability is not None:
+            self.durability.close()
 
     def cancel_session_jobs(self, session: Session, error: SinkdError) -> None:
         """Engine thread only: fail every job queued for the session (reset, close, failure)."""
         for job in self._queues.pop(session.id, deque()):
             job.fail(error)
+
+    def _reply(self, job: Job, fn: Callable[[], None]) -> None:
+        """Queue a reply; what the session decoded so far joins the journal before it is sent."""
+        session = job.session
+        if self.durability is not None and session.state not in (
+            SessionState.FAILED,
+            SessionState.CLOSED,
+            SessionState.STALE,
+        ):
+            self.durability.flush(session)
+        self._replies.append((session, fn))
+
+    def _release(self) -> None:
+        """Commit the journal, then send the replies that waited for it."""
+        replies, self._replies = self._replies, []
+        if self.durability is not None and replies:
+            try:
+                self.durability.commit()
+            except (sqlite3.Error, JournalError) as e:
+                log.error("journal commit failed: %s", e)
+                self.metrics.journal_failures.inc()
+                for session in {id(s): s for s, _ in replies}.values():
+                    self._fail_session(session, f"the journal could not record it: {e}")
+        for _, fn in replies:
+            fn()
 
     def _expire_idle(self) -> None:
         now = time.monotonic()
@@ -264,8 +326,10 @@ class Scheduler:
                 job = jobs[0]
                 if job.cancelled.is_set():
                     jobs.popleft()
-                    job.fail(Cancelled("cancelled by the client"))
                     self._settle(job.session)
+                    self._reply(
+                        job, functools.partial(job.fail, Cancelled("cancelled by the client"))
+                    )
                 elif job.generation != job.session.generation:
                     jobs.popleft()
                     job.fail(StaleGeneration("the session was reset while this request waited"))
@@ -306,7 +370,10 @@ class Scheduler:
             job.reason = "cache_full"  # the full policy never evicts: generation ends here
             self._queues[session.id].popleft()
             self._settle(session)
-            job.finish({"reason": job.reason, "generated": job.generated})
+            self._reply(
+                job,
+                functools.partial(job.finish, {"reason": job.reason, "generated": job.generated}),
+            )
             return
         token = job.gen.sampler.sample_logits(session.last_logits)
         engine = self.engine
@@ -331,12 +398,13 @@ class Scheduler:
         job.final = bool(job.reason)
         job.pending = token
         session.state = SessionState.GENERATING
-        job.events.put(
-            (
-                "token",
-                {"id": token, "text": text, "index": job.generated - 1, "latency_ms": latency_ms},
-            )
-        )
+        if self.durability is not None:  # the token is the session's before the client sees it
+            self.durability.flush(session)
+            at = session.seq.plan(1, max_batch=1).sub_batches[0]
+            draws = session.sampler.draws if job.gen.sampler is session.sampler else None
+            self.durability.log(session, at.logical_pos, at.cache_pos, [token], draws)
+        event = {"id": token, "text": text, "index": job.generated - 1, "latency_ms": latency_ms}
+        self._replies.append((session, functools.partial(job.events.put, ("token", event))))
 
     def _step(self) -> None:
         engine = self.engine
@@ -349,9 +417,16 @@ class Scheduler:
                     self._sample(job)
             except SinkdError as e:
                 self._queues[job.session.id].popleft()
-                job.fail(e)
                 self._settle(job.session)
+                self._reply(job, functools.partial(job.fail, e))
+        self._release()  # tokens sampled above are journalled before they are sent
         heads = [j for j in heads if not j.done.is_set()]
+        try:
+            self._decode(heads, engine)
+        finally:
+            self._release()
+
+    def _decode(self, heads: list[Job], engine: Engine) -> None:
         items = self._build(heads, engine)
         if not items:
             return
@@ -365,9 +440,21 @@ class Scheduler:
         except EngineError as e:
             self.metrics.alloc_failures.inc()
             for it in items:
-                self._queues[it.job.session.id].popleft()
-                it.job.fail(ResourceExhausted(f"the engine could not take this batch: {e}"))
-                self._check(it.job.session)
+                session = it.job.session
+                if it.decode_pending or it.sub_batch.ops:
+                    # a journalled token or an applied shift that never reached a decode: the
+                    # cache is not what the history says, so the session fails (reset recovers)
+                    self._fail_session(session, f"llama_decode failed: {e}")
+                    continue
+                self._queues[session.id].popleft()
+                if self._check(session):
+                    self._reply(
+                        it.job,
+                        functools.partial(
+                            it.job.fail,
+                            ResourceExhausted(f"the engine could not take this batch: {e}"),
+                        ),
+                    )
             return
         self.metrics.steps.inc()
         for it, row in zip(items, rows, strict=True):
@@ -393,50 +480,114 @@ class Scheduler:
                 plan = session.seq.plan(n, max_batch=n)
             except CacheFull as e:
                 self._queues[session.id].popleft()
-                job.fail(ResourceExhausted(str(e)))
                 self._settle(session)
+                self._reply(job, functools.partial(job.fail, ResourceExhausted(str(e))))
                 continue
             sb = plan.sub_batches[0]
             if tokens is None:
                 tokens = job.tokens[job.offset : job.offset + sb.n_tokens]
                 session.state = SessionState.PREFILLING
-            try:
-                engine.apply_ops(session.seq_id, sb)
-            except EngineError as e:
-                self._fail_session(session, f"memory operation refused: {e}")
+            if not self._apply(session, sb):
                 continue
-            session.seq.adopt_ops(sb)
-            if sb.ops:
-                self.metrics.evictions.inc()
-                self.metrics.evicted_tokens.inc(
-                    sb.after_ops.evicted_tokens - plan.before.evicted_tokens
-                )
             items.append(_Item(job, tokens, sb, decode_pending=job.pending is not None))
             budget -= sb.n_tokens
         return items
 
-    def _after_decode(self, it: _Item, row: Any) -> None:
-        job, session = it.job, it.job.session
-        session.seq.adopt_tokens(it.sub_batch)
-        session.retained.apply(it.sub_batch, it.tokens)
+    def _apply(self, session: Session, sb: SubBatch) -> bool:
+        """Apply a sub-batch's evictions to the cache and the policy state; False if refused."""
+        engine = self.engine
+        assert engine is not None
+        try:
+            engine.apply_ops(session.seq_id, sb)
+        except EngineError as e:
+            self._fail_session(session, f"memory operation refused: {e}")
+            return False
+        before = session.seq.state.evicted_tokens
+        session.seq.adopt_ops(sb)
+        if sb.ops:
+            self.metrics.evictions.inc()
+            self.metrics.evicted_tokens.inc(sb.after_ops.evicted_tokens - before)
+        return True
+
+    def _absorb(self, session: Session, sb: SubBatch, tokens: list[int], row: Any) -> None:
+        """Record a decoded sub-batch; after an eviction, pack the sequence's cells (see
+        Engine.compact: a snapshot restores to exactly this layout)."""
+        engine = self.engine
+        assert engine is not None
+        session.seq.adopt_tokens(sb)
+        session.retained.apply(sb, tokens)
         session.last_logits = row
         session.last_active = time.monotonic()
+        if sb.ops:
+            engine.compact(session.seq_id)
+
+    def _after_decode(self, it: _Item, row: Any) -> None:
+        job, session = it.job, it.job.session
+        self._absorb(session, it.sub_batch, it.tokens, row)
         if it.decode_pending:
             self.metrics.decode_tokens.inc()
             job.pending = None
         else:
             self.metrics.prefill_tokens.inc(len(it.tokens))
             job.offset += len(it.tokens)
+            if self.durability is not None:
+                sb = it.sub_batch
+                session.unlogged.append((sb.logical_pos, sb.cache_pos, list(it.tokens)))
         if not self._check(session):
             return
         if job.gen is None and not job.prefilling:
             self._queues[session.id].popleft()
             self._settle(session)
-            job.finish({"appended": len(job.tokens)})
+            self._reply(job, functools.partial(job.finish, {"appended": len(job.tokens)}))
         elif job.gen is not None and job.final and job.pending is None:
             self._queues[session.id].popleft()
             self._settle(session)
-            job.finish({"reason": job.reason, "generated": job.generated})
+            result = {"reason": job.reason, "generated": job.generated}
+            self._reply(job, functools.partial(job.finish, result))
+
+    # --- durability (engine thread) ---
+
+    def replay(self, session: Session, tokens: list[int], cache_pos: int | None = None) -> None:
+        """Decode one journalled chunk alone, exactly as the live step did: same plan, same ops,
+        same sub-batch. Raises CorruptHistory if the policy would not place it where it was."""
+        engine = self.engine
+        assert engine is not None
+        sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
+        if sb.n_tokens != len(tokens) or (cache_pos is not None and sb.cache_pos != cache_pos):
+            raise CorruptHistory(
+                f"the policy places this chunk at cache {sb.cache_pos} ({sb.n_tokens} tokens),"
+                f" the journal says {cache_pos} ({len(tokens)} tokens)"
+            )
+        if not self._apply(session, sb):
+            raise CorruptHistory(session.failure)
+        row = engine.decode_batch([BatchItem(session.seq_id, tokens, sb.cache_pos, logits=True)])[0]
+        self._absorb(session, sb, tokens, row)
+
+    def _snapshot_due(self) -> None:
+        if self.durability is None:
+            return
+        now = time.time()
+        for session in self.registry.all():
+            if session.state in (SessionState.FAILED, SessionState.CLOSED, SessionState.STALE):
+                continue
+            if self.durability.due(session, now):
+                self._snapshot(session)
+
+    def _snapshot(self, session: Session) -> bool:
+        engine, durability = self.engine, self.durability
+        assert engine is not None and durability is not None
+        t0 = time.monotonic()
+        try:
+            size = durability.snapshot(session, engine.save_seq(session.seq_id))
+        except (SnapshotError, JournalError, sqlite3.Error) as e:
+            log.warning("snapshot of session %s failed, the previous one stays: %s", session.id, e)
+            self.metrics.snapshot_failures.inc()
+            session.snap_retry_at = time.time() + min(durability.every_s, SNAPSHOT_RETRY_S)
+            return False
+        self.metrics.snapshots.inc()
+        self.metrics.snapshot_bytes.observe(size)
+        self.metrics.snapshot_seconds.observe(time.monotonic() - t0)
+        return True
 
     def _check(self, session: Session) -> bool:
         """What the cache really holds must be what the policy says; else fail the session alone."""
@@ -490,4 +641,9 @@ class Scheduler:
             log.exception("could not free the cells of session %s", session.id)
         session.seq.reset()
         session.retained = type(session.retained)(session.policy.sinks)
+        if self.durability is not None:
+            try:
+                self.durability.failed(session)
+            except (sqlite3.Error, JournalError) as e:
+                log.error("could not journal the failure of session %s: %s", session.id, e)
         self.cancel_session_jobs(session, SessionFailed(f"session {session.id} failed: {why}"))

@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import secrets
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import llama_cpp
+import numpy as np
+
 from cachepolicy import CacheSequence, PolicyConfig, PolicyName
 from daemon.auth import Principal
 from daemon.config import Settings
+from daemon.durability import Durability
 from daemon.engine import Engine, EngineConfig, Sampler, SamplingParams
 from daemon.errors import InvalidInput, Unsupported
+from daemon.journal import JournalError
 from daemon.loading import open_engine
 from daemon.metrics import Metrics
 from daemon.models import ModelEntry, load_lock
+from daemon.resume import Resumer
 from daemon.scheduler import Cancelled, GenSpec, Job, Scheduler
 from daemon.sessions import (
     ModelIdentity,
@@ -64,7 +70,6 @@ class SinkdService:
         self.metrics = metrics or Metrics()
         self.entry: ModelEntry = load_lock().get(settings.model)
         self.registry = Registry()
-        self.boot_id = secrets.token_hex(8)
         self.scheduler = Scheduler(
             self._open_engine,
             self.registry,
@@ -74,7 +79,18 @@ class SinkdService:
             prefill_chunk=settings.prefill_chunk,
         )
         self.scheduler.on_close = self._close_on_engine
+        self.scheduler.on_ready = self._resume
         self.identity: ModelIdentity | None = None
+        self.durability: Durability | None = None
+        if settings.durable:
+            self.durability = Durability(
+                settings.state_dir,
+                sync=settings.sync,
+                every_tokens=settings.snapshot_every_tokens,
+                every_s=settings.snapshot_every_s,
+                keep=settings.snapshots_kept,
+            )
+            self.scheduler.durability = self.durability
 
     def _open_engine(self) -> Engine:
         s = self.settings
@@ -97,6 +113,43 @@ class SinkdService:
             self.entry.name, self.entry.sha256, engine.tokenizer_sha256, engine.template_sha256
         )
         return engine
+
+    def _resume(self, engine: Engine) -> None:
+        """Engine thread, before the daemon serves: open the state directory, resume sessions."""
+        if self.durability is None:
+            return
+        assert self.identity is not None
+        self.durability.open(
+            {
+                "model": self.entry.name,
+                "model_sha256": self.identity.sha256,
+                "tokenizer_sha256": self.identity.tokenizer_sha256,
+                "template_sha256": self.identity.template_sha256,
+                "kv_type": engine.config.kv_type,
+                "llama_cpp": llama_cpp.__version__,
+                "n_ctx_seq": engine.n_ctx_seq,
+            }
+        )
+        Resumer(
+            self.scheduler,
+            self.durability,
+            self.registry,
+            self.identity,
+            self.max_sessions,
+            self.metrics,
+        ).run(engine)
+        self.metrics.active_sessions.set(len(self.registry))
+
+    def _journal(self, fn: Any, *args: Any) -> None:
+        """Record a transition and commit it before the caller replies (engine thread)."""
+        if self.durability is None:
+            return
+        try:
+            fn(*args)
+            self.durability.commit()
+        except (sqlite3.Error, JournalError) as e:
+            self.metrics.journal_failures.inc()
+            raise ResourceExhausted(f"the journal could not record this: {e}") from None
 
     # --- lifecycle ---
 
@@ -130,11 +183,13 @@ class SinkdService:
 
     # --- sessions ---
 
-    def _owned(self, principal: Principal, session_id: str, generation: str) -> Session:
+    def _owned(
+        self, principal: Principal, session_id: str, generation: str, allow_stale: bool = False
+    ) -> Session:
         if principal.tenant is None:
             raise NotFound(f"no session {session_id!r}")  # the admin owns no sessions
         try:
-            return self.registry.lookup(principal.tenant, session_id, generation)
+            return self.registry.lookup(principal.tenant, session_id, generation, allow_stale)
         except StaleGeneration:
             self.metrics.stale_handles.inc()
             raise
@@ -178,7 +233,6 @@ class SinkdService:
                 sampling=sampling,
                 sampler=Sampler(sampling),
                 model=identity,
-                boot_id=self.boot_id,
                 system_tokens=system_tokens,
                 system_prompt_sha256=hashlib.sha256(system_prompt.encode()).hexdigest(),
                 pinned=pinned,
@@ -186,6 +240,12 @@ class SinkdService:
             )
             self.registry.add(session)
             self.metrics.active_sessions.set(len(self.registry))
+            if self.durability is not None:
+                try:
+                    self._journal(self.durability.created, session)
+                except ResourceExhausted:
+                    self._close_on_engine(session)
+                    raise
             return session
 
         session = self.scheduler.call(admit)
@@ -317,6 +377,8 @@ class SinkdService:
             session.state = SessionState.IDLE
             session.failure = ""
             session.last_active = time.monotonic()
+            if self.durability is not None:
+                self._journal(self.durability.reset, session)
             return session
 
         self.scheduler.call(do_reset)
@@ -344,7 +406,6 @@ class SinkdService:
                 sampling=parent.sampling,
                 sampler=Sampler(parent.sampling),
                 model=parent.model,
-                boot_id=self.boot_id,
                 system_tokens=parent.system_tokens,
                 system_prompt_sha256=parent.system_prompt_sha256,
                 pinned=parent.pinned,
@@ -355,33 +416,54 @@ class SinkdService:
             child.state = SessionState.IDLE
             self.registry.add(child)
             self.metrics.active_sessions.set(len(self.registry))
+            if self.durability is not None:  # the child's history starts with a snapshot
+                try:
+                    self._journal(self.durability.created, child)
+                    if child.seq.state.n_seen and not self.scheduler._snapshot(child):
+                        raise ResourceExhausted("the fork's first snapshot could not be written")
+                except ResourceExhausted:
+                    self._close_on_engine(child)
+                    raise
             return child
 
         return self.scheduler.call(do_fork)
 
     def close(self, principal: Principal, handle: tuple[str, str]) -> None:
-        session = self._owned(principal, *handle)
+        """Close a session and delete what is stored of it; a stale session can be closed too."""
+        session = self._owned(principal, *handle, allow_stale=True)
         self.scheduler.call(lambda engine: self._close_on_engine(session))
 
     def _close_on_engine(self, session: Session) -> None:
         engine = self.scheduler.engine
         self.scheduler.cancel_session_jobs(session, Cancelled("the session was closed"))
+        if self.durability is not None:
+            self._journal(self.durability.closed, session)
         session.state = SessionState.CLOSED
         self.registry.remove(session.id)
-        if engine is not None:
+        if engine is not None and session.seq_id >= 0:
             engine.release_seq(session.seq_id)
         self.metrics.active_sessions.set(len(self.registry))
         self.metrics.forget_session(session.id)
 
     def inspect(
-        self, principal: Principal, handle: tuple[str, str], include_text: bool
-    ) -> tuple[dict[str, Any], str]:
+        self,
+        principal: Principal,
+        handle: tuple[str, str],
+        include_text: bool,
+        include_logits: bool = False,
+    ) -> tuple[dict[str, Any], str, np.ndarray | None]:
+        """The receipt; for the owner, the retained text and the next-token logits on request."""
         session = self._owned(principal, *handle)
         text = ""
         if include_text:
             tokens = self.scheduler.call(lambda engine: session.retained.all())
             text = self.engine.detokenize(tokens)
-        return self.receipt(session), text
+        logits = None
+        if include_logits:
+            logits = self.scheduler.call(
+                lambda engine: None if session.last_logits is None else session.last_logits.copy()
+            )
+        return self.receipt(session), text, logits
 
     def trace(self, principal: Principal, handle: tuple[str, str]) -> list[dict[str, Any]]:
         session = self._owned(principal, *handle)
@@ -405,7 +487,8 @@ class SinkdService:
         if not principal.admin:
             raise PermissionDenied("stats need the admin token")
         engine = self.engine
-        sessions = self.registry.all()
+        everything = self.registry.all()
+        sessions = [s for s in everything if s.state is not SessionState.STALE]
         cells = sum(s.seq.retained for s in sessions)
         self.metrics.cells_in_use.set(cells)
         for s in sessions:
@@ -424,4 +507,7 @@ class SinkdService:
             "invariant_violations": count("invariant_violations"),
             "model": self.entry.name,
             "model_sha256": self.entry.sha256,
+            "stale_sessions": len(everything) - len(sessions),
+            "snapshots": count("snapshots"),
+            "snapshot_failures": count("snapshot_failures"),
         }

@@ -140,6 +140,12 @@ def receipt_pb(r: dict[str, Any]) -> pb.Receipt:
         system_prompt_tokens=r["system_prompt_tokens"],
         system_prompt_tokens_pinned=r["system_prompt_tokens_pinned"],
         system_prompt_sha256=r["system_prompt_sha256"],
+        resume=r["resume"],
+        stale_reason=r["stale_reason"],
+        snapshot_n_seen=r["snapshot_n_seen"],
+        snapshot_unix_time=r["snapshot_unix_time"],
+        journal_chunks=r["journal_chunks"],
+        journal_tokens=r["journal_tokens"],
     )
 
 
@@ -262,10 +268,14 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Inspect(
         self, request: pb.InspectRequest, context: Any, principal: Principal
     ) -> pb.InspectResponse:
-        receipt, text = self.service.inspect(
-            principal, _handle(request.handle), request.include_text
+        receipt, text, logits = self.service.inspect(
+            principal, _handle(request.handle), request.include_text, request.include_logits
         )
-        return pb.InspectResponse(receipt=receipt_pb(receipt), retained_text=text)
+        return pb.InspectResponse(
+            receipt=receipt_pb(receipt),
+            retained_text=text,
+            logits=b"" if logits is None else logits.astype("<f4").tobytes(),
+        )
 
     @rpc
     def Trace(

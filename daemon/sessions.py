@@ -6,6 +6,7 @@ State diagram (one session)::
        any state --reset--> IDLE (new generation, cells freed)
        any state --close/expiry--> CLOSED
        any state --invariant violation--> FAILED (cells freed; only reset or close are accepted)
+    at resume, a stored session that cannot be restored exactly --> STALE (no cells; close only)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class SessionState(str, enum.Enum):
     IDLE = "idle"
     CLOSED = "closed"
     FAILED = "failed"
+    STALE = "stale"
 
 
 class NotFound(SinkdError):
@@ -71,11 +73,10 @@ def generation_hash(
     model: ModelIdentity,
     system_prompt_sha256: str,
     policy: PolicyConfig,
-    boot_id: str,
 ) -> str:
     """Everything that makes a stream a different stream; any change makes old handles stale.
 
-    `boot_id` is drawn at daemon start: until sessions are durable, a restart stales every handle.
+    Nothing about the daemon's run is in it: a session resumed after a restart keeps its handle.
     """
     material = json.dumps(
         {
@@ -87,7 +88,6 @@ def generation_hash(
             "template_sha256": model.template_sha256,
             "system_prompt_sha256": system_prompt_sha256,
             "policy": policy.as_dict(),
-            "boot": boot_id,
         },
         sort_keys=True,
     )
@@ -139,7 +139,6 @@ class Session:
     sampling: Any  # daemon.engine.SamplingParams (kept import-free of llama_cpp)
     sampler: Any  # daemon.engine.Sampler
     model: ModelIdentity
-    boot_id: str
     system_tokens: list[int]
     system_prompt_sha256: str
     pinned: int  # how many system prompt tokens are sinks
@@ -151,6 +150,16 @@ class Session:
     retained: RetainedTokens = field(init=False)
     last_active: float = field(default_factory=time.monotonic)
     failure: str = ""
+    # durability (engine thread): decoded prefill chunks not yet acknowledged, as
+    # (logical_pos, cache_pos, tokens); the journal and snapshot counters shown by `sessions list`
+    unlogged: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    resume: str = "new"
+    snap_n_seen: int | None = None
+    snap_time: float | None = None
+    snap_retry_at: float = 0.0  # after a failed snapshot, not again before this (wall clock)
+    logged_since_snap: int = 0
+    log_chunks: int = 0
+    log_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
@@ -164,7 +173,6 @@ class Session:
             self.model,
             self.system_prompt_sha256,
             self.policy,
-            self.boot_id,
         )
 
     def receipt(self, bytes_per_token: float) -> dict[str, Any]:
@@ -181,6 +189,12 @@ class Session:
             system_prompt_tokens=len(self.system_tokens),
             system_prompt_tokens_pinned=self.pinned,
             system_prompt_sha256=self.system_prompt_sha256,
+            resume=self.resume,
+            stale_reason=self.failure if self.state is SessionState.STALE else "",
+            snapshot_n_seen=-1 if self.snap_n_seen is None else self.snap_n_seen,
+            snapshot_unix_time=self.snap_time if self.snap_n_seen is not None else 0.0,
+            journal_chunks=self.log_chunks,
+            journal_tokens=self.log_tokens,
         )
         return r
 
@@ -204,11 +218,18 @@ class Registry:
         with self._lock:
             self._sessions.pop(session_id, None)
 
-    def lookup(self, tenant: str, session_id: str, generation: str) -> Session:
+    def lookup(
+        self, tenant: str, session_id: str, generation: str, allow_stale: bool = False
+    ) -> Session:
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None or session.tenant != tenant or session.state is SessionState.CLOSED:
-            raise NotFound(f"no session {session_id!r} (sessions do not survive a daemon restart)")
+            raise NotFound(f"no session {session_id!r}")
+        if session.state is SessionState.STALE and not allow_stale:
+            raise StaleGeneration(
+                f"session {session_id} could not be resumed: {session.failure}; this handle is"
+                " stale (list your sessions for the reason; close it to delete its stored state)"
+            )
         if generation != session.generation:
             raise StaleGeneration(
                 f"session {session_id} is at another generation (reset, model change or restart):"
@@ -225,5 +246,6 @@ class Registry:
             return list(self._sessions.values())
 
     def __len__(self) -> int:
+        """Sessions that hold a sequence (a stale one holds none)."""
         with self._lock:
-            return len(self._sessions)
+            return sum(s.state is not SessionState.STALE for s in self._sessions.values())

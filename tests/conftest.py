@@ -33,6 +33,14 @@ def open_model(model: str | None = None, **config: int | bool | str) -> Engine:
         pytest.fail(f"{e} (CI pulls it in .ci/run)")
 
 
+@pytest.fixture(autouse=True)
+def _private_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon started by a test (in process or not) journals into a temporary state directory."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+
+
 @pytest.fixture
 def make_engine() -> Iterator[object]:
     opened: list[Engine] = []

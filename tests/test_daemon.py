@@ -39,6 +39,7 @@ def sha(text: str) -> str:
 def settings(tmp: Path, **kw: Any) -> Settings:
     base: dict[str, Any] = {
         "socket": tmp / "sinkd.sock",
+        "state_dir": tmp / "state",
         "tenants": [
             {"name": "alice", "token_sha256": sha("alice-token")},
             {"name": "bob", "token_sha256": sha("bob-token")},
@@ -410,14 +411,21 @@ def test_stop_with_sessions_open_cancels_and_frees(tmp_path: Path) -> None:
     assert not d.settings.socket.exists()
 
 
-def test_sigterm_exits_zero_and_a_restart_stales_old_handles(tmp_path: Path) -> None:
+def test_sigterm_exits_zero_and_sessions_survive_a_kill_unless_durability_is_off(
+    tmp_path: Path,
+) -> None:
     sock = tmp_path / "d.sock"
-    env = dict(os.environ, SINKD_MAX_SESSIONS="2", SINKD_N_CTX_SEQ="256")
+    env = dict(
+        os.environ,
+        SINKD_MAX_SESSIONS="2",
+        SINKD_N_CTX_SEQ="256",
+        SINKD_STATE_DIR=str(tmp_path / "state"),
+    )
 
-    def start() -> subprocess.Popen[bytes]:
+    def start(**extra: str) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "serve", "--socket", str(sock)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env, **extra),
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -433,18 +441,28 @@ def test_sigterm_exits_zero_and_a_restart_stales_old_handles(tmp_path: Path) -> 
     proc = start()
     c = Client(f"unix:{sock}")
     h = c.create(md=[]).handle  # no tenants: the socket's user is the single tenant
+    c.append(h, "A few words to keep.", md=[])
+    seen = c.inspect(h, md=[]).receipt.n_seen
     proc.send_signal(signal.SIGKILL)  # a crash leaves the socket file behind
     proc.wait(10)
     assert sock.exists()
     proc = start()  # the stale socket does not block the restart
     c = Client(f"unix:{sock}")
-    assert (
-        code_of(lambda: c.inspect(h, md=[])) == grpc.StatusCode.NOT_FOUND
-    )  # sessions are not durable yet
-    c.create(md=[])
+    receipt = c.inspect(h, md=[]).receipt  # the same handle works: the session was resumed
+    assert receipt.n_seen == seen and receipt.resume.endswith("chunks replayed from the journal")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert not sock.exists()
+    proc = start(SINKD_DURABLE="false")
+    c = Client(f"unix:{sock}")
+    h2 = c.create(md=[]).handle
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc = start(SINKD_DURABLE="false")
+    c = Client(f"unix:{sock}")
+    assert code_of(lambda: c.inspect(h2, md=[])) == grpc.StatusCode.NOT_FOUND  # not kept
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
 
 
 def test_generated_code_is_current() -> None:

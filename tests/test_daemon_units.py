@@ -108,7 +108,6 @@ def test_generation_hash_changes_with_every_input() -> None:
         model=model,
         system_prompt_sha256="p",
         policy=policy,
-        boot_id="b",
     )
     h0 = generation_hash(**base)  # type: ignore[arg-type]
     variants = [
@@ -120,7 +119,6 @@ def test_generation_hash_changes_with_every_input() -> None:
         {"model": ModelIdentity("m", "a" * 64, "t" * 64, "d" * 64)},
         {"system_prompt_sha256": "q"},
         {"policy": PolicyConfig.named("sink", sinks=4, window=60, evict_chunk=2)},
-        {"boot_id": "c"},
     ]
     hashes = {generation_hash(**{**base, **v}) for v in variants}  # type: ignore[arg-type]
     assert h0 not in hashes and len(hashes) == len(variants)

@@ -53,7 +53,7 @@ class Range(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant")
+    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RESET_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,12 @@ class Receipt(_message.Message):
     SYSTEM_PROMPT_TOKENS_PINNED_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_SHA256_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    STALE_REASON_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_N_SEEN_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     generation: str
     reset_count: int
@@ -98,7 +104,13 @@ class Receipt(_message.Message):
     system_prompt_tokens_pinned: int
     system_prompt_sha256: str
     tenant: str
-    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+    resume: str
+    stale_reason: str
+    snapshot_n_seen: int
+    snapshot_unix_time: float
+    journal_chunks: int
+    journal_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("policy", "sampling", "system_prompt")
@@ -225,20 +237,24 @@ class CloseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class InspectRequest(_message.Message):
-    __slots__ = ("handle", "include_text")
+    __slots__ = ("handle", "include_text", "include_logits")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_LOGITS_FIELD_NUMBER: _ClassVar[int]
     handle: Handle
     include_text: bool
-    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., include_text: _Optional[bool] = ...) -> None: ...
+    include_logits: bool
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., include_text: _Optional[bool] = ..., include_logits: _Optional[bool] = ...) -> None: ...
 
 class InspectResponse(_message.Message):
-    __slots__ = ("receipt", "retained_text")
+    __slots__ = ("receipt", "retained_text", "logits")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     RETAINED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
     receipt: Receipt
     retained_text: str
-    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., retained_text: _Optional[str] = ...) -> None: ...
+    logits: bytes
+    def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., retained_text: _Optional[str] = ..., logits: _Optional[bytes] = ...) -> None: ...
 
 class TraceEvent(_message.Message):
     __slots__ = ("at_token", "evicted_logical", "evicted_cache", "shift_delta", "shifted_cache")
@@ -275,7 +291,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256")
+    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256", "stale_sessions", "snapshots", "snapshot_failures")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     CELLS_IN_USE_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +304,9 @@ class StatsResponse(_message.Message):
     INVARIANT_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    STALE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     max_sessions: int
     cells_in_use: int
@@ -300,7 +319,10 @@ class StatsResponse(_message.Message):
     invariant_violations: int
     model: str
     model_sha256: str
-    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ...) -> None: ...
+    stale_sessions: int
+    snapshots: int
+    snapshot_failures: int
+    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., stale_sessions: _Optional[int] = ..., snapshots: _Optional[int] = ..., snapshot_failures: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "sha256", "loaded", "is_default", "default_sinks", "default_window")

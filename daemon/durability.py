@@ -1,0 +1,284 @@
+"""Durable sessions: the journal, the snapshots and the state directory they live in.
+
+A session's history is its record (created, reset, failed, closed) and its chunks: the sub-batches
+the policy chose, as token ids with their positions. The journal keeps every acknowledged chunk since
+the session's oldest kept snapshot; a snapshot is the sequence's cells, its policy state and its
+next-token logits at one point. Resume restores the newest snapshot that verifies and replays the
+chunks after it through the same policy. Engine thread only, except `open` and `close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from cachepolicy import PolicyConfig, SeqState
+from cachepolicy.sequence import TraceEvent
+from daemon import failpoints, snapshots
+from daemon.journal import Journal, JournalError, SnapshotRow, StoredSession
+from daemon.sessions import Session, SessionState
+
+log = logging.getLogger("sinkd.durability")
+
+# what a session's state was computed under; any difference at resume makes it stale
+GATES = (
+    "model",
+    "model_sha256",
+    "tokenizer_sha256",
+    "template_sha256",
+    "kv_type",
+    "llama_cpp",
+    "n_ctx_seq",
+)
+
+
+def session_record(session: Session, config: dict[str, Any]) -> dict[str, Any]:
+    """What the journal keeps of a session: enough to rebuild it, no text."""
+    return {
+        "policy": session.policy.as_dict(),
+        "sampling": dataclasses.asdict(session.sampling),
+        "system_tokens": list(session.system_tokens),
+        "system_prompt_sha256": session.system_prompt_sha256,
+        "pinned": session.pinned,
+        "reset_count": session.reset_count,
+        "generation": session.generation,
+        "config": config,
+        "failure": session.failure,
+    }
+
+
+def policy_from(d: dict[str, Any]) -> PolicyConfig:
+    return PolicyConfig.named(
+        d["policy"],
+        sinks=d["sinks"],
+        window=d["window"],
+        evict_chunk=d["evict_chunk"],
+        compact_interval=d["compact_interval"],
+    )
+
+
+def gate_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    return [
+        f"{key} was {stored.get(key)!r}, the daemon runs {current.get(key)!r}"
+        for key in GATES
+        if stored.get(key) != current.get(key)
+    ]
+
+
+def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "session": session.id,
+        "tenant": session.tenant,
+        "reset_count": session.reset_count,
+        "generation": session.generation,
+        "config": config,
+        "policy": session.policy.as_dict(),
+        "state": dataclasses.asdict(session.seq.state),
+        "trace": [dataclasses.asdict(e) for e in session.seq.trace],
+        "retained_sinks": list(session.retained.sinks),
+        "retained_window": list(session.retained.window),
+        "sampler_draws": session.sampler.draws,
+        "created": time.time(),
+    }
+
+
+def adopt_snapshot_meta(session: Session, meta: dict[str, Any]) -> None:
+    """Set the policy state, trace, token ledger and sampler from a verified snapshot."""
+    session.seq.state = SeqState(**meta["state"])
+    session.seq.trace.clear()
+    for e in meta["trace"]:
+        session.seq.trace.append(
+            TraceEvent(
+                at_token=e["at_token"],
+                evicted_logical=tuple(e["evicted_logical"]),
+                evicted_cache=tuple(e["evicted_cache"]),
+                shift_delta=e["shift_delta"],
+                shifted_cache=tuple(e["shifted_cache"]) if e["shifted_cache"] else None,
+            )
+        )
+    session.retained.sinks = list(meta["retained_sinks"])
+    session.retained.window = deque(meta["retained_window"])
+    session.sampler.reset()
+    session.sampler.advance(int(meta["sampler_draws"]))
+
+
+class Durability:
+    """The state directory: one lock, one journal, one snapshot folder per session."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        sync: str = "full",
+        every_tokens: int = 512,
+        every_s: float = 300.0,
+        keep: int = 2,
+    ) -> None:
+        self.dir = state_dir
+        self.sync = sync
+        self.every_tokens = every_tokens
+        self.every_s = every_s
+        self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest
+        self.journal: Journal | None = None
+        self._lock_fd: int | None = None
+        self.config: dict[str, Any] = {}
+
+    # --- lifecycle ---
+
+    def open(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.dir / "snapshots").mkdir(exist_ok=True, mode=0o700)
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise JournalError(f"{self.dir} is in use by another sinkd") from None
+        self._lock_fd = fd
+        self.journal = Journal(self.dir / "journal.db", self.sync)
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @property
+    def j(self) -> Journal:
+        assert self.journal is not None, "durability is not open"
+        return self.journal
+
+    def commit(self) -> None:
+        self.j.commit()
+
+    # --- transitions ---
+
+    def put(self, session: Session) -> None:
+        state = "failed" if session.state is SessionState.FAILED else "live"
+        self.j.put_session(
+            session.id, session.tenant, session_record(session, self.config), state, session.failure
+        )
+
+    def created(self, session: Session) -> None:
+        self.put(session)
+        session.snap_time = time.time()
+
+    def reset(self, session: Session) -> None:
+        self.put(session)
+        self._delete_files(self.j.forget_generation(session.id, session.reset_count))
+        self._fresh(session)
+
+    def failed(self, session: Session) -> None:
+        self.put(session)
+        self._delete_files(self.j.forget_generation(session.id, -1))
+        self._fresh(session)
+
+    def closed(self, session: Session) -> None:
+        self._delete_files(self.j.delete_session(session.id))
+        with contextlib.suppress(OSError):
+            (self.dir / "snapshots" / session.id).rmdir()
+
+    def _fresh(self, session: Session) -> None:
+        session.unlogged.clear()
+        session.snap_n_seen = None
+        session.snap_time = time.time()
+        session.logged_since_snap = 0
+        session.log_chunks = session.log_tokens = 0
+
+    def _delete_files(self, paths: list[str]) -> None:
+        for p in paths:
+            with contextlib.suppress(OSError):
+                (self.dir / p).unlink()
+
+    # --- chunks ---
+
+    def log(
+        self, session: Session, logical: int, cache: int, tokens: list[int], draws: int | None
+    ) -> None:
+        self.j.add_chunk(session.id, session.reset_count, logical, cache, tokens, draws)
+        session.log_chunks += 1
+        session.log_tokens += len(tokens)
+        session.logged_since_snap += len(tokens)
+
+    def flush(self, session: Session) -> None:
+        """The session's decoded prefill chunks become part of its durable history."""
+        for logical, cache, tokens in session.unlogged:
+            self.log(session, logical, cache, tokens, None)
+        session.unlogged.clear()
+
+    # --- snapshots ---
+
+    def due(self, session: Session, now: float) -> bool:
+        if session.logged_since_snap == 0 or session.unlogged or now < session.snap_retry_at:
+            return False
+        if session.logged_since_snap >= self.every_tokens:
+            return True
+        return session.snap_time is not None and now - session.snap_time >= self.every_s
+
+    def snapshot(self, session: Session, kv: bytes) -> int:
+        """Write a snapshot of the session as it is now (every decoded chunk logged); prune.
+
+        Returns its size. On failure (disk full, ...) raises SnapshotError and the previous
+        snapshots and the journal are untouched.
+        """
+        n_seen = session.seq.state.n_seen
+        rel = f"snapshots/{session.id}/{session.reset_count}-{n_seen}.snap"
+        path = self.dir / rel
+        path.parent.mkdir(exist_ok=True, mode=0o700)
+        data = snapshots.encode(
+            snapshots.Snapshot(snapshot_meta(session, self.config), kv, session.last_logits)
+        )
+        snapshots.write_atomic(path, data)
+        failpoints.hit("snapshot-before-journal")
+        now = time.time()
+        self.j.add_snapshot(
+            SnapshotRow(session.id, session.reset_count, n_seen, rel, len(data), now)
+        )
+        kept = self.j.snapshots(session.id, session.reset_count)
+        for old in kept[self.keep :]:
+            self.j.drop_snapshot(old)
+            self._delete_files([old.path])
+        kept = kept[: self.keep]
+        if len(kept) >= self.keep:
+            self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
+        self.j.commit()
+        session.snap_n_seen = n_seen
+        session.snap_time = now
+        session.logged_since_snap = 0
+        session.log_chunks, session.log_tokens = self.j.chunk_stats(session.id, session.reset_count)
+        return len(data)
+
+    def sweep(self) -> int:
+        """Delete what a crash left in the snapshot folder: half-written temporaries, snapshots the
+        journal never recorded, folders of sessions it no longer has. Returns how many."""
+        referenced = {
+            row.path
+            for stored in self.j.sessions()
+            for row in self.j.snapshots(stored.id, int(stored.record.get("reset_count", 0)))
+        }
+        removed = 0
+        root = self.dir / "snapshots"
+        for folder in root.iterdir():
+            for f in folder.iterdir() if folder.is_dir() else [folder]:
+                if f"snapshots/{folder.name}/{f.name}" not in referenced:
+                    f.unlink(missing_ok=True)
+                    removed += 1
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty
+        return removed
+
+    def stored(self) -> list[StoredSession]:
+        return self.j.sessions()
+
+    def drop_snapshot(self, row: SnapshotRow) -> None:
+        self.j.drop_snapshot(row)
+        self._delete_files([row.path])

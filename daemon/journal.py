@@ -1,0 +1,285 @@
+"""The write-ahead journal: SQLite in WAL mode, one file in the state directory.
+
+It holds what a session is (its record: tenant, policy, sampling, system prompt tokens, the
+configuration it was made under) and every chunk of token ids it decoded since its oldest kept
+snapshot, with the cache and logical positions the policy gave that chunk. Never text. Every row
+carries a CRC-32 of its content, so a damaged row is found at resume instead of being replayed.
+
+Only the engine thread writes. A row is part of the durable history once `commit` returns; the
+scheduler commits before it replies, so whatever a client was told is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daemon.errors import SinkdError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    record TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    crc INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    n INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    logical_pos INTEGER NOT NULL,
+    cache_pos INTEGER NOT NULL,
+    tokens BLOB NOT NULL,
+    draws INTEGER,
+    crc INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_session ON chunks (session, reset_count, n);
+CREATE TABLE IF NOT EXISTS snapshots (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    n_seen INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (session, reset_count, n_seen)
+);
+"""
+
+
+class JournalError(SinkdError):
+    """The journal cannot be opened or written (the daemon cannot promise durability)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One sub-batch the policy chose: decode `tokens` at `cache_pos` (logical `logical_pos`).
+
+    `draws`: the session sampler's draw count after this chunk's token was sampled from it; None
+    for prefill and for tokens drawn by a per-request sampler.
+    """
+
+    n: int
+    session: str
+    reset_count: int
+    logical_pos: int
+    cache_pos: int
+    tokens: tuple[int, ...]
+    draws: int | None
+    intact: bool = True
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    id: str
+    tenant: str
+    record: dict[str, Any]
+    state: str  # live | failed
+    reason: str
+    intact: bool
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    session: str
+    reset_count: int
+    n_seen: int
+    path: str
+    bytes: int
+    created: float
+
+
+def _tokens_blob(tokens: tuple[int, ...] | list[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def _chunk_crc(
+    session: str, reset_count: int, logical: int, cache: int, blob: bytes, draws: int | None
+) -> int:
+    head = f"{session}|{reset_count}|{logical}|{cache}|{draws}|".encode()
+    return zlib.crc32(blob, zlib.crc32(head))
+
+
+def _session_crc(session_id: str, tenant: str, record: str, state: str, reason: str) -> int:
+    return zlib.crc32(f"{session_id}|{tenant}|{state}|{reason}|{record}".encode())
+
+
+class Journal:
+    def __init__(self, path: Path, sync: str = "full") -> None:
+        if sync not in ("full", "normal"):
+            raise JournalError(f"sync: must be 'full' or 'normal', got {sync!r}")
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level="DEFERRED")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # full: every commit is fsynced (survives power loss); normal: survives a process crash
+            self._db.execute(f"PRAGMA synchronous={sync.upper()}")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise JournalError(f"{path}: schema {row[0]}, this sinkd reads {SCHEMA_VERSION}")
+            self._db.commit()
+        except sqlite3.DatabaseError as e:
+            raise JournalError(f"{path}: {e}") from e
+
+    def close(self) -> None:
+        self._db.close()
+
+    def commit(self) -> None:
+        if self._db.in_transaction:
+            self._db.commit()
+
+    # --- sessions ---
+
+    def put_session(
+        self,
+        session_id: str,
+        tenant: str,
+        record: dict[str, Any],
+        state: str = "live",
+        reason: str = "",
+    ) -> None:
+        text = json.dumps(record, sort_keys=True)
+        self._db.execute(
+            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                tenant,
+                text,
+                state,
+                reason,
+                _session_crc(session_id, tenant, text, state, reason),
+            ),
+        )
+
+    def forget_generation(self, session_id: str, keep_reset_count: int | None) -> list[str]:
+        """Drop chunks and snapshot rows of every other generation; returns snapshot paths to delete."""
+        if keep_reset_count is None:
+            rows = self._db.execute("SELECT path FROM snapshots WHERE session=?", (session_id,))
+            paths = [r[0] for r in rows]
+            self._db.execute("DELETE FROM chunks WHERE session=?", (session_id,))
+            self._db.execute("DELETE FROM snapshots WHERE session=?", (session_id,))
+            return paths
+        rows = self._db.execute(
+            "SELECT path FROM snapshots WHERE session=? AND reset_count<>?",
+            (session_id, keep_reset_count),
+        )
+        paths = [r[0] for r in rows]
+        self._db.execute(
+            "DELETE FROM chunks WHERE session=? AND reset_count<>?", (session_id, keep_reset_count)
+        )
+        self._db.execute(
+            "DELETE FROM snapshots WHERE session=? AND reset_count<>?",
+            (session_id, keep_reset_count),
+        )
+        return paths
+
+    def delete_session(self, session_id: str) -> list[str]:
+        paths = self.forget_generation(session_id, None)
+        self._db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
+        return paths
+
+    def sessions(self) -> list[StoredSession]:
+        out = []
+        for sid, tenant, text, state, reason, crc in self._db.execute(
+            "SELECT id, tenant, record, state, reason, crc FROM sessions ORDER BY rowid"
+        ):
+            intact = crc == _session_crc(sid, tenant, text, state, reason)
+            try:
+                record = json.loads(text) if intact else {}
+            except ValueError:
+                record, intact = {}, False
+            out.append(StoredSession(sid, tenant, record, state, reason, intact))
+        return out
+
+    # --- chunks ---
+
+    def add_chunk(
+        self,
+        session_id: str,
+        reset_count: int,
+        logical_pos: int,
+        cache_pos: int,
+        tokens: list[int],
+        draws: int | None,
+    ) -> None:
+        blob = _tokens_blob(tokens)
+        self._db.execute(
+            "INSERT INTO chunks (session, reset_count, logical_pos, cache_pos, tokens, draws, crc)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                reset_count,
+                logical_pos,
+                cache_pos,
+                blob,
+                draws,
+                _chunk_crc(session_id, reset_count, logical_pos, cache_pos, blob, draws),
+            ),
+        )
+
+    def chunks(self, session_id: str, reset_count: int, from_logical: int = 0) -> Iterator[Chunk]:
+        """The session's chunks of this generation whose first token is at or after `from_logical`."""
+        rows = self._db.execute(
+            "SELECT n, logical_pos, cache_pos, tokens, draws, crc FROM chunks"
+            " WHERE session=? AND reset_count=? AND logical_pos>=? ORDER BY n",
+            (session_id, reset_count, from_logical),
+        )
+        for n, logical, cache, blob, draws, crc in rows:
+            intact = isinstance(blob, bytes) and crc == _chunk_crc(
+                session_id, reset_count, logical, cache, blob, draws
+            )
+            tokens = tuple(int(t) for t in np.frombuffer(blob, dtype="<i4")) if intact else ()
+            yield Chunk(n, session_id, reset_count, logical, cache, tokens, draws, intact)
+
+    def chunk_stats(self, session_id: str, reset_count: int) -> tuple[int, int]:
+        """(chunks, tokens) the journal holds for this generation."""
+        n, size = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(tokens)), 0) FROM chunks"
+            " WHERE session=? AND reset_count=?",
+            (session_id, reset_count),
+        ).fetchone()
+        return int(n), int(size) // 4
+
+    def drop_chunks_before(self, session_id: str, reset_count: int, logical_pos: int) -> None:
+        """Chunks wholly before `logical_pos` are covered by every kept snapshot: not needed."""
+        self._db.execute(
+            "DELETE FROM chunks WHERE session=? AND reset_count=? AND logical_pos<?",
+            (session_id, reset_count, logical_pos),
+        )
+
+    # --- snapshots ---
+
+    def add_snapshot(self, row: SnapshotRow) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?, ?)",
+            (row.session, row.reset_count, row.n_seen, row.path, row.bytes, row.created),
+        )
+
+    def snapshots(self, session_id: str, reset_count: int) -> list[SnapshotRow]:
+        """Newest first."""
+        rows = self._db.execute(
+            "SELECT session, reset_count, n_seen, path, bytes, created FROM snapshots"
+            " WHERE session=? AND reset_count=? ORDER BY n_seen DESC",
+            (session_id, reset_count),
+        )
+        return [SnapshotRow(*r) for r in rows]
+
+    def drop_snapshot(self, row: SnapshotRow) -> None:
+        self._db.execute(
+            "DELETE FROM snapshots WHERE session=? AND reset_count=? AND n_seen=?",
+            (row.session, row.reset_count, row.n_seen),
+        )

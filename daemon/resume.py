@@ -1,0 +1,243 @@
+"""Resume at start: every stored session comes back exactly, or comes back stale with a reason.
+
+For each session in the journal: its record must verify (checksum) and have been made under this
+daemon's configuration (model, tokenizer, template, KV dtype, llama.cpp, cells per sequence) and
+recompute to its generation hash. Then the newest snapshot that verifies is restored into a free
+sequence and the journal's chunks after it are replayed through the same policy, one sub-batch each,
+exactly as they were decoded. A damaged snapshot is dropped and the previous one tried, with a
+longer replay; a damaged or missing chunk means the history cannot be rebuilt: the session is stale,
+never loaded with a state it did not have. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cachepolicy import CacheSequence, PolicyConfig
+from daemon import snapshots
+from daemon.durability import Durability, adopt_snapshot_meta, gate_differences, policy_from
+from daemon.engine import Engine, Sampler, SamplingParams
+from daemon.errors import SinkdError
+from daemon.journal import SnapshotRow, StoredSession
+from daemon.metrics import Metrics
+from daemon.scheduler import CorruptHistory, Scheduler
+from daemon.sessions import ModelIdentity, Registry, Session, SessionState
+
+log = logging.getLogger("sinkd.resume")
+
+
+class Unrestorable(Exception):
+    """This stored session cannot be brought back exactly; the message says why."""
+
+
+class Resumer:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        durability: Durability,
+        registry: Registry,
+        identity: ModelIdentity,
+        max_sessions: Callable[[], int],
+        metrics: Metrics,
+    ) -> None:
+        self.scheduler = scheduler
+        self.durability = durability
+        self.registry = registry
+        self.identity = identity
+        self.max_sessions = max_sessions
+        self.metrics = metrics
+
+    def run(self, engine: Engine) -> None:
+        for stored in self.durability.stored():
+            try:
+                session = self._build(stored)
+            except Unrestorable as e:
+                self._stale(stored, str(e))
+                continue
+            if session.state is SessionState.FAILED:
+                self._admit(engine, session)
+                continue
+            try:
+                self._admit(engine, session)
+                self._restore(engine, session)
+            except Unrestorable as e:
+                if session.seq_id >= 0:
+                    engine.release_seq(session.seq_id)
+                self.registry.remove(session.id)
+                self._stale(stored, str(e))
+                continue
+            self.metrics.resumed_sessions.inc()
+            log.info("session %s resumed: %s", session.id, session.resume)
+        self.durability.commit()
+        swept = self.durability.sweep()
+        if swept:
+            log.info("removed %d snapshot files left by an interrupted write", swept)
+
+    def _build(self, stored: StoredSession) -> Session:
+        if not stored.intact:
+            raise Unrestorable("its journal record is damaged (checksum mismatch)")
+        r = stored.record
+        differences = gate_differences(r["config"], self.durability.config)
+        if differences:
+            raise Unrestorable("made under another configuration: " + "; ".join(differences))
+        try:
+            policy = policy_from(r["policy"])
+            sampling = SamplingParams(**r["sampling"])
+        except (SinkdError, TypeError, KeyError) as e:
+            raise Unrestorable(f"its stored policy or sampling is not valid here: {e}") from None
+        session = Session(
+            id=stored.id,
+            tenant=stored.tenant,
+            seq_id=-1,
+            policy=policy,
+            seq=CacheSequence(policy),
+            sampling=sampling,
+            sampler=Sampler(sampling),
+            model=self.identity,
+            system_tokens=list(r["system_tokens"]),
+            system_prompt_sha256=r["system_prompt_sha256"],
+            pinned=r["pinned"],
+            reset_count=r["reset_count"],
+        )
+        if session.generation != r["generation"]:
+            raise Unrestorable("its generation hash does not recompute from its record")
+        if stored.state == "failed":
+            session.state = SessionState.FAILED
+            session.failure = stored.reason
+            session.resume = "failed before the restart (reset or close it)"
+        return session
+
+    def _admit(self, engine: Engine, session: Session) -> None:
+        if len(self.registry) >= self.max_sessions():
+            raise Unrestorable(f"no free sequence: this daemon admits {self.max_sessions()}")
+        try:
+            engine.check_policy(session.policy)
+        except SinkdError as e:
+            raise Unrestorable(f"its policy does not fit this daemon: {e}") from None
+        session.seq_id = engine.acquire_seq()
+        engine.clear(session.seq_id)
+        self.registry.add(session)
+
+    def _restore(self, engine: Engine, session: Session) -> None:
+        d = self.durability
+        skipped: list[str] = []
+        base = None
+        for row in d.j.snapshots(session.id, session.reset_count):
+            try:
+                self._load_snapshot(engine, session, row)
+                base = row
+                break
+            except (snapshots.CorruptSnapshot, Unrestorable) as e:
+                log.warning(
+                    "session %s: snapshot at token %d unusable: %s", session.id, row.n_seen, e
+                )
+                skipped.append(f"snapshot at token {row.n_seen} unusable ({e})")
+                d.drop_snapshot(row)
+                self._empty(engine, session)
+        replayed = self._replay(session)
+        session.pending_prefix = [] if session.seq.state.n_seen else list(session.system_tokens)
+        if not self.scheduler._check(session):
+            raise Unrestorable(f"the restored cache failed its check: {session.failure}")
+        session.state = SessionState.IDLE
+        head = (
+            f"snapshot at token {base.n_seen} + {replayed} chunks replayed"
+            if base
+            else f"{replayed} chunks replayed from the journal"
+        )
+        session.resume = "; ".join([head, *skipped])
+        session.snap_n_seen = base.n_seen if base else None
+        session.snap_time = base.created if base else None
+        session.log_chunks, session.log_tokens = d.j.chunk_stats(session.id, session.reset_count)
+        session.logged_since_snap = session.seq.state.n_seen - (base.n_seen if base else 0)
+
+    def _load_snapshot(self, engine: Engine, session: Session, row: SnapshotRow) -> None:
+        snap = snapshots.read(self.durability.dir / Path(row.path))
+        meta: dict[str, Any] = snap.meta
+        expected = {
+            "session": session.id,
+            "reset_count": session.reset_count,
+            "generation": session.generation,
+        }
+        for key, value in expected.items():
+            if meta.get(key) != value:
+                raise Unrestorable(f"it belongs to another {key}")
+        differences = gate_differences(meta.get("config", {}), self.durability.config)
+        if differences:
+            raise Unrestorable("made under another configuration: " + "; ".join(differences))
+        if meta["state"]["n_seen"] != row.n_seen:
+            raise Unrestorable("its token count disagrees with the journal")
+        try:
+            engine.restore_seq(session.seq_id, snap.kv)
+        except SinkdError as e:
+            raise Unrestorable(str(e)) from None
+        adopt_snapshot_meta(session, meta)
+        session.last_logits = snap.logits
+        if engine.cell_count(session.seq_id) != session.seq.retained:
+            raise Unrestorable("its cells disagree with its policy state")
+
+    def _empty(self, engine: Engine, session: Session) -> None:
+        engine.clear(session.seq_id)
+        session.seq.reset()
+        session.retained = type(session.retained)(session.policy.sinks)
+        session.sampler.reset()
+        session.last_logits = None
+
+    def _replay(self, session: Session) -> int:
+        n = 0
+        for chunk in self.durability.j.chunks(session.id, session.reset_count, 0):
+            at = session.seq.state.n_seen
+            if chunk.logical_pos < at:
+                continue  # before the snapshot
+            if not chunk.intact:
+                raise Unrestorable(f"journal chunk #{chunk.n} is damaged (checksum mismatch)")
+            if chunk.logical_pos != at:
+                raise Unrestorable(
+                    f"the journal resumes at token {chunk.logical_pos}, the session is at {at}"
+                    " (its history before that was pruned and no snapshot covers it)"
+                )
+            try:
+                self.scheduler.replay(session, list(chunk.tokens), chunk.cache_pos)
+            except (CorruptHistory, SinkdError) as e:
+                raise Unrestorable(f"journal chunk #{chunk.n} does not replay: {e}") from None
+            if chunk.draws is not None:
+                session.sampler.reset()
+                session.sampler.advance(chunk.draws)
+            n += 1
+        return n
+
+    def _stale(self, stored: StoredSession, why: str) -> None:
+        log.warning("session %s is stale: %s", stored.id, why)
+        self.metrics.stale_sessions.inc()
+        session = _stale_session(stored, self.identity, why)
+        self.registry.add(session)
+
+
+def _stale_session(stored: StoredSession, identity: ModelIdentity, why: str) -> Session:
+    """A placeholder the owner can list and close: no sequence, no cells, every other call refused."""
+    r = stored.record
+    try:
+        policy = policy_from(r["policy"])
+    except (KeyError, TypeError, SinkdError):
+        policy = PolicyConfig.named("full", sinks=0, window=1)
+    session = Session(
+        id=stored.id,
+        tenant=stored.tenant,
+        seq_id=-1,
+        policy=policy,
+        seq=CacheSequence(policy),
+        sampling=None,
+        sampler=None,
+        model=identity,
+        system_tokens=[],
+        system_prompt_sha256=str(r.get("system_prompt_sha256", "")),
+        pinned=0,
+        reset_count=int(r.get("reset_count", 0)),
+    )
+    session.generation = str(r.get("generation", ""))
+    session.state = SessionState.STALE
+    session.failure = why
+    session.resume = "stale"
+    return session

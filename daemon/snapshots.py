@@ -1,0 +1,101 @@
+"""Snapshot files: one session's KV cells, policy state and next-token logits, checksummed.
+
+Layout: magic, format version, metadata length, JSON metadata, the llama.cpp sequence image, the
+logits (float32), then the SHA-256 of everything before it. Written to a temporary name, fsynced,
+renamed, and the directory fsynced: a reader sees a whole snapshot or none, and a torn or damaged
+one fails its checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daemon import failpoints
+from daemon.errors import SinkdError
+
+MAGIC = b"SINKDSNP"
+VERSION = 1
+_HEAD = struct.Struct("<8sII")
+_DIGEST = 32
+
+
+class SnapshotError(SinkdError):
+    """A snapshot could not be written (the previous one stays in place)."""
+
+
+class CorruptSnapshot(SinkdError):
+    """A snapshot file is truncated, damaged or not a snapshot."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    meta: dict[str, Any]
+    kv: bytes
+    logits: np.ndarray | None
+
+
+def encode(snapshot: Snapshot) -> bytes:
+    logits = b"" if snapshot.logits is None else snapshot.logits.astype("<f4").tobytes()
+    meta = dict(snapshot.meta, kv_bytes=len(snapshot.kv), logits_bytes=len(logits))
+    meta_bytes = json.dumps(meta, sort_keys=True).encode()
+    body = _HEAD.pack(MAGIC, VERSION, len(meta_bytes)) + meta_bytes + snapshot.kv + logits
+    return body + hashlib.sha256(body).digest()
+
+
+def decode(data: bytes) -> Snapshot:
+    if len(data) < _HEAD.size + _DIGEST:
+        raise CorruptSnapshot(f"{len(data)} bytes: shorter than a snapshot header")
+    body, digest = data[:-_DIGEST], data[-_DIGEST:]
+    if hashlib.sha256(body).digest() != digest:
+        raise CorruptSnapshot("checksum mismatch (truncated or damaged)")
+    magic, version, meta_len = _HEAD.unpack_from(body)
+    if magic != MAGIC or version != VERSION:
+        raise CorruptSnapshot(f"not a version-{VERSION} sinkd snapshot")
+    meta = json.loads(body[_HEAD.size : _HEAD.size + meta_len])
+    start = _HEAD.size + meta_len
+    kv = body[start : start + meta["kv_bytes"]]
+    raw = body[start + meta["kv_bytes"] :]
+    if len(kv) != meta["kv_bytes"] or len(raw) != meta["logits_bytes"]:
+        raise CorruptSnapshot("section lengths disagree with the metadata")
+    logits = np.frombuffer(raw, dtype="<f4").astype(np.float32) if raw else None
+    return Snapshot(meta, kv, logits)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that `path` holds either its old content or all of `data`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        failpoints.hit("snapshot-before-rename")
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SnapshotError(f"writing {path.name}: {e.strerror or e}") from e
+
+
+def read(path: Path) -> Snapshot:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CorruptSnapshot(f"{path.name}: {e.strerror or e}") from e
+    return decode(data)

@@ -1,0 +1,339 @@
+"""Durable sessions: journal and snapshot formats, then restarts of a real daemon on SmolLM2.
+
+A restarted daemon must give each session the same next-token logits (bit for bit) and the same
+greedy continuation as a twin daemon that never stopped; damage falls back or goes stale, never to a
+wrong state.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from daemon import snapshots
+from daemon.durability import Durability
+from daemon.engine import Sampler, SamplingParams
+from daemon.journal import Journal, JournalError
+from daemon.server import Daemon
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from tests.conftest import TEXT
+from tests.test_daemon import ALICE, BOB, Client, code_of, settings
+
+# --- formats (no model) ---
+
+
+@pytest.mark.unit
+def test_snapshot_roundtrip_and_damage_is_detected(tmp_path: Path) -> None:
+    logits = np.linspace(-3, 3, 1000, dtype=np.float32)
+    snap = snapshots.Snapshot({"session": "s_1", "state": {"n_seen": 7}}, b"\x01\x02" * 500, logits)
+    data = snapshots.encode(snap)
+    back = snapshots.decode(data)
+    assert back.meta["session"] == "s_1" and back.kv == snap.kv
+    assert back.logits is not None and np.array_equal(back.logits, logits)
+    for bad in (data[:-1], data[: len(data) // 2], b"", data[:40]):
+        with pytest.raises(snapshots.CorruptSnapshot):
+            snapshots.decode(bad)
+    flipped = bytearray(data)
+    flipped[100] ^= 0x10
+    with pytest.raises(snapshots.CorruptSnapshot, match="checksum"):
+        snapshots.decode(bytes(flipped))
+
+
+@pytest.mark.unit
+def test_disk_full_while_writing_keeps_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.snap"
+    snapshots.write_atomic(path, b"old snapshot")
+    real_write = os.write
+    written = 0
+
+    def full_disk(fd: int, data: Any) -> int:
+        nonlocal written
+        if written > 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data[:1024]))
+        written += n
+        return n
+
+    monkeypatch.setattr(snapshots.os, "write", full_disk)
+    with pytest.raises(snapshots.SnapshotError, match="No space left"):
+        snapshots.write_atomic(path, b"x" * 100_000)
+    assert path.read_bytes() == b"old snapshot"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.snap"]  # no temporary left behind
+
+
+@pytest.mark.unit
+def test_journal_is_wal_and_damaged_rows_are_reported(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.db")
+    assert j._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    j.put_session("s_1", "alice", {"reset_count": 0})
+    j.add_chunk("s_1", 0, 0, 0, [1, 2, 3], None)
+    j.add_chunk("s_1", 0, 3, 3, [4], 1)
+    j.commit()
+    j.close()
+    db = sqlite3.connect(tmp_path / "j.db")  # bit rot in one chunk and in the record
+    db.execute("UPDATE chunks SET tokens=? WHERE logical_pos=3", (np.int32(5).tobytes(),))
+    db.execute("UPDATE sessions SET tenant='bob'")
+    db.commit()
+    db.close()
+    j = Journal(tmp_path / "j.db")
+    first, second = j.chunks("s_1", 0)
+    assert first.intact and first.tokens == (1, 2, 3) and not second.intact
+    (stored,) = j.sessions()
+    assert not stored.intact
+
+
+@pytest.mark.unit
+def test_one_daemon_per_state_directory(tmp_path: Path) -> None:
+    a = Durability(tmp_path / "state")
+    a.open({})
+    b = Durability(tmp_path / "state")
+    with pytest.raises(JournalError, match="in use by another sinkd"):
+        b.open({})
+    a.close()
+    b.open({})  # free once the first is gone (a killed process releases its lock too)
+    b.close()
+
+
+@pytest.mark.unit
+def test_a_sampler_restored_from_its_draw_count_continues_the_same_stream() -> None:
+    params = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
+    rng = np.random.default_rng(0)
+    rows = [rng.normal(0, 2, 500).astype(np.float32) for _ in range(12)]
+    live = Sampler(params)
+    tokens = [live.sample_logits(r) for r in rows]
+    restored = Sampler(params, draws=6)
+    assert [restored.sample_logits(r) for r in rows[6:]] == tokens[6:]
+    assert restored.draws == live.draws == 12
+    assert len(set(tokens)) > 3  # it really samples
+
+
+# --- a real daemon, restarted ---
+
+pytestmark_model = pytest.mark.model
+DURABLE = {"snapshot_every_tokens": 48, "max_sessions": 4}
+
+
+def logits(c: Client, h: pb.Handle, md: Any = ALICE) -> np.ndarray:
+    r = c.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=md)
+    return np.frombuffer(r.logits, dtype="<f4")
+
+
+def receipt(c: Client, h: pb.Handle, md: Any = ALICE) -> pb.Receipt:
+    return c.inspect(h, md=md).receipt
+
+
+class Run:
+    """A daemon on one state directory that can be stopped and started again."""
+
+    def __init__(self, tmp: Path, **kw: Any) -> None:
+        self.tmp, self.kw = tmp, {**DURABLE, **kw}
+        self.d: Daemon | None = None
+
+    def start(self, **kw: Any) -> Client:
+        self.d = Daemon(settings(self.tmp, **{**self.kw, **kw}))
+        self.d.start()
+        self.d.wait_ready(120)
+        return Client(self.d.addresses[0])
+
+    def stop(self) -> None:
+        assert self.d is not None
+        self.d.stop()
+
+    def crash(self) -> None:
+        """Stop without the clean-shutdown snapshots: what the journal holds is all there is."""
+        assert self.d is not None
+        durability = self.d.service.scheduler.durability
+        self.d.service.scheduler.durability = None  # nothing more reaches the state directory
+        self.d.stop()
+        assert durability is not None
+        durability.close()  # as the kernel would release the lock of a killed process
+
+    @property
+    def state(self) -> Path:
+        return self.tmp / "state"
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Run]:
+    r = Run(tmp_path)
+    yield r
+    if r.d is not None:
+        r.d.stop()
+
+
+def workload(c: Client, h: pb.Handle, part: int) -> list[int]:
+    """Appends and greedy generations that overflow a 4+60 window several times."""
+    c.append(h, TEXT[part * 300 : part * 300 + 300])
+    ids, _ = c.generate(h, n=6)
+    return ids
+
+
+def twin(tmp: Path, parts: int, **policy: Any) -> tuple[np.ndarray, list[int]]:
+    """The same workload on a daemon that never stops: final logits and the next 8 greedy tokens."""
+    r = Run(tmp)
+    c = r.start()
+    h = c.create(system="You are a ship's log.", **policy).handle
+    for part in range(parts):
+        workload(c, h, part)
+    out = logits(c, h), c.generate(h, n=8)[0]
+    r.stop()
+    return out
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-stop", "crash"])
+def test_a_restarted_session_matches_one_that_never_stopped(
+    run: Run, tmp_path: Path, crash: bool
+) -> None:
+    want_logits, want_next = twin(tmp_path / "twin", 4)
+    c = run.start()
+    h = c.create(system="You are a ship's log.").handle
+    for part in range(4):
+        workload(c, h, part)
+        if part in (1, 2):  # a restart between parts: later parts build on the resumed state
+            seen = receipt(c, h).n_seen
+            run.crash() if crash else run.stop()
+            c = run.start()
+            r = receipt(c, h)
+            assert r.n_seen == seen and r.state == "idle"
+            assert ("+ 0 chunks" in r.resume) != crash  # a clean stop snapshots everything
+    assert receipt(c, h).evictions > 3
+    assert np.array_equal(logits(c, h), want_logits)  # bit for bit
+    assert c.generate(h, n=8)[0] == want_next
+
+
+@pytest.mark.model
+def test_damaged_snapshots_fall_back_then_go_stale_never_wrong(run: Run, tmp_path: Path) -> None:
+    want_logits, _ = twin(tmp_path / "twin", 3)
+    c = run.start()
+    h = c.create(system="You are a ship's log.").handle
+    for part in range(3):
+        workload(c, h, part)
+    r = receipt(c, h)
+    assert r.snapshot_n_seen > 0 and r.journal_chunks > 0
+    run.crash()
+    snaps = sorted((run.state / "snapshots" / h.session_id).iterdir(), key=os.path.getmtime)
+    assert len(snaps) == 2  # the newest and the previous are kept
+    newest = snaps[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    c = run.start()
+    r = receipt(c, h)
+    assert "unusable" in r.resume and "checksum" in r.resume  # reported
+    assert np.array_equal(logits(c, h), want_logits)  # the previous one plus a longer replay
+    run.crash()
+    for snap in (run.state / "snapshots" / h.session_id).iterdir():
+        data = bytearray(snap.read_bytes())
+        data[len(data) // 3] ^= 0xFF  # bit rot in every snapshot: the journal was pruned below them
+        snap.write_bytes(bytes(data))
+    c = run.start()
+    err = code_of(lambda: c.inspect(h))
+    assert err == grpc.StatusCode.FAILED_PRECONDITION
+    (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+    assert listed.state == "stale" and "pruned" in listed.stale_reason
+    c.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)  # the owner can delete it
+    assert not c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+    assert not (run.state / "snapshots" / h.session_id).exists()
+
+
+@pytest.mark.model
+def test_a_damaged_journal_chunk_makes_the_session_stale(run: Run) -> None:
+    c = run.start(snapshot_every_tokens=10_000)
+    h = c.create().handle
+    workload(c, h, 0)
+    run.crash()
+    db = sqlite3.connect(run.state / "journal.db")
+    db.execute("UPDATE chunks SET cache_pos = cache_pos + 1 WHERE n = (SELECT MAX(n) FROM chunks)")
+    db.commit()
+    db.close()
+    c = run.start()
+    (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+    assert listed.state == "stale" and "damaged" in listed.stale_reason
+    assert code_of(lambda: c.append(h, "more")) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.model
+def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> None:
+    c = run.start()
+    h = c.create().handle
+    workload(c, h, 0)
+    seen = receipt(c, h).n_seen
+    run.stop()
+    for change, words in (
+        ({"model": "gemma3-270m"}, "model_sha256 was"),
+        ({"n_ctx_seq": 512}, "n_ctx_seq was 256"),
+    ):
+        c = run.start(**change)
+        calls = (lambda: c.inspect(h), lambda: c.append(h, "x"), lambda: c.generate(h, 2))  # noqa: B023
+        for call in calls:
+            assert code_of(call) == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.RpcError) as err:
+            c.inspect(h)
+        assert words in err.value.details()
+        (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+        assert listed.state == "stale" and words in listed.stale_reason
+        assert not c.s.List(pb.ListSessionsRequest(), metadata=BOB).sessions  # owner only
+        stats = c.admin.Stats(pb.StatsRequest(), metadata=[("authorization", "Bearer admin-token")])
+        assert stats.sessions == 0 and stats.stale_sessions == 1  # it holds no sequence
+        run.stop()
+    c = run.start()  # back on the configuration it was made under: it resumes
+    assert receipt(c, h).n_seen == seen and receipt(c, h).state == "idle"
+
+
+@pytest.mark.model
+def test_disk_full_during_a_snapshot_keeps_the_previous_one_usable(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want_logits, want_next = twin(tmp_path / "twin", 3)
+    c = run.start()
+    h = c.create(system="You are a ship's log.").handle
+    workload(c, h, 0)
+    workload(c, h, 1)
+    before = receipt(c, h).snapshot_n_seen
+    assert before > 0
+
+    def no_space(*_: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(snapshots.os, "write", no_space)
+    workload(c, h, 2)  # snapshots fall due and fail; appends and generations go on
+    assert run.d is not None and run.d.service.metrics.count("snapshot_failures") > 0
+    assert receipt(c, h).snapshot_n_seen == before
+    run.crash()
+    assert not [p for p in (run.state / "snapshots").rglob("*") if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    c = run.start()
+    assert f"snapshot at token {before}" in receipt(c, h).resume
+    assert np.array_equal(logits(c, h), want_logits)
+    assert c.generate(h, n=8)[0] == want_next
+
+
+@pytest.mark.model
+def test_reset_fork_and_close_are_durable(run: Run) -> None:
+    c = run.start()
+    parent = c.create().handle
+    workload(c, parent, 0)
+    child = c.s.Fork(pb.HandleRequest(handle=parent), metadata=ALICE).handle
+    child_logits = logits(c, child)
+    workload(c, child, 1)
+    child_after = logits(c, child)
+    reset = c.s.Reset(pb.HandleRequest(handle=parent), metadata=ALICE).handle
+    gone = c.create().handle
+    c.s.Close(pb.HandleRequest(handle=gone), metadata=ALICE)
+    run.crash()
+    c = run.start()
+    assert not np.array_equal(child_logits, child_after)
+    assert np.array_equal(logits(c, child), child_after)
+    assert receipt(c, reset).n_seen == 0
+    assert code_of(lambda: c.inspect(parent)) == grpc.StatusCode.FAILED_PRECONDITION  # old handle
+    assert code_of(lambda: c.inspect(gone)) == grpc.StatusCode.NOT_FOUND
+    assert not (run.state / "snapshots" / gone.session_id).exists()
