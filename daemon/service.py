@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from daemon.sessions import (
     new_session_id,
 )
 
+log = logging.getLogger("sinkd.service")
 MAX_GENERATE_TOKENS = 4096
 
 
@@ -437,7 +439,10 @@ class SinkdService:
         engine = self.scheduler.engine
         self.scheduler.cancel_session_jobs(session, Cancelled("the session was closed"))
         if self.durability is not None:
-            self._journal(self.durability.closed, session)
+            try:
+                self._journal(self.durability.closed, session)
+            except ResourceExhausted as e:  # it is closed now; the next start may resume it
+                log.error("session %s closed, but the journal kept it: %s", session.id, e)
         session.state = SessionState.CLOSED
         self.registry.remove(session.id)
         if engine is not None and session.seq_id >= 0:

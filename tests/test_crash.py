@@ -1,0 +1,266 @@
+"""kill -9 the daemon during appends, during generations and inside snapshot writes, many times.
+
+A reference daemon that never crashes runs the same scripted workload first and records each
+session's next-token logits at every acknowledgement. Then `sinkd serve` runs it as a subprocess
+and is killed again and again; after each restart, for every session: every acknowledged token is
+there, the session sits exactly at one of the reference's acknowledgement points, and its logits
+equal the reference's there, bit for bit. The clients then carry on from where the daemon stands.
+
+SINKD_CRASH_KILLS sets how many kills (default 8, plus the two snapshot crash points).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from daemon.server import Daemon
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.conftest import TEXT
+from tests.test_daemon import ALICE, settings
+
+pytestmark = pytest.mark.model
+
+POLICIES = [
+    pb.Policy(name="sink", sinks=4, window=60, evict_chunk=16),
+    pb.Policy(name="window", window=64, evict_chunk=8),
+    pb.Policy(name="sink", sinks=4, window=60, evict_chunk=4, compact_interval=12),
+]
+ROUNDS, GEN = 8, 6
+ENGINE = {"n_ctx_seq": 256, "max_sessions": 4, "step_tokens": 64, "snapshot_every_tokens": 24}
+
+
+def text_of(i: int, rnd: int) -> str:
+    start = (i * 7 + rnd * 3) * 37 % (len(TEXT) - 240)
+    return TEXT[start : start + 240]
+
+
+@dataclass
+class Point:
+    """One acknowledgement in the reference run: where the session stands after it."""
+
+    rnd: int
+    generated: int  # tokens generated in this round so far (0: just after the append)
+    done: bool  # this round's generation is over (max tokens or end of generation)
+    token: int | None = None  # the token acknowledged here, if it was a generated one
+
+
+@dataclass
+class Reference:
+    logits: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    points: dict[tuple[int, int], Point] = field(default_factory=dict)
+    start: dict[int, int] = field(default_factory=dict)  # n_seen after create
+
+
+def run_reference(tmp: Path) -> Reference:
+    ref = Reference()
+    d = Daemon(settings(tmp, **ENGINE))
+    d.start()
+    d.wait_ready(120)
+    s = pb_grpc.SessionsStub(grpc.insecure_channel(d.addresses[0]))
+
+    def logits(h: pb.Handle) -> np.ndarray:
+        r = s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+        return np.frombuffer(r.logits, dtype="<f4").copy()
+
+    for i, policy in enumerate(POLICIES):
+        h = s.Create(pb.CreateSessionRequest(policy=policy), metadata=ALICE).handle
+        seen = s.Inspect(pb.InspectRequest(handle=h), metadata=ALICE).receipt.n_seen
+        ref.start[i] = seen
+        for rnd in range(ROUNDS):
+            seen = s.Append(pb.AppendRequest(handle=h, text=text_of(i, rnd)), metadata=ALICE)
+            seen = seen.receipt.n_seen
+            ref.points[i, seen] = Point(rnd, 0, False)
+            ref.logits[i, seen] = logits(h)
+            for g in range(1, GEN + 1):  # one token per call: the same sub-batches as one call
+                events = list(
+                    s.Generate(pb.GenerateRequest(handle=h, max_tokens=1), metadata=ALICE)
+                )
+                token, done = events[0].token.id, events[-1].done
+                seen += 1
+                eog = done.reason == "eog"
+                ref.points[i, seen] = Point(rnd, g, g == GEN or eog, token)
+                ref.logits[i, seen] = logits(h)
+                if eog:
+                    break
+    d.stop()
+    return ref
+
+
+class Daemonproc:
+    def __init__(self, tmp: Path) -> None:
+        self.sock = tmp / "d.sock"
+        self.env = dict(
+            os.environ,
+            SINKD_STATE_DIR=str(tmp / "state"),
+            **{f"SINKD_{k.upper()}": str(v) for k, v in ENGINE.items()},
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, failpoint: str = "") -> None:
+        env = dict(self.env, SINKD_FAILPOINT=failpoint)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "serve", "--socket", str(self.sock)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"unix:{self.sock}"))
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.1)
+        self.proc.kill()
+        raise AssertionError(self.proc.stderr.read().decode() if self.proc.stderr else "")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stub(self) -> Any:
+        return pb_grpc.SessionsStub(grpc.insecure_channel(f"unix:{self.sock}"))
+
+
+class Client:
+    """One session's scripted workload; `acked` is the n_seen every acknowledgement vouches for."""
+
+    def __init__(self, i: int, handle: pb.Handle, ref: Reference, acked: int) -> None:
+        self.i, self.handle, self.ref = i, handle, ref
+        self.acked = acked
+        self.in_append = threading.Event()
+        self.in_generate = threading.Event()
+        self.finished = False
+
+    def next_op(self, seen: int) -> tuple[str, int, int]:
+        """Where the script goes from n_seen: ("append", round, 0) or ("generate", round, n)."""
+        if seen == self.ref.start[self.i]:
+            return "append", 0, 0
+        p = self.ref.points[self.i, seen]
+        if p.done:
+            return ("append", p.rnd + 1, 0) if p.rnd + 1 < ROUNDS else ("end", ROUNDS, 0)
+        return "generate", p.rnd, GEN - p.generated
+
+    def run(self, stub: Any, seen: int) -> None:
+        self.in_append.clear()
+        self.in_generate.clear()
+        try:
+            while True:
+                op, rnd, n = self.next_op(seen)
+                if op == "end":
+                    self.finished = True
+                    return
+                if op == "append":
+                    self.in_append.set()
+                    r = stub.Append(pb.AppendRequest(handle=self.handle, text=text_of(self.i, rnd)))
+                    self.in_append.clear()
+                    seen = self.acked = r.receipt.n_seen
+                    assert (self.i, seen) in self.ref.points
+                else:
+                    req = pb.GenerateRequest(handle=self.handle, max_tokens=n)
+                    for ev in stub.Generate(req):
+                        if ev.HasField("token"):
+                            self.in_generate.set()
+                            seen += 1
+                            assert ev.token.id == self.ref.points[self.i, seen].token
+                            self.acked = seen
+                    self.in_generate.clear()
+        except grpc.RpcError as e:
+            self.in_append.clear()
+            self.in_generate.clear()
+            assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
+
+
+def check_resumed(stub: Any, clients: list[Client], ref: Reference) -> list[int]:
+    seen_now = []
+    for c in clients:
+        r = stub.Inspect(pb.InspectRequest(handle=c.handle, include_logits=True))
+        seen = r.receipt.n_seen
+        assert seen >= c.acked, f"session {c.i}: acknowledged {c.acked}, resumed at {seen}"
+        if seen != ref.start[c.i]:
+            assert (c.i, seen) in ref.points, f"session {c.i} resumed between acknowledgements"
+            got = np.frombuffer(r.logits, dtype="<f4")
+            assert np.array_equal(got, ref.logits[c.i, seen]), f"session {c.i} at {seen}"
+        c.acked = seen
+        seen_now.append(seen)
+    return seen_now
+
+
+def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    ref = run_reference(tmp_path / "reference")
+    rng = random.Random(int(os.environ.get("SINKD_CRASH_SEED", "20261129")))
+    kills = int(os.environ.get("SINKD_CRASH_KILLS", "8"))
+    daemon = Daemonproc(tmp_path)
+    daemon.start()
+    stub = daemon.stub()
+    clients = []
+    for i, policy in enumerate(POLICIES):
+        h = stub.Create(pb.CreateSessionRequest(policy=policy)).handle
+        clients.append(Client(i, h, ref, ref.start[i]))
+    plan = ["snapshot-before-rename", "snapshot-before-journal"] + [
+        rng.choice(["append", "generate"]) for _ in range(kills)
+    ]
+    happened: dict[str, int] = {}
+    seen = [c.acked for c in clients]
+    for attempt in [*plan, "finish"]:
+        if all(c.finished for c in clients):
+            break
+        if attempt.startswith("snapshot"):
+            daemon.kill()
+            daemon.start(failpoint=attempt)  # it kills itself inside its first snapshot
+            stub = daemon.stub()
+            seen = check_resumed(stub, clients, ref)
+        threads = [
+            threading.Thread(target=c.run, args=(stub, s))
+            for c, s in zip(clients, seen, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        if attempt in ("append", "generate"):
+            flags = [c.in_append if attempt == "append" else c.in_generate for c in clients]
+            time.sleep(rng.uniform(0.05, 1.5))  # anywhere in the script, then inside that call
+            deadline = time.monotonic() + 30
+            while not any(f.is_set() for f in flags) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0, 0.05))
+            if any(f.is_set() for f in flags):
+                happened[attempt] = happened.get(attempt, 0) + 1
+            daemon.kill()
+        elif attempt.startswith("snapshot"):
+            assert daemon.proc is not None and daemon.proc.wait(60) == -signal.SIGKILL
+            happened[attempt] = 1
+        for t in threads:
+            t.join(120)
+        print(attempt, "acked", [c.acked for c in clients])
+        if attempt != "finish":
+            daemon.kill()
+            daemon.start()
+            stub = daemon.stub()
+            seen = check_resumed(stub, clients, ref)
+    assert all(c.finished for c in clients)
+    daemon.kill()
+    daemon.start()
+    seen = check_resumed(daemon.stub(), clients, ref)  # the end of the script, as the reference's
+    assert all(
+        ref.points[c.i, s].rnd == ROUNDS - 1 and ref.points[c.i, s].done
+        for c, s in zip(clients, seen, strict=True)
+    )
+    daemon.kill()
+    assert happened.get("append", 0) >= 1 and happened.get("generate", 0) >= 1, happened
+    assert happened.get("snapshot-before-rename") and happened.get("snapshot-before-journal")
