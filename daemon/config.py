@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     durable: bool = True
     state_dir: Path = Field(default_factory=default_state_dir)
     sync: Literal["full", "normal"] = "full"  # full: fsync per commit (power loss); normal: crash
-    snapshot_every_tokens: int = Field(default=512, ge=1)
+    snapshot_every_tokens: int = Field(default=256, ge=1)
     snapshot_every_s: float = Field(default=300.0, gt=0)
     snapshots_kept: int = Field(default=2, ge=2, le=16)
 

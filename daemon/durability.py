@@ -116,7 +116,7 @@ class Durability:
         self,
         state_dir: Path,
         sync: str = "full",
-        every_tokens: int = 512,
+        every_tokens: int = 256,
         every_s: float = 300.0,
         keep: int = 2,
     ) -> None:

@@ -4,7 +4,8 @@ For each session in the journal: its record must verify (checksum) and have been
 daemon's configuration (model, tokenizer, template, KV dtype, llama.cpp, cells per sequence) and
 recompute to its generation hash. Then the newest snapshot that verifies is restored into a free
 sequence and the journal's chunks after it are replayed through the same policy, one sub-batch each,
-exactly as they were decoded. A damaged snapshot is dropped and the previous one tried, with a
+exactly as they were decoded (the sessions' replays are batched together, one chunk of each per
+llama_decode). A damaged snapshot is dropped and the previous one tried, with a
 longer replay; a damaged or missing chunk means the history cannot be rebuilt: the session is stale,
 never loaded with a state it did not have. Engine thread only.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,9 @@ from daemon import snapshots
 from daemon.durability import Durability, adopt_snapshot_meta, gate_differences, policy_from
 from daemon.engine import Engine, Sampler, SamplingParams
 from daemon.errors import SinkdError
-from daemon.journal import SnapshotRow, StoredSession
+from daemon.journal import Chunk, SnapshotRow, StoredSession
 from daemon.metrics import Metrics
-from daemon.scheduler import CorruptHistory, Scheduler
+from daemon.scheduler import Scheduler
 from daemon.sessions import ModelIdentity, Registry, Session, SessionState
 
 log = logging.getLogger("sinkd.resume")
@@ -31,6 +33,17 @@ log = logging.getLogger("sinkd.resume")
 
 class Unrestorable(Exception):
     """This stored session cannot be brought back exactly; the message says why."""
+
+
+@dataclass
+class _Restoring:
+    stored: StoredSession
+    session: Session
+    base: SnapshotRow | None
+    skipped: list[str]
+    chunks: list[Chunk]
+    next: int = 0
+    failed: str = field(default="")
 
 
 class Resumer:
@@ -51,30 +64,42 @@ class Resumer:
         self.metrics = metrics
 
     def run(self, engine: Engine) -> None:
+        restoring: list[_Restoring] = []
         for stored in self.durability.stored():
             try:
                 session = self._build(stored)
             except Unrestorable as e:
                 self._stale(stored, str(e))
                 continue
-            if session.state is SessionState.FAILED:
-                self._admit(engine, session)
-                continue
             try:
                 self._admit(engine, session)
-                self._restore(engine, session)
+                if session.state is not SessionState.FAILED:
+                    restoring.append(self._from_snapshot(engine, stored, session))
             except Unrestorable as e:
-                if session.seq_id >= 0:
-                    engine.release_seq(session.seq_id)
-                self.registry.remove(session.id)
+                self._drop(engine, session)
                 self._stale(stored, str(e))
+        self._replay(engine, restoring)
+        for r in restoring:
+            try:
+                if r.failed:
+                    raise Unrestorable(r.failed)
+                self._finish(r)
+            except Unrestorable as e:
+                self._drop(engine, r.session)
+                self._stale(r.stored, str(e))
                 continue
             self.metrics.resumed_sessions.inc()
-            log.info("session %s resumed: %s", session.id, session.resume)
+            log.info("session %s resumed: %s", r.session.id, r.session.resume)
         self.durability.commit()
         swept = self.durability.sweep()
         if swept:
             log.info("removed %d snapshot files left by an interrupted write", swept)
+
+    def _drop(self, engine: Engine, session: Session) -> None:
+        if session.seq_id >= 0:
+            engine.release_seq(session.seq_id)
+            session.seq_id = -1
+        self.registry.remove(session.id)
 
     def _build(self, stored: StoredSession) -> Session:
         if not stored.intact:
@@ -121,7 +146,8 @@ class Resumer:
         engine.clear(session.seq_id)
         self.registry.add(session)
 
-    def _restore(self, engine: Engine, session: Session) -> None:
+    def _from_snapshot(self, engine: Engine, stored: StoredSession, session: Session) -> _Restoring:
+        """Restore the newest snapshot that verifies (or none) and line up the chunks after it."""
         d = self.durability
         skipped: list[str] = []
         base = None
@@ -137,19 +163,71 @@ class Resumer:
                 skipped.append(f"snapshot at token {row.n_seen} unusable ({e})")
                 d.drop_snapshot(row)
                 self._empty(engine, session)
-        replayed = self._replay(session)
+        at = session.seq.state.n_seen
+        chunks = []
+        for chunk in d.j.chunks(session.id, session.reset_count, at):
+            if not chunk.intact:
+                raise Unrestorable(f"journal chunk #{chunk.n} is damaged (checksum mismatch)")
+            if chunk.logical_pos != at:
+                raise Unrestorable(
+                    f"the journal resumes at token {chunk.logical_pos}, the session is at {at}"
+                    " (its history before that was pruned and no snapshot covers it)"
+                )
+            if len(chunk.tokens) > engine.n_batch:
+                raise Unrestorable(f"journal chunk #{chunk.n} is larger than n_batch")
+            chunks.append(chunk)
+            at += len(chunk.tokens)
+        return _Restoring(stored, session, base, skipped, chunks)
+
+    def _replay(self, engine: Engine, restoring: list[_Restoring]) -> None:
+        """One chunk of every session still replaying per llama_decode, until all are done."""
+        active = [r for r in restoring if r.chunks]
+        while active:
+            batch, used = [], 0
+            for r in active:
+                n = len(r.chunks[r.next].tokens)
+                if used + n <= engine.n_batch:
+                    batch.append(r)
+                    used += n
+            try:
+                refused = dict(
+                    (id(s), why)
+                    for s, why in self.scheduler.replay(
+                        [
+                            (r.session, list(r.chunks[r.next].tokens), r.chunks[r.next].cache_pos)
+                            for r in batch
+                        ]
+                    )
+                )
+            except SinkdError as e:
+                refused = {id(r.session): f"the replay could not be decoded: {e}" for r in batch}
+            for r in batch:
+                chunk = r.chunks[r.next]
+                if id(r.session) in refused:
+                    r.failed = f"journal chunk #{chunk.n} does not replay: {refused[id(r.session)]}"
+                    continue
+                if chunk.draws is not None:
+                    r.session.sampler.reset()
+                    r.session.sampler.advance(chunk.draws)
+                r.next += 1
+            active = [r for r in active if not r.failed and r.next < len(r.chunks)]
+
+    def _finish(self, r: _Restoring) -> None:
+        session, base = r.session, r.base
         session.pending_prefix = [] if session.seq.state.n_seen else list(session.system_tokens)
-        if not self.scheduler._check(session):
-            raise Unrestorable(f"the restored cache failed its check: {session.failure}")
+        problems = self.scheduler.problems(session)
+        if problems:
+            raise Unrestorable("the restored cache failed its check: " + "; ".join(problems))
         session.state = SessionState.IDLE
         head = (
-            f"snapshot at token {base.n_seen} + {replayed} chunks replayed"
+            f"snapshot at token {base.n_seen} + {len(r.chunks)} chunks replayed"
             if base
-            else f"{replayed} chunks replayed from the journal"
+            else f"{len(r.chunks)} chunks replayed from the journal"
         )
-        session.resume = "; ".join([head, *skipped])
+        session.resume = "; ".join([head, *r.skipped])
         session.snap_n_seen = base.n_seen if base else None
         session.snap_time = base.created if base else None
+        d = self.durability
         session.log_chunks, session.log_tokens = d.j.chunk_stats(session.id, session.reset_count)
         session.logged_since_snap = session.seq.state.n_seen - (base.n_seen if base else 0)
 
@@ -184,29 +262,6 @@ class Resumer:
         session.retained = type(session.retained)(session.policy.sinks)
         session.sampler.reset()
         session.last_logits = None
-
-    def _replay(self, session: Session) -> int:
-        n = 0
-        for chunk in self.durability.j.chunks(session.id, session.reset_count, 0):
-            at = session.seq.state.n_seen
-            if chunk.logical_pos < at:
-                continue  # before the snapshot
-            if not chunk.intact:
-                raise Unrestorable(f"journal chunk #{chunk.n} is damaged (checksum mismatch)")
-            if chunk.logical_pos != at:
-                raise Unrestorable(
-                    f"the journal resumes at token {chunk.logical_pos}, the session is at {at}"
-                    " (its history before that was pruned and no snapshot covers it)"
-                )
-            try:
-                self.scheduler.replay(session, list(chunk.tokens), chunk.cache_pos)
-            except (CorruptHistory, SinkdError) as e:
-                raise Unrestorable(f"journal chunk #{chunk.n} does not replay: {e}") from None
-            if chunk.draws is not None:
-                session.sampler.reset()
-                session.sampler.advance(chunk.draws)
-            n += 1
-        return n
 
     def _stale(self, stored: StoredSession, why: str) -> None:
         log.warning("session %s is stale: %s", stored.id, why)

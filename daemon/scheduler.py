@@ -59,10 +59,6 @@ class ShuttingDown(SinkdError):
     """The daemon is stopping and takes no more work."""
 
 
-class CorruptHistory(SinkdError):
-    """A journalled chunk does not fit the session's history: it cannot be restored exactly."""
-
-
 @dataclass
 class GenSpec:
     max_tokens: int
@@ -547,21 +543,40 @@ class Scheduler:
 
     # --- durability (engine thread) ---
 
-    def replay(self, session: Session, tokens: list[int], cache_pos: int | None = None) -> None:
-        """Decode one journalled chunk alone, exactly as the live step did: same plan, same ops,
-        same sub-batch. Raises CorruptHistory if the policy would not place it where it was."""
+    def replay(self, chunks: list[tuple[Session, list[int], int]]) -> list[tuple[Session, str]]:
+        """Decode journalled chunks of different sessions in one batch, each exactly as its live
+        step did: the same plan, the same ops, the same sub-batch (per-sequence streams make the
+        batch's other members irrelevant to each one's bits). Returns the sessions whose chunk the
+        policy would not place where the journal says, with why."""
         engine = self.engine
         assert engine is not None
-        sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
-        if sb.n_tokens != len(tokens) or (cache_pos is not None and sb.cache_pos != cache_pos):
-            raise CorruptHistory(
-                f"the policy places this chunk at cache {sb.cache_pos} ({sb.n_tokens} tokens),"
-                f" the journal says {cache_pos} ({len(tokens)} tokens)"
+        refused: list[tuple[Session, str]] = []
+        items: list[tuple[Session, list[int], SubBatch]] = []
+        for session, tokens, cache_pos in chunks:
+            sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
+            if sb.n_tokens != len(tokens) or sb.cache_pos != cache_pos:
+                refused.append(
+                    (
+                        session,
+                        f"the policy places it at cache {sb.cache_pos} ({sb.n_tokens} tokens),"
+                        f" the journal says {cache_pos} ({len(tokens)} tokens)",
+                    )
+                )
+                continue
+            try:
+                engine.apply_ops(session.seq_id, sb)
+            except EngineError as e:
+                refused.append((session, str(e)))
+                continue
+            session.seq.adopt_ops(sb)
+            items.append((session, tokens, sb))
+        if items:
+            rows = engine.decode_batch(
+                [BatchItem(s.seq_id, t, sb.cache_pos, logits=True) for s, t, sb in items]
             )
-        if not self._apply(session, sb):
-            raise CorruptHistory(session.failure)
-        row = engine.decode_batch([BatchItem(session.seq_id, tokens, sb.cache_pos, logits=True)])[0]
-        self._absorb(session, sb, tokens, row)
+            for (session, tokens, sb), row in zip(items, rows, strict=True):
+                self._absorb(session, sb, tokens, row)
+        return refused
 
     def _snapshot_due(self) -> None:
         if self.durability is None:
@@ -591,6 +606,14 @@ class Scheduler:
 
     def _check(self, session: Session) -> bool:
         """What the cache really holds must be what the policy says; else fail the session alone."""
+        problems = self.problems(session)
+        if not problems:
+            return True
+        self._fail_session(session, "; ".join(problems))
+        return False
+
+    def problems(self, session: Session) -> list[str]:
+        """Where the cache and the session's policy state disagree (engine thread)."""
         engine = self.engine
         assert engine is not None
         r = session.seq.receipt()
@@ -622,10 +645,7 @@ class Scheduler:
         ]
         if owners != [session.id]:
             problems.append(f"sequence {session.seq_id} owned by {len(owners)} sessions")
-        if not problems:
-            return True
-        self._fail_session(session, "; ".join(problems))
-        return False
+        return problems
 
     def _fail_session(self, session: Session, why: str) -> None:
         engine = self.engine
