@@ -79,7 +79,7 @@ def generate_rate(c: Client, pool: list[int], sessions: int, tokens: int) -> flo
 
 def throughput(rounds: int) -> list[dict[str, Any]]:
     samples: dict[str, dict[str, list[float]]] = {
-        m: {"append": [], "gen1": [], "gen4": []} for m in MODES
+        m: {"append": [], "gen1": [], "gen4": [], "commit_ms": []} for m in MODES
     }
     names = list(MODES)
     for r in range(rounds):
@@ -90,12 +90,17 @@ def throughput(rounds: int) -> list[dict[str, Any]]:
             samples[mode]["append"].append(append_rate(c, pool, 24, 32))
             samples[mode]["gen1"].append(generate_rate(c, pool, 1, 96))
             samples[mode]["gen4"].append(generate_rate(c, pool, 4, 48))
+            reg = d.service.metrics.registry
+            n = reg.get_sample_value("sinkd_journal_commit_seconds_count") or 0
+            total = reg.get_sample_value("sinkd_journal_commit_seconds_sum") or 0.0
+            samples[mode]["commit_ms"].append(1000 * total / n if n else 0.0)
             d.stop()
     out = []
     base = {k: statistics.median(v) for k, v in samples["off"].items()}
     for mode in MODES:
         med = {k: statistics.median(v) for k, v in samples[mode].items()}
-        out.append({"mode": mode, **med, **{f"{k}_vs_off": med[k] / base[k] for k in med}})
+        ratios = {f"{k}_vs_off": med[k] / base[k] for k in med if k != "commit_ms"}
+        out.append({"mode": mode, **med, **ratios})
     return out
 
 
@@ -137,17 +142,29 @@ def restart_time() -> list[dict[str, Any]]:
     d, c, load = start(tmp / "empty")  # the model load alone, nothing to resume
     d.stop()
     rows: list[dict[str, Any]] = [{"restart": "no sessions (model load)", "seconds": load}]
-    for how in ("clean stop", "crash"):
-        d, c, _ = start(tmp / how.replace(" ", "-"))
+    cases = (("clean stop", 40), ("crash", 40), ("crash", 250))
+    for n, (how, generated) in enumerate(cases):
+        state = tmp / f"case{n}"
+        d, c, _ = start(state)
         pool = d.service.engine.tokenize(TEXT * 6)
+        handles = []
         for i in range(8):
             h = create(c)
             c.s.Append(
                 pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=pool[i * 10 : i * 10 + 400])),
                 metadata=ALICE,
-            )
-            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=40), metadata=ALICE):
+            )  # a snapshot falls due here (256 tokens logged)
+            handles.append(h)
+
+        def gen(h: pb.Handle, n: int = generated, c: Client = c) -> None:
+            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=n), metadata=ALICE):
                 pass
+
+        threads = [threading.Thread(target=gen, args=(h,)) for h in handles]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         if how == "crash":  # no shutdown snapshots: resume replays the journal's tail
             durability = d.service.scheduler.durability
             d.service.scheduler.durability = None
@@ -156,12 +173,12 @@ def restart_time() -> list[dict[str, Any]]:
             durability.close()
         else:
             d.stop()
-        d, c, seconds = start(tmp / how.replace(" ", "-"))
+        d, c, seconds = start(state)
         listed = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
         assert len(listed) == 8 and all(r.state == "idle" for r in listed)
         rows.append(
             {
-                "restart": f"8 sessions after a {how}",
+                "restart": f"8 sessions after a {how}, {generated} tokens generated after the snapshot",
                 "seconds": seconds,
                 "over_load_s": seconds - load,
                 "resume": listed[0].resume,
@@ -179,13 +196,14 @@ def main() -> None:
     thr = throughput(a.rounds)
     table(
         "throughput (tokens/s, median of rounds; ratio to off in brackets)",
-        ["mode", "append", "generate x1", "generate x4"],
+        ["mode", "append", "generate x1", "generate x4", "commit ms (mean)"],
         [
             [
                 r["mode"],
                 f"{r['append']:.0f} ({r['append_vs_off']:.2f})",
                 f"{r['gen1']:.1f} ({r['gen1_vs_off']:.2f})",
                 f"{r['gen4']:.1f} ({r['gen4_vs_off']:.2f})",
+                f"{r['commit_ms']:.2f}",
             ]
             for r in thr
         ],

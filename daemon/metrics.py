@@ -69,6 +69,12 @@ class Metrics:
             registry=r,
             buckets=(2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28),
         )
+        self.journal_commit_seconds = Histogram(
+            "sinkd_journal_commit_seconds",
+            "Journal commits before replies (fsync with sync=full)",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
         self.journal_failures = Counter(
             "sinkd_journal_failures", "Journal commits that failed", registry=r
         )

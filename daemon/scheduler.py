@@ -295,7 +295,8 @@ class Scheduler:
         replies, self._replies = self._replies, []
         if self.durability is not None and replies:
             try:
-                self.durability.commit()
+                with self.metrics.journal_commit_seconds.time():
+                    self.durability.commit()
             except (sqlite3.Error, JournalError) as e:
                 log.error("journal commit failed: %s", e)
                 self.metrics.journal_failures.inc()
