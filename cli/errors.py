@@ -19,6 +19,7 @@ from daemon.errors import (
     PullFailed,
     Unsupported,
 )
+from daemon.journal import JournalError
 from daemon.sessions import (
     NotFound,
     PermissionDenied,
@@ -43,6 +44,7 @@ EXIT_CODES: list[tuple[type[SinkdError], int]] = [
     (EngineError, 6),
     (PullFailed, 7),
     (CacheFull, 8),
+    (JournalError, 9),
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -257,6 +257,14 @@ def serve(
             "--allow-unchecked", help="Run a KV dtype or backend not checked in models.lock."
         ),
     ] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="Journal and snapshots (default ~/.local/state/sinkd)."),
+    ] = None,
+    durable: Annotated[
+        bool | None,
+        typer.Option("--durable/--no-durable", help="Keep sessions across restarts (default on)."),
+    ] = None,
 ) -> None:
     """Run the gRPC daemon until SIGTERM or Ctrl-C; pulls and verifies the model first if missing."""
     import logging
@@ -272,7 +280,7 @@ def serve(
         settings = load_settings(
             config, socket=socket, tcp=tcp, model=model, max_sessions=max_sessions,
             n_ctx_seq=n_ctx_seq, n_threads=threads, n_gpu_layers=gpu_layers, metrics_port=metrics_port,
-            allow_unchecked=allow_unchecked or None,
+            allow_unchecked=allow_unchecked or None, state_dir=state_dir, durable=durable,
         )  # fmt: skip
     except ValidationError as e:
         for problem in e.errors():
@@ -291,6 +299,13 @@ def serve(
         daemon.stop()
         raise
     err.print(f"sinkd serving {entry.name} on {', '.join(daemon.addresses)}", highlight=False)
+    if settings.durable:
+        count = daemon.service.metrics.count
+        err.print(
+            f"state in {settings.state_dir}: {count('resumed_sessions')} sessions resumed,"
+            f" {count('stale_sessions')} stale (`sinkd sessions list` says why)",
+            highlight=False,
+        )
     daemon.serve_until_signal()
     err.print("sinkd stopped", highlight=False)
 

@@ -90,26 +90,36 @@ def list_sessions(
         print(json.dumps(rows, indent=2))
         return
     table = Table(title=f"sessions at {backend.address}")
-    cols = ("id", "generation", "state", "policy", "seen", "retained", "evicted", "last snapshot",
-            "journal", "resume")  # fmt: skip
-    for col in cols:
-        table.add_column(col)
+    for col in ("id", "state", "policy", "seen", "kept", "snapshot", "journal", "resume"):
+        table.add_column(col, no_wrap=col == "id")
+    notes = []
     for r in rows:
         p = r["policy"]
         table.add_row(
-            r["session_id"], r["generation"][:12], r["state"], f"{p['policy']} {p['sinks']}+{p['window']}",
-            str(r["n_seen"]), str(r["retained"]), str(r["evicted_tokens"]), _snapshot_cell(r),
-            f"{r['journal_chunks']} chunks, {r['journal_tokens']} tokens",
-            r["stale_reason"] if r["state"] == "stale" else r["resume"],
+            r["session_id"], r["state"], f"{p['policy']} {p['sinks']}+{p['window']}",
+            str(r["n_seen"]), str(r["retained"]), _snapshot_cell(r),
+            f"{r['journal_tokens']} tok", _resume_label(r),
         )  # fmt: skip
+        if r["state"] == "stale":
+            notes.append(f"{r['session_id']} is stale: {r['stale_reason']}")
+        elif r["resume"] != "new":
+            notes.append(f"{r['session_id']} resumed: {r['resume']}")
     out.print(table)
+    for note in notes:
+        out.print(note, markup=False, highlight=False)
+
+
+def _resume_label(r: dict[str, Any]) -> str:
+    if r["state"] == "stale":
+        return "stale"
+    return "new" if r["resume"] == "new" else "resumed"
 
 
 def _snapshot_cell(r: dict[str, Any]) -> str:
     if r["snapshot_n_seen"] < 0:
         return "none"
     age = max(0.0, time.time() - r["snapshot_unix_time"])
-    return f"at token {r['snapshot_n_seen']}, {age:.0f} s ago"
+    return f"@{r['snapshot_n_seen']}, {age:.0f}s ago"
 
 
 @app.command("inspect")

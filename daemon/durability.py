@@ -134,6 +134,7 @@ class Durability:
     def open(self, config: dict[str, Any]) -> None:
         self.config = config
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)  # it holds every session's token ids: the owner's alone
         (self.dir / "snapshots").mkdir(exist_ok=True, mode=0o700)
         fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:

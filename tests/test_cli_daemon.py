@@ -12,8 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from daemon.durability import Durability
 from daemon.server import Daemon
-from tests.test_daemon import settings
+from proto.sinkd.v1 import sinkd_pb2 as pb
+from tests.test_daemon import ALICE, Client, settings
 
 pytestmark = pytest.mark.model
 runner = CliRunner()
@@ -29,7 +31,7 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def sinkd(*args: str, input: str | None = None) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args), input=input)
+    result = runner.invoke(app, list(args), input=input, env={"COLUMNS": "120"})
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -62,6 +64,31 @@ def test_chat_then_sessions_commands(address: str) -> None:
     code, out, _ = sinkd("sessions", "close", sid, *conn)
     assert code == 0 and "closed" in out
     assert json.loads(sinkd("sessions", "list", *conn, "--json")[1]) == []
+
+
+def test_sessions_list_shows_snapshot_journal_and_resume_state(address: str) -> None:
+    conn = ["--connect", address, "--token", "alice-token"]
+    c = Client(address)
+    h = c.create().handle
+    c.append(h, "A line for the journal.")
+    code, out, _ = sinkd("sessions", "list", *conn, "--json")
+    (row,) = json.loads(out)
+    assert row["resume"] == "new" and row["snapshot_n_seen"] == -1  # no snapshot due yet
+    assert row["journal_chunks"] >= 1 and row["journal_tokens"] == row["n_seen"] > 0
+    code, out, _ = sinkd("sessions", "list", *conn)
+    assert code == 0 and "journal" in out and "resume" in out and "none" in out
+    c.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+
+
+def test_serve_refuses_a_state_directory_another_daemon_holds(tmp_path: Path) -> None:
+    held = Durability(tmp_path / "state")
+    held.open({})
+    try:
+        code, _, err = sinkd("serve", "--socket", str(tmp_path / "s.sock"), "--state-dir",
+                             str(tmp_path / "state"), "--ctx", "256")  # fmt: skip
+    finally:
+        held.close()
+    assert code == 9 and "in use by another sinkd" in err
 
 
 def test_cli_errors_are_one_line(address: str, tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from cli.main import app
 from daemon import snapshots
 from daemon.durability import Durability
 from daemon.engine import Sampler, SamplingParams
@@ -119,7 +121,6 @@ def test_a_sampler_restored_from_its_draw_count_continues_the_same_stream() -> N
 
 # --- a real daemon, restarted ---
 
-pytestmark_model = pytest.mark.model
 DURABLE = {"snapshot_every_tokens": 48, "max_sessions": 4}
 
 
@@ -282,6 +283,14 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
         (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
         assert listed.state == "stale" and words in listed.stale_reason
         assert not c.s.List(pb.ListSessionsRequest(), metadata=BOB).sessions  # owner only
+        assert run.d is not None
+        shown = CliRunner().invoke(
+            app,
+            ["sessions", "list", "--connect", run.d.addresses[0], "--token", "alice-token"],
+            env={"COLUMNS": "400"},
+        )
+        assert f"{h.session_id} is stale: made under another configuration" in shown.stdout
+        assert words in shown.stdout
         stats = c.admin.Stats(pb.StatsRequest(), metadata=[("authorization", "Bearer admin-token")])
         assert stats.sessions == 0 and stats.stale_sessions == 1  # it holds no sequence
         run.stop()
