@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import logging
 import os
+import sqlite3
 import time
 from collections import deque
 from pathlib import Path
@@ -128,6 +129,7 @@ class Durability:
         self.journal: Journal | None = None
         self._lock_fd: int | None = None
         self.config: dict[str, Any] = {}
+        self._doomed: list[str] = []  # snapshot files to delete once the journal forgets them
 
     # --- lifecycle ---
 
@@ -159,7 +161,15 @@ class Durability:
         return self.journal
 
     def commit(self) -> None:
+        """Commit the journal, then delete the snapshot files it no longer references (never
+        before: a crash in between must find every file the committed journal names)."""
         self.j.commit()
+        doomed, self._doomed = self._doomed, []
+        for p in doomed:
+            with contextlib.suppress(OSError):
+                (self.dir / p).unlink()
+            with contextlib.suppress(OSError):
+                (self.dir / p).parent.rmdir()  # a closed session's folder, once empty
 
     # --- transitions ---
 
@@ -185,8 +195,6 @@ class Durability:
 
     def closed(self, session: Session) -> None:
         self._delete_files(self.j.delete_session(session.id))
-        with contextlib.suppress(OSError):
-            (self.dir / "snapshots" / session.id).rmdir()
 
     def _fresh(self, session: Session) -> None:
         session.unlogged.clear()
@@ -196,9 +204,7 @@ class Durability:
         session.log_chunks = session.log_tokens = 0
 
     def _delete_files(self, paths: list[str]) -> None:
-        for p in paths:
-            with contextlib.suppress(OSError):
-                (self.dir / p).unlink()
+        self._doomed.extend(paths)
 
     # --- chunks ---
 
@@ -241,17 +247,23 @@ class Durability:
         snapshots.write_atomic(path, data)
         failpoints.hit("snapshot-before-journal")
         now = time.time()
-        self.j.add_snapshot(
-            SnapshotRow(session.id, session.reset_count, n_seen, rel, len(data), now)
-        )
-        kept = self.j.snapshots(session.id, session.reset_count)
-        for old in kept[self.keep :]:
-            self.j.drop_snapshot(old)
-            self._delete_files([old.path])
-        kept = kept[: self.keep]
-        if len(kept) >= self.keep:
-            self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
-        self.j.commit()
+        try:
+            self.j.add_snapshot(
+                SnapshotRow(session.id, session.reset_count, n_seen, rel, len(data), now)
+            )
+            kept = self.j.snapshots(session.id, session.reset_count)
+            for old in kept[self.keep :]:
+                self.j.drop_snapshot(old)
+                self._delete_files([old.path])
+            kept = kept[: self.keep]
+            if len(kept) >= self.keep:
+                self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
+            self.commit()
+        except sqlite3.Error as e:  # between steps the transaction holds this snapshot alone
+            self.j.rollback()
+            self._doomed.clear()
+            path.unlink(missing_ok=True)
+            raise JournalError(f"recording a snapshot: {e}") from e
         session.snap_n_seen = n_seen
         session.snap_time = now
         session.logged_since_snap = 0

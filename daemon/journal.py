@@ -142,6 +142,9 @@ class Journal:
         if self._db.in_transaction:
             self._db.commit()
 
+    def rollback(self) -> None:
+        self._db.rollback()
+
     # --- sessions ---
 
     def put_session(

@@ -299,6 +299,25 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
 
 
 @pytest.mark.model
+def test_a_stored_policy_that_changed_goes_stale(run: Run) -> None:
+    c = run.start()
+    h = c.create().handle
+    workload(c, h, 0)
+    run.stop()
+    j = Journal(run.state / "journal.db")  # a well-formed record (valid checksum), other policy
+    (stored,) = j.sessions()
+    record = dict(stored.record, policy=dict(stored.record["policy"], window=61))
+    j.put_session(stored.id, stored.tenant, record)
+    j.commit()
+    j.close()
+    c = run.start()
+    with pytest.raises(grpc.RpcError) as err:
+        c.inspect(h)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "generation hash does not recompute" in err.value.details()
+
+
+@pytest.mark.model
 def test_disk_full_during_a_snapshot_keeps_the_previous_one_usable(
     run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
