@@ -89,6 +89,10 @@ def test_serve_refuses_a_state_directory_another_daemon_holds(tmp_path: Path) ->
     finally:
         held.close()
     assert code == 9 and "in use by another sinkd" in err
+    (tmp_path / "state" / "journal.db").write_bytes(b"not a database" * 100)
+    code, _, err = sinkd("serve", "--socket", str(tmp_path / "s.sock"), "--state-dir",
+                         str(tmp_path / "state"), "--ctx", "256")  # fmt: skip
+    assert code == 9 and "journal.db" in err and "not a database" in err
 
 
 def test_cli_errors_are_one_line(address: str, tmp_path: Path) -> None:
