@@ -17,6 +17,7 @@ sessions whose snapshot is due are snapshotted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -152,7 +153,7 @@ class Scheduler:
         self.on_close: Callable[[Session], None] = lambda s: None
         self.on_ready: Callable[[Engine], None] = lambda e: None  # e.g. resume stored sessions
         self.durability: Durability | None = None
-        self._replies: list[tuple[Session, Callable[[], None]]] = []
+        self._replies: list[tuple[Job, Callable[[], None]]] = []
 
     # --- from other threads ---
 
@@ -288,7 +289,7 @@ class Scheduler:
             SessionState.STALE,
         ):
             self.durability.flush(session)
-        self._replies.append((session, fn))
+        self._replies.append((job, fn))
 
     def _release(self) -> None:
         """Commit the journal, then send the replies that waited for it."""
@@ -298,10 +299,18 @@ class Scheduler:
                 with self.metrics.journal_commit_seconds.time():
                     self.durability.commit()
             except (sqlite3.Error, JournalError) as e:
+                # nothing of this may be acknowledged: the sessions are ahead of their journal
                 log.error("journal commit failed: %s", e)
                 self.metrics.journal_failures.inc()
-                for session in {id(s): s for s, _ in replies}.values():
-                    self._fail_session(session, f"the journal could not record it: {e}")
+                with contextlib.suppress(sqlite3.Error):
+                    self.durability.j.rollback()
+                error = ResourceExhausted(f"the journal could not record this: {e}")
+                for job, _ in replies:
+                    if job.session.state is not SessionState.FAILED:
+                        self._fail_session(job.session, f"the journal could not record it: {e}")
+                    if not job.done.is_set():
+                        job.fail(error)
+                return
         for _, fn in replies:
             fn()
 
@@ -401,7 +410,7 @@ class Scheduler:
             draws = session.sampler.draws if job.gen.sampler is session.sampler else None
             self.durability.log(session, at.logical_pos, at.cache_pos, [token], draws)
         event = {"id": token, "text": text, "index": job.generated - 1, "latency_ms": latency_ms}
-        self._replies.append((session, functools.partial(job.events.put, ("token", event))))
+        self._replies.append((job, functools.partial(job.events.put, ("token", event))))
 
     def _step(self) -> None:
         engine = self.engine

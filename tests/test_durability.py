@@ -346,6 +346,33 @@ def test_disk_full_during_a_snapshot_keeps_the_previous_one_usable(
 
 
 @pytest.mark.model
+def test_a_failed_journal_commit_acknowledges_nothing(run: Run) -> None:
+    c = run.start()
+    h = c.create().handle
+    workload(c, h, 0)
+    assert run.d is not None
+    durability = run.d.service.scheduler.durability
+    assert durability is not None
+    real_commit = durability.commit
+
+    def failing() -> None:
+        durability.commit = real_commit  # type: ignore[method-assign]
+        raise sqlite3.OperationalError("disk I/O error")
+
+    durability.commit = failing  # type: ignore[method-assign]
+    with pytest.raises(grpc.RpcError) as err:
+        c.append(h, "this append cannot be recorded")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "journal could not record" in err.value.details()
+    assert receipt(c, h).state == "failed"  # it is ahead of its journal: only reset or close
+    fresh = c.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
+    workload(c, fresh, 1)
+    run.crash()
+    c = run.start()
+    assert receipt(c, fresh).state == "idle" and receipt(c, fresh).n_seen > 0
+
+
+@pytest.mark.model
 def test_reset_fork_and_close_are_durable(run: Run) -> None:
     c = run.start()
     parent = c.create().handle
