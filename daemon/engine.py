@@ -451,9 +451,13 @@ class Engine:
             raise EngineError(f"sequence {seq_id} still holds cells after clear")
 
     def copy(self, src: int, dst: int) -> None:
-        """Physical copy of every cell (per-sequence streams): the copies are independent after."""
-        self.clear(dst)
-        llama.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        """Physical copy of every cell: the copies are independent after.
+
+        Through the sequence image, not `llama_memory_seq_cp`: across per-sequence streams that
+        call copies the cell metadata at once but the K and V rows only at the next decode, so an
+        image taken of `dst` before then (a fork's first snapshot) would hold stale rows.
+        """
+        self.restore_seq(dst, self.save_seq(src))
         if self.pos_range(dst) != self.pos_range(src):
             raise EngineError(f"copy of sequence {src} to {dst} is incomplete")
 

@@ -214,6 +214,34 @@ def test_a_restarted_session_matches_one_that_never_stopped(
 
 
 @pytest.mark.model
+def test_the_journal_holds_acknowledged_chunks_as_the_policy_cut_them_and_no_text(
+    run: Run,
+) -> None:
+    c = run.start(snapshot_every_tokens=10_000)
+    h = c.create(window=60).handle
+    assert run.d is not None
+    sentinel = "Quetzalcoatl-journal-sentinel"
+    ids = run.d.service.engine.tokenize(f"{sentinel} {TEXT}")[:150]
+    c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids)), metadata=ALICE)
+    generated, _ = c.generate(h, n=5)
+    c.append(h, sentinel)
+    j = Journal(run.state / "journal.db")  # a second reader beside the daemon (WAL)
+    chunks = list(j.chunks(h.session_id, 0))
+    # prefill_chunk is 64 (the default), then eviction at 64 cells (E=16) cuts where the policy
+    # needs room; each generated token is its own sub-batch
+    assert [len(ch.tokens) for ch in chunks[:5]] == [64, 16, 16, 16, 16]
+    assert [t for ch in chunks for t in ch.tokens][: len(ids)] == ids
+    assert [ch.tokens[0] for ch in chunks if len(ch.tokens) == 1][:5] == generated
+    positions = [ch.logical_pos for ch in chunks]
+    assert positions == sorted(positions) and positions[0] == 0
+    assert all(ch.intact for ch in chunks)
+    j.close()
+    run.stop()
+    stored = b"".join(p.read_bytes() for p in run.state.rglob("*") if p.is_file())
+    assert sentinel.encode() not in stored  # token ids, never text
+
+
+@pytest.mark.model
 def test_damaged_snapshots_fall_back_then_go_stale_never_wrong(run: Run, tmp_path: Path) -> None:
     want_logits, _ = twin(tmp_path / "twin", 3)
     c = run.start()

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -32,17 +33,27 @@ FUZZ_EXAMPLES = int(os.environ.get("SINKD_FUZZ_EXAMPLES", "8"))
 TENANTS = {"alice": ALICE, "bob": BOB}
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(
-        daemon_settings(
-            tmp_path_factory.mktemp("stress"), max_sessions=8, step_tokens=64, prefill_chunk=32
-        )
-    )
+def start_daemon(tmp: Path) -> Daemon:
+    d = Daemon(daemon_settings(tmp, max_sessions=8, step_tokens=64, prefill_chunk=32))
     d.start()
     d.wait_ready(60)
+    return d
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path_factory.mktemp("stress"))
     yield d
     d.stop()
+
+
+def crash(d: Daemon) -> None:
+    """Stop with nothing more written to the state directory, as a kill -9 would."""
+    durability = d.service.scheduler.durability
+    d.service.scheduler.durability = None
+    d.stop()
+    assert durability is not None
+    durability.close()
 
 
 @dataclass
@@ -76,12 +87,15 @@ def cells_match(daemon: Daemon) -> None:
     assert held == retained, (held, retained)
 
 
-def test_isolation_under_load(daemon: Daemon) -> None:
+def test_isolation_under_load(tmp_path: Path) -> None:
     """Several tenants, many sessions, random appends, generates, resets, forks and cancellations.
 
     Throughout: receipts stay consistent, other tenants' sessions do not exist, stale handles are
     refused, cells in use equal the retained counts, and a sentinel planted before a reset is never
-    produced after it. At the end every live session's greedy output equals a solo replay."""
+    produced after it. Then the daemon stops as if killed and restarts on its state directory:
+    every session resumes with its receipt and next-token logits unchanged, bit for bit. At the end
+    every live session's greedy output equals a solo replay."""
+    daemon = start_daemon(tmp_path)
     client = Client(daemon.addresses[0])
     pool = daemon.service.engine.tokenize(TEXT)
     lock = threading.Lock()
@@ -228,6 +242,23 @@ def test_isolation_under_load(daemon: Daemon) -> None:
     cells_match(daemon)
     assert stats["ops"] > 20 and daemon.service.metrics.count("invariant_violations") == 0
 
+    # a crash and a restart change nothing of any session
+    def state_of(t: Tracked) -> tuple[Any, ...]:
+        md = TENANTS[t.tenant]
+        r = client.s.Inspect(pb.InspectRequest(handle=t.handle, include_logits=True), metadata=md)
+        rc = r.receipt
+        return (rc.n_seen, rc.retained, rc.evictions, rc.shifts, rc.state, r.logits)
+
+    before = {sid: state_of(t) for sid, t in live.items()}
+    crash(daemon)
+    daemon = start_daemon(tmp_path)
+    client = Client(daemon.addresses[0])
+    for sid, t in live.items():
+        assert state_of(t) == before[sid], sid
+    assert len(client.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions) + len(
+        client.s.List(pb.ListSessionsRequest(), metadata=BOB).sessions
+    ) == len(live)  # closed sessions stayed closed
+
     # every live session's greedy output equals a solo replay of its own history
     replayed = 0
     for t in list(live.values()):
@@ -254,8 +285,9 @@ def test_isolation_under_load(daemon: Daemon) -> None:
                 assert ids == op[2], (t.handle.session_id, op)
         client.s.Close(pb.HandleRequest(handle=solo), metadata=md)
         replayed += 1
-    print(f"stress: {stats}, {replayed} sessions replayed solo")
+    print(f"stress: {stats}, {replayed} sessions resumed and replayed solo")
     assert replayed > 0
+    daemon.stop()
 
 
 class DaemonMachine(RuleBasedStateMachine):
