@@ -407,7 +407,7 @@ def test_reset_fork_and_close_are_durable(run: Run) -> None:
     workload(c, parent, 0)
     child = c.s.Fork(pb.HandleRequest(handle=parent), metadata=ALICE).handle
     child_logits = logits(c, child)
-    workload(c, child, 1)
+    c.append(child, "A short line.")  # below the snapshot interval: resume needs the fork's
     child_after = logits(c, child)
     reset = c.s.Reset(pb.HandleRequest(handle=parent), metadata=ALICE).handle
     gone = c.create().handle
