@@ -113,20 +113,9 @@ class Resumer:
             sampling = SamplingParams(**r["sampling"])
         except (SinkdError, TypeError, KeyError) as e:
             raise Unrestorable(f"its stored policy or sampling is not valid here: {e}") from None
-        session = Session(
-            id=stored.id,
-            tenant=stored.tenant,
-            seq_id=-1,
-            policy=policy,
-            seq=CacheSequence(policy),
-            sampling=sampling,
-            sampler=Sampler(sampling),
-            model=self.identity,
-            system_tokens=list(r["system_tokens"]),
-            system_prompt_sha256=r["system_prompt_sha256"],
-            pinned=r["pinned"],
-            reset_count=r["reset_count"],
-        )
+        session = _session(stored, policy, self.identity, sampling)
+        session.system_tokens = list(r["system_tokens"])
+        session.pinned = r["pinned"]
         if session.generation != r["generation"]:
             raise Unrestorable("its generation hash does not recompute from its record")
         if stored.state == "failed":
@@ -270,28 +259,38 @@ class Resumer:
         self.registry.add(session)
 
 
-def _stale_session(stored: StoredSession, identity: ModelIdentity, why: str) -> Session:
-    """A placeholder the owner can list and close: no sequence, no cells, every other call refused."""
+def _session(
+    stored: StoredSession,
+    policy: PolicyConfig,
+    identity: ModelIdentity,
+    sampling: SamplingParams | None,
+) -> Session:
+    """A session as stored, without a sequence yet (seq_id -1) and with its stored generation."""
     r = stored.record
-    try:
-        policy = policy_from(r["policy"])
-    except (KeyError, TypeError, SinkdError):
-        policy = PolicyConfig.named("full", sinks=0, window=1)
-    session = Session(
+    return Session(
         id=stored.id,
         tenant=stored.tenant,
         seq_id=-1,
         policy=policy,
         seq=CacheSequence(policy),
-        sampling=None,
-        sampler=None,
+        sampling=sampling,
+        sampler=Sampler(sampling) if sampling else None,
         model=identity,
         system_tokens=[],
         system_prompt_sha256=str(r.get("system_prompt_sha256", "")),
         pinned=0,
         reset_count=int(r.get("reset_count", 0)),
     )
-    session.generation = str(r.get("generation", ""))
+
+
+def _stale_session(stored: StoredSession, identity: ModelIdentity, why: str) -> Session:
+    """A placeholder the owner can list and close: no sequence, no cells, every other call refused."""
+    try:
+        policy = policy_from(stored.record["policy"])
+    except (KeyError, TypeError, SinkdError):
+        policy = PolicyConfig.named("full", sinks=0, window=1)
+    session = _session(stored, policy, identity, None)
+    session.generation = str(stored.record.get("generation", ""))
     session.state = SessionState.STALE
     session.failure = why
     session.resume = "stale"

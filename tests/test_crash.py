@@ -15,7 +15,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,13 +24,12 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from daemon.server import Daemon
 from proto.sinkd.v1 import sinkd_pb2 as pb
 from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
 from tests.conftest import TEXT
-from tests.test_daemon import ALICE, settings
+from tests.test_daemon import ALICE, serve_subprocess, settings
 
 pytestmark = pytest.mark.model
 
@@ -112,21 +110,7 @@ class Daemonproc:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, failpoint: str = "") -> None:
-        env = dict(self.env, SINKD_FAILPOINT=failpoint)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--socket", str(self.sock)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-        )  # fmt: skip
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"unix:{self.sock}"))
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    return
-            except grpc.RpcError:
-                time.sleep(0.1)
-        self.proc.kill()
-        raise AssertionError(self.proc.stderr.read().decode() if self.proc.stderr else "")
+        self.proc = serve_subprocess(self.sock, dict(self.env, SINKD_FAILPOINT=failpoint))
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -111,6 +111,24 @@ def client(daemon: Daemon) -> Iterator[Client]:
     c.channel.close()
 
 
+def serve_subprocess(sock: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`sinkd serve` in its own process, returned once its health check says SERVING."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "serve", "--socket", str(sock)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"unix:{sock}"))
+            if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                return proc
+        except grpc.RpcError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(proc.stderr.read().decode() if proc.stderr else "no output")
+
+
 def code_of(call: Any) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as err:
         result = call()
@@ -423,20 +441,7 @@ def test_sigterm_exits_zero_and_sessions_survive_a_kill_unless_durability_is_off
     )
 
     def start(**extra: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--socket", str(sock)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env, **extra),
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"unix:{sock}"))
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    return proc
-            except grpc.RpcError:
-                time.sleep(0.2)
-        proc.kill()
-        raise AssertionError(proc.stderr.read().decode() if proc.stderr else "no output")
+        return serve_subprocess(sock, dict(env, **extra))
 
     proc = start()
     c = Client(f"unix:{sock}")
