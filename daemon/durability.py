@@ -189,8 +189,9 @@ class Durability:
         self._fresh(session)
 
     def failed(self, session: Session) -> None:
+        """A failed session's cells were freed: it keeps its record and nothing to replay."""
         self.put(session)
-        self._delete_files(self.j.forget_generation(session.id, -1))
+        self._delete_files(self.j.forget_generation(session.id, None))
         self._fresh(session)
 
     def closed(self, session: Session) -> None:

@@ -169,7 +169,8 @@ class Journal:
         )
 
     def forget_generation(self, session_id: str, keep_reset_count: int | None) -> list[str]:
-        """Drop chunks and snapshot rows of every other generation; returns snapshot paths to delete."""
+        """Drop chunks and snapshot rows of every generation but `keep_reset_count` (None: of
+        all); returns the snapshot paths to delete."""
         if keep_reset_count is None:
             rows = self._db.execute("SELECT path FROM snapshots WHERE session=?", (session_id,))
             paths = [r[0] for r in rows]

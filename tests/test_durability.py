@@ -401,6 +401,25 @@ def test_a_failed_journal_commit_acknowledges_nothing(run: Run) -> None:
 
 
 @pytest.mark.model
+def test_a_failed_session_is_still_failed_after_a_restart(run: Run) -> None:
+    c = run.start()
+    h = c.create().handle
+    workload(c, h, 0)
+    assert run.d is not None
+    scheduler = run.d.service.scheduler
+    session = run.d.service.registry.lookup("alice", h.session_id, h.generation)
+    scheduler.call(lambda e: scheduler._fail_session(session, "a planted invariant violation"))
+    run.crash()
+    c = run.start()
+    r = receipt(c, h)
+    assert r.state == "failed" and r.retained == 0
+    assert code_of(lambda: c.generate(h, 2)) == grpc.StatusCode.FAILED_PRECONDITION
+    fresh = c.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
+    workload(c, fresh, 1)
+    assert receipt(c, fresh).state == "idle"
+
+
+@pytest.mark.model
 def test_reset_fork_and_close_are_durable(run: Run) -> None:
     c = run.start()
     parent = c.create().handle
