@@ -672,8 +672,9 @@ class Scheduler:
         session.seq.reset()
         session.retained = type(session.retained)(session.policy.sinks)
         if self.durability is not None:
-            try:
+            try:  # a transition: durable before anyone is told
                 self.durability.failed(session)
+                self.durability.commit()
             except (sqlite3.Error, JournalError) as e:
                 log.error("could not journal the failure of session %s: %s", session.id, e)
         self.cancel_session_jobs(session, SessionFailed(f"session {session.id} failed: {why}"))
