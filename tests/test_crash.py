@@ -6,7 +6,9 @@ and is killed again and again; after each restart, for every session: every ackn
 there, the session sits exactly at one of the reference's acknowledgement points, and its logits
 equal the reference's there, bit for bit. The clients then carry on from where the daemon stands.
 
-SINKD_CRASH_KILLS sets how many kills (default 8, plus the two snapshot crash points).
+SINKD_CRASH_KILLS sets how many kills (default 8, plus the two snapshot crash points) and
+SINKD_CRASH_ROUNDS how long the script is (default 8 rounds of an append and 6 generated tokens per
+session); a run stops killing once the script is done.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ POLICIES = [
     pb.Policy(name="window", window=64, evict_chunk=8),
     pb.Policy(name="sink", sinks=4, window=60, evict_chunk=4, compact_interval=12),
 ]
-ROUNDS, GEN = 8, 6
+ROUNDS, GEN = int(os.environ.get("SINKD_CRASH_ROUNDS", "8")), 6
 ENGINE = {"n_ctx_seq": 256, "max_sessions": 4, "step_tokens": 64, "snapshot_every_tokens": 24}
 
 
@@ -201,6 +203,7 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
         rng.choice(["append", "generate"]) for _ in range(kills)
     ]
     happened: dict[str, int] = {}
+    kills = 0
     seen = [c.acked for c in clients]
     for attempt in [*plan, "finish"]:
         if all(c.finished for c in clients):
@@ -232,6 +235,7 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
         for t in threads:
             t.join(120)
         print(attempt, "acked", [c.acked for c in clients])
+        kills += attempt != "finish"
         if attempt != "finish":
             daemon.kill()
             daemon.start()
@@ -246,5 +250,6 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
         for c, s in zip(clients, seen, strict=True)
     )
     daemon.kill()
+    print(f"killed {kills} times, {happened}")
     assert happened.get("append", 0) >= 1 and happened.get("generate", 0) >= 1, happened
     assert happened.get("snapshot-before-rename") and happened.get("snapshot-before-journal")
