@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,18 @@ def test_the_journal_holds_acknowledged_chunks_as_the_policy_cut_them_and_no_tex
     run.stop()
     stored = b"".join(p.read_bytes() for p in run.state.rglob("*") if p.is_file())
     assert sentinel.encode() not in stored  # token ids, never text
+
+
+@pytest.mark.model
+def test_snapshots_fall_due_by_time_as_well_as_by_tokens(run: Run) -> None:
+    c = run.start(snapshot_every_tokens=10_000, snapshot_every_s=0.5)
+    h = c.create().handle
+    c.append(h, "A few tokens, far below the token interval.")
+    seen = receipt(c, h).n_seen
+    deadline = time.monotonic() + 10
+    while receipt(c, h).snapshot_n_seen != seen and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert receipt(c, h).snapshot_n_seen == seen  # an idle session with new tokens: snapshotted
 
 
 @pytest.mark.model
