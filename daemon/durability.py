@@ -85,6 +85,7 @@ def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "trace": [dataclasses.asdict(e) for e in session.seq.trace],
         "retained_sinks": list(session.retained.sinks),
         "retained_window": list(session.retained.window),
+        "sampler_seed": session.sampling.seed,
         "sampler_draws": session.sampler.draws,
         "created": time.time(),
     }

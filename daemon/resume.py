@@ -236,6 +236,8 @@ class Resumer:
             raise Unrestorable("made under another configuration: " + "; ".join(differences))
         if meta["state"]["n_seen"] != row.n_seen:
             raise Unrestorable("its token count disagrees with the journal")
+        if meta.get("sampler_seed") != session.sampling.seed:
+            raise Unrestorable("its sampler seed disagrees with the session's")
         try:
             engine.restore_seq(session.seq_id, snap.kv)
         except SinkdError as e:

@@ -255,6 +255,36 @@ def test_snapshots_fall_due_by_time_as_well_as_by_tokens(run: Run) -> None:
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("crash", [True, False], ids=["crash-journal-only", "clean-stop-snapshot"])
+def test_a_sampling_session_draws_the_same_tokens_after_a_restart(
+    run: Run, tmp_path: Path, crash: bool
+) -> None:
+    sampling = pb.Sampling(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=99)
+    request = pb.CreateSessionRequest(
+        policy=pb.Policy(name="sink", sinks=4, window=60), sampling=sampling
+    )
+
+    def session(c: Client) -> pb.Handle:
+        h = c.s.Create(request, metadata=ALICE).handle
+        c.append(h, TEXT[:300])
+        c.generate(h, n=20)  # the sampler has drawn 20 times
+        return h
+
+    twin = Run(tmp_path / "twin", snapshot_every_tokens=10_000)
+    c = twin.start()
+    h = session(c)
+    want = c.generate(h, n=12)[0]
+    twin.stop()
+    c = run.start(snapshot_every_tokens=10_000)
+    h = session(c)
+    run.crash() if crash else run.stop()
+    c = run.start(snapshot_every_tokens=10_000)
+    assert ("from the journal" in receipt(c, h).resume) == crash  # else the snapshot alone
+    assert c.generate(h, n=12)[0] == want
+    assert len(set(want)) > 3  # it really samples
+
+
+@pytest.mark.model
 def test_damaged_snapshots_fall_back_then_go_stale_never_wrong(run: Run, tmp_path: Path) -> None:
     want_logits, _ = twin(tmp_path / "twin", 3)
     c = run.start()
