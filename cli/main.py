@@ -292,6 +292,7 @@ def serve(
         err.print(f"model {entry.name} is not pulled yet: pulling it now")
         models.pull_model(entry.name)
     daemon = Daemon(settings)
+    daemon.trap_signals()
     daemon.start()
     try:
         daemon.wait_ready()

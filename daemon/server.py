@@ -97,6 +97,7 @@ def _bad_message(request: _Undecodable) -> str:
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._signalled: threading.Event | None = None
         self.metrics = Metrics()
         self.service = SinkdService(settings, self.metrics)
         self.health = health.HealthServicer()
@@ -177,8 +178,9 @@ class Daemon:
         if self.settings.socket.exists():
             self.settings.socket.unlink()
 
-    def serve_until_signal(self) -> None:
-        """Block until SIGTERM or SIGINT, then stop gracefully (the daemon is already started)."""
+    def trap_signals(self) -> None:
+        """From now on SIGTERM and SIGINT ask for a graceful stop. Call it before `start`: a signal
+        that comes while the model loads or sessions resume then still ends in a clean stop."""
         done = threading.Event()
 
         def on_signal(signum: int, frame: object) -> None:
@@ -187,6 +189,13 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        while not done.wait(0.5):
+        self._signalled = done
+
+    def serve_until_signal(self) -> None:
+        """Block until SIGTERM or SIGINT, then stop gracefully (the daemon is already started)."""
+        if self._signalled is None:
+            self.trap_signals()
+        assert self._signalled is not None
+        while not self._signalled.wait(0.5):
             pass
         self.stop()
