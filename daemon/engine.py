@@ -320,6 +320,7 @@ class Engine:
         self._stack.callback(llama.llama_batch_free, batch)
         self._batch = batch
         self._free_seqs = list(range(cfg.n_seq_max - 1, -1, -1))
+        self._scratch = (ctypes.c_uint8 * 0)()  # reused by compact: no copy through Python bytes
         self._state_base, self._state_per_cell = self._calibrate_cell_size()
 
     def _calibrate_cell_size(self) -> tuple[int, int]:
@@ -500,7 +501,16 @@ class Engine:
         always packed, so the daemon packs a sequence after each eviction: a live sequence and its
         restored snapshot then hold the same layout and compute the same bits.
         """
-        self.restore_seq(seq_id, self.save_seq(seq_id))
+        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
+        if len(self._scratch) < size:
+            self._scratch = (ctypes.c_uint8 * size)()
+        buf = self._scratch
+        if int(llama.llama_state_seq_get_data(self._ctx, buf, size, seq_id)) != size:
+            raise EngineError(f"sequence {seq_id}: could not read its state to pack it")
+        self.clear(seq_id)
+        if int(llama.llama_state_seq_set_data(self._ctx, buf, size, seq_id)) != size:
+            self.clear(seq_id)
+            raise EngineError(f"sequence {seq_id}: could not write its packed state back")
 
     def pos_range(self, seq_id: int) -> tuple[int, int]:
         return (
