@@ -243,15 +243,15 @@ class Durability:
         rel = f"snapshots/{session.id}/{session.reset_count}-{n_seen}.snap"
         path = self.dir / rel
         path.parent.mkdir(exist_ok=True, mode=0o700)
-        data = snapshots.encode(
+        data = snapshots.parts(
             snapshots.Snapshot(snapshot_meta(session, self.config), kv, session.last_logits)
         )
-        snapshots.write_atomic(path, data)
+        snapshots.write_atomic(path, data, fsync=self.sync == "full")
         failpoints.hit("snapshot-before-journal")
         now = time.time()
         try:
             self.j.add_snapshot(
-                SnapshotRow(session.id, session.reset_count, n_seen, rel, len(data), now)
+                SnapshotRow(session.id, session.reset_count, n_seen, rel, sum(map(len, data)), now)
             )
             kept = self.j.snapshots(session.id, session.reset_count)
             for old in kept[self.keep :]:
@@ -270,7 +270,7 @@ class Durability:
         session.snap_time = now
         session.logged_since_snap = 0
         session.log_chunks, session.log_tokens = self.j.chunk_stats(session.id, session.reset_count)
-        return len(data)
+        return sum(map(len, data))
 
     def sweep(self) -> int:
         """Delete what a crash left in the snapshot folder: half-written temporaries, snapshots the

@@ -478,11 +478,11 @@ class Engine:
     def save_seq(self, seq_id: int) -> bytes:
         """The sequence's cells as llama.cpp serialises them (positions, K and V rows)."""
         size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
-        buf = (ctypes.c_uint8 * size)()
+        buf = self._scratch_of(size)
         written = int(llama.llama_state_seq_get_data(self._ctx, buf, size, seq_id))
         if written != size:
             raise EngineError(f"sequence {seq_id}: state wrote {written} of {size} bytes")
-        return bytes(buf)
+        return bytes(memoryview(buf)[:size])
 
     def restore_seq(self, seq_id: int, data: bytes) -> None:
         """Replace the sequence's cells with a `save_seq` image; a refused image leaves it empty."""
@@ -502,15 +502,19 @@ class Engine:
         restored snapshot then hold the same layout and compute the same bits.
         """
         size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
-        if len(self._scratch) < size:
-            self._scratch = (ctypes.c_uint8 * size)()
-        buf = self._scratch
+        buf = self._scratch_of(size)
         if int(llama.llama_state_seq_get_data(self._ctx, buf, size, seq_id)) != size:
             raise EngineError(f"sequence {seq_id}: could not read its state to pack it")
         self.clear(seq_id)
         if int(llama.llama_state_seq_set_data(self._ctx, buf, size, seq_id)) != size:
             self.clear(seq_id)
             raise EngineError(f"sequence {seq_id}: could not write its packed state back")
+
+    def _scratch_of(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
+        """A buffer of at least `size` bytes, kept between calls (allocating zeroes megabytes)."""
+        if len(self._scratch) < size:
+            self._scratch = (ctypes.c_uint8 * size)()
+        return self._scratch
 
     def pos_range(self, seq_id: int) -> tuple[int, int]:
         return (

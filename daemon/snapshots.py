@@ -42,12 +42,21 @@ class Snapshot:
     logits: np.ndarray | None
 
 
-def encode(snapshot: Snapshot) -> bytes:
+def parts(snapshot: Snapshot) -> list[bytes]:
+    """The file's content in pieces, digest last: written one after another, never joined (a
+    snapshot is megabytes, and the engine thread waits while it is written)."""
     logits = b"" if snapshot.logits is None else snapshot.logits.astype("<f4").tobytes()
     meta = dict(snapshot.meta, kv_bytes=len(snapshot.kv), logits_bytes=len(logits))
     meta_bytes = json.dumps(meta, sort_keys=True).encode()
-    body = _HEAD.pack(MAGIC, VERSION, len(meta_bytes)) + meta_bytes + snapshot.kv + logits
-    return body + hashlib.sha256(body).digest()
+    pieces = [_HEAD.pack(MAGIC, VERSION, len(meta_bytes)) + meta_bytes, snapshot.kv, logits]
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return [*pieces, digest.digest()]
+
+
+def encode(snapshot: Snapshot) -> bytes:
+    return b"".join(parts(snapshot))
 
 
 def decode(data: bytes) -> Snapshot:
@@ -69,25 +78,30 @@ def decode(data: bytes) -> Snapshot:
     return Snapshot(meta, kv, logits)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that `path` holds either its old content or all of `data`."""
+def write_atomic(path: Path, data: bytes | list[bytes], fsync: bool = True) -> None:
+    """Write `data` to `path` so that `path` holds either its old content or all of `data`.
+
+    `fsync=False` keeps that promise across a process crash but not a power loss."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            for piece in [data] if isinstance(data, bytes) else data:
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         failpoints.hit("snapshot-before-rename")
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        if fsync:
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise SnapshotError(f"writing {path.name}: {e.strerror or e}") from e
