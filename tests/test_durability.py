@@ -243,6 +243,21 @@ def test_the_journal_holds_acknowledged_chunks_as_the_policy_cut_them_and_no_tex
 
 
 @pytest.mark.model
+def test_what_is_stored_stays_bounded_however_long_the_stream(run: Run) -> None:
+    c = run.start(snapshot_every_tokens=64)
+    h = c.create().handle
+    assert run.d is not None
+    pool = run.d.service.engine.tokenize(TEXT * 8)
+    for i in range(0, 1500, 50):
+        ids = pool[i % (len(pool) - 50) :][:50]
+        c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids)), metadata=ALICE)
+    r = receipt(c, h)
+    assert r.n_seen >= 1500 and r.evicted_tokens > 1300
+    assert r.journal_tokens <= 3 * 64 + 50  # back to the older of the two kept snapshots
+    assert len(list((run.state / "snapshots" / h.session_id).iterdir())) == 2
+
+
+@pytest.mark.model
 def test_snapshots_fall_due_by_time_as_well_as_by_tokens(run: Run) -> None:
     c = run.start(snapshot_every_tokens=10_000, snapshot_every_s=0.5)
     h = c.create().handle
