@@ -320,6 +320,8 @@ class Scheduler:
             return
         self._last_expiry = now
         for session in self.registry.all():
+            if session.state is SessionState.STALE:
+                continue  # its data waits for its owner, or for the configuration it was made under
             idle = now - session.last_active
             if idle > self.idle_timeout_s and not self._queues.get(session.id):
                 log.info("session %s expired after %.0f s idle", session.id, idle)

@@ -357,9 +357,10 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
     run.stop()
     for change, words in (
         ({"model": "gemma3-270m"}, "model_sha256 was"),
-        ({"n_ctx_seq": 512}, "n_ctx_seq was 256"),
+        ({"n_ctx_seq": 512, "idle_timeout_s": 0.2}, "n_ctx_seq was 256"),  # stale: no expiry
     ):
         c = run.start(**change)
+        time.sleep(1.5)
         calls = (lambda: c.inspect(h), lambda: c.append(h, "x"), lambda: c.generate(h, 2))  # noqa: B023
         for call in calls:
             assert code_of(call) == grpc.StatusCode.FAILED_PRECONDITION
