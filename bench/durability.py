@@ -23,7 +23,7 @@ from daemon.server import Daemon
 from daemon.sessions import Session
 from proto.sinkd.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
-from tests.test_daemon import ALICE, Client, settings
+from tests.test_daemon import ALICE, Client, crash, settings
 
 MODES: dict[str, dict[str, Any]] = {
     "off": {"durable": False},
@@ -166,11 +166,7 @@ def restart_time() -> list[dict[str, Any]]:
         for t in threads:
             t.join()
         if how == "crash":  # no shutdown snapshots: resume replays the journal's tail
-            durability = d.service.scheduler.durability
-            d.service.scheduler.durability = None
-            d.stop()
-            assert durability is not None
-            durability.close()
+            crash(d)
         else:
             d.stop()
         d, c, seconds = start(state)

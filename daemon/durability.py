@@ -275,11 +275,7 @@ class Durability:
     def sweep(self) -> int:
         """Delete what a crash left in the snapshot folder: half-written temporaries, snapshots the
         journal never recorded, folders of sessions it no longer has. Returns how many."""
-        referenced = {
-            row.path
-            for stored in self.j.sessions()
-            for row in self.j.snapshots(stored.id, int(stored.record.get("reset_count", 0)))
-        }
+        referenced = self.j.snapshot_paths()
         removed = 0
         root = self.dir / "snapshots"
         for folder in root.iterdir():

@@ -320,7 +320,7 @@ class Engine:
         self._stack.callback(llama.llama_batch_free, batch)
         self._batch = batch
         self._free_seqs = list(range(cfg.n_seq_max - 1, -1, -1))
-        self._scratch = (ctypes.c_uint8 * 0)()  # reused by compact: no copy through Python bytes
+        self._scratch = (ctypes.c_uint8 * 0)()  # sequence images: read, packed, copied in place
         self._state_base, self._state_per_cell = self._calibrate_cell_size()
 
     def _calibrate_cell_size(self) -> tuple[int, int]:
@@ -458,7 +458,7 @@ class Engine:
         call copies the cell metadata at once but the K and V rows only at the next decode, so an
         image taken of `dst` before then (a fork's first snapshot) would hold stale rows.
         """
-        self.restore_seq(dst, self.save_seq(src))
+        self._write_seq(dst, *self._read_seq(src))
         if self.pos_range(dst) != self.pos_range(src):
             raise EngineError(f"copy of sequence {src} to {dst} is incomplete")
 
@@ -477,21 +477,12 @@ class Engine:
 
     def save_seq(self, seq_id: int) -> bytes:
         """The sequence's cells as llama.cpp serialises them (positions, K and V rows)."""
-        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
-        buf = self._scratch_of(size)
-        written = int(llama.llama_state_seq_get_data(self._ctx, buf, size, seq_id))
-        if written != size:
-            raise EngineError(f"sequence {seq_id}: state wrote {written} of {size} bytes")
+        buf, size = self._read_seq(seq_id)
         return bytes(memoryview(buf)[:size])
 
     def restore_seq(self, seq_id: int, data: bytes) -> None:
         """Replace the sequence's cells with a `save_seq` image; a refused image leaves it empty."""
-        self.clear(seq_id)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        read = int(llama.llama_state_seq_set_data(self._ctx, buf, len(data), seq_id))
-        if read != len(data):
-            self.clear(seq_id)
-            raise EngineError(f"sequence {seq_id}: llama.cpp took {read} of {len(data)} bytes")
+        self._write_seq(seq_id, (ctypes.c_uint8 * len(data)).from_buffer_copy(data), len(data))
 
     def compact(self, seq_id: int) -> None:
         """Rewrite the sequence's cells into consecutive slots, in their order.
@@ -501,20 +492,24 @@ class Engine:
         always packed, so the daemon packs a sequence after each eviction: a live sequence and its
         restored snapshot then hold the same layout and compute the same bits.
         """
-        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
-        buf = self._scratch_of(size)
-        if int(llama.llama_state_seq_get_data(self._ctx, buf, size, seq_id)) != size:
-            raise EngineError(f"sequence {seq_id}: could not read its state to pack it")
-        self.clear(seq_id)
-        if int(llama.llama_state_seq_set_data(self._ctx, buf, size, seq_id)) != size:
-            self.clear(seq_id)
-            raise EngineError(f"sequence {seq_id}: could not write its packed state back")
+        self._write_seq(seq_id, *self._read_seq(seq_id))
 
-    def _scratch_of(self, size: int) -> ctypes.Array[ctypes.c_uint8]:
-        """A buffer of at least `size` bytes, kept between calls (allocating zeroes megabytes)."""
+    def _read_seq(self, seq_id: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        """The sequence's image in the reused scratch buffer (allocating zeroes megabytes)."""
+        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
         if len(self._scratch) < size:
             self._scratch = (ctypes.c_uint8 * size)()
-        return self._scratch
+        written = int(llama.llama_state_seq_get_data(self._ctx, self._scratch, size, seq_id))
+        if written != size:
+            raise EngineError(f"sequence {seq_id}: state wrote {written} of {size} bytes")
+        return self._scratch, size
+
+    def _write_seq(self, seq_id: int, buf: ctypes.Array[ctypes.c_uint8], size: int) -> None:
+        self.clear(seq_id)
+        read = int(llama.llama_state_seq_set_data(self._ctx, buf, size, seq_id))
+        if read != size:
+            self.clear(seq_id)
+            raise EngineError(f"sequence {seq_id}: llama.cpp took {read} of {size} bytes")
 
     def pos_range(self, seq_id: int) -> tuple[int, int]:
         return (

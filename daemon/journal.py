@@ -282,6 +282,10 @@ class Journal:
         )
         return [SnapshotRow(*r) for r in rows]
 
+    def snapshot_paths(self) -> set[str]:
+        """Every snapshot file the journal references, all sessions."""
+        return {r[0] for r in self._db.execute("SELECT path FROM snapshots")}
+
     def drop_snapshot(self, row: SnapshotRow) -> None:
         self._db.execute(
             "DELETE FROM snapshots WHERE session=? AND reset_count=? AND n_seen=?",

@@ -283,11 +283,7 @@ class Scheduler:
     def _reply(self, job: Job, fn: Callable[[], None]) -> None:
         """Queue a reply; what the session decoded so far joins the journal before it is sent."""
         session = job.session
-        if self.durability is not None and session.state not in (
-            SessionState.FAILED,
-            SessionState.CLOSED,
-            SessionState.STALE,
-        ):
+        if self.durability is not None and session.has_history:
             self.durability.flush(session)
         self._replies.append((job, fn))
 
@@ -495,27 +491,26 @@ class Scheduler:
             if tokens is None:
                 tokens = job.tokens[job.offset : job.offset + sb.n_tokens]
                 session.state = SessionState.PREFILLING
-            if not self._apply(session, sb):
+            before = session.seq.state.evicted_tokens
+            try:
+                self._apply(session, sb)
+            except EngineError as e:
+                self._fail_session(session, f"memory operation refused: {e}")
                 continue
+            if sb.ops:
+                self.metrics.evictions.inc()
+                self.metrics.evicted_tokens.inc(sb.after_ops.evicted_tokens - before)
             items.append(_Item(job, tokens, sb, decode_pending=job.pending is not None))
             budget -= sb.n_tokens
         return items
 
-    def _apply(self, session: Session, sb: SubBatch) -> bool:
-        """Apply a sub-batch's evictions to the cache and the policy state; False if refused."""
+    def _apply(self, session: Session, sb: SubBatch) -> None:
+        """Apply a sub-batch's evictions to the cache, then to the policy state (EngineError if
+        llama.cpp refuses)."""
         engine = self.engine
         assert engine is not None
-        try:
-            engine.apply_ops(session.seq_id, sb)
-        except EngineError as e:
-            self._fail_session(session, f"memory operation refused: {e}")
-            return False
-        before = session.seq.state.evicted_tokens
+        engine.apply_ops(session.seq_id, sb)
         session.seq.adopt_ops(sb)
-        if sb.ops:
-            self.metrics.evictions.inc()
-            self.metrics.evicted_tokens.inc(sb.after_ops.evicted_tokens - before)
-        return True
 
     def _absorb(self, session: Session, sb: SubBatch, tokens: list[int], row: Any) -> None:
         """Record a decoded sub-batch; after an eviction, pack the sequence's cells (see
@@ -576,11 +571,10 @@ class Scheduler:
                 )
                 continue
             try:
-                engine.apply_ops(session.seq_id, sb)
+                self._apply(session, sb)
             except EngineError as e:
                 refused.append((session, str(e)))
                 continue
-            session.seq.adopt_ops(sb)
             items.append((session, tokens, sb))
         if items:
             rows = engine.decode_batch(
@@ -595,9 +589,7 @@ class Scheduler:
             return
         now = time.time()
         for session in self.registry.all():
-            if session.state in (SessionState.FAILED, SessionState.CLOSED, SessionState.STALE):
-                continue
-            if self.durability.due(session, now):
+            if session.has_history and self.durability.due(session, now):
                 self._snapshot(session)
 
     def _snapshot(self, session: Session) -> bool:

@@ -165,6 +165,11 @@ class Session:
         self.retained = RetainedTokens(self.policy.sinks)
         self.refresh_generation()
 
+    @property
+    def has_history(self) -> bool:
+        """Its cache holds a history the journal keeps (not failed, closed or stale)."""
+        return self.state not in (SessionState.FAILED, SessionState.CLOSED, SessionState.STALE)
+
     def refresh_generation(self) -> None:
         self.generation = generation_hash(
             self.id,

@@ -129,6 +129,16 @@ def serve_subprocess(sock: Path, env: dict[str, str]) -> subprocess.Popen[bytes]
     raise AssertionError(proc.stderr.read().decode() if proc.stderr else "no output")
 
 
+def crash(d: Daemon) -> None:
+    """Stop with nothing more written to the state directory (no shutdown snapshots), as a kill -9
+    would, and release its lock as the kernel would."""
+    durability = d.service.scheduler.durability
+    d.service.scheduler.durability = None
+    d.stop()
+    assert durability is not None
+    durability.close()
+
+
 def code_of(call: Any) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as err:
         result = call()

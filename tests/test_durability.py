@@ -28,7 +28,7 @@ from daemon.journal import Journal, JournalError
 from daemon.server import Daemon
 from proto.sinkd.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
-from tests.test_daemon import ALICE, BOB, Client, code_of, settings
+from tests.test_daemon import ALICE, BOB, Client, code_of, crash, settings
 
 # --- formats (no model) ---
 
@@ -154,11 +154,7 @@ class Run:
     def crash(self) -> None:
         """Stop without the clean-shutdown snapshots: what the journal holds is all there is."""
         assert self.d is not None
-        durability = self.d.service.scheduler.durability
-        self.d.service.scheduler.durability = None  # nothing more reaches the state directory
-        self.d.stop()
-        assert durability is not None
-        durability.close()  # as the kernel would release the lock of a killed process
+        crash(self.d)
 
     @property
     def state(self) -> Path:

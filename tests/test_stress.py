@@ -24,7 +24,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from daemon.server import Daemon
 from proto.sinkd.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
-from tests.test_daemon import ADMIN, ALICE, BOB, Client
+from tests.test_daemon import ADMIN, ALICE, BOB, Client, crash
 from tests.test_daemon import settings as daemon_settings
 
 pytestmark = pytest.mark.model
@@ -45,15 +45,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = start_daemon(tmp_path_factory.mktemp("stress"))
     yield d
     d.stop()
-
-
-def crash(d: Daemon) -> None:
-    """Stop with nothing more written to the state directory, as a kill -9 would."""
-    durability = d.service.scheduler.durability
-    d.service.scheduler.durability = None
-    d.stop()
-    assert durability is not None
-    durability.close()
 
 
 @dataclass
