@@ -20,10 +20,17 @@ models: $(VENV)/.installed
 	$(BIN)/sinkd models pull smollm2-135m-instruct
 	$(BIN)/sinkd models pull gemma3-270m
 
+# mypy cannot follow setuptools' editable import hook, so it checks a tree of links laid out as the
+# installed package (sinkd/<folder> -> <folder>), under the names the code imports.
+TYPECHECK := build/typecheck
+
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy cachepolicy daemon cli
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/sinkd
+	ln -s $(CURDIR)/sinkd/__init__.py $(CURDIR)/sinkd/py.typed $(TYPECHECK)/sinkd/
+	for d in cachepolicy daemon evaluation cli proto; do ln -s $(CURDIR)/$$d $(TYPECHECK)/sinkd/$$d; done
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p sinkd
 
 format: $(VENV)/.installed
 	$(BIN)/ruff check --fix .

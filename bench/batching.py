@@ -10,17 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from daemon.engine import BatchItem, EngineConfig
-from daemon.loading import open_engine
-from tests.conftest import TEXT
+from sinkd.daemon.engine.llama import BatchItem, EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
 
 
 def run(unified: bool, sessions: int, steps: int) -> dict[str, float | bool]:

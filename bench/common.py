@@ -11,8 +11,23 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
+
+
+def daemon_settings(tmp: Path, **kw: Any) -> Any:
+    """A daemon on a temporary Unix socket and state directory, no tenants (the socket's user)."""
+    from sinkd.daemon.config import Settings
+
+    base: dict[str, Any] = {
+        "socket": tmp / "sinkd.sock",
+        "state_dir": tmp / "state",
+        "max_sessions": 6,
+        "n_ctx_seq": 256,
+        "step_tokens": 64,
+        "n_batch": 256,
+    }
+    base.update(kw)
+    return Settings(**base)
 
 
 def machine() -> dict[str, Any]:

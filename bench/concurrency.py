@@ -13,12 +13,12 @@ import threading
 import time
 from pathlib import Path
 
-from common import percentile, table, write
+from common import daemon_settings, percentile, table, write
 
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
-from tests.conftest import TEXT
-from tests.test_daemon import Client, settings
+from sinkd.daemon.rpc.client import Client
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
+from sinkd.proto.v1 import sinkd_pb2 as pb
 
 MD = [("authorization", "Bearer alice-token")]
 
@@ -41,7 +41,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tokens", type=int, default=48)
     a = p.parse_args()
-    d = Daemon(settings(Path(tempfile.mkdtemp()), max_sessions=9, n_ctx_seq=256))
+    d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=9, n_ctx_seq=256))
     d.start()
     d.wait_ready(60)
     client = Client(d.addresses[0])

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import percentile, table, write
+from common import daemon_settings, percentile, table, write
 
-from daemon.server import Daemon
-from daemon.sessions import Session
-from proto.sinkd.v1 import sinkd_pb2 as pb
-from tests.conftest import TEXT
-from tests.test_daemon import ALICE, Client, crash, settings
+from sinkd.daemon.rpc.client import Client
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.sessions import Session
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
+from sinkd.proto.v1 import sinkd_pb2 as pb
 
 MODES: dict[str, dict[str, Any]] = {
     "off": {"durable": False},
@@ -35,14 +35,14 @@ POLICY = pb.Policy(name="sink", sinks=4, window=252)
 
 def start(tmp: Path, **kw: Any) -> tuple[Daemon, Client, float]:
     t0 = time.perf_counter()
-    d = Daemon(settings(tmp, n_ctx_seq=256, max_sessions=8, **kw))
+    d = Daemon(daemon_settings(tmp, n_ctx_seq=256, max_sessions=8, **kw))
     d.start()
     d.wait_ready(300)
     return d, Client(d.addresses[0]), time.perf_counter() - t0
 
 
 def create(c: Client) -> pb.Handle:
-    return c.s.Create(pb.CreateSessionRequest(policy=POLICY), metadata=ALICE).handle
+    return c.s.Create(pb.CreateSessionRequest(policy=POLICY), metadata=[]).handle
 
 
 def append_rate(c: Client, pool: list[int], n_appends: int, size: int) -> float:
@@ -50,7 +50,7 @@ def append_rate(c: Client, pool: list[int], n_appends: int, size: int) -> float:
     t0 = time.perf_counter()
     for i in range(n_appends):
         ids = pool[(i * size) % (len(pool) - size) :][:size]
-        c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids)), metadata=ALICE)
+        c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids)), metadata=[])
     return n_appends * size / (time.perf_counter() - t0)
 
 
@@ -60,12 +60,12 @@ def generate_rate(c: Client, pool: list[int], sessions: int, tokens: int) -> flo
         h = create(c)
         c.s.Append(
             pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=pool[i * 30 : i * 30 + 200])),
-            metadata=ALICE,
+            metadata=[],
         )
         handles.append(h)
 
     def gen(h: pb.Handle) -> None:
-        for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=tokens), metadata=ALICE):
+        for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=tokens), metadata=[]):
             pass
 
     threads = [threading.Thread(target=gen, args=(h,)) for h in handles]
@@ -111,17 +111,13 @@ def snapshot_cost(repeats: int) -> list[dict[str, Any]]:
     rows = []
     for cells in (64, 256):
         h = create(c)
-        c.s.Append(
-            pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=pool[:cells])), metadata=ALICE
-        )
+        c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=pool[:cells])), metadata=[])
         session: Session = d.service.registry.lookup("alice", h.session_id, h.generation)
         times = []
         for i in range(repeats):
-            c.s.Append(
-                pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=[pool[i]])), metadata=ALICE
-            )
+            c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=[pool[i]])), metadata=[])
             t0 = time.perf_counter()
-            assert scheduler.call(lambda e, s=session: scheduler._snapshot(s))
+            assert scheduler.call(lambda e, s=session: scheduler.snapshotter.take(s))
             times.append((time.perf_counter() - t0) * 1000)
         size = max(p.stat().st_size for p in (d.settings.state_dir / "snapshots").rglob("*.snap"))
         rows.append(
@@ -132,7 +128,7 @@ def snapshot_cost(repeats: int) -> list[dict[str, Any]]:
                 "p99_ms": percentile(times, 99),
             }
         )
-        c.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+        c.s.Close(pb.HandleRequest(handle=h), metadata=[])
     d.stop()
     return rows
 
@@ -152,12 +148,12 @@ def restart_time() -> list[dict[str, Any]]:
             h = create(c)
             c.s.Append(
                 pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=pool[i * 10 : i * 10 + 400])),
-                metadata=ALICE,
+                metadata=[],
             )  # a snapshot falls due here (256 tokens logged)
             handles.append(h)
 
         def gen(h: pb.Handle, n: int = generated, c: Client = c) -> None:
-            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=n), metadata=ALICE):
+            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=n), metadata=[]):
                 pass
 
         threads = [threading.Thread(target=gen, args=(h,)) for h in handles]
@@ -166,11 +162,11 @@ def restart_time() -> list[dict[str, Any]]:
         for t in threads:
             t.join()
         if how == "crash":  # no shutdown snapshots: resume replays the journal's tail
-            crash(d)
+            d.stop(snapshot=False)
         else:
             d.stop()
         d, c, seconds = start(state)
-        listed = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+        listed = c.s.List(pb.ListSessionsRequest(), metadata=[]).sessions
         assert len(listed) == 8 and all(r.state == "idle" for r in listed)
         rows.append(
             {

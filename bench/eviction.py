@@ -15,11 +15,12 @@ from pathlib import Path
 
 from common import ROOT, table, write
 
-from cachepolicy import CacheSequence, PolicyConfig, Shift
-from daemon.engine import EngineConfig, Sampler, SamplingParams
-from daemon.evaluation import score_policy
-from daemon.loading import open_engine
-from tests.conftest import TEXT
+from sinkd.cachepolicy import CacheSequence, PolicyConfig, Shift
+from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
+from sinkd.evaluation.ppl import score_policy
 
 S, W = 4, 252
 

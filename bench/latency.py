@@ -10,10 +10,11 @@ import time
 
 from common import RESULTS, percentile, table, write
 
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon.engine import EngineConfig, Sampler, SamplingParams
-from daemon.loading import open_engine
-from tests.conftest import TEXT
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
 
 
 def decode_run(policy: PolicyConfig, n_ctx: int, tokens: int) -> list[float]:

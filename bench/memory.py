@@ -10,12 +10,12 @@ import argparse
 
 from common import table, write
 
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon.engine import EngineConfig
-from daemon.loading import open_engine
-from daemon.service import admitted_sessions
-from daemon.textstream import rss_bytes
-from tests.conftest import TEXT
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.runtime.admission import admitted_sessions
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
+from sinkd.evaluation.textstream import rss_bytes
 
 
 def main() -> None:

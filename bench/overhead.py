@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import llama_cpp as llama
-from common import table, write
+from common import daemon_settings, table, write
 
-from daemon.engine import EngineConfig
-from daemon.models import load_lock, model_path
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
-from tests.conftest import TEXT
-from tests.test_daemon import Client
+from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.models import load_lock, model_path
+from sinkd.daemon.rpc.client import Client
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
+from sinkd.proto.v1 import sinkd_pb2 as pb
 
 
 def bare(prompt: list[int], tokens: int, threads: int) -> float:
@@ -80,9 +80,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     threads = EngineConfig().n_threads
-    from tests.test_daemon import settings
 
-    d = Daemon(settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
+    d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
     d.start()
     d.wait_ready(60)
     client = Client(d.addresses[0])

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon.engine import Engine, EngineConfig, Sampler, SamplingParams
-from daemon.evaluation import run_ppl
-from daemon.loading import open_engine
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.evaluation.ppl import run_ppl
 
 OUT = Path("bench/results/quality")
 TEXTS = Path("bench/texts")

@@ -11,15 +11,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import percentile, table, write
+from common import daemon_settings, percentile, table, write
 
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon.engine import EngineConfig, Sampler, SamplingParams
-from daemon.loading import open_engine
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
-from tests.conftest import TEXT
-from tests.test_daemon import Client, settings
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.rpc.client import Client
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.evaluation import SAMPLE_TEXT as TEXT
+from sinkd.proto.v1 import sinkd_pb2 as pb
 
 MD = [("authorization", "Bearer alice-token")]
 
@@ -29,7 +30,7 @@ def main() -> None:
     p.add_argument("--resets", type=int, default=50)
     p.add_argument("--tokens", type=int, default=96)
     a = p.parse_args()
-    d = Daemon(settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
+    d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
     d.start()
     d.wait_ready(60)
     client = Client(d.addresses[0])

@@ -3,10 +3,10 @@
 No engine, no network: this package imports neither ``llama_cpp`` nor ``grpc``.
 """
 
-from cachepolicy.config import PolicyConfig, PolicyName, PositionMode
-from cachepolicy.errors import CacheFull, ConfigError, SinkdError
-from cachepolicy.plan import AppendPlan, Evict, Op, SeqState, Shift, SubBatch, plan_append
-from cachepolicy.sequence import CacheSequence, Cell, Receipt, TraceEvent
+from sinkd.cachepolicy.config import PolicyConfig, PolicyName, PositionMode
+from sinkd.cachepolicy.errors import CacheFull, ConfigError, SinkdError
+from sinkd.cachepolicy.plan import AppendPlan, Evict, Op, SeqState, Shift, SubBatch, plan_append
+from sinkd.cachepolicy.sequence import CacheSequence, Cell, Receipt, TraceEvent
 
 __all__ = [
     "AppendPlan",

@@ -15,7 +15,7 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cachepolicy.errors import ConfigError
+from sinkd.cachepolicy.errors import ConfigError
 
 
 class PositionMode(str, enum.Enum):
@@ -89,10 +89,35 @@ class PolicyConfig:
             name = PolicyName(policy)
         except ValueError:
             known = ", ".join(p.value for p in PolicyName)
-            raise ConfigError("policy", f"unknown policy {policy!r} (known: {known})") from None
+            shown = str(policy) if len(str(policy)) <= 64 else f"{str(policy)[:64]}..."
+            raise ConfigError("policy", f"unknown policy {shown!r} (known: {known})") from None
         if name is PolicyName.WINDOW:
             sinks = 0
         return cls(name, sinks, window, evict_chunk, compact_interval)
+
+    @classmethod
+    def resolve(
+        cls,
+        policy: str | PolicyName,
+        *,
+        sinks: int | None,
+        window: int | None,
+        evict_chunk: int | None,
+        compact_interval: int = 0,
+        default_sinks: int,
+        default_window: int,
+        default_evict_chunk: int,
+    ) -> PolicyConfig:
+        """The one place defaults fill what a caller left unset: S and W from the model's entry,
+        E from the daemon's default (never above W)."""
+        w = default_window if window is None else window
+        return cls.named(
+            policy,
+            sinks=default_sinks if sinks is None else sinks,
+            window=w,
+            evict_chunk=evict_chunk or min(default_evict_chunk, max(w, 1)),
+            compact_interval=compact_interval,
+        )
 
     @property
     def position_mode(self) -> PositionMode:

@@ -1,7 +1,8 @@
-"""Typed errors of the cache policy.
+"""Typed errors of the cache policy, the root of sinkd's one error hierarchy.
 
-They carry what a user needs to act on (the field, the limit); the servicer and the CLI turn them into
-a gRPC status or an exit code. Nothing here knows about either.
+Each class carries what the edges need, as plain data: `status` (a gRPC status name) and `exit_code`
+(the CLI's). The servicer and the CLI read them; nothing here imports either. The daemon's errors
+(`sinkd.daemon.errors`) derive from `SinkdError` too.
 """
 
 from __future__ import annotations
@@ -10,9 +11,15 @@ from __future__ import annotations
 class SinkdError(Exception):
     """Base of every error sinkd means to show to a user."""
 
+    status = "INTERNAL"
+    exit_code = 14
+
 
 class ConfigError(SinkdError, ValueError):
     """An invalid policy configuration; `field` names the offending setting."""
+
+    status = "INVALID_ARGUMENT"
+    exit_code = 2
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -21,6 +28,9 @@ class ConfigError(SinkdError, ValueError):
 
 class CacheFull(SinkdError):
     """The `full` policy cannot take more tokens: it never evicts and never truncates silently."""
+
+    status = "RESOURCE_EXHAUSTED"
+    exit_code = 8
 
     def __init__(self, retained: int, incoming: int, capacity: int) -> None:
         super().__init__(

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cachepolicy.config import PolicyConfig, PositionMode
-from cachepolicy.errors import CacheFull, ConfigError
+from sinkd.cachepolicy.config import PolicyConfig, PositionMode
+from sinkd.cachepolicy.errors import CacheFull, ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from cachepolicy.config import PolicyConfig
-from cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
+from sinkd.cachepolicy.config import PolicyConfig
+from sinkd.cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
 
 DEFAULT_TRACE_CAPACITY = 256
 

@@ -11,19 +11,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cachepolicy.errors import SinkdError
-
-
-class DaemonUnavailable(SinkdError):
-    """No daemon answers at the address."""
-
-
-class Refused(SinkdError):
-    """The daemon refused the request; `code` is the gRPC status name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
+from sinkd.cachepolicy.errors import SinkdError
+from sinkd.daemon.errors import (
+    ERROR_TRAILER,
+    DaemonUnavailable,
+    NotFound,
+    Refused,
+    by_name,
+    echo,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ class Backend(Protocol):
 
 
 def default_address() -> str:
-    from daemon.config import default_socket
+    from sinkd.daemon.config import default_socket
 
     return os.environ.get("SINKD_ADDRESS") or f"unix:{default_socket()}"
 
@@ -64,48 +60,16 @@ def default_address() -> str:
 # --- remote ---
 
 
-def _range(r: Any) -> list[int]:
-    return [int(r.start), int(r.end)]
+def _receipt(message: Any) -> dict[str, Any]:
+    from sinkd.proto.convert import receipt_from_pb
+
+    return receipt_from_pb(message)
 
 
-def receipt_from_pb(r: Any) -> dict[str, Any]:
-    p = r.policy
-    return {
-        "session_id": r.session_id,
-        "generation": r.generation,
-        "reset_count": r.reset_count,
-        "state": r.state,
-        "tenant": r.tenant,
-        "policy": {
-            "policy": p.name,
-            "sinks": p.sinks,
-            "window": p.window,
-            "evict_chunk": p.evict_chunk,
-            "compact_interval": p.compact_interval,
-        },
-        "n_seen": r.n_seen,
-        "retained": r.retained,
-        "anchors_logical": _range(r.anchors_logical),
-        "recent_logical": _range(r.recent_logical),
-        "anchors_cache": _range(r.anchors_cache),
-        "recent_cache": _range(r.recent_cache),
-        "pending_gap": r.pending_gap,
-        "evictions": r.evictions,
-        "evicted_tokens": r.evicted_tokens,
-        "shifts": r.shifts,
-        "kv_payload_bytes": r.kv_payload_bytes,
-        "model": r.model,
-        "model_sha256": r.model_sha256,
-        "system_prompt_tokens": r.system_prompt_tokens,
-        "system_prompt_tokens_pinned": r.system_prompt_tokens_pinned,
-        "system_prompt_sha256": r.system_prompt_sha256,
-        "resume": r.resume,
-        "stale_reason": r.stale_reason,
-        "snapshot_n_seen": r.snapshot_n_seen,
-        "snapshot_unix_time": r.snapshot_unix_time,
-        "journal_chunks": r.journal_chunks,
-        "journal_tokens": r.journal_tokens,
-    }
+def trace_from_pb(message: Any) -> dict[str, Any]:
+    from sinkd.proto.convert import trace_from_pb as convert
+
+    return convert(message)
 
 
 class RemoteBackend:
@@ -114,8 +78,8 @@ class RemoteBackend:
     ) -> None:
         import grpc
 
-        from proto.sinkd.v1 import sinkd_pb2 as pb
-        from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
+        from sinkd.proto.v1 import sinkd_pb2 as pb
+        from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
         self.grpc, self.pb = grpc, pb
         self.address = address or default_address()
@@ -138,9 +102,15 @@ class RemoteBackend:
             raise self._refused(e) from None
 
     def _refused(self, e: Any) -> SinkdError:
-        if e.code() == self.grpc.StatusCode.UNAVAILABLE:
-            return DaemonUnavailable(f"the daemon at {self.address} went away: {e.details()}")
-        return Refused(e.code().name, e.details() or "refused")
+        """The error the daemon raised, rebuilt from the class it named (so the exit code is the
+        embedded run's); a refusal by gRPC itself keeps its status."""
+        status, details = e.code().name, e.details() or "refused"
+        named = dict(e.trailing_metadata() or ()).get(ERROR_TRAILER)
+        if named:
+            return by_name(named, status, details)
+        if status == "UNAVAILABLE":
+            return DaemonUnavailable(f"the daemon at {self.address} went away: {details}")
+        return Refused(status, details)
 
     def _handle(self, h: Handle) -> Any:
         return self.pb.Handle(session_id=h.session_id, generation=h.generation)
@@ -156,11 +126,11 @@ class RemoteBackend:
         if sampling:
             req.sampling.CopyFrom(pb.Sampling(**sampling))
         r = self._call("Create", req)
-        return Handle(r.handle.session_id, r.handle.generation), receipt_from_pb(r.receipt)
+        return Handle(r.handle.session_id, r.handle.generation), _receipt(r.receipt)
 
     def append(self, handle: Handle, text: str) -> dict[str, Any]:
         r = self._call("Append", self.pb.AppendRequest(handle=self._handle(handle), text=text))
-        return receipt_from_pb(r.receipt)
+        return _receipt(r.receipt)
 
     def _stream(self, method: str, request: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
@@ -178,7 +148,7 @@ class RemoteBackend:
                         {
                             "reason": d.reason,
                             "generated": d.generated,
-                            "receipt": receipt_from_pb(d.receipt),
+                            "receipt": _receipt(d.receipt),
                         },
                     )
         except self.grpc.RpcError as e:
@@ -202,11 +172,11 @@ class RemoteBackend:
 
     def reset(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
         r = self._call("Reset", self.pb.HandleRequest(handle=self._handle(handle)))
-        return Handle(r.handle.session_id, r.handle.generation), receipt_from_pb(r.receipt)
+        return Handle(r.handle.session_id, r.handle.generation), _receipt(r.receipt)
 
     def fork(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
         r = self._call("Fork", self.pb.HandleRequest(handle=self._handle(handle)))
-        return Handle(r.handle.session_id, r.handle.generation), receipt_from_pb(r.receipt)
+        return Handle(r.handle.session_id, r.handle.generation), _receipt(r.receipt)
 
     def close(self, handle: Handle) -> None:
         self._call("Close", self.pb.HandleRequest(handle=self._handle(handle)))
@@ -216,32 +186,21 @@ class RemoteBackend:
             "Inspect",
             self.pb.InspectRequest(handle=self._handle(handle), include_text=include_text),
         )
-        return receipt_from_pb(r.receipt), r.retained_text
+        return _receipt(r.receipt), r.retained_text
 
     def trace(self, handle: Handle) -> list[dict[str, Any]]:
         r = self._call("Trace", self.pb.HandleRequest(handle=self._handle(handle)))
-        return [
-            {
-                "at_token": e.at_token,
-                "evicted_logical": _range(e.evicted_logical),
-                "evicted_cache": _range(e.evicted_cache),
-                "shift_delta": e.shift_delta,
-                "shifted_cache": _range(e.shifted_cache) if e.HasField("shifted_cache") else None,
-            }
-            for e in r.events
-        ]
+        return [trace_from_pb(e) for e in r.events]
 
     def list(self) -> list[dict[str, Any]]:
-        return [
-            receipt_from_pb(r) for r in self._call("List", self.pb.ListSessionsRequest()).sessions
-        ]
+        return [_receipt(r) for r in self._call("List", self.pb.ListSessionsRequest()).sessions]
 
     def resolve(self, session_id: str) -> Handle:
         """The owner's current handle for an id (the CLI names sessions by id alone)."""
         for r in self.list():
             if r["session_id"] == session_id:
                 return Handle(session_id, r["generation"])
-        raise Refused("NOT_FOUND", f"no session {session_id!r}")
+        raise NotFound(f"no session {echo(session_id)}")
 
     def shutdown(self) -> None:
         self.channel.close()
@@ -260,9 +219,9 @@ class EmbeddedBackend:
         max_sessions: int = 2,
         threads: int | None = None,
     ) -> None:
-        from daemon.auth import LOCAL_TENANT, Principal
-        from daemon.config import Settings
-        from daemon.service import SinkdService
+        from sinkd.daemon.config import Settings
+        from sinkd.daemon.runtime.service import SinkdService
+        from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
 
         settings = Settings(  # in-process and gone with the process: nothing to make durable
             model=model,
@@ -288,8 +247,8 @@ class EmbeddedBackend:
         system_prompt: str = "",
         sampling: dict[str, Any] | None = None,
     ) -> tuple[Handle, dict[str, Any]]:
-        from daemon.engine import SamplingParams
-        from daemon.service import PolicyRequest
+        from sinkd.daemon.engine.sampler import SamplingParams
+        from sinkd.daemon.runtime.service import PolicyRequest
 
         req = PolicyRequest(
             name=policy.get("name", "sink"),
@@ -300,40 +259,23 @@ class EmbeddedBackend:
             pin_system_prompt=policy.get("pin_system_prompt", False),
         )
         session = self.service.create(
-            self.principal, req, SamplingParams(**(sampling or {})), system_prompt
+            self.principal, req, SamplingParams(**sampling) if sampling else None, system_prompt
         )
         return self._h(session), self.service.receipt(session)
 
     def append(self, handle: Handle, text: str) -> dict[str, Any]:
-        session, _ = self.service.append(self.principal, self._t(handle), text, None)
-        return self.service.receipt(session)
-
-    def _events(
-        self, events: Iterator[tuple[str, Any]], handle: Handle
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        for kind, payload in events:
-            if kind == "done":
-                session = self.service.registry.lookup(
-                    self.principal.tenant or "", *self._t(handle)
-                )
-                payload = {**payload, "receipt": self.service.receipt(session)}
-            yield kind, payload
+        _, receipt = self.service.append(self.principal, self._t(handle), text, None)
+        return receipt
 
     def generate(
         self, handle: Handle, max_tokens: int, stops: list[str]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        return self._events(
-            self.service.generate(self.principal, self._t(handle), max_tokens, stops, None), handle
-        )
+        return self.service.generate(self.principal, self._t(handle), max_tokens, stops, None)
 
     def chat(
         self, handle: Handle, message: str, max_tokens: int, stops: list[str]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        prompt = self.service.chat_tokens(self.principal, self._t(handle), message)
-        events = self.service.generate(
-            self.principal, self._t(handle), max_tokens, stops, None, prompt_tokens=prompt
-        )
-        return self._events(events, handle)
+        return self.service.chat(self.principal, self._t(handle), message, max_tokens, stops, None)
 
     def reset(self, handle: Handle) -> tuple[Handle, dict[str, Any]]:
         session = self.service.reset(self.principal, self._t(handle))
@@ -347,14 +289,14 @@ class EmbeddedBackend:
         self.service.close(self.principal, self._t(handle))
 
     def inspect(self, handle: Handle, include_text: bool = False) -> tuple[dict[str, Any], str]:
-        receipt, text, _ = self.service.inspect(self.principal, self._t(handle), include_text)
+        receipt, text, _ = self.service.reads.inspect(self.principal, self._t(handle), include_text)
         return receipt, text
 
     def trace(self, handle: Handle) -> list[dict[str, Any]]:
-        return self.service.trace(self.principal, self._t(handle))
+        return self.service.reads.trace(self.principal, self._t(handle))
 
     def list(self) -> list[dict[str, Any]]:
-        return self.service.list_sessions(self.principal)
+        return self.service.reads.list_sessions(self.principal)
 
     def shutdown(self) -> None:
         self.service.stop()

@@ -7,8 +7,8 @@ from typing import Any, TextIO
 
 from rich.console import Console
 
-from cli.backend import Backend, Handle
-from cli.sessions import _span, receipt_table
+from sinkd.cli.backend import Backend, Handle
+from sinkd.cli.sessions import _span, receipt_table
 
 HELP = "/reset  /fork  /receipt  /trace  /help  /quit   (anything else is your message)"
 

@@ -15,10 +15,10 @@ from rich.progress import ProgressColumn
 from rich.table import Table
 from rich.text import Text
 
-from cachepolicy import PolicyConfig
-from cli import models, sessions
-from cli.errors import handle_errors
-from daemon.errors import InvalidInput
+from sinkd.cachepolicy import PolicyConfig
+from sinkd.cli import models, sessions
+from sinkd.cli.errors import handle_errors
+from sinkd.daemon.errors import InvalidInput
 
 app = typer.Typer(
     help="sinkd: a small local LLM over an unbounded stream at constant memory (attention sinks on"
@@ -52,6 +52,9 @@ KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache dtype (check
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
+ENGINE_DIED = 70  # EX_SOFTWARE: the daemon stopped itself rather than serve without an engine
+
+
 def _policy(
     entry_sinks: int,
     entry_window: int,
@@ -61,17 +64,20 @@ def _policy(
     evict: int,
     compact: int,
 ) -> PolicyConfig:
-    return PolicyConfig.named(
+    return PolicyConfig.resolve(
         policy,
-        sinks=entry_sinks if sinks is None else sinks,
-        window=entry_window if window is None else window,
+        sinks=sinks,
+        window=window,
         evict_chunk=evict,
         compact_interval=compact,
+        default_sinks=entry_sinks,
+        default_window=entry_window,
+        default_evict_chunk=evict,
     )
 
 
 def _engine_config(budget: int, threads: int | None, kv_type: str) -> Any:
-    from daemon.engine import EngineConfig
+    from sinkd.daemon.engine.llama import EngineConfig
 
     kw: dict[str, Any] = {"n_ctx_seq": budget, "n_seq_max": 1, "kv_type": kv_type}
     if threads is not None:
@@ -89,8 +95,8 @@ def receipt(
     as_json: JsonFlag = False,
 ) -> None:
     """Tensor-shape receipt: what one session's cache costs, by formula and as llama.cpp allocated it."""
-    from daemon.loading import open_engine
-    from daemon.models import load_lock
+    from sinkd.daemon.engine.loading import open_engine
+    from sinkd.daemon.engine.models import load_lock
 
     entry = load_lock().get(model)
     policy = _policy(entry.default_sinks, entry.default_window, "sink", sinks, window, 1, 0)
@@ -182,9 +188,9 @@ def stream(
     as_json: JsonFlag = False,
 ) -> None:
     """Feed text through a policy on the embedded engine; per chunk: tokens, retained, evicted, perplexity."""
-    from daemon.loading import open_engine, open_unlisted
-    from daemon.models import load_lock
-    from daemon.textstream import stream_text
+    from sinkd.daemon.engine.loading import open_engine, open_unlisted
+    from sinkd.daemon.engine.models import load_lock
+    from sinkd.evaluation.textstream import stream_text
 
     if chunk < 1:
         raise InvalidInput(f"--chunk: must be >= 1, got {chunk}")
@@ -271,9 +277,9 @@ def serve(
 
     from pydantic import ValidationError
 
-    from daemon.config import load_settings
-    from daemon.models import load_lock, model_path
-    from daemon.server import Daemon
+    from sinkd.daemon.config import load_settings
+    from sinkd.daemon.engine.models import load_lock, model_path
+    from sinkd.daemon.rpc.server import Daemon
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -308,6 +314,9 @@ def serve(
             highlight=False,
         )
     daemon.serve_until_signal()
+    if daemon.died.is_set():
+        print("sinkd: the engine thread died (see the log); stopped serving", file=sys.stderr)
+        raise typer.Exit(ENGINE_DIED)
     err.print("sinkd stopped", highlight=False)
 
 
@@ -323,7 +332,7 @@ TokenOpt = Annotated[
 def _backend(
     embedded: bool, connect: str | None, token: str | None, model: str | None, budget: int
 ) -> Any:
-    from cli.backend import EmbeddedBackend, RemoteBackend
+    from sinkd.cli.backend import EmbeddedBackend, RemoteBackend
 
     if embedded:
         return EmbeddedBackend(model=model, n_ctx_seq=budget, max_sessions=2)
@@ -366,7 +375,7 @@ def chat(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest reply.")] = 256,
 ) -> None:
     """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit."""
-    from cli.chat import ChatLoop
+    from sinkd.cli.chat import ChatLoop
 
     pol = _policy_dict(policy, sinks, window, evict, compact)
     pol["pin_system_prompt"] = pin_system
@@ -419,8 +428,8 @@ def narrate(
     import datetime
     import threading
 
-    from cli.narrate import Counts, LineQueue, NarrateConfig, Narrator, read_lines
-    from daemon.textstream import rss_bytes
+    from sinkd.cli.narrate import Counts, LineQueue, NarrateConfig, Narrator, read_lines
+    from sinkd.evaluation.textstream import rss_bytes
 
     cfg = NarrateConfig(
         chunk_lines,
@@ -524,10 +533,10 @@ def eval_ppl(
         TimeRemainingColumn,
     )
 
-    from daemon.engine import Engine
-    from daemon.evaluation import plot, run_ppl, summary
-    from daemon.loading import open_engine
-    from daemon.models import load_lock
+    from sinkd.daemon.engine.llama import Engine
+    from sinkd.daemon.engine.loading import open_engine
+    from sinkd.daemon.engine.models import load_lock
+    from sinkd.evaluation.ppl import plot, run_ppl, summary
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     known = {"full", "window", "sink", "sink-noshift", "recompute"}

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from cli.errors import handle_errors
-from daemon.models import ModelEntry, load_lock, model_path, pull, verify_file
+from sinkd.cli.errors import handle_errors
+from sinkd.daemon.engine.models import ModelEntry, load_lock, model_path, pull, verify_file
 
 app = typer.Typer(help="List, pull and verify the models in models.lock.", no_args_is_help=True)
 out = Console()
@@ -111,8 +111,8 @@ def verify_model(
     as_json: JsonFlag = False,
 ) -> None:
     """Check the file's size and sha256, then load it and check vocabulary and template hashes."""
-    from daemon.engine import Engine, EngineConfig  # loads llama.cpp: only here
-    from daemon.models import locate
+    from sinkd.daemon.engine.llama import Engine, EngineConfig  # loads llama.cpp: only here
+    from sinkd.daemon.engine.models import locate
 
     entry = load_lock().get(name)
     path = locate(entry)

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from cli.backend import Backend, Handle, Refused
+from sinkd.cli.backend import Backend, Handle
+from sinkd.daemon.errors import Unsupported
 
 NARRATION_REQUEST = (
     "In one or two sentences, say what just happened in the log lines above. Be concrete and brief."
@@ -35,7 +36,7 @@ class NarrateConfig:
     max_tokens: int = 48
 
     def validate(self) -> None:
-        from daemon.errors import InvalidInput
+        from sinkd.daemon.errors import InvalidInput
 
         for name in ("chunk_lines", "every_lines", "max_line_bytes", "queue_lines", "max_tokens"):
             if getattr(self, name) < 1:
@@ -191,9 +192,7 @@ class Narrator:
                 return self._collect(
                     self.backend.chat(self.handle, NARRATION_REQUEST, self.config.max_tokens, stops)
                 )
-            except Refused as e:
-                if "chat template" not in str(e):
-                    raise
+            except Unsupported:  # embedded and remote raise the same class
                 self._chat = False  # a model without a chat template: plain continuation
         self.backend.append(self.handle, "\nWhat just happened, in one sentence:")
         return self._collect(self.backend.generate(self.handle, self.config.max_tokens, stops))

@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.backend import Handle, RemoteBackend
-from cli.errors import handle_errors
+from sinkd.cli.backend import Handle, RemoteBackend
+from sinkd.cli.errors import handle_errors
 
 app = typer.Typer(
     help="List, inspect, trace, reset and close your sessions on a running daemon.",

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     max_pinned_system_tokens: int = Field(default=256, ge=0)
     idle_timeout_s: float = Field(default=3600.0, gt=0)
     max_message_bytes: int = Field(default=4 * 2**20, ge=1024)
+    # backpressure: calls that wait on the engine never hold the whole RPC pool
+    rpc_workers: int = Field(default=32, ge=4, le=1024)
+    rpc_reserved_workers: int = Field(default=4, ge=1)  # kept for health, admin and short calls
+    max_calls_per_tenant: int = Field(default=8, ge=1)  # engine calls in flight per tenant
+    max_calls_per_session: int = Field(default=2, ge=1)  # in flight on one session
+    call_timeout_s: float = Field(default=600.0, gt=0)  # a call without a deadline waits this long
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     verify_model_hash: bool = True
     allow_unchecked: bool = False  # run a KV dtype or backend the lock has not been checked with
@@ -107,6 +113,11 @@ class Settings(BaseSettings):
                 )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
+        if self.rpc_reserved_workers >= self.rpc_workers:
+            raise ValueError(
+                f"rpc_reserved_workers ({self.rpc_reserved_workers}) must be below rpc_workers"
+                f" ({self.rpc_workers})"
+            )
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenants: names must be unique")

@@ -1,33 +1,185 @@
-"""Typed domain errors of the daemon, translated to gRPC status codes and exit codes at the edges only."""
+"""Every error sinkd shows to a user, in one hierarchy: each class carries its gRPC status and CLI
+exit code, which the servicer and the CLI read at the edges and nowhere else.
+
+The remote CLI gets the same class back (the servicer names it in the `sinkd-error` trailer), so
+embedded and remote runs exit with the same code for the same error. The two policy errors live in
+the pure `cachepolicy` package and are re-exported here.
+"""
 
 from __future__ import annotations
 
-from cachepolicy.errors import CacheFull, ConfigError, SinkdError
+from typing import ClassVar
+
+from sinkd.cachepolicy.errors import CacheFull, ConfigError, SinkdError
 
 __all__ = [
+    "ERROR_TRAILER",
     "CacheFull",
+    "Cancelled",
     "ConfigError",
+    "CorruptSnapshot",
+    "DaemonUnavailable",
+    "DeadlineExceeded",
     "EngineError",
+    "IllegalTransition",
     "InvalidInput",
+    "JournalError",
+    "ListenError",
     "ModelMismatch",
     "ModelMissing",
     "ModelNotAllowed",
+    "NotFound",
+    "PermissionDenied",
     "PullFailed",
+    "Refused",
+    "ResourceExhausted",
+    "SessionFailed",
+    "ShuttingDown",
     "SinkdError",
+    "SnapshotError",
+    "StaleGeneration",
+    "Unauthenticated",
     "Unsupported",
+    "by_name",
+    "echo",
+    "message_of",
 ]
 
+ERROR_TRAILER = "sinkd-error"  # trailing metadata: the class name of the error a call raised
+MAX_ECHO = 64  # characters of client input an error message repeats (gRPC metadata is bounded)
 
-class ModelNotAllowed(SinkdError):
-    """The model is not in models.lock (an explicit flag may run it, with the full policy only)."""
+
+def echo(value: object) -> str:
+    """A client-supplied value as an error message may quote it: at most MAX_ECHO characters."""
+    text = str(value)
+    if len(text) <= MAX_ECHO:
+        return repr(text)
+    return f"{text[:MAX_ECHO]!r}... ({len(text)} characters)"
+
+
+# --- input and configuration ---
+
+
+class InvalidInput(SinkdError, ValueError):
+    """A request the engine must refuse before llama.cpp sees it (it would abort the process)."""
+
+    status = "INVALID_ARGUMENT"
+    exit_code = 2
+
+
+# --- identity and access ---
+
+
+class Unauthenticated(SinkdError):
+    """Missing or unknown bearer token."""
+
+    status = "UNAUTHENTICATED"
+    exit_code = 13
+
+
+class PermissionDenied(SinkdError):
+    """Authenticated, but not allowed to do this (e.g. a tenant asking for admin operations)."""
+
+    status = "PERMISSION_DENIED"
+    exit_code = 13
+
+
+class NotFound(SinkdError):
+    """No such session for this tenant (another tenant's session is reported the same way)."""
+
+    status = "NOT_FOUND"
+    exit_code = 11
+
+
+class StaleGeneration(SinkdError):
+    """The handle's generation is not the session's current one (reset, model change, restart)."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 12
+
+
+class SessionFailed(SinkdError):
+    """The session failed a run-time invariant check; its cells were freed."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 12
+
+
+# --- capacity and lifecycle ---
+
+
+class IllegalTransition(SinkdError):
+    """A session was asked to move along an edge its state machine does not have: a bug."""
+
+    status = "INTERNAL"
+    exit_code = 14
+
+
+class ResourceExhausted(SinkdError):
+    """No room: sessions, queued calls, the journal, or a batch the engine could not take."""
+
+    status = "RESOURCE_EXHAUSTED"
+    exit_code = 8
+
+
+class Cancelled(SinkdError):
+    """The client went away or cancelled, or a reset or close overtook the call; the receipt says
+    exactly what was applied."""
+
+    status = "CANCELLED"
+    exit_code = 14
+
+
+class ShuttingDown(SinkdError):
+    """The daemon is stopping (or its engine thread is gone) and takes no more work."""
+
+    status = "UNAVAILABLE"
+    exit_code = 10
+
+
+class DaemonUnavailable(SinkdError):
+    """No daemon answers at the address."""
+
+    status = "UNAVAILABLE"
+    exit_code = 10
+
+
+class DeadlineExceeded(SinkdError):
+    """A wait ran past its deadline; what was applied is in the receipt."""
+
+    status = "DEADLINE_EXCEEDED"
+    exit_code = 14
+
+
+class ListenError(SinkdError):
+    """The daemon could not bind its socket or port."""
+
+    status = "UNAVAILABLE"
+    exit_code = 10
+
+
+# --- models and the engine ---
 
 
 class ModelMissing(SinkdError):
     """The model file is not where it should be; `sinkd models pull NAME` fetches it."""
 
+    status = "FAILED_PRECONDITION"
+    exit_code = 3
+
+
+class ModelNotAllowed(SinkdError):
+    """The model is not in models.lock (an explicit flag may run it, with the full policy only)."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 4
+
 
 class ModelMismatch(SinkdError):
     """A model file differs from its models.lock entry; `field` names what differs."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 4
 
     def __init__(self, name: str, field: str, expected: object, actual: object) -> None:
         super().__init__(
@@ -39,14 +191,92 @@ class ModelMismatch(SinkdError):
 class PullFailed(SinkdError):
     """Downloading or extracting a model failed; nothing was stored."""
 
+    status = "UNAVAILABLE"
+    exit_code = 7
+
 
 class Unsupported(SinkdError):
     """The engine cannot run this combination (e.g. a shifting policy on a cache that cannot shift)."""
 
-
-class InvalidInput(SinkdError, ValueError):
-    """A request the engine must refuse before llama.cpp sees it (it would abort the process)."""
+    status = "FAILED_PRECONDITION"
+    exit_code = 5
 
 
 class EngineError(SinkdError):
     """llama.cpp reported a failure (a non-zero return code or a refused memory operation)."""
+
+    status = "INTERNAL"
+    exit_code = 6
+
+
+# --- the state directory ---
+
+
+class JournalError(SinkdError):
+    """The journal cannot be used: damaged, not a database, or held by another daemon."""
+
+    status = "INTERNAL"
+    exit_code = 9
+
+
+class SnapshotError(SinkdError):
+    """A snapshot could not be written (disk full, I/O error); the previous one stays."""
+
+    status = "INTERNAL"
+    exit_code = 9
+
+
+class CorruptSnapshot(SinkdError):
+    """A snapshot file is truncated, damaged or not a snapshot."""
+
+    status = "INTERNAL"
+    exit_code = 9
+
+
+# --- a refusal from a daemon that did not name its class ---
+
+
+class Refused(SinkdError):
+    """The daemon refused the request with `status` and did not name an error class (a gRPC-level
+    refusal such as a message above the size limit)."""
+
+    STATUS_EXIT: ClassVar[dict[str, int]] = {
+        "INVALID_ARGUMENT": 2,
+        "RESOURCE_EXHAUSTED": 8,
+        "UNAVAILABLE": 10,
+        "NOT_FOUND": 11,
+        "FAILED_PRECONDITION": 12,
+        "UNAUTHENTICATED": 13,
+        "PERMISSION_DENIED": 13,
+    }
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{message} ({status})")
+        self.status = status
+        self.exit_code = self.STATUS_EXIT.get(status, 14)
+
+
+def _classes() -> dict[str, type[SinkdError]]:
+    found: dict[str, type[SinkdError]] = {}
+    todo: list[type[SinkdError]] = [SinkdError]
+    while todo:
+        cls = todo.pop()
+        found[cls.__name__] = cls
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def by_name(name: str, status: str, message: str) -> SinkdError:
+    """Rebuild, on the client side, the error a daemon named in its `sinkd-error` trailer."""
+    cls = _classes().get(name)
+    if cls is None or cls is Refused:
+        return Refused(status, message)
+    error = cls.__new__(cls)  # some constructors take structured fields: the message is all we have
+    Exception.__init__(error, message)
+    return error
+
+
+def message_of(error: BaseException) -> str:
+    """The one-line message for a user, bounded (a long message would overflow gRPC metadata)."""
+    text = str(error).replace("\n", " ")
+    return text if len(text) <= 1024 else text[:1024] + "..."

@@ -1,15 +1,55 @@
-"""Crash points for the kill -9 tests: with SINKD_FAILPOINT=<name>, the process kills itself
-(SIGKILL, no cleanup) when it reaches that point. Unset, a point costs one dictionary lookup."""
+"""Named points in the daemon where a test can make something happen, deterministically.
+
+- With SINKD_FAILPOINT=<name> in its environment the process kills itself (SIGKILL, no cleanup) when
+  it reaches that point: the kill -9 tests.
+- In process, `armed(name, action)` runs `action()` there (raise an error, wait on an event, race
+  another call), for as long as the `with` block lasts: the race and failure-path tests.
+
+Unarmed, a point costs a dictionary lookup and an environment read.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
+from collections.abc import Callable, Iterator
 
-POINTS = ("snapshot-before-rename", "snapshot-before-journal")
+POINTS = (
+    "snapshot-before-rename",
+    "snapshot-before-journal",
+    "append-tokenized",  # service: an append's text is tokenized, its job not yet submitted
+    "handle-checked",  # service: a mutating call checked its handle, before the engine acts
+    "generation-done",  # service: a generation finished, its Done not yet yielded
+    "expire-idle",  # scheduler: between steps, before idle sessions are expired
+    "before-compact",  # executor: a sequence is about to be packed after an eviction
+    "prefill-chunk",  # executor: a prefill chunk was decoded and recorded
+    "engine-copy",  # service: a fork is about to copy the parent's cells
+    "tokenize",  # engine: inside a text operation, off the engine thread
+    "call-enqueued",  # scheduler: a call is in the inbox, its caller about to wait
+)
+
+_actions: dict[str, Callable[[], None]] = {}
+_lock = threading.Lock()
 
 
 def hit(name: str) -> None:
     assert name in POINTS, name
     if os.environ.get("SINKD_FAILPOINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    action = _actions.get(name)
+    if action is not None:
+        action()
+
+
+@contextlib.contextmanager
+def armed(name: str, action: Callable[[], None]) -> Iterator[None]:
+    assert name in POINTS, name
+    with _lock:
+        _actions[name] = action
+    try:
+        yield
+    finally:
+        with _lock:
+            _actions.pop(name, None)

@@ -1,29 +1,44 @@
-"""Regenerate the Python code for proto/sinkd/v1/*.proto; `--check` fails when the committed code is stale.
+"""Regenerate the Python code for proto/v1/*.proto; `--check` fails when the committed code is stale.
 
 Generated code is committed (so that installing sinkd needs no protoc) and excluded from linters.
+protoc names the generated imports after the path it compiled, so each .proto is compiled from a
+staging tree laid out as the installed package (`sinkd/proto/v1/`): the generated code then imports
+`sinkd.proto.v1`, the name it is installed under.
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOS = sorted((ROOT / "proto" / "sinkd" / "v1").glob("*.proto"))
+SOURCE = ROOT / "proto" / "v1"
+PACKAGE_PATH = Path("sinkd", "proto", "v1")
+PROTOS = sorted(SOURCE.glob("*.proto"))
 OUTPUTS = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
 def generate(into: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT}",
-        f"--python_out={into}", f"--pyi_out={into}", f"--grpc_python_out={into}",
-        *(str(p.relative_to(ROOT)) for p in PROTOS),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    """Write the generated files for every .proto into the folder `into`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / PACKAGE_PATH
+        staged.mkdir(parents=True)
+        for proto in PROTOS:
+            shutil.copy(proto, staged / proto.name)
+        cmd = [
+            sys.executable, "-m", "grpc_tools.protoc", f"-I{tmp}",
+            f"--python_out={tmp}", f"--pyi_out={tmp}", f"--grpc_python_out={tmp}",
+            *(str(PACKAGE_PATH / p.name) for p in PROTOS),
+        ]  # fmt: skip
+        subprocess.run(cmd, check=True, cwd=tmp)
+        for proto in PROTOS:
+            for suffix in OUTPUTS:
+                shutil.copy(staged / (proto.stem + suffix), into / (proto.stem + suffix))
 
 
 def main() -> int:
@@ -31,19 +46,17 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
     args = parser.parse_args()
     if not args.check:
-        generate(ROOT)
+        generate(SOURCE)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         stale = [
-            str(p.relative_to(ROOT).with_suffix("")) + suffix
+            f"proto/v1/{p.stem}{suffix}"
             for p in PROTOS
             for suffix in OUTPUTS
-            if not (p.with_name(p.stem + suffix)).is_file()
+            if not (SOURCE / (p.stem + suffix)).is_file()
             or not filecmp.cmp(
-                Path(tmp) / p.relative_to(ROOT).with_name(p.stem + suffix),
-                p.with_name(p.stem + suffix),
-                shallow=False,
+                Path(tmp) / (p.stem + suffix), SOURCE / (p.stem + suffix), shallow=False
             )
         ]
     if stale:

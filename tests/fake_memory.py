@@ -6,7 +6,7 @@ checked op by op against the policy's own account. It backs no claim about the e
 
 from __future__ import annotations
 
-from cachepolicy import AppendPlan, Evict, Shift
+from sinkd.cachepolicy import AppendPlan, Evict, Shift
 
 
 class RecordingMemory:

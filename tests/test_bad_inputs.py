@@ -13,8 +13,8 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.test_daemon import ALICE, BOB, Client, settings
 
 pytestmark = pytest.mark.model

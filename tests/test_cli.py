@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from sinkd.cli.main import app
 from tests.conftest import TEXT
 
 runner = CliRunner()
@@ -97,7 +97,7 @@ def test_stream_from_a_pipe_keeps_memory_flat() -> None:
     A leak of one chunk's logits (128 x 49,152 floats, 24 MiB) would fail at the first repeat."""
     text = (TEXT + "\n") * 10
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "stream", "-", "--sinks", "4", "--window", "60",
+        [sys.executable, "-m", "sinkd.cli.main", "stream", "-", "--sinks", "4", "--window", "60",
          "--evict", "8", "--chunk", "128", "--json"],
         input=text.encode(), capture_output=True, timeout=300, check=False,
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_stream_from_a_pipe_keeps_memory_flat() -> None:
 
 @pytest.mark.model
 def test_models_pull_keeps_a_verified_file() -> None:
-    from daemon.models import load_lock, model_path
+    from sinkd.daemon.engine.models import load_lock, model_path
 
     path = model_path(load_lock().get(None))
     mtime = path.stat().st_mtime_ns
@@ -131,7 +131,7 @@ def test_models_pull_keeps_a_verified_file() -> None:
 def test_a_corrupt_model_file_is_refused_naming_the_field(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from daemon.models import load_lock, model_path
+    from sinkd.daemon.engine.models import load_lock, model_path
 
     good = model_path(load_lock().get(None)).read_bytes()
     monkeypatch.setenv("SINKD_HOME", str(tmp_path))
@@ -148,7 +148,7 @@ def test_a_corrupt_model_file_is_refused_naming_the_field(
 
 @pytest.mark.model
 def test_an_unlisted_model_file_runs_full_only(tmp_path: Path) -> None:
-    from daemon.models import load_lock, model_path
+    from sinkd.daemon.engine.models import load_lock, model_path
 
     unlisted = tmp_path / "some-other.gguf"
     unlisted.symlink_to(model_path(load_lock().get(None)))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from daemon.durability import Durability
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
+from sinkd.cli.main import app
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.test_daemon import ALICE, Client, settings
 
 pytestmark = pytest.mark.model
@@ -125,7 +125,7 @@ def test_narrate_a_long_bursty_log_at_flat_memory() -> None:
         [sys.executable, "tests/loggen.py", "20000", "2000", "0.8"], stdout=subprocess.PIPE
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "narrate", "--window", "60", "--sinks", "4", "--chunk-lines", "8",
+        [sys.executable, "-m", "sinkd.cli.main", "narrate", "--window", "60", "--sinks", "4", "--chunk-lines", "8",
          "--every-seconds", "2", "--queue-lines", "200", "--max-tokens", "16", "--json"],
         stdin=gen.stdout, capture_output=True, timeout=400, check=False,
     )  # fmt: skip

@@ -27,9 +27,9 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
-from proto.sinkd.v1 import sinkd_pb2_grpc as pb_grpc
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.proto.v1 import sinkd_pb2 as pb
+from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 from tests.conftest import TEXT
 from tests.test_daemon import ALICE, serve_subprocess, settings
 
@@ -41,6 +41,7 @@ POLICIES = [
     pb.Policy(name="sink", sinks=4, window=60, evict_chunk=4, compact_interval=12),
 ]
 ROUNDS, GEN = int(os.environ.get("SINKD_CRASH_ROUNDS", "8")), 6
+SELF_KILLS = ("snapshot-before-rename", "snapshot-before-journal", "append-tokenized")
 ENGINE = {"n_ctx_seq": 256, "max_sessions": 4, "step_tokens": 64, "snapshot_every_tokens": 24}
 
 
@@ -124,15 +125,38 @@ class Daemonproc:
         return pb_grpc.SessionsStub(grpc.insecure_channel(f"unix:{self.sock}"))
 
 
-class Client:
-    """One session's scripted workload; `acked` is the n_seen every acknowledgement vouches for."""
+class Killer:
+    """Kills the daemon from a client thread the moment that thread is inside a generation (it has
+    a token, and more are coming): a kill inside a generate that no machine's speed can miss."""
 
-    def __init__(self, i: int, handle: pb.Handle, ref: Reference, acked: int) -> None:
+    def __init__(self, daemon: Daemonproc) -> None:
+        self.daemon = daemon
+        self.armed = False
+        self.fired = threading.Event()
+        self.lock = threading.Lock()
+
+    def token(self, more_coming: bool) -> None:
+        with self.lock:
+            if self.armed and more_coming and not self.fired.is_set():
+                self.daemon.kill()
+                self.fired.set()
+
+
+class Client:
+    """One session's scripted workload; `acked` is the n_seen every acknowledgement vouches for.
+
+    It runs in a thread: whatever it raises is kept in `error` and re-raised by the test."""
+
+    def __init__(
+        self, i: int, handle: pb.Handle, ref: Reference, acked: int, killer: Killer
+    ) -> None:
         self.i, self.handle, self.ref = i, handle, ref
         self.acked = acked
+        self.killer = killer
         self.in_append = threading.Event()
         self.in_generate = threading.Event()
         self.finished = False
+        self.error: BaseException | None = None
 
     def next_op(self, seen: int) -> tuple[str, int, int]:
         """Where the script goes from n_seen: ("append", round, 0) or ("generate", round, n)."""
@@ -144,6 +168,12 @@ class Client:
         return "generate", p.rnd, GEN - p.generated
 
     def run(self, stub: Any, seen: int) -> None:
+        try:
+            self._run(stub, seen)
+        except BaseException as e:  # re-raised by the test thread
+            self.error = e
+
+    def _run(self, stub: Any, seen: int) -> None:
         self.in_append.clear()
         self.in_generate.clear()
         try:
@@ -160,12 +190,13 @@ class Client:
                     assert (self.i, seen) in self.ref.points
                 else:
                     req = pb.GenerateRequest(handle=self.handle, max_tokens=n)
-                    for ev in stub.Generate(req):
+                    for k, ev in enumerate(stub.Generate(req)):
                         if ev.HasField("token"):
                             self.in_generate.set()
                             seen += 1
                             assert ev.token.id == self.ref.points[self.i, seen].token
                             self.acked = seen
+                            self.killer.token(more_coming=k + 1 < n)
                     self.in_generate.clear()
         except grpc.RpcError as e:
             self.in_append.clear()
@@ -195,22 +226,23 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
     daemon = Daemonproc(tmp_path)
     daemon.start()
     stub = daemon.stub()
+    killer = Killer(daemon)
     clients = []
     for i, policy in enumerate(POLICIES):
         h = stub.Create(pb.CreateSessionRequest(policy=policy)).handle
-        clients.append(Client(i, h, ref, ref.start[i]))
-    plan = ["snapshot-before-rename", "snapshot-before-journal"] + [
-        rng.choice(["append", "generate"]) for _ in range(kills)
-    ]
+        clients.append(Client(i, h, ref, ref.start[i], killer))
+    # crash points the daemon reaches itself (inside snapshot writes, inside an append), one kill
+    # from inside a generation, then kills at random points of appends and generations
+    plan = [*SELF_KILLS, "generate"] + [rng.choice(["append", "generate"]) for _ in range(kills)]
     happened: dict[str, int] = {}
     kills = 0
     seen = [c.acked for c in clients]
     for attempt in [*plan, "finish"]:
         if all(c.finished for c in clients):
             break
-        if attempt.startswith("snapshot"):
+        if attempt in SELF_KILLS:
             daemon.kill()
-            daemon.start(failpoint=attempt)  # it kills itself inside its first snapshot
+            daemon.start(failpoint=attempt)  # it kills itself at that point, the first time
             stub = daemon.stub()
             seen = check_resumed(stub, clients, ref)
         threads = [
@@ -219,9 +251,14 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
         ]
         for t in threads:
             t.start()
-        if attempt in ("append", "generate"):
+        if attempt == "generate" and not killer.fired.is_set():
+            killer.armed = True  # the first generate kill is made from inside a generation
+            assert killer.fired.wait(120), "no generation streamed a token"
+            killer.armed = False
+            happened["generate"] = happened.get("generate", 0) + 1
+        elif attempt in ("append", "generate"):  # a random point, counted if inside that call
             flags = [c.in_append if attempt == "append" else c.in_generate for c in clients]
-            time.sleep(rng.uniform(0.05, 1.5))  # anywhere in the script, then inside that call
+            time.sleep(rng.uniform(0.05, 1.5))
             deadline = time.monotonic() + 30
             while not any(f.is_set() for f in flags) and time.monotonic() < deadline:
                 time.sleep(0.001)
@@ -229,11 +266,15 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
             if any(f.is_set() for f in flags):
                 happened[attempt] = happened.get(attempt, 0) + 1
             daemon.kill()
-        elif attempt.startswith("snapshot"):
+        elif attempt in SELF_KILLS:
             assert daemon.proc is not None and daemon.proc.wait(60) == -signal.SIGKILL
             happened[attempt] = 1
         for t in threads:
             t.join(120)
+            assert not t.is_alive(), "a client did not finish within 120 s of the kill"
+        for c in clients:
+            if c.error is not None:
+                raise c.error
         print(attempt, "acked", [c.acked for c in clients])
         kills += attempt != "finish"
         if attempt != "finish":
@@ -251,5 +292,5 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
     )
     daemon.kill()
     print(f"killed {kills} times, {happened}")
-    assert happened.get("append", 0) >= 1 and happened.get("generate", 0) >= 1, happened
-    assert happened.get("snapshot-before-rename") and happened.get("snapshot-before-journal")
+    assert happened.get("generate", 0) >= 1, happened
+    assert all(happened.get(point) for point in SELF_KILLS), happened

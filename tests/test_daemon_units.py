@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from cachepolicy import PolicyConfig
-from daemon.auth import Authenticator, Unauthenticated
-from daemon.config import Settings
-from daemon.sessions import ModelIdentity, generation_hash
-from daemon.textout import TextAssembler
+from sinkd.cachepolicy import PolicyConfig
+from sinkd.daemon.config import Settings
+from sinkd.daemon.errors import Unauthenticated
+from sinkd.daemon.rpc.auth import Authenticator
+from sinkd.daemon.runtime.sessions import ModelIdentity, generation_hash
+from sinkd.daemon.runtime.textout import TextAssembler
 
 pytestmark = pytest.mark.unit
 

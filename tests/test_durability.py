@@ -20,15 +20,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from daemon import snapshots
-from daemon.durability import Durability
-from daemon.engine import Sampler, SamplingParams
-from daemon.journal import Journal, JournalError
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
+from sinkd.cli.main import app
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.errors import JournalError
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.store import snapshots
+from sinkd.daemon.store.journal import Journal
+from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
-from tests.test_daemon import ALICE, BOB, Client, code_of, crash, settings
+from tests.test_daemon import ALICE, BOB, Client, code_of, settings, stop_without_snapshots
 
 # --- formats (no model) ---
 
@@ -151,10 +152,10 @@ class Run:
         assert self.d is not None
         self.d.stop()
 
-    def crash(self) -> None:
+    def stop_without_snapshots(self) -> None:
         """Stop without the clean-shutdown snapshots: what the journal holds is all there is."""
         assert self.d is not None
-        crash(self.d)
+        stop_without_snapshots(self.d)
 
     @property
     def state(self) -> Path:
@@ -200,7 +201,7 @@ def test_a_restarted_session_matches_one_that_never_stopped(
         workload(c, h, part)
         if part in (1, 2):  # a restart between parts: later parts build on the resumed state
             seen = receipt(c, h).n_seen
-            run.crash() if crash else run.stop()
+            run.stop_without_snapshots() if crash else run.stop()
             c = run.start()
             r = receipt(c, h)
             assert r.n_seen == seen and r.state == "idle"
@@ -250,7 +251,7 @@ def test_what_is_stored_stays_bounded_however_long_the_stream(run: Run) -> None:
     r = receipt(c, h)
     assert r.n_seen >= 1500 and r.evicted_tokens > 1300
     assert r.journal_tokens <= 3 * 64 + 50  # back to the older of the two kept snapshots
-    run.crash()  # a snapshot may be being written right now: count once the engine has stopped
+    run.stop_without_snapshots()  # a snapshot may be being written right now: count once the engine has stopped
     assert len(list((run.state / "snapshots" / h.session_id).glob("*.snap"))) == 2
 
 
@@ -289,7 +290,7 @@ def test_a_sampling_session_draws_the_same_tokens_after_a_restart(
     twin.stop()
     c = run.start(snapshot_every_tokens=10_000)
     h = session(c)
-    run.crash() if crash else run.stop()
+    run.stop_without_snapshots() if crash else run.stop()
     c = run.start(snapshot_every_tokens=10_000)
     assert ("from the journal" in receipt(c, h).resume) == crash  # else the snapshot alone
     assert c.generate(h, n=12)[0] == want
@@ -305,7 +306,7 @@ def test_damaged_snapshots_fall_back_then_go_stale_never_wrong(run: Run, tmp_pat
         workload(c, h, part)
     r = receipt(c, h)
     assert r.snapshot_n_seen > 0 and r.journal_chunks > 0
-    run.crash()
+    run.stop_without_snapshots()
     snaps = sorted((run.state / "snapshots" / h.session_id).iterdir(), key=os.path.getmtime)
     assert len(snaps) == 2  # the newest and the previous are kept
     newest = snaps[-1]
@@ -314,7 +315,7 @@ def test_damaged_snapshots_fall_back_then_go_stale_never_wrong(run: Run, tmp_pat
     r = receipt(c, h)
     assert "unusable" in r.resume and "checksum" in r.resume  # reported
     assert np.array_equal(logits(c, h), want_logits)  # the previous one plus a longer replay
-    run.crash()
+    run.stop_without_snapshots()
     for snap in (run.state / "snapshots" / h.session_id).iterdir():
         data = bytearray(snap.read_bytes())
         data[len(data) // 3] ^= 0xFF  # bit rot in every snapshot: the journal was pruned below them
@@ -334,7 +335,7 @@ def test_a_damaged_journal_chunk_makes_the_session_stale(run: Run) -> None:
     c = run.start(snapshot_every_tokens=10_000)
     h = c.create().handle
     workload(c, h, 0)
-    run.crash()
+    run.stop_without_snapshots()
     db = sqlite3.connect(run.state / "journal.db")
     db.execute("UPDATE chunks SET cache_pos = cache_pos + 1 WHERE n = (SELECT MAX(n) FROM chunks)")
     db.commit()
@@ -420,7 +421,7 @@ def test_disk_full_during_a_snapshot_keeps_the_previous_one_usable(
     workload(c, h, 2)  # snapshots fall due and fail; appends and generations go on
     assert run.d is not None and run.d.service.metrics.count("snapshot_failures") > 0
     assert receipt(c, h).snapshot_n_seen == before
-    run.crash()
+    run.stop_without_snapshots()
     assert not [p for p in (run.state / "snapshots").rglob("*") if p.name.endswith(".tmp")]
     monkeypatch.undo()
     c = run.start()
@@ -451,7 +452,7 @@ def test_a_failed_journal_commit_acknowledges_nothing(run: Run) -> None:
     assert receipt(c, h).state == "failed"  # it is ahead of its journal: only reset or close
     fresh = c.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
     workload(c, fresh, 1)
-    run.crash()
+    run.stop_without_snapshots()
     c = run.start()
     assert receipt(c, fresh).state == "idle" and receipt(c, fresh).n_seen > 0
 
@@ -464,8 +465,10 @@ def test_a_failed_session_is_still_failed_after_a_restart(run: Run) -> None:
     assert run.d is not None
     scheduler = run.d.service.scheduler
     session = run.d.service.registry.lookup("alice", h.session_id, h.generation)
-    scheduler.call(lambda e: scheduler._fail_session(session, "a planted invariant violation"))
-    run.crash()
+    scheduler.call(
+        lambda e: scheduler.auditor.fail_session(session, "a planted invariant violation")
+    )
+    run.stop_without_snapshots()
     c = run.start()
     r = receipt(c, h)
     assert r.state == "failed" and r.retained == 0
@@ -487,7 +490,7 @@ def test_reset_fork_and_close_are_durable(run: Run) -> None:
     reset = c.s.Reset(pb.HandleRequest(handle=parent), metadata=ALICE).handle
     gone = c.create().handle
     c.s.Close(pb.HandleRequest(handle=gone), metadata=ALICE)
-    run.crash()
+    run.stop_without_snapshots()
     c = run.start()
     assert not np.array_equal(child_logits, child_after)
     assert np.array_equal(logits(c, child), child_after)

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
-from daemon.engine import Engine, EngineConfig
-from daemon.errors import InvalidInput, Unsupported
+from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
+from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.errors import InvalidInput, Unsupported
 from tests.conftest import TEXT
 
 pytestmark = pytest.mark.model
@@ -202,7 +202,7 @@ def test_g_gemma_refuses_what_it_cannot_stream(make_engine: MakeEngine) -> None:
 
 
 def test_g_gemma_without_full_swa_cache_cannot_shift() -> None:
-    from daemon.loading import open_engine
+    from sinkd.daemon.engine.loading import open_engine
 
     with pytest.raises(Unsupported, match="swa_full"):
         open_engine("gemma3-270m", EngineConfig(n_ctx_seq=512, n_seq_max=1, swa_full=False))
@@ -225,7 +225,7 @@ def test_budget_and_tokens_are_validated_before_llama(make_engine: MakeEngine) -
 
 
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:
-    from daemon.engine import Sampler, SamplingParams
+    from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 
     engine = make_engine(n_ctx_seq=64, n_seq_max=1, n_batch=32)
     tokens = engine.tokenize(TEXT)[:20]
@@ -243,8 +243,8 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
 
 
 def test_unlisted_model_runs_full_only(make_engine: MakeEngine) -> None:
-    from daemon.loading import open_unlisted
-    from daemon.models import load_lock, model_path
+    from sinkd.daemon.engine.loading import open_unlisted
+    from sinkd.daemon.engine.models import load_lock, model_path
 
     engine = open_unlisted(
         model_path(load_lock().get(None)), EngineConfig(n_ctx_seq=64, n_seq_max=1)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepolicy import (
+from sinkd.cachepolicy import (
     CacheFull,
     CacheSequence,
     ConfigError,

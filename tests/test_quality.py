@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon.engine import EngineConfig
-from daemon.evaluation import buckets, score_policy, score_recompute
-from daemon.loading import open_engine
-from daemon.textstream import token_nll
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.evaluation.ppl import buckets, score_policy, score_recompute
+from sinkd.evaluation.textstream import token_nll
 
 pytestmark = pytest.mark.model
 TEXT = Path(

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from daemon.server import Daemon
-from proto.sinkd.v1 import sinkd_pb2 as pb
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
-from tests.test_daemon import ADMIN, ALICE, BOB, Client, crash
+from tests.test_daemon import ADMIN, ALICE, BOB, Client, stop_without_snapshots
 from tests.test_daemon import settings as daemon_settings
 
 pytestmark = pytest.mark.model
@@ -241,7 +241,7 @@ def test_isolation_under_load(tmp_path: Path) -> None:
         return (rc.n_seen, rc.retained, rc.evictions, rc.shifts, rc.state, r.logits)
 
     before = {sid: state_of(t) for sid, t in live.items()}
-    crash(daemon)
+    stop_without_snapshots(daemon)
     daemon = start_daemon(tmp_path)
     client = Client(daemon.addresses[0])
     for sid, t in live.items():

@@ -18,21 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from daemon import failpoints
-from daemon.errors import SinkdError
+from sinkd.daemon import failpoints
+from sinkd.daemon.errors import CorruptSnapshot, SnapshotError
 
 MAGIC = b"SINKDSNP"
 VERSION = 1
 _HEAD = struct.Struct("<8sII")
 _DIGEST = 32
-
-
-class SnapshotError(SinkdError):
-    """A snapshot could not be written (the previous one stays in place)."""
-
-
-class CorruptSnapshot(SinkdError):
-    """A snapshot file is truncated, damaged or not a snapshot."""
 
 
 @dataclass(frozen=True)

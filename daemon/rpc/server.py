@@ -19,23 +19,20 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from daemon.auth import Authenticator
-from daemon.config import Settings
-from daemon.errors import SinkdError
-from daemon.metrics import Metrics
-from daemon.service import SinkdService
-from daemon.servicer import AdminServicer, SessionsServicer
-from proto.sinkd.v1 import sinkd_pb2 as pb
+from sinkd.daemon.config import Settings
+from sinkd.daemon.errors import ListenError
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.rpc.auth import Authenticator
+from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.rpc.servicer import AdminServicer, SessionsServicer
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.proto.v1 import sinkd_pb2 as pb
 
 log = logging.getLogger("sinkd.server")
 SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["Sessions"].full_name,
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
-
-
-class ListenError(SinkdError):
-    """The daemon could not bind its socket or port."""
 
 
 class _Undecodable:
@@ -102,22 +99,42 @@ class Daemon:
         self.service = SinkdService(settings, self.metrics)
         self.health = health.HealthServicer()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.died = threading.Event()  # the engine thread is gone: stop serving, exit non-zero
+        self.service.scheduler.on_death = self._on_engine_death
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="sinkd-rpc"),
+            futures.ThreadPoolExecutor(
+                max_workers=settings.rpc_workers, thread_name_prefix="sinkd-rpc"
+            ),
+            maximum_concurrent_rpcs=settings.rpc_workers,  # past it: RESOURCE_EXHAUSTED, no queue
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
             ],
         )
         authenticator = Authenticator(settings)
-        _register(self.server, "Sessions", SessionsServicer(self.service, authenticator))
-        _register(self.server, "Admin", AdminServicer(self.service, authenticator))
+        self.limits = CallLimits(
+            total=settings.rpc_workers - settings.rpc_reserved_workers,
+            per_tenant=settings.max_calls_per_tenant,
+            per_session=settings.max_calls_per_session,
+        )
+        _register(
+            self.server, "Sessions", SessionsServicer(self.service, authenticator, self.limits)
+        )
+        _register(self.server, "Admin", AdminServicer(self.service, authenticator, None))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         self.addresses: list[str] = []
         self._stopped = threading.Event()
+
+    def _on_engine_death(self, error: BaseException) -> None:
+        """Engine thread: it died of a bug. Say so at once (health NOT_SERVING), then stop."""
+        log.error("the engine thread died (%s): the daemon stops serving", type(error).__name__)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.died.set()
+        if self._signalled is not None:
+            self._signalled.set()  # serve_until_signal returns, and `sinkd serve` exits non-zero
 
     def _set_health(self, status: int) -> None:
         self.health.set("", status)
@@ -164,16 +181,17 @@ class Daemon:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         self.service.wait_ready(timeout)
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        if self.service.scheduler.alive():
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 5.0, snapshot: bool = True) -> None:
         """Stop accepting, cancel in-flight work, free the context (in its own thread), return."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         event = self.server.stop(grace)
-        self.service.stop()
+        self.service.stop(snapshot=snapshot)
         event.wait(grace + 1)
         if self.settings.socket.exists():
             self.settings.socket.unlink()

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto.sinkd.v1 import sinkd_pb2 as proto_dot_sinkd_dot_v1_dot_sinkd__pb2
+from sinkd.proto.v1 import sinkd_pb2 as sinkd_dot_proto_dot_v1_dot_sinkd__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/sinkd/v1/sinkd_pb2_grpc.py depends on'
+        + ' but the generated code in sinkd/proto/v1/sinkd_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,53 +36,53 @@ class SessionsStub:
         """
         self.Create = channel.unary_unary(
                 '/sinkd.v1.Sessions/Create',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CreateSessionRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CreateSessionResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CreateSessionResponse.FromString,
                 _registered_method=True)
         self.Append = channel.unary_unary(
                 '/sinkd.v1.Sessions/Append',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.AppendRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.AppendResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.AppendRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.AppendResponse.FromString,
                 _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/sinkd.v1.Sessions/Generate',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
                 _registered_method=True)
         self.Chat = channel.unary_stream(
                 '/sinkd.v1.Sessions/Chat',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ChatRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ChatRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
                 _registered_method=True)
         self.Reset = channel.unary_unary(
                 '/sinkd.v1.Sessions/Reset',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ResetResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ResetResponse.FromString,
                 _registered_method=True)
         self.Fork = channel.unary_unary(
                 '/sinkd.v1.Sessions/Fork',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ForkResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForkResponse.FromString,
                 _registered_method=True)
         self.Close = channel.unary_unary(
                 '/sinkd.v1.Sessions/Close',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
                 _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/sinkd.v1.Sessions/Inspect',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.InspectRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.InspectResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectResponse.FromString,
                 _registered_method=True)
         self.Trace = channel.unary_unary(
                 '/sinkd.v1.Sessions/Trace',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.TraceResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TraceResponse.FromString,
                 _registered_method=True)
         self.List = channel.unary_unary(
                 '/sinkd.v1.Sessions/List',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -154,53 +154,53 @@ def add_SessionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Create': grpc.unary_unary_rpc_method_handler(
                     servicer.Create,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CreateSessionRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CreateSessionResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CreateSessionRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CreateSessionResponse.SerializeToString,
             ),
             'Append': grpc.unary_unary_rpc_method_handler(
                     servicer.Append,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.AppendRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.AppendResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.AppendRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.AppendResponse.SerializeToString,
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateEvent.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateEvent.SerializeToString,
             ),
             'Chat': grpc.unary_stream_rpc_method_handler(
                     servicer.Chat,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ChatRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateEvent.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ChatRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateEvent.SerializeToString,
             ),
             'Reset': grpc.unary_unary_rpc_method_handler(
                     servicer.Reset,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ResetResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ResetResponse.SerializeToString,
             ),
             'Fork': grpc.unary_unary_rpc_method_handler(
                     servicer.Fork,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ForkResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForkResponse.SerializeToString,
             ),
             'Close': grpc.unary_unary_rpc_method_handler(
                     servicer.Close,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CloseResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.InspectRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.InspectResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectResponse.SerializeToString,
             ),
             'Trace': grpc.unary_unary_rpc_method_handler(
                     servicer.Trace,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.TraceResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TraceResponse.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,8 +228,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Create',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CreateSessionRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CreateSessionResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CreateSessionRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CreateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -255,8 +255,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Append',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.AppendRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.AppendResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.AppendRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.AppendResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -282,8 +282,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Generate',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -309,8 +309,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Chat',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ChatRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ChatRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.GenerateEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -336,8 +336,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Reset',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ResetResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -363,8 +363,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Fork',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ForkResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForkResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -390,8 +390,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Close',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -417,8 +417,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Inspect',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.InspectRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.InspectResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -444,8 +444,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/Trace',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.TraceResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TraceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -471,8 +471,8 @@ class Sessions:
             request,
             target,
             '/sinkd.v1.Sessions/List',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -496,18 +496,18 @@ class AdminStub:
         """
         self.Stats = channel.unary_unary(
                 '/sinkd.v1.Admin/Stats',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.StatsRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.StatsResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StatsRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/sinkd.v1.Admin/ListModels',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListModelsRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListModelsResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
         self.ListAllSessions = channel.unary_unary(
                 '/sinkd.v1.Admin/ListAllSessions',
-                request_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
-                response_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -538,18 +538,18 @@ def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.StatsRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StatsRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StatsResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListModelsRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListModelsResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListModelsRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListModelsResponse.SerializeToString,
             ),
             'ListAllSessions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAllSessions,
-                    request_deserializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
-                    response_serializer=proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -578,8 +578,8 @@ class Admin:
             request,
             target,
             '/sinkd.v1.Admin/Stats',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.StatsRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.StatsResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StatsRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -605,8 +605,8 @@ class Admin:
             request,
             target,
             '/sinkd.v1.Admin/ListModels',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListModelsRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListModelsResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListModelsRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -632,8 +632,8 @@ class Admin:
             request,
             target,
             '/sinkd.v1.Admin/ListAllSessions',
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
-            proto_dot_sinkd_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

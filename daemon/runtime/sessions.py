@@ -1,12 +1,15 @@
 """Sessions: one llama.cpp sequence each, owned by one tenant, identified by a generation hash.
 
-State diagram (one session)::
+State diagram (one session; `TRANSITIONS` is the table `Session.transition` enforces)::
 
-    CREATED -> PREFILLING <-> GENERATING -> IDLE -> (PREFILLING | GENERATING) ...
-       any state --reset--> IDLE (new generation, cells freed)
-       any state --close/expiry--> CLOSED
-       any state --invariant violation--> FAILED (cells freed; only reset or close are accepted)
-    at resume, a stored session that cannot be restored exactly --> STALE (no cells; close only)
+    CREATED -> PREFILLING (system prompt) -> IDLE
+    CREATED -> IDLE (no system prompt; a fork; a resumed session)
+    IDLE -> PREFILLING (append, or a generation's prompt) -> GENERATING -> IDLE
+    IDLE -> GENERATING (generate) -> IDLE
+       any live state --reset--> IDLE (new generation, cells freed)
+       any state but CLOSED --close/expiry--> CLOSED
+       any live state --invariant violation, failed step--> FAILED (cells freed; reset or close)
+    CREATED --at resume, cannot be restored exactly--> STALE (no cells; close only)
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
-from daemon.errors import SinkdError
+from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
+from sinkd.daemon.errors import IllegalTransition, NotFound, StaleGeneration, echo
 
 
 class SessionState(str, enum.Enum):
@@ -38,24 +41,37 @@ class SessionState(str, enum.Enum):
     STALE = "stale"
 
 
-class NotFound(SinkdError):
-    """No such session for this tenant (another tenant's session is reported the same way)."""
+TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.CREATED: frozenset(
+        {SessionState.PREFILLING, SessionState.IDLE, SessionState.FAILED, SessionState.STALE}
+    ),
+    SessionState.PREFILLING: frozenset(
+        {SessionState.PREFILLING, SessionState.GENERATING, SessionState.IDLE, SessionState.FAILED}
+    ),
+    SessionState.GENERATING: frozenset(
+        {SessionState.GENERATING, SessionState.IDLE, SessionState.FAILED}
+    ),
+    SessionState.IDLE: frozenset(
+        {SessionState.IDLE, SessionState.PREFILLING, SessionState.GENERATING, SessionState.FAILED}
+    ),
+    SessionState.FAILED: frozenset({SessionState.FAILED, SessionState.IDLE}),  # IDLE: a reset
+    SessionState.STALE: frozenset(),
+    SessionState.CLOSED: frozenset(),
+}
+for _state in SessionState:  # close is allowed from anywhere but CLOSED itself
+    if _state is not SessionState.CLOSED:
+        TRANSITIONS[_state] = TRANSITIONS[_state] | {SessionState.CLOSED}
 
 
-class StaleGeneration(SinkdError):
-    """The handle's generation is not the session's current one (reset, model change, restart)."""
+LOCAL_TENANT = "local"  # the Unix socket's user, when no tenants are configured
 
 
-class SessionFailed(SinkdError):
-    """The session failed a run-time invariant check; its cells were freed."""
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, as the transport authenticated it."""
 
-
-class ResourceExhausted(SinkdError):
-    """No room for another session (sequences or memory), or the context is full."""
-
-
-class PermissionDenied(SinkdError):
-    """Authenticated, but not allowed to do this (e.g. the admin asking for a session's text)."""
+    tenant: str | None  # None: the admin, who owns no sessions
+    admin: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,8 +152,8 @@ class Session:
     seq_id: int
     policy: PolicyConfig
     seq: CacheSequence
-    sampling: Any  # daemon.engine.SamplingParams (kept import-free of llama_cpp)
-    sampler: Any  # daemon.engine.Sampler
+    sampling: Any  # sinkd.daemon.engine.sampler.SamplingParams (kept import-free of llama_cpp)
+    sampler: Any  # sinkd.daemon.engine.sampler.Sampler
     model: ModelIdentity
     system_tokens: list[int]
     system_prompt_sha256: str
@@ -164,6 +180,27 @@ class Session:
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
         self.refresh_generation()
+
+    def transition(self, to: SessionState) -> None:
+        """Move to `to` along an edge of TRANSITIONS; any other move is a bug, refused loudly."""
+        if to not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"session {self.id}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    def settle(self) -> None:
+        """A request ended: back to IDLE unless the session failed or closed meanwhile."""
+        if self.state in (SessionState.PREFILLING, SessionState.GENERATING, SessionState.CREATED):
+            self.transition(SessionState.IDLE)
+        self.last_active = time.monotonic()
+
+    def clear_history(self) -> None:
+        """Forget what the policy, the ledger, the sampler and the logits knew of the stream (the
+        caller has removed, or will remove, the cells themselves)."""
+        self.seq.reset()
+        self.retained = RetainedTokens(self.policy.sinks)
+        if self.sampler is not None:
+            self.sampler.reset()
+        self.last_logits = None
 
     @property
     def has_history(self) -> bool:
@@ -229,7 +266,7 @@ class Registry:
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None or session.tenant != tenant or session.state is SessionState.CLOSED:
-            raise NotFound(f"no session {session_id!r}")
+            raise NotFound(f"no session {echo(session_id)}")
         if session.state is SessionState.STALE and not allow_stale:
             raise StaleGeneration(
                 f"session {session_id} could not be resumed: {session.failure}; this handle is"
@@ -241,6 +278,10 @@ class Registry:
                 " this handle is stale; use the handle from the latest create, reset or fork"
             )
         return session
+
+    def get(self, session_id: str) -> Session | None:
+        with self._lock:
+            return self._sessions.get(session_id)
 
     def of_tenant(self, tenant: str) -> list[Session]:
         with self._lock:

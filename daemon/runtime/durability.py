@@ -17,14 +17,17 @@ import os
 import sqlite3
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cachepolicy import PolicyConfig, SeqState
-from cachepolicy.sequence import TraceEvent
-from daemon import failpoints, snapshots
-from daemon.journal import Journal, JournalError, SnapshotRow, StoredSession
-from daemon.sessions import Session, SessionState
+from sinkd.cachepolicy import PolicyConfig, SeqState
+from sinkd.cachepolicy.sequence import TraceEvent
+from sinkd.daemon import failpoints
+from sinkd.daemon.errors import JournalError, ResourceExhausted
+from sinkd.daemon.runtime.sessions import Session, SessionState
+from sinkd.daemon.store import snapshots
+from sinkd.daemon.store.journal import Chunk, Journal, SnapshotRow, StoredSession
 
 log = logging.getLogger("sinkd.durability")
 
@@ -172,12 +175,47 @@ class Durability:
             with contextlib.suppress(OSError):
                 (self.dir / p).parent.rmdir()  # a closed session's folder, once empty
 
+    def rollback(self) -> None:
+        """Undo what was written since the last commit; the files it would have deleted stay."""
+        with contextlib.suppress(sqlite3.Error):
+            self.j.rollback()
+        self._doomed.clear()
+
+    def record(self, transition: Callable[..., None], *args: Any) -> None:
+        """Write a transition (created, reset, failed, closed) and commit it, or roll it back and
+        raise ResourceExhausted: nothing is acknowledged that the journal did not take."""
+        try:
+            transition(*args)
+            self.commit()
+        except (sqlite3.Error, JournalError) as e:
+            self.rollback()
+            raise ResourceExhausted(f"the journal could not record this: {e}") from None
+
+    # --- reads, for resume ---
+
+    def snapshots_of(self, session: Session) -> list[SnapshotRow]:
+        return self.j.snapshots(session.id, session.reset_count)
+
+    def chunks_after(self, session: Session, logical_pos: int) -> Iterator[Chunk]:
+        return self.j.chunks(session.id, session.reset_count, logical_pos)
+
+    def chunk_stats(self, session: Session) -> tuple[int, int]:
+        return self.j.chunk_stats(session.id, session.reset_count)
+
     # --- transitions ---
 
-    def put(self, session: Session) -> None:
-        state = "failed" if session.state is SessionState.FAILED else "live"
+    def put(self, session: Session, live: bool | None = None) -> None:
+        if live is None:
+            live = session.state is not SessionState.FAILED
+        record = session_record(session, self.config)
+        if live:
+            record["failure"] = ""
         self.j.put_session(
-            session.id, session.tenant, session_record(session, self.config), state, session.failure
+            session.id,
+            session.tenant,
+            record,
+            "live" if live else "failed",
+            "" if live else session.failure,
         )
 
     def created(self, session: Session) -> None:
@@ -185,20 +223,21 @@ class Durability:
         session.snap_time = time.time()
 
     def reset(self, session: Session) -> None:
-        self.put(session)
+        """Journal a reset (call `fresh` once it is committed: a refused commit changes nothing)."""
+        self.put(session, live=True)
         self._delete_files(self.j.forget_generation(session.id, session.reset_count))
-        self._fresh(session)
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
         self.put(session)
         self._delete_files(self.j.forget_generation(session.id, None))
-        self._fresh(session)
+        self.fresh(session)
 
     def closed(self, session: Session) -> None:
         self._delete_files(self.j.delete_session(session.id))
 
-    def _fresh(self, session: Session) -> None:
+    def fresh(self, session: Session) -> None:
+        """The session's durable history starts again (after a committed reset or failure)."""
         session.unlogged.clear()
         session.snap_n_seen = None
         session.snap_time = time.time()
@@ -262,8 +301,7 @@ class Durability:
                 self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
             self.commit()
         except sqlite3.Error as e:  # between steps the transaction holds this snapshot alone
-            self.j.rollback()
-            self._doomed.clear()
+            self.rollback()
             path.unlink(missing_ok=True)
             raise JournalError(f"recording a snapshot: {e}") from e
         session.snap_n_seen = n_seen

@@ -16,17 +16,19 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from daemon.errors import ModelMismatch, ModelMissing, ModelNotAllowed, PullFailed
+from sinkd.daemon.errors import ModelMismatch, ModelMissing, ModelNotAllowed, PullFailed
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-LOCK_PATH = Path(__file__).resolve().parent.parent / "models.lock"
+# the repository's models.lock, shipped inside the package (sinkd/models.lock links to it)
+LOCK_PATH = Path(str(resources.files("sinkd") / "models.lock"))
 _CHUNK = 1 << 20
 
 

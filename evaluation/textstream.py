@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon.engine import Engine
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import Engine
 
 
 def token_nll(logits: np.ndarray, targets: list[int]) -> np.ndarray:

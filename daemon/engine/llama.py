@@ -26,24 +26,23 @@ from typing import Literal
 import llama_cpp as llama
 import numpy as np
 
-from cachepolicy import (
+from sinkd.cachepolicy import (
     CacheSequence,
     ConfigError,
-    Evict,
     PolicyConfig,
     PositionMode,
-    Shift,
-    SubBatch,
 )
-from daemon.errors import EngineError, InvalidInput, ModelMismatch, Unsupported
-from daemon.models import ModelEntry
+from sinkd.daemon.engine.memory import SequenceOps
+from sinkd.daemon.engine.models import ModelEntry
+from sinkd.daemon.engine.sampler import Sampler
+from sinkd.daemon.engine.vocab import VocabularyOps
+from sinkd.daemon.errors import EngineError, InvalidInput, ModelMismatch, Unsupported
 
 Outputs = Literal["none", "last", "all"]
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 @dataclass(frozen=True)
@@ -83,27 +82,6 @@ class EngineConfig:
             raise InvalidInput(
                 f"kv_type: must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}"
             )
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = 0
-
-    def validate(self) -> None:
-        if not 0.0 <= self.temperature <= 5.0:
-            raise InvalidInput(f"temperature: must be in [0, 5], got {self.temperature}")
-        if not 0 <= self.top_k <= 1_000_000:
-            raise InvalidInput(f"top_k: must be in 0..1000000 (0 disables it), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidInput(f"top_p: must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise InvalidInput(f"min_p: must be in [0, 1), got {self.min_p}")
-        if not 0 <= self.seed < 2**32:
-            raise InvalidInput(f"seed: must be in [0, 2^32), got {self.seed}")
 
 
 class _LlamaLog:
@@ -149,99 +127,12 @@ def _init_backend() -> _LlamaLog:
         return _log
 
 
-class Sampler:
-    """A llama.cpp sampler chain for one sequence: greedy at temperature 0, else k, p, min-p, temp,
-    then one draw from a seeded PCG64 stream.
+class Engine(VocabularyOps, SequenceOps):
+    """One model, one context, `n_seq_max` sequences.
 
-    The draw is ours, not llama.cpp's `dist`, because its state must survive a restart: a sampler is
-    fully described by (params, draws), and `Sampler(params, draws=n)` continues where one that had
-    drawn n times stopped (each draw consumes exactly one 64-bit step of the stream).
+    One thread owns it (the scheduler's): decoding and every memory operation happen there. Only the
+    vocabulary operations (`VocabularyOps`) may run on other threads; `close` waits for them.
     """
-
-    def __init__(self, params: SamplingParams, draws: int = 0) -> None:
-        params.validate()
-        self.params = params
-        self.stochastic = params.temperature != 0.0
-        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-        if not chain:
-            raise EngineError("llama_sampler_chain_init failed")
-        self._chain = chain
-        self._data: np.ndarray | None = None
-        self._ids: np.ndarray | None = None
-        self.draws = 0
-        self._bits = np.random.PCG64(params.seed)
-        self._rng = np.random.Generator(self._bits)
-        if not self.stochastic:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
-        self.advance(draws)
-
-    def advance(self, draws: int) -> None:
-        if draws < 0:
-            raise InvalidInput(f"sampler draws must be >= 0, got {draws}")
-        self._bits.advance(draws)
-        self.draws += draws
-
-    def sample_logits(self, logits: np.ndarray) -> int:
-        """Sample (and accept) a token from a stored next-token logits row with this chain."""
-        n = len(logits)
-        if self._data is None or len(self._data) != n:
-            self._data = np.zeros(n, dtype=_TOKEN_DATA)
-            self._ids = np.arange(n, dtype=np.int32)
-        data = self._data
-        data["id"] = self._ids
-        data["logit"] = logits
-        data["p"] = 0.0
-        arr = llama.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
-            size=n,
-            selected=-1,
-            sorted=False,
-        )
-        llama.llama_sampler_apply(self._chain, ctypes.byref(arr))
-        if ctypes.cast(arr.data, ctypes.c_void_p).value != data.ctypes.data:
-            raise EngineError("the sampler chain moved its candidates out of our buffer")
-        if self.stochastic:
-            arr.selected = self._draw(data["logit"][: arr.size])
-        if not 0 <= arr.selected < arr.size:
-            raise EngineError("the sampler chain selected no token")
-        token = int(data["id"][arr.selected])
-        llama.llama_sampler_accept(self._chain, token)
-        return token
-
-    def _draw(self, logits: np.ndarray) -> int:
-        """One draw from softmax(logits) over the candidates the chain kept."""
-        if len(logits) == 0:
-            return -1
-        z = np.exp(logits.astype(np.float64) - float(np.max(logits)))
-        cdf = np.cumsum(z)
-        u = self._rng.random()  # exactly one step of the stream, whatever the candidates
-        self.draws += 1
-        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
-
-    def reset(self) -> None:
-        llama.llama_sampler_reset(self._chain)
-        self._bits = np.random.PCG64(self.params.seed)
-        self._rng = np.random.Generator(self._bits)
-        self.draws = 0
-
-    def close(self) -> None:
-        if self._chain:
-            llama.llama_sampler_free(self._chain)
-            self._chain = None
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-class Engine:
-    """One model, one context, `n_seq_max` sequences. Not thread-safe: one thread owns it."""
 
     def __init__(
         self,
@@ -255,6 +146,8 @@ class Engine:
         self.path = path
         log = _init_backend()
         self._stack = contextlib.ExitStack()
+        self._init_text_guard()
+        self.llama_cpp_version = str(llama.__version__)
         try:
             self._load(log)
         except BaseException:
@@ -323,22 +216,9 @@ class Engine:
         self._scratch = (ctypes.c_uint8 * 0)()  # sequence images: read, packed, copied in place
         self._state_base, self._state_per_cell = self._calibrate_cell_size()
 
-    def _calibrate_cell_size(self) -> tuple[int, int]:
-        """Serialised sequence state grows by a fixed size per cell: measure it once, at load."""
-        sizes = []
-        for n in (0, 1, 2, 3):
-            self.clear(0)
-            if n:
-                self.decode_batch([BatchItem(0, [0] * n, 0, logits=False)])
-            sizes.append(int(llama.llama_state_seq_get_size(self._ctx, 0)))
-        self.clear(0)
-        self._state_empty = sizes[0]  # an empty sequence writes no per-layer headers
-        per_cell = sizes[2] - sizes[1]
-        if per_cell <= 0 or sizes[3] - sizes[2] != per_cell:
-            raise EngineError(f"sequence state size is not linear in cells: {sizes}")
-        return sizes[1] - per_cell, per_cell
-
     def close(self) -> None:
+        """Free the context and the model, once no other thread is inside a vocabulary operation."""
+        self._close_text_guard()
         self._stack.close()
 
     def __enter__(self) -> Engine:
@@ -353,19 +233,6 @@ class Engine:
         buf = ctypes.create_string_buffer(256)
         n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-    def _tokenizer_hash(self) -> str:
-        h = hashlib.sha256()
-        for tok in range(self.n_vocab):
-            h.update(llama.llama_vocab_get_text(self._vocab, tok) or b"")
-            h.update(
-                b"\0%d\0%r\n"
-                % (
-                    llama.llama_vocab_get_attr(self._vocab, tok),
-                    llama.llama_vocab_get_score(self._vocab, tok),
-                )
-            )
-        return h.hexdigest()
 
     def _check_entry(self, entry: ModelEntry) -> None:
         for name, actual in (
@@ -428,95 +295,6 @@ class Engine:
                 f" window of {self.n_swa}: its local layers would drop the sinks"
             )
 
-    def check_tokens(self, tokens: list[int]) -> None:
-        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
-        if bad is not None:
-            raise InvalidInput(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
-
-    # --- sequences ---
-
-    def acquire_seq(self) -> int:
-        if not self._free_seqs:
-            raise Unsupported(f"all {self.config.n_seq_max} sequences of the context are in use")
-        return self._free_seqs.pop()
-
-    def release_seq(self, seq_id: int) -> None:
-        self.clear(seq_id)
-        self._free_seqs.append(seq_id)
-
-    def clear(self, seq_id: int) -> None:
-        """Remove every cell of the sequence; verified physically (pos max -1)."""
-        if not llama.llama_memory_seq_rm(self._mem, seq_id, -1, -1):
-            raise EngineError(f"llama_memory_seq_rm refused to clear sequence {seq_id}")
-        if self.pos_range(seq_id) != (-1, -1):
-            raise EngineError(f"sequence {seq_id} still holds cells after clear")
-
-    def copy(self, src: int, dst: int) -> None:
-        """Physical copy of every cell: the copies are independent after.
-
-        Through the sequence image, not `llama_memory_seq_cp`: across per-sequence streams that
-        call copies the cell metadata at once but the K and V rows only at the next decode, so an
-        image taken of `dst` before then (a fork's first snapshot) would hold stale rows.
-        """
-        self._write_seq(dst, *self._read_seq(src))
-        if self.pos_range(dst) != self.pos_range(src):
-            raise EngineError(f"copy of sequence {src} to {dst} is incomplete")
-
-    def cell_count(self, seq_id: int) -> int:
-        """How many cells llama.cpp really holds for the sequence (from its serialised size)."""
-        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
-        if size == self._state_empty:
-            return 0
-        size -= self._state_base
-        cells, rest = divmod(size, self._state_per_cell)
-        if rest:
-            raise EngineError(
-                f"sequence {seq_id}: state size {size} is not a whole number of cells"
-            )
-        return cells
-
-    def save_seq(self, seq_id: int) -> bytes:
-        """The sequence's cells as llama.cpp serialises them (positions, K and V rows)."""
-        buf, size = self._read_seq(seq_id)
-        return bytes(memoryview(buf)[:size])
-
-    def restore_seq(self, seq_id: int, data: bytes) -> None:
-        """Replace the sequence's cells with a `save_seq` image; a refused image leaves it empty."""
-        self._write_seq(seq_id, (ctypes.c_uint8 * len(data)).from_buffer_copy(data), len(data))
-
-    def compact(self, seq_id: int) -> None:
-        """Rewrite the sequence's cells into consecutive slots, in their order.
-
-        Evictions leave holes between slots, and where the holes are changes the order of the float
-        sums in attention: enough, on this CPU path, to move logits by ~0.7. A restored snapshot is
-        always packed, so the daemon packs a sequence after each eviction: a live sequence and its
-        restored snapshot then hold the same layout and compute the same bits.
-        """
-        self._write_seq(seq_id, *self._read_seq(seq_id))
-
-    def _read_seq(self, seq_id: int) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
-        """The sequence's image in the reused scratch buffer (allocating zeroes megabytes)."""
-        size = int(llama.llama_state_seq_get_size(self._ctx, seq_id))
-        if len(self._scratch) < size:
-            self._scratch = (ctypes.c_uint8 * size)()
-        written = int(llama.llama_state_seq_get_data(self._ctx, self._scratch, size, seq_id))
-        if written != size:
-            raise EngineError(f"sequence {seq_id}: state wrote {written} of {size} bytes")
-        return self._scratch, size
-
-    def _write_seq(self, seq_id: int, buf: ctypes.Array[ctypes.c_uint8], size: int) -> None:
-        self.clear(seq_id)
-        read = int(llama.llama_state_seq_set_data(self._ctx, buf, size, seq_id))
-        if read != size:
-            self.clear(seq_id)
-            raise EngineError(f"sequence {seq_id}: llama.cpp took {read} of {size} bytes")
-
-    def pos_range(self, seq_id: int) -> tuple[int, int]:
-        return (
-            int(llama.llama_memory_seq_pos_min(self._mem, seq_id)),
-            int(llama.llama_memory_seq_pos_max(self._mem, seq_id)),
-        )
-
     # --- feeding tokens through a policy ---
 
     def feed(
@@ -560,16 +338,6 @@ class Engine:
         if outputs == "all":
             return np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
         return last
-
-    def apply_ops(self, seq_id: int, sb: SubBatch, pos_offset: int = 0) -> None:
-        """Apply a sub-batch's evictions and shifts to the sequence; a refused removal raises."""
-        for op in sb.ops:
-            p0, p1 = op.p0 + pos_offset, op.p1 + pos_offset
-            if isinstance(op, Evict):
-                if not llama.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
-                    raise EngineError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
-            elif isinstance(op, Shift):
-                llama.llama_memory_seq_add(self._mem, seq_id, p0, p1, op.delta)
 
     def _decode_one(self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs) -> None:
         n = len(tokens)
@@ -636,56 +404,5 @@ class Engine:
         """Sample (and accept) the next token from the logits of the last decode's `index`."""
         return sampler.sample_logits(self.logits(index))
 
-    # --- text ---
-
-    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-        """Tokenize with special tokens parsed; BOS only when asked and the model adds one."""
-        data = text.encode("utf-8", errors="replace")
-        cap = len(data) + 8
-        buf = (llama.llama_token * cap)()
-        n = llama.llama_tokenize(
-            self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
-        )
-        if n < 0:
-            cap = -n
-            buf = (llama.llama_token * cap)()
-            n = llama.llama_tokenize(
-                self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
-            )
-        if n < 0:
-            raise EngineError("tokenization failed")
-        return list(buf[:n])
-
-    def piece(self, token: int) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        return buf.raw[: max(n, 0)]
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
-
-    def render_chat(self, messages: list[tuple[str, str]], add_assistant: bool) -> str:
-        """Frame messages with the model's own chat template (llama.cpp's built-in renderer)."""
-        if not self.chat_template:
-            raise Unsupported("this model has no chat template")
-        keep = [(role.encode(), text.encode("utf-8", errors="replace")) for role, text in messages]
-        chat = (llama.llama_chat_message * len(keep))(
-            *(llama.llama_chat_message(role=r, content=c) for r, c in keep)
-        )
-        template = self.chat_template.encode()
-        size = sum(len(c) for _, c in keep) * 2 + 256
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = llama.llama_chat_apply_template(template, chat, len(keep), add_assistant, buf, size)
-            if n < 0:
-                raise Unsupported("llama.cpp does not recognise this model's chat template")
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = n
-        raise EngineError("chat template rendering did not converge")
-
-    def is_eog(self, token: int) -> bool:
-        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+    def _decode_calibration(self, n: int) -> None:
+        self.decode_batch([BatchItem(0, [0] * n, 0, logits=False)])

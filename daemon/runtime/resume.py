@@ -13,20 +13,27 @@ never loaded with a state it did not have. Engine thread only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachepolicy import CacheSequence, PolicyConfig
-from daemon import snapshots
-from daemon.durability import Durability, adopt_snapshot_meta, gate_differences, policy_from
-from daemon.engine import Engine, Sampler, SamplingParams
-from daemon.errors import SinkdError
-from daemon.journal import Chunk, SnapshotRow, StoredSession
-from daemon.metrics import Metrics
-from daemon.scheduler import Scheduler
-from daemon.sessions import ModelIdentity, Registry, Session, SessionState
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.errors import CorruptSnapshot, ResourceExhausted, SinkdError
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime import audit
+from sinkd.daemon.runtime.admission import Admission
+from sinkd.daemon.runtime.durability import (
+    Durability,
+    adopt_snapshot_meta,
+    gate_differences,
+    policy_from,
+)
+from sinkd.daemon.runtime.scheduler import Scheduler
+from sinkd.daemon.runtime.sessions import ModelIdentity, Registry, Session, SessionState
+from sinkd.daemon.store import snapshots
+from sinkd.daemon.store.journal import Chunk, SnapshotRow, StoredSession
 
 log = logging.getLogger("sinkd.resume")
 
@@ -53,14 +60,14 @@ class Resumer:
         durability: Durability,
         registry: Registry,
         identity: ModelIdentity,
-        max_sessions: Callable[[], int],
+        admission: Admission,
         metrics: Metrics,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
         self.registry = registry
         self.identity = identity
-        self.max_sessions = max_sessions
+        self.admission = admission
         self.metrics = metrics
 
     def run(self, engine: Engine) -> None:
@@ -83,7 +90,7 @@ class Resumer:
             try:
                 if r.failed:
                     raise Unrestorable(r.failed)
-                self._finish(r)
+                self._finish(engine, r)
             except Unrestorable as e:
                 self._drop(engine, r.session)
                 self._stale(r.stored, str(e))
@@ -119,20 +126,20 @@ class Resumer:
         if session.generation != r["generation"]:
             raise Unrestorable("its generation hash does not recompute from its record")
         if stored.state == "failed":
-            session.state = SessionState.FAILED
+            session.transition(SessionState.FAILED)
             session.failure = stored.reason
             session.resume = "failed before the restart (reset or close it)"
         return session
 
     def _admit(self, engine: Engine, session: Session) -> None:
-        if len(self.registry) >= self.max_sessions():
-            raise Unrestorable(f"no free sequence: this daemon admits {self.max_sessions()}")
         try:
             engine.check_policy(session.policy)
         except SinkdError as e:
             raise Unrestorable(f"its policy does not fit this daemon: {e}") from None
-        session.seq_id = engine.acquire_seq()
-        engine.clear(session.seq_id)
+        try:
+            session.seq_id = self.admission.acquire(engine)
+        except ResourceExhausted as e:
+            raise Unrestorable(f"no free sequence: {e}") from None
         self.registry.add(session)
 
     def _from_snapshot(self, engine: Engine, stored: StoredSession, session: Session) -> _Restoring:
@@ -140,12 +147,12 @@ class Resumer:
         d = self.durability
         skipped: list[str] = []
         base = None
-        for row in d.j.snapshots(session.id, session.reset_count):
+        for row in d.snapshots_of(session):
             try:
                 self._load_snapshot(engine, session, row)
                 base = row
                 break
-            except (snapshots.CorruptSnapshot, Unrestorable) as e:
+            except (CorruptSnapshot, Unrestorable) as e:
                 log.warning(
                     "session %s: snapshot at token %d unusable: %s", session.id, row.n_seen, e
                 )
@@ -154,7 +161,7 @@ class Resumer:
                 self._empty(engine, session)
         at = session.seq.state.n_seen
         chunks = []
-        for chunk in d.j.chunks(session.id, session.reset_count, at):
+        for chunk in d.chunks_after(session, at):
             if not chunk.intact:
                 raise Unrestorable(f"journal chunk #{chunk.n} is damaged (checksum mismatch)")
             if chunk.logical_pos != at:
@@ -181,7 +188,7 @@ class Resumer:
             try:
                 refused = dict(
                     (id(s), why)
-                    for s, why in self.scheduler.replay(
+                    for s, why in self.scheduler.executor.replay(
                         [
                             (r.session, list(r.chunks[r.next].tokens), r.chunks[r.next].cache_pos)
                             for r in batch
@@ -201,13 +208,13 @@ class Resumer:
                 r.next += 1
             active = [r for r in active if not r.failed and r.next < len(r.chunks)]
 
-    def _finish(self, r: _Restoring) -> None:
+    def _finish(self, engine: Engine, r: _Restoring) -> None:
         session, base = r.session, r.base
         session.pending_prefix = [] if session.seq.state.n_seen else list(session.system_tokens)
-        problems = self.scheduler.problems(session)
+        problems = audit.problems(engine, self.registry, session)
         if problems:
             raise Unrestorable("the restored cache failed its check: " + "; ".join(problems))
-        session.state = SessionState.IDLE
+        session.transition(SessionState.IDLE)
         head = (
             f"snapshot at token {base.n_seen} + {len(r.chunks)} chunks replayed"
             if base
@@ -217,7 +224,7 @@ class Resumer:
         session.snap_n_seen = base.n_seen if base else None
         session.snap_time = base.created if base else None
         d = self.durability
-        session.log_chunks, session.log_tokens = d.j.chunk_stats(session.id, session.reset_count)
+        session.log_chunks, session.log_tokens = d.chunk_stats(session)
         session.logged_since_snap = session.seq.state.n_seen - (base.n_seen if base else 0)
 
     def _load_snapshot(self, engine: Engine, session: Session, row: SnapshotRow) -> None:
@@ -249,10 +256,7 @@ class Resumer:
 
     def _empty(self, engine: Engine, session: Session) -> None:
         engine.clear(session.seq_id)
-        session.seq.reset()
-        session.retained = type(session.retained)(session.policy.sinks)
-        session.sampler.reset()
-        session.last_logits = None
+        session.clear_history()
 
     def _stale(self, stored: StoredSession, why: str) -> None:
         log.warning("session %s is stale: %s", stored.id, why)
@@ -293,7 +297,7 @@ def _stale_session(stored: StoredSession, identity: ModelIdentity, why: str) -> 
         policy = PolicyConfig.named("full", sinks=0, window=1)
     session = _session(stored, policy, identity, None)
     session.generation = str(stored.record.get("generation", ""))
-    session.state = SessionState.STALE
+    session.transition(SessionState.STALE)
     session.failure = why
     session.resume = "stale"
     return session

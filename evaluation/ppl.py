@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from cachepolicy import CacheFull, CacheSequence, PolicyConfig
-from daemon.engine import Engine, EngineConfig
-from daemon.textstream import chunk_nll, token_nll
+from sinkd.cachepolicy import CacheFull, CacheSequence, PolicyConfig
+from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.evaluation.textstream import chunk_nll, token_nll
 
 Progress = Callable[[int], None]
 EngineFactory = Callable[[EngineConfig], Engine]

@@ -5,22 +5,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from daemon.config import Settings
-from daemon.errors import SinkdError
-
-LOCAL_TENANT = "local"
-
-
-class Unauthenticated(SinkdError):
-    """Missing or wrong bearer token."""
-
-
-@dataclass(frozen=True)
-class Principal:
-    tenant: str | None  # None: the admin, who owns no sessions
-    admin: bool = False
+from sinkd.daemon.config import Settings
+from sinkd.daemon.errors import Unauthenticated
+from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
 
 
 class Authenticator:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from daemon.engine import Engine, EngineConfig
-from daemon.errors import ModelNotAllowed, Unsupported
-from daemon.models import ModelEntry, ModelLock, load_lock, locate, verify_file
+from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.engine.models import ModelEntry, ModelLock, load_lock, locate, verify_file
+from sinkd.daemon.errors import ModelNotAllowed, Unsupported
 
 
 def check_combination(

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.errors import SinkdError
+from sinkd.daemon.errors import JournalError
 
 SCHEMA_VERSION = 1
 
@@ -56,10 +56,6 @@ CREATE TABLE IF NOT EXISTS snapshots (
     PRIMARY KEY (session, reset_count, n_seen)
 );
 """
-
-
-class JournalError(SinkdError):
-    """The journal cannot be opened or written (the daemon cannot promise durability)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,129 @@
+"""Samplers: llama.cpp's chain for the candidates, our own seeded draw so a restart can resume it.
+
+Part of the engine package (it calls llama.cpp); the runtime holds samplers but never builds a chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from dataclasses import dataclass
+
+import llama_cpp as llama
+import numpy as np
+
+from sinkd.daemon.errors import EngineError, InvalidInput
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not 0.0 <= self.temperature <= 5.0:
+            raise InvalidInput(f"temperature: must be in [0, 5], got {self.temperature}")
+        if not 0 <= self.top_k <= 1_000_000:
+            raise InvalidInput(f"top_k: must be in 0..1000000 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidInput(f"top_p: must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise InvalidInput(f"min_p: must be in [0, 1), got {self.min_p}")
+        if not 0 <= self.seed < 2**32:
+            raise InvalidInput(f"seed: must be in [0, 2^32), got {self.seed}")
+
+
+class Sampler:
+    """A llama.cpp sampler chain for one sequence: greedy at temperature 0, else k, p, min-p, temp,
+    then one draw from a seeded PCG64 stream.
+
+    The draw is ours, not llama.cpp's `dist`, because its state must survive a restart: a sampler is
+    fully described by (params, draws), and `Sampler(params, draws=n)` continues where one that had
+    drawn n times stopped (each draw consumes exactly one 64-bit step of the stream).
+    """
+
+    def __init__(self, params: SamplingParams, draws: int = 0) -> None:
+        params.validate()
+        self.params = params
+        self.stochastic = params.temperature != 0.0
+        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        if not chain:
+            raise EngineError("llama_sampler_chain_init failed")
+        self._chain = chain
+        self._data: np.ndarray | None = None
+        self._ids: np.ndarray | None = None
+        self.draws = 0
+        self._bits = np.random.PCG64(params.seed)
+        self._rng = np.random.Generator(self._bits)
+        if not self.stochastic:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
+        self.advance(draws)
+
+    def advance(self, draws: int) -> None:
+        if draws < 0:
+            raise InvalidInput(f"sampler draws must be >= 0, got {draws}")
+        self._bits.advance(draws)
+        self.draws += draws
+
+    def sample_logits(self, logits: np.ndarray) -> int:
+        """Sample (and accept) a token from a stored next-token logits row with this chain."""
+        n = len(logits)
+        if self._data is None or len(self._data) != n:
+            self._data = np.zeros(n, dtype=_TOKEN_DATA)
+            self._ids = np.arange(n, dtype=np.int32)
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        arr = llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+            size=n,
+            selected=-1,
+            sorted=False,
+        )
+        llama.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        if ctypes.cast(arr.data, ctypes.c_void_p).value != data.ctypes.data:
+            raise EngineError("the sampler chain moved its candidates out of our buffer")
+        if self.stochastic:
+            arr.selected = self._draw(data["logit"][: arr.size])
+        if not 0 <= arr.selected < arr.size:
+            raise EngineError("the sampler chain selected no token")
+        token = int(data["id"][arr.selected])
+        llama.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _draw(self, logits: np.ndarray) -> int:
+        """One draw from softmax(logits) over the candidates the chain kept."""
+        if len(logits) == 0:
+            return -1
+        z = np.exp(logits.astype(np.float64) - float(np.max(logits)))
+        cdf = np.cumsum(z)
+        u = self._rng.random()  # exactly one step of the stream, whatever the candidates
+        self.draws += 1
+        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
+    def reset(self) -> None:
+        llama.llama_sampler_reset(self._chain)
+        self._bits = np.random.PCG64(self.params.seed)
+        self._rng = np.random.Generator(self._bits)
+        self.draws = 0
+
+    def close(self) -> None:
+        if self._chain:
+            llama.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,135 @@
+"""The vocabulary: tokens to text and back, the chat template, the tokenizer's hash.
+
+A part of `Engine`, and the only part other threads may call (a request's text is tokenized on its
+RPC thread, not the engine's). llama.cpp's vocabulary is read-only once loaded; what must not happen
+is a call while the engine frees the model, so each call holds a share of a guard that `close` takes
+whole: close waits for calls in progress, and a call after it raises ShuttingDown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import llama_cpp as llama
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.errors import EngineError, InvalidInput, ShuttingDown, Unsupported
+
+
+class VocabularyOps:
+    """Needs from the engine: `_vocab`, `n_vocab`, `adds_bos`, `chat_template`."""
+
+    _vocab: Any
+    n_vocab: int
+    adds_bos: bool
+    chat_template: str
+
+    def _init_text_guard(self) -> None:
+        self._text_cond = threading.Condition()
+        self._text_users = 0
+        self._text_closed = False
+
+    def _close_text_guard(self) -> None:
+        with self._text_cond:
+            self._text_closed = True
+            self._text_cond.notify_all()
+            while self._text_users:
+                self._text_cond.wait()
+
+    @contextlib.contextmanager
+    def _text_use(self) -> Iterator[None]:
+        with self._text_cond:
+            if self._text_closed:
+                raise ShuttingDown("the daemon is shutting down")
+            self._text_users += 1
+        try:
+            yield
+        finally:
+            with self._text_cond:
+                self._text_users -= 1
+                self._text_cond.notify_all()
+
+    def _tokenizer_hash(self) -> str:
+        h = hashlib.sha256()
+        for tok in range(self.n_vocab):
+            h.update(llama.llama_vocab_get_text(self._vocab, tok) or b"")
+            h.update(
+                b"\0%d\0%r\n"
+                % (
+                    llama.llama_vocab_get_attr(self._vocab, tok),
+                    llama.llama_vocab_get_score(self._vocab, tok),
+                )
+            )
+        return h.hexdigest()
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise InvalidInput(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        """Tokenize with special tokens parsed; BOS only when asked and the model adds one."""
+        with self._text_use():
+            failpoints.hit("tokenize")
+            return self._tokenize(text, add_bos)
+
+    def _tokenize(self, text: str, add_bos: bool) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        cap = len(data) + 8
+        buf = (llama.llama_token * cap)()
+        n = llama.llama_tokenize(
+            self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
+        )
+        if n < 0:
+            cap = -n
+            buf = (llama.llama_token * cap)()
+            n = llama.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
+            )
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        with self._text_use():
+            return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: list[tuple[str, str]], add_assistant: bool) -> str:
+        """Frame messages with the model's own chat template (llama.cpp's built-in renderer)."""
+        if not self.chat_template:
+            raise Unsupported("this model has no chat template")
+        with self._text_use():
+            return self._render_chat(messages, add_assistant)
+
+    def _render_chat(self, messages: list[tuple[str, str]], add_assistant: bool) -> str:
+        keep = [(role.encode(), text.encode("utf-8", errors="replace")) for role, text in messages]
+        chat = (llama.llama_chat_message * len(keep))(
+            *(llama.llama_chat_message(role=r, content=c) for r, c in keep)
+        )
+        template = self.chat_template.encode()
+        size = sum(len(c) for _, c in keep) * 2 + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama.llama_chat_apply_template(template, chat, len(keep), add_assistant, buf, size)
+            if n < 0:
+                raise Unsupported("llama.cpp does not recognise this model's chat template")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n
+        raise EngineError("chat template rendering did not converge")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self._vocab, token))

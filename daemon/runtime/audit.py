@@ -1,0 +1,104 @@
+"""Run-time invariants: what the cache really holds must be what each session's policy says.
+
+After every step the touched sessions are checked (first and last cache position, cell count, token
+ledger, one owner per sequence). A violation, or any failure that leaves a cache unlike its history,
+fails that session alone: its cells are freed, its queued requests fail, and it refuses work until
+it is reset or closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.errors import EngineError, JournalError, SessionFailed
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.jobs import JobQueues
+from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
+
+log = logging.getLogger("sinkd.audit")
+
+
+def problems(engine: Engine, registry: Registry, session: Session) -> list[str]:
+    """Where the cache and the session's policy state disagree (engine thread)."""
+    r = session.seq.receipt()
+    lo, hi = engine.pos_range(session.seq_id)
+    if r.retained == 0:
+        expected = (-1, -1)
+    else:
+        first = 0 if r.anchors_cache[1] > 0 else r.recent_cache[0]
+        last = (
+            r.recent_cache[1] - 1
+            if r.recent_cache[1] > r.recent_cache[0]
+            else r.anchors_cache[1] - 1
+        )
+        expected = (first, last)
+    found = []
+    cells = engine.cell_count(session.seq_id)
+    if cells != r.retained:
+        found.append(f"llama.cpp holds {cells} cells, the policy retains {r.retained}")
+    if (lo, hi) != expected:
+        found.append(f"cache positions {lo}..{hi}, policy expects {expected[0]}..{expected[1]}")
+    if len(session.retained) != r.retained:
+        found.append(f"{len(session.retained)} token ids for {r.retained} retained cells")
+    owners = [
+        s.id
+        for s in registry.all()
+        if s.seq_id == session.seq_id and s.state is not SessionState.CLOSED
+    ]
+    if owners != [session.id]:
+        found.append(f"sequence {session.seq_id} owned by {len(owners)} sessions")
+    return found
+
+
+class Auditor:
+    def __init__(
+        self,
+        engine: Callable[[], Engine | None],
+        registry: Registry,
+        queues: JobQueues,
+        metrics: Metrics,
+        durability: Durability | None,
+    ) -> None:
+        self._engine = engine
+        self.registry = registry
+        self.queues = queues
+        self.metrics = metrics
+        self.durability = durability
+
+    def check(self, session: Session) -> bool:
+        """True if the session is consistent; else it is failed (alone) and False."""
+        engine = self._engine()
+        assert engine is not None
+        found = problems(engine, self.registry, session)
+        if not found:
+            return True
+        self.fail_session(session, "; ".join(found))
+        return False
+
+    def fail_session(self, session: Session, why: str) -> None:
+        """Fail one session: free its cells, record the failure durably, fail its queued jobs."""
+        if session.state in (SessionState.CLOSED, SessionState.STALE):
+            return
+        log.error("session %s failed: %s", session.id, why)
+        self.metrics.invariant_violations.inc()
+        session.transition(SessionState.FAILED)
+        session.failure = why
+        engine = self._engine()
+        if engine is not None:
+            try:
+                engine.clear(session.seq_id)
+            except EngineError:
+                log.exception("could not free the cells of session %s", session.id)
+        session.clear_history()
+        if self.durability is not None:
+            try:  # a transition: durable before anyone is told
+                self.durability.failed(session)
+                self.durability.commit()
+            except (sqlite3.Error, JournalError) as e:
+                self.durability.rollback()
+                log.error("could not journal the failure of session %s: %s", session.id, e)
+        self.queues.cancel_session(session, SessionFailed(f"session {session.id} failed: {why}"))

@@ -1,0 +1,281 @@
+"""Carry out a step plan on the engine: sample, evict, decode, record. Engine thread only.
+
+For each slot of the plan the session's policy cuts the next sub-batch, its evictions and shift are
+applied to the cache and then to the policy state, and every sub-batch joins one `llama_decode`.
+After it the sub-batch is recorded (policy, token ledger, logits), the sequence is packed after an
+eviction (see `Engine.compact`), and the session is audited. A failure touches only the sessions it
+concerns. `replay` decodes journalled chunks the same way, for resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sinkd.cachepolicy import CacheFull, SubBatch
+from sinkd.daemon import failpoints
+from sinkd.daemon.engine.llama import BatchItem, Engine
+from sinkd.daemon.errors import (
+    EngineError,
+    InvalidInput,
+    ResourceExhausted,
+    SessionFailed,
+    SinkdError,
+)
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.audit import Auditor
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.gate import ReplyGate
+from sinkd.daemon.runtime.jobs import Job, JobQueues
+from sinkd.daemon.runtime.sessions import Session, SessionState
+from sinkd.daemon.runtime.stepplan import Slot
+
+log = logging.getLogger("sinkd.executor")
+
+
+@dataclass
+class _Item:
+    job: Job
+    tokens: list[int]
+    sub_batch: SubBatch
+    decode_pending: bool
+
+
+class Executor:
+    def __init__(
+        self,
+        engine: Callable[[], Engine | None],
+        queues: JobQueues,
+        gate: ReplyGate,
+        auditor: Auditor,
+        metrics: Metrics,
+        durability: Durability | None,
+    ) -> None:
+        self._engine = engine
+        self.queues = queues
+        self.gate = gate
+        self.auditor = auditor
+        self.metrics = metrics
+        self.durability = durability
+
+    @property
+    def engine(self) -> Engine:
+        engine = self._engine()
+        assert engine is not None
+        return engine
+
+    def end(self, job: Job, error: SinkdError | None = None, result: Any = None) -> None:
+        """The job is over: off its queue, its session settled, its reply queued behind the journal."""
+        self.queues.pop(job)
+        job.session.settle()
+        if error is not None:
+            self.gate.fail(job, error)
+        else:  # the receipt as the job left the session, not as a later reset or close leaves it
+            receipt = job.session.receipt(self.engine.kv_bytes_per_token)
+            self.gate.finish(job, {**result, "receipt": receipt})
+
+    def result(self, job: Job) -> dict[str, Any]:
+        return {"reason": job.reason, "generated": job.generated}
+
+    # --- before the plan: start jobs, sample the decoding sessions' next tokens ---
+
+    def prepare(self, job: Job) -> None:
+        try:
+            self._start(job)
+            if job.gen is not None and not job.prefilling and job.pending is None:
+                self._sample(job)
+        except SinkdError as e:
+            self.end(job, e)
+
+    def _start(self, job: Job) -> None:
+        if job.started:
+            return
+        job.started = True
+        session = job.session
+        if session.state is SessionState.FAILED:
+            raise SessionFailed(
+                f"session {session.id} failed ({session.failure}); reset or close it"
+            )
+        # the full policy refuses the whole append before any token goes in (CacheFull)
+        session.seq.plan(len(session.pending_prefix) + len(job.tokens))
+        if session.pending_prefix:
+            job.tokens = session.pending_prefix + job.tokens
+            session.pending_prefix = []
+
+    def _sample(self, job: Job) -> None:
+        """A generating job whose prefill is done: sample its next token from the last logits."""
+        session = job.session
+        assert job.gen is not None
+        if session.last_logits is None:
+            raise InvalidInput("the session is empty: append text before generating")
+        if not session.policy.evicts and session.seq.retained >= session.policy.budget:
+            job.reason = "cache_full"  # the full policy never evicts: generation ends here
+            self.end(job, result=self.result(job))
+            return
+        token = job.gen.sampler.sample_logits(session.last_logits)
+        engine = self.engine
+        job.generated += 1
+        now = time.monotonic()
+        if job.generated == 1:
+            self.metrics.ttft.observe(now - job.submitted)
+        else:
+            self.metrics.itl.observe(now - job.last_emit)
+        latency_ms = (now - job.last_emit) * 1000.0
+        job.last_emit = now
+        eog = engine.is_eog(token)
+        text = "" if eog else job.assembler.feed(engine.piece(token))
+        if eog:
+            job.reason = "eog"
+        elif job.assembler.stopped is not None:
+            job.reason = "stop"
+        elif job.generated >= job.gen.max_tokens:
+            job.reason = "max_tokens"
+            text += job.assembler.flush()
+        job.final = bool(job.reason)
+        job.pending = token
+        session.transition(SessionState.GENERATING)
+        if self.durability is not None:  # the token is the session's before the client sees it
+            self.durability.flush(session)
+            at = session.seq.plan(1, max_batch=1).sub_batches[0]
+            draws = session.sampler.draws if job.gen.sampler is session.sampler else None
+            self.durability.log(session, at.logical_pos, at.cache_pos, [token], draws)
+        event = {"id": token, "text": text, "index": job.generated - 1, "latency_ms": latency_ms}
+        self.gate.emit(job, "token", event)
+
+    # --- the plan: evict, decode, record ---
+
+    def run(self, slots: list[tuple[Job, Slot]]) -> None:
+        items = self._build(slots)
+        if not items:
+            return
+        try:
+            rows = self.engine.decode_batch(
+                [
+                    BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos, logits=True)
+                    for it in items
+                ]
+            )
+        except EngineError as e:
+            self._decode_failed(items, e)
+            return
+        self.metrics.steps.inc()
+        for it, row in zip(items, rows, strict=True):
+            self._after_decode(it, row)
+
+    def _build(self, slots: list[tuple[Job, Slot]]) -> list[_Item]:
+        items: list[_Item] = []
+        for job, slot in slots:
+            session = job.session
+            try:
+                plan = session.seq.plan(slot.n_tokens, max_batch=slot.n_tokens)
+            except CacheFull as e:
+                self.end(job, ResourceExhausted(str(e)))
+                continue
+            sb = plan.sub_batches[0]
+            if slot.decoding:
+                assert job.pending is not None
+                tokens = [job.pending]
+            else:
+                tokens = job.tokens[job.offset : job.offset + sb.n_tokens]
+                session.transition(SessionState.PREFILLING)
+            before = session.seq.state.evicted_tokens
+            try:
+                self.apply(session, sb)
+            except EngineError as e:
+                self.auditor.fail_session(session, f"memory operation refused: {e}")
+                continue
+            if sb.ops:
+                self.metrics.evictions.inc()
+                self.metrics.evicted_tokens.inc(sb.after_ops.evicted_tokens - before)
+            items.append(_Item(job, tokens, sb, decode_pending=slot.decoding))
+        return items
+
+    def _decode_failed(self, items: list[_Item], e: EngineError) -> None:
+        self.metrics.alloc_failures.inc()
+        for it in items:
+            session = it.job.session
+            if it.decode_pending or it.sub_batch.ops:
+                # a journalled token or an applied shift that never reached a decode: the cache is
+                # not what the history says, so the session fails (reset recovers)
+                self.auditor.fail_session(session, f"llama_decode failed: {e}")
+            elif self.auditor.check(session):
+                self.end(it.job, ResourceExhausted(f"the engine could not take this batch: {e}"))
+
+    def apply(self, session: Session, sb: SubBatch) -> None:
+        """Apply a sub-batch's evictions to the cache, then to the policy state (EngineError if
+        llama.cpp refuses)."""
+        self.engine.apply_ops(session.seq_id, sb)
+        session.seq.adopt_ops(sb)
+
+    def absorb(self, session: Session, sb: SubBatch, tokens: list[int], row: Any) -> None:
+        """Record a decoded sub-batch; after an eviction, pack the sequence's cells (see
+        Engine.compact: a snapshot restores to exactly this layout). A refused packing fails
+        this session alone."""
+        session.seq.adopt_tokens(sb)
+        session.retained.apply(sb, tokens)
+        session.last_logits = row
+        session.last_active = time.monotonic()
+        if sb.ops:
+            failpoints.hit("before-compact")
+            self.engine.compact(session.seq_id)
+
+    def _after_decode(self, it: _Item, row: Any) -> None:
+        job, session = it.job, it.job.session
+        try:
+            self.absorb(session, it.sub_batch, it.tokens, row)
+        except EngineError as e:
+            self.auditor.fail_session(session, f"packing the sequence failed: {e}")
+            return
+        if it.decode_pending:
+            self.metrics.decode_tokens.inc()
+            job.pending = None
+        else:
+            self.metrics.prefill_tokens.inc(len(it.tokens))
+            job.offset += len(it.tokens)
+            if self.durability is not None:
+                sb = it.sub_batch
+                session.unlogged.append((sb.logical_pos, sb.cache_pos, list(it.tokens)))
+            failpoints.hit("prefill-chunk")
+        if not self.auditor.check(session):
+            return
+        if job.gen is None and not job.prefilling:
+            self.end(job, result={"appended": len(job.tokens)})
+        elif job.gen is not None and job.final and job.pending is None:
+            self.end(job, result=self.result(job))
+
+    # --- resume ---
+
+    def replay(self, chunks: list[tuple[Session, list[int], int]]) -> list[tuple[Session, str]]:
+        """Decode journalled chunks of different sessions in one batch, each exactly as its live
+        step did: the same plan, the same ops, the same sub-batch (per-sequence streams make the
+        batch's other members irrelevant to each one's bits). Returns the sessions whose chunk the
+        policy would not place where the journal says, with why."""
+        refused: list[tuple[Session, str]] = []
+        items: list[tuple[Session, list[int], SubBatch]] = []
+        for session, tokens, cache_pos in chunks:
+            sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
+            if sb.n_tokens != len(tokens) or sb.cache_pos != cache_pos:
+                refused.append(
+                    (
+                        session,
+                        f"the policy places it at cache {sb.cache_pos} ({sb.n_tokens} tokens),"
+                        f" the journal says {cache_pos} ({len(tokens)} tokens)",
+                    )
+                )
+                continue
+            try:
+                self.apply(session, sb)
+            except EngineError as e:
+                refused.append((session, str(e)))
+                continue
+            items.append((session, tokens, sb))
+        if items:
+            rows = self.engine.decode_batch(
+                [BatchItem(s.seq_id, t, sb.cache_pos, logits=True) for s, t, sb in items]
+            )
+            for (session, tokens, sb), row in zip(items, rows, strict=True):
+                self.absorb(session, sb, tokens, row)
+        return refused

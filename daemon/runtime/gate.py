@@ -1,0 +1,76 @@
+"""Journal, then reply: nothing is told to a client before what it acknowledges is committed.
+
+Replies wait here until `release` commits the journal (one commit per phase of a step, for every
+session in it: group commit). A failed commit acknowledges nothing: the waiting replies fail with
+RESOURCE_EXHAUSTED and the sessions ahead of their journal fail until they are reset.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from sinkd.daemon.errors import JournalError, ResourceExhausted, SinkdError
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.jobs import Job
+from sinkd.daemon.runtime.sessions import Session, SessionState
+
+log = logging.getLogger("sinkd.gate")
+
+
+class ReplyGate:
+    def __init__(
+        self,
+        durability: Durability | None,
+        metrics: Metrics,
+        fail_session: Callable[[Session, str], None],
+    ) -> None:
+        self.durability = durability
+        self.metrics = metrics
+        self.fail_session = fail_session
+        self._replies: list[tuple[Job, Callable[[], None]]] = []
+
+    def reply(self, job: Job, fn: Callable[[], None]) -> None:
+        """Queue a reply; what the session decoded so far joins the journal before it is sent."""
+        session = job.session
+        if self.durability is not None and session.has_history:
+            self.durability.flush(session)
+        self._replies.append((job, fn))
+
+    def emit(self, job: Job, kind: str, payload: Any) -> None:
+        """Queue a streamed event (its token was journalled by the caller)."""
+        self._replies.append((job, functools.partial(job.events.put, (kind, payload))))
+
+    def finish(self, job: Job, result: Any) -> None:
+        self.reply(job, functools.partial(job.finish, result))
+
+    def fail(self, job: Job, error: SinkdError) -> None:
+        self.reply(job, functools.partial(job.fail, error))
+
+    def release(self) -> None:
+        """Commit the journal, then send the replies that waited for it."""
+        replies, self._replies = self._replies, []
+        if self.durability is not None and replies:
+            try:
+                with self.metrics.journal_commit_seconds.time():
+                    self.durability.commit()
+            except (sqlite3.Error, JournalError) as e:
+                log.error("journal commit failed: %s", e)
+                self.metrics.journal_failures.inc()
+                self.durability.rollback()
+                error = ResourceExhausted(f"the journal could not record this: {e}")
+                for job, _ in replies:
+                    if job.session.state is not SessionState.FAILED:
+                        self.fail_session(job.session, f"the journal could not record it: {e}")
+                    job.fail(error)
+                return
+        for _, fn in replies:
+            fn()
+
+    def drop(self, jobs: list[Job]) -> None:
+        """Forget the replies of jobs that already failed (their session was reset or closed)."""
+        self._replies = [(j, fn) for j, fn in self._replies if j not in jobs]

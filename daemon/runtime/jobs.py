@@ -1,0 +1,168 @@
+"""Jobs: one append or generation on one session, and the per-session queues they wait in.
+
+A job is bound to the generation its handle was checked against, from the first check to the last
+cell: a reset or close that overtakes it (even while its text is still being tokenized) makes the
+engine thread drop it unapplied. Every wait on a job ends: a reply, an error, or its deadline.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sinkd.daemon.errors import Cancelled, DeadlineExceeded, SinkdError, StaleGeneration
+from sinkd.daemon.runtime.sessions import Session, SessionState
+from sinkd.daemon.runtime.textout import TextAssembler
+
+POLL_S = 0.5  # how often a waiter looks at the engine thread's health while it waits
+
+
+@dataclass
+class GenSpec:
+    max_tokens: int
+    stops: list[str]
+    sampler: Any  # sinkd.daemon.engine.sampler.Sampler
+
+
+class Job:
+    """Prefill `tokens`, then (with `gen`) sample and decode up to max_tokens, one per step."""
+
+    def __init__(
+        self,
+        session: Session,
+        tokens: list[int],
+        gen: GenSpec | None = None,
+        generation: str | None = None,
+    ) -> None:
+        self.session = session
+        self.generation = session.generation if generation is None else generation
+        self.tokens = tokens
+        self.gen = gen
+        self.offset = 0
+        self.started = False
+        self.pending: int | None = None  # sampled, emitted, not yet decoded
+        self.final = False  # the pending token is the last one
+        self.reason = ""
+        self.generated = 0
+        self.assembler = TextAssembler(gen.stops if gen else [])
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.error: SinkdError | None = None
+        self.result: Any = None
+        self.submitted = time.monotonic()
+        self.last_emit = self.submitted
+
+    @property
+    def prefilling(self) -> bool:
+        return self.offset < len(self.tokens)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def finish(self, result: Any) -> None:
+        self.result = result
+        self.events.put(("done", result))
+        self.done.set()
+
+    def fail(self, error: SinkdError) -> None:
+        if self.done.is_set():
+            return
+        self.error = error
+        self.events.put(("error", error))
+        self.done.set()
+
+    def wait(self, timeout: float, alive: Callable[[], bool]) -> Any:
+        """The job's result; its error; DeadlineExceeded (the job is cancelled) past `timeout`;
+        ShuttingDown's cousin if the engine thread is gone (`alive` says)."""
+        deadline = time.monotonic() + timeout
+        while not self.done.wait(min(POLL_S, max(0.0, deadline - time.monotonic()))):
+            if not alive():
+                self.fail(Cancelled("the engine stopped before this request finished"))
+            elif time.monotonic() >= deadline:
+                self.cancel()
+                raise DeadlineExceeded(
+                    f"no answer within {timeout:.1f} s; the request was cancelled"
+                )
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def next_event(self, deadline: float, alive: Callable[[], bool]) -> tuple[str, Any]:
+        """The next streamed event, with the same guarantees as `wait`."""
+        while True:
+            try:
+                return self.events.get(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if not alive():
+                    self.fail(Cancelled("the engine stopped before this request finished"))
+                elif time.monotonic() >= deadline:
+                    self.cancel()
+                    raise DeadlineExceeded(
+                        "the generation ran past its deadline; cancelled"
+                    ) from None
+
+
+class JobQueues:
+    """Each session's jobs, in order; only the head of a queue runs. Engine thread only."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[Job]] = {}
+
+    def __bool__(self) -> bool:
+        return any(self._queues.values())
+
+    def add(self, job: Job) -> None:
+        self._queues.setdefault(job.session.id, deque()).append(job)
+
+    def busy(self, session_id: str) -> bool:
+        return bool(self._queues.get(session_id))
+
+    def pop(self, job: Job) -> None:
+        """Remove a finished or failed head."""
+        jobs = self._queues.get(job.session.id)
+        if jobs and jobs[0] is job:
+            jobs.popleft()
+            if not jobs:
+                del self._queues[job.session.id]
+
+    def heads(self, on_cancelled: Callable[[Job], None]) -> list[Job]:
+        """The runnable head of each queue; cancelled heads go to `on_cancelled`, heads of an
+        older generation fail unapplied."""
+        heads = []
+        for sid, jobs in list(self._queues.items()):
+            while jobs:
+                job = jobs[0]
+                if job.session.state is SessionState.CLOSED:
+                    jobs.popleft()
+                    job.fail(Cancelled("the session was closed while this request waited"))
+                elif job.generation != job.session.generation:
+                    jobs.popleft()
+                    job.fail(StaleGeneration("the session was reset while this request waited"))
+                elif job.cancelled.is_set():
+                    jobs.popleft()
+                    on_cancelled(job)
+                else:
+                    heads.append(job)
+                    break
+            if not jobs:
+                del self._queues[sid]
+        return heads
+
+    def cancel_session(self, session: Session, error: SinkdError) -> list[Job]:
+        """Fail every job queued for the session (reset, close, failure); returns them."""
+        jobs = list(self._queues.pop(session.id, deque()))
+        for job in jobs:
+            job.fail(error)
+        return jobs
+
+    def drain(self, error: SinkdError) -> None:
+        for jobs in self._queues.values():
+            for job in jobs:
+                job.fail(error)
+        self._queues.clear()

@@ -1,0 +1,193 @@
+"""Session transitions that touch the context: create, reset, fork, close. Engine thread only.
+
+Each checks the caller's generation here, on the engine thread, in the same step as it acts, so
+check-and-act is atomic (six resets racing with one handle: one wins, five are stale). Each records
+its transition in the journal and commits it before it changes what a client can see: a failed
+commit changes nothing (reset) or undoes the new session (create, fork). A sequence acquired for a
+session that does not come to be is released.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.daemon import failpoints
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.errors import (
+    Cancelled,
+    InvalidInput,
+    NotFound,
+    ResourceExhausted,
+    StaleGeneration,
+)
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.admission import Admission
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.scheduler import Scheduler
+from sinkd.daemon.runtime.sessions import (
+    ModelIdentity,
+    Registry,
+    Session,
+    SessionState,
+    new_session_id,
+)
+
+log = logging.getLogger("sinkd.lifecycle")
+
+
+def check_generation(session: Session, generation: str) -> None:
+    """The handle's generation must still be the session's, checked where the change happens."""
+    if session.state is SessionState.CLOSED:
+        raise NotFound(f"no session {session.id!r} (closed meanwhile)")
+    if session.generation != generation:
+        raise StaleGeneration(
+            f"session {session.id} is at another generation (reset meanwhile): this handle is"
+            " stale; use the handle from the latest create, reset or fork"
+        )
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        registry: Registry,
+        admission: Admission,
+        metrics: Metrics,
+        durability: Durability | None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.registry = registry
+        self.admission = admission
+        self.metrics = metrics
+        self.durability = durability
+
+    def _admit(self, engine: Engine, session: Session) -> Session:
+        """Register a new session; journal it (undone if the journal refuses)."""
+        self.registry.add(session)
+        self.metrics.active_sessions.set(len(self.registry))
+        if self.durability is not None:
+            try:
+                self.durability.record(self.durability.created, session)
+            except ResourceExhausted:
+                self.close(session)
+                raise
+        return session
+
+    def create(
+        self,
+        engine: Engine,
+        tenant: str,
+        config: PolicyConfig,
+        sampling: SamplingParams,
+        identity: ModelIdentity,
+        system_tokens: list[int],
+        system_prompt: str,
+        pinned: int,
+    ) -> Session:
+        seq_id = self.admission.acquire(engine)
+        try:
+            session = Session(
+                id=new_session_id(),
+                tenant=tenant,
+                seq_id=seq_id,
+                policy=config,
+                seq=CacheSequence(config),
+                sampling=sampling,
+                sampler=Sampler(sampling),
+                model=identity,
+                system_tokens=system_tokens,
+                system_prompt_sha256=hashlib.sha256(system_prompt.encode()).hexdigest(),
+                pinned=pinned,
+                pending_prefix=list(system_tokens),
+            )
+        except BaseException:
+            engine.release_seq(seq_id)
+            raise
+        if not system_tokens:
+            session.transition(SessionState.IDLE)
+        return self._admit(engine, session)
+
+    def fork(self, engine: Engine, parent: Session, generation: str) -> Session:
+        check_generation(parent, generation)
+        if parent.state is SessionState.FAILED:
+            raise InvalidInput("cannot fork a failed session; reset it first")
+        seq_id = self.admission.acquire(engine)
+        try:
+            failpoints.hit("engine-copy")
+            engine.copy(parent.seq_id, seq_id)  # physical: per-sequence KV streams
+            child = Session(
+                id=new_session_id(),
+                tenant=parent.tenant,
+                seq_id=seq_id,
+                policy=parent.policy,
+                seq=parent.seq.fork(),
+                sampling=parent.sampling,
+                sampler=Sampler(parent.sampling),
+                model=parent.model,
+                system_tokens=parent.system_tokens,
+                system_prompt_sha256=parent.system_prompt_sha256,
+                pinned=parent.pinned,
+                pending_prefix=list(parent.pending_prefix),
+            )
+        except BaseException:
+            engine.release_seq(seq_id)
+            raise
+        child.retained = parent.retained.copy()
+        child.last_logits = None if parent.last_logits is None else parent.last_logits.copy()
+        child.transition(SessionState.IDLE)
+        self._admit(engine, child)
+        if self.durability is not None and child.seq.state.n_seen:
+            assert self.scheduler.snapshotter is not None  # the child's history starts with one
+            if not self.scheduler.snapshotter.take(child):
+                self.close(child)
+                raise ResourceExhausted("the fork's first snapshot could not be written")
+        return child
+
+    def reset(self, engine: Engine, session: Session, generation: str) -> Session:
+        """A new generation with no cells. The journal takes it first: if it refuses, nothing
+        changed (the old handle still works)."""
+        check_generation(session, generation)
+        if self.durability is not None:
+            session.reset_count += 1
+            session.refresh_generation()
+            try:
+                self.durability.record(self.durability.reset, session)
+            except ResourceExhausted:
+                session.reset_count -= 1
+                session.refresh_generation()
+                raise
+            self.durability.fresh(session)
+        else:
+            session.reset_count += 1
+            session.refresh_generation()
+        self.scheduler.cancel_session_jobs(session, Cancelled("the session was reset"))
+        engine.clear(session.seq_id)  # verified: pos max is -1
+        session.clear_history()
+        session.pending_prefix = list(session.system_tokens)
+        session.failure = ""
+        if session.state is not SessionState.IDLE:
+            session.transition(SessionState.IDLE)
+        session.last_active = time.monotonic()
+        return session
+
+    def close(self, session: Session, generation: str | None = None) -> None:
+        """Close and delete what is stored (a stale session too); `generation` None: expiry."""
+        if generation is not None and session.state is not SessionState.STALE:
+            check_generation(session, generation)
+        engine = self.scheduler.engine
+        self.scheduler.cancel_session_jobs(session, Cancelled("the session was closed"))
+        if self.durability is not None:
+            try:
+                self.durability.record(self.durability.closed, session)
+            except ResourceExhausted as e:  # it is closed now; the next start may resume it
+                log.error("session %s closed, but the journal kept it: %s", session.id, e)
+        session.transition(SessionState.CLOSED)
+        self.registry.remove(session.id)
+        if engine is not None and session.seq_id >= 0:
+            engine.release_seq(session.seq_id)
+        self.metrics.active_sessions.set(len(self.registry))
+        self.metrics.forget_session(session.id)

@@ -1,0 +1,273 @@
+"""One thread owns the llama context; every batch is built here from every active session.
+
+Each step: the head job of each session is started (generating sessions sample their next token),
+`plan_step` decides who gets which tokens, the executor evicts, decodes and records, and the reply
+gate commits the journal before anyone hears back. Between steps: calls from other threads run,
+idle sessions expire, due snapshots are written.
+
+Every wait on this thread ends. Calls and jobs enter through one gate that shutdown closes before
+it drains, so none is stranded; waiters poll the thread's liveness; and if the thread dies of a
+bug outside a step, `on_death` tells the daemon, which stops serving (health NOT_SERVING) and exits
+non-zero rather than keep a zombie that says SERVING.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.errors import Cancelled, DeadlineExceeded, EngineError, ShuttingDown
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.audit import Auditor
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.executor import Executor
+from sinkd.daemon.runtime.gate import ReplyGate
+from sinkd.daemon.runtime.jobs import POLL_S, Job, JobQueues
+from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
+from sinkd.daemon.runtime.snapshotter import Snapshotter
+from sinkd.daemon.runtime.stepplan import Candidate, plan_step
+
+log = logging.getLogger("sinkd.scheduler")
+T = TypeVar("T")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine_factory: Callable[[], Engine],
+        registry: Registry,
+        metrics: Metrics,
+        durability: Durability | None = None,
+        step_tokens: int = 256,
+        idle_timeout_s: float = 3600.0,
+        prefill_chunk: int = 64,
+        call_timeout_s: float = 600.0,
+    ) -> None:
+        self._engine_factory = engine_factory
+        self.registry = registry
+        self.metrics = metrics
+        self.durability = durability
+        self.step_tokens = step_tokens
+        self.prefill_chunk = min(prefill_chunk, step_tokens)
+        self.idle_timeout_s = idle_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.engine: Engine | None = None
+        self.ready = threading.Event()
+        self.load_error: BaseException | None = None
+        self.died: BaseException | None = None
+        self.on_close: Callable[[Session], None] = lambda s: None
+        self.on_ready: Callable[[Engine], None] = lambda e: None  # e.g. resume stored sessions
+        self.on_death: Callable[[BaseException], None] = lambda e: None
+        self.queues = JobQueues()
+        self.auditor = Auditor(lambda: self.engine, registry, self.queues, metrics, durability)
+        self.gate = ReplyGate(durability, metrics, self.auditor.fail_session)
+        self.executor = Executor(
+            lambda: self.engine, self.queues, self.gate, self.auditor, metrics, durability
+        )
+        self.snapshotter = (
+            Snapshotter(lambda: self.engine, durability, registry, metrics) if durability else None
+        )
+        self._inbox: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self._closed = False  # the gate: once set (under the lock) nothing enters the inbox
+        self._snapshot_at_stop = True
+        self._gate_lock = threading.Lock()
+        self._rr = 0
+        self._last_expiry = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="sinkd-engine", daemon=True)
+
+    # --- from other threads ---
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0, snapshot: bool = True) -> None:
+        """Stop after the current step. `snapshot=False` writes nothing more to the state directory
+        (no stop snapshots): what resume then finds is what a kill -9 would leave."""
+        with self._gate_lock:
+            self._snapshot_at_stop = snapshot
+            self._closed = True
+            self._inbox.put(None)
+        self._thread.join(timeout)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.died is None
+
+    def _enqueue(self, kind: str, payload: Any) -> None:
+        with self._gate_lock:
+            if self._closed or not self._thread.is_alive():
+                raise ShuttingDown("the daemon is shutting down")
+            self._inbox.put((kind, payload))
+
+    def call(self, fn: Callable[[Engine], T], timeout: float | None = None) -> T:
+        """Run `fn(engine)` on the engine thread between steps and return its result (or raise
+        its error, ShuttingDown if the thread is gone, DeadlineExceeded past `timeout`)."""
+        fut: Future[T] = Future()
+        self._enqueue("call", (fn, fut))
+        failpoints.hit("call-enqueued")
+        deadline = time.monotonic() + (timeout or self.call_timeout_s)
+        while True:
+            try:
+                return fut.result(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
+            except FutureTimeout:
+                if not self._thread.is_alive() and not fut.done():
+                    raise ShuttingDown("the engine stopped before answering") from None
+                if time.monotonic() >= deadline:
+                    fut.cancel()  # a call not yet taken is skipped; one running finishes
+                    raise DeadlineExceeded("the engine did not answer in time") from None
+
+    def submit(self, job: Job) -> Job:
+        self._enqueue("job", job)
+        return job
+
+    # --- the engine thread ---
+
+    def _run(self) -> None:
+        try:
+            self.engine = self._engine_factory()
+            self.on_ready(self.engine)
+        except BaseException as e:  # reported by the server; health stays NOT_SERVING
+            self.load_error = e
+            self.ready.set()
+            self._shutdown(snapshot=False)
+            return
+        self.ready.set()
+        clean = False
+        try:
+            while self._drain(block=not self.queues):
+                self._expire_idle()
+                if self.queues:
+                    self._guarded_step()
+                if self.snapshotter is not None:
+                    self.snapshotter.due()
+            clean = True
+        except BaseException as e:  # a bug outside a step: no zombie, the daemon must stop
+            log.exception("the engine thread died")
+            self.died = e
+        finally:
+            self._shutdown(snapshot=clean and self._snapshot_at_stop)
+            if self.died is not None:
+                self.on_death(self.died)
+
+    def _guarded_step(self) -> None:
+        heads: list[Job] = []
+        try:
+            heads = self.queues.heads(self._cancelled)
+            self._step(heads)
+        except Exception:  # a bug in a step fails the sessions it touched, not the daemon
+            log.exception("scheduler step failed; failing the requests in it")
+            self.gate.drop(heads)
+            for job in heads:
+                if job.done.is_set():
+                    continue
+                self.queues.pop(job)
+                job.fail(EngineError("internal error in the scheduler (see the daemon log)"))
+                if job.pending is not None:  # emitted (and journalled) but never decoded
+                    why = "a step failed between sampling a token and decoding it"
+                    self.auditor.fail_session(job.session, why)
+                elif self.auditor.check(job.session):
+                    job.session.settle()
+            self.gate.release()
+
+    def _cancelled(self, job: Job) -> None:
+        job.session.settle()
+        self.gate.fail(job, Cancelled("cancelled by the client"))
+
+    def _step(self, heads: list[Job]) -> None:
+        for job in heads:
+            self.executor.prepare(job)
+        self.gate.release()  # tokens sampled above are journalled before they are sent
+        live = [j for j in heads if not j.done.is_set() and self.queues.busy(j.session.id)]
+        plan = plan_step(
+            [
+                Candidate(i, j.pending is not None, len(j.tokens) - j.offset)
+                for i, j in enumerate(live)
+            ],
+            self.step_tokens,
+            self.prefill_chunk,
+            self._rr,
+        )
+        self._rr = plan.next_rr
+        try:
+            self.executor.run([(live[s.key], s) for s in plan.slots])
+        finally:
+            self.gate.release()
+
+    def _drain(self, block: bool) -> bool:
+        """Take everything waiting in the inbox; False once stopping."""
+        while True:
+            try:
+                msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return not self._closed
+            block = False
+            if msg is None:
+                return False
+            kind, payload = msg
+            if kind == "call":
+                fn, fut = payload
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn(self.engine))
+                    except BaseException as e:
+                        fut.set_exception(e)
+            else:
+                self.queues.add(payload)
+
+    def _expire_idle(self) -> None:
+        now = time.monotonic()
+        if now - self._last_expiry < 1.0:
+            return
+        self._last_expiry = now
+        failpoints.hit("expire-idle")
+        for session in self.registry.all():
+            if session.state is SessionState.STALE:
+                continue  # its data waits for its owner, or for the configuration it was made under
+            idle = now - session.last_active
+            if idle > self.idle_timeout_s and not self.queues.busy(session.id):
+                log.info("session %s expired after %.0f s idle", session.id, idle)
+                self.on_close(session)
+
+    def _shutdown(self, snapshot: bool = True) -> None:
+        """Close the gate, answer everything waiting, free the context. Never raises."""
+        err = ShuttingDown("the daemon is shutting down")
+        with self._gate_lock:
+            self._closed = True
+        try:
+            if snapshot and self.engine is not None and self.snapshotter is not None:
+                self.snapshotter.at_stop()
+        except Exception:
+            log.exception("snapshots at stop failed; resume will replay the journal")
+        finally:
+            self.queues.drain(err)
+            while True:
+                try:
+                    msg = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if msg is not None:
+                    kind, payload = msg
+                    if kind == "call":
+                        if payload[1].set_running_or_notify_cancel():
+                            payload[1].set_exception(err)
+                    else:
+                        payload.fail(err)
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+            if self.durability is not None:
+                self.durability.close()
+
+    # --- for the service and resume (engine thread) ---
+
+    def cancel_session_jobs(self, session: Session, error: Exception) -> None:
+        """Fail every job queued for the session (reset, close, failure), and any reply of theirs
+        still waiting for the journal."""
+        self.gate.drop(self.queues.cancel_session(session, error))  # type: ignore[arg-type]

@@ -1,0 +1,355 @@
+"""Session operations: what the gRPC servicer (and an embedded user) calls. No gRPC here.
+
+Operations that touch the llama context run on the scheduler's thread (`Scheduler.call`), between
+steps; appends and generations are jobs the scheduler batches with everyone else's. Text is turned
+into tokens on the caller's thread (the engine guards its vocabulary against a concurrent close),
+and the request stays bound to the generation its handle was checked against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.config import Settings
+from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.engine.models import ModelEntry, load_lock
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.errors import (
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    ShuttingDown,
+    StaleGeneration,
+    Unsupported,
+    echo,
+)
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.admission import Admission
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.jobs import GenSpec, Job
+from sinkd.daemon.runtime.lifecycle import Lifecycle
+from sinkd.daemon.runtime.reads import SessionReads
+from sinkd.daemon.runtime.resume import Resumer
+from sinkd.daemon.runtime.scheduler import Scheduler
+from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
+
+log = logging.getLogger("sinkd.service")
+MAX_GENERATE_TOKENS = 4096
+Handle = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    name: str = "sink"
+    sinks: int | None = None
+    window: int | None = None
+    evict_chunk: int | None = None
+    compact_interval: int = 0
+    pin_system_prompt: bool = False
+
+
+class SinkdService:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.entry: ModelEntry = load_lock().get(settings.model)
+        self.registry = Registry()
+        self.identity: ModelIdentity | None = None
+        self.durability: Durability | None = None
+        if settings.durable:
+            self.durability = Durability(
+                settings.state_dir,
+                sync=settings.sync,
+                every_tokens=settings.snapshot_every_tokens,
+                every_s=settings.snapshot_every_s,
+                keep=settings.snapshots_kept,
+            )
+        self.scheduler = Scheduler(
+            self._open_engine,
+            self.registry,
+            self.metrics,
+            durability=self.durability,
+            step_tokens=settings.step_tokens,
+            idle_timeout_s=settings.idle_timeout_s,
+            prefill_chunk=settings.prefill_chunk,
+            call_timeout_s=settings.call_timeout_s,
+        )
+        self.admission = Admission(self.registry, self.metrics, settings.max_kv_bytes)
+        self.lifecycle = Lifecycle(
+            self.scheduler, self.registry, self.admission, self.metrics, self.durability
+        )
+        self.reads = SessionReads(self)
+        self.scheduler.on_close = self.lifecycle.close
+        self.scheduler.on_ready = self._resume
+
+    def _open_engine(self) -> Engine:
+        s = self.settings
+        config = EngineConfig(
+            n_ctx_seq=s.n_ctx_seq,
+            n_seq_max=s.max_sessions,
+            n_batch=s.n_batch,
+            n_gpu_layers=s.n_gpu_layers,
+            kv_type=s.kv_type,
+        )
+        if s.n_threads:
+            config = dataclasses.replace(config, n_threads=s.n_threads)
+        engine = open_engine(
+            self.entry.name,
+            config,
+            verify_hash=s.verify_model_hash,
+            allow_unchecked=s.allow_unchecked,
+        )
+        self.identity = ModelIdentity(
+            self.entry.name, self.entry.sha256, engine.tokenizer_sha256, engine.template_sha256
+        )
+        return engine
+
+    def _resume(self, engine: Engine) -> None:
+        """Engine thread, before the daemon serves: open the state directory, resume sessions."""
+        if self.durability is None:
+            return
+        assert self.identity is not None
+        self.durability.open(
+            {
+                "model": self.entry.name,
+                "model_sha256": self.identity.sha256,
+                "tokenizer_sha256": self.identity.tokenizer_sha256,
+                "template_sha256": self.identity.template_sha256,
+                "kv_type": engine.config.kv_type,
+                "llama_cpp": engine.llama_cpp_version,
+                "n_ctx_seq": engine.n_ctx_seq,
+            }
+        )
+        Resumer(
+            self.scheduler,
+            self.durability,
+            self.registry,
+            self.identity,
+            self.admission,
+            self.metrics,
+        ).run(engine)
+        self.metrics.active_sessions.set(len(self.registry))
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self.scheduler.ready.wait(timeout)
+        if self.scheduler.load_error is not None:
+            raise self.scheduler.load_error
+        return self.scheduler.ready.is_set()
+
+    def stop(self, snapshot: bool = True) -> None:
+        self.scheduler.stop(snapshot=snapshot)
+
+    @property
+    def engine(self) -> Engine:
+        engine = self.scheduler.engine
+        if engine is None or not self.scheduler.alive():
+            if self.scheduler.ready.is_set():
+                raise ShuttingDown("the engine has stopped: the daemon is shutting down")
+            raise Unsupported("the model is not loaded")
+        return engine
+
+    def receipt(self, session: Session) -> dict[str, Any]:
+        return session.receipt(self.engine.kv_bytes_per_token)
+
+    def max_sessions(self) -> int:
+        return self.admission.limit(self.engine)
+
+    def _on_engine(self, fn: Callable[[Engine], Any]) -> Any:
+        return self.scheduler.call(fn)
+
+    # --- sessions ---
+
+    def _owned(self, principal: Principal, handle: Handle, allow_stale: bool = False) -> Session:
+        session_id, generation = handle
+        if principal.tenant is None:
+            raise NotFound(f"no session {echo(session_id)}")  # the admin owns no sessions
+        try:
+            session = self.registry.lookup(principal.tenant, session_id, generation, allow_stale)
+        except StaleGeneration:
+            self.metrics.stale_handles.inc()
+            raise
+        failpoints.hit("handle-checked")
+        return session
+
+    def create(
+        self,
+        principal: Principal,
+        policy: PolicyRequest,
+        sampling: SamplingParams | None,
+        system_prompt: str = "",
+    ) -> Session:
+        if principal.tenant is None:
+            raise PermissionDenied("the admin token owns no sessions; use a tenant's token")
+        sampling = sampling or SamplingParams()
+        engine = self.engine
+        system_tokens = self._system_tokens(engine, system_prompt)
+        config, pinned = self._policy(policy, len(system_tokens))
+        engine.check_policy(config)
+        assert self.identity is not None
+        identity, tenant = self.identity, principal.tenant
+        session: Session = self._on_engine(
+            lambda e: self.lifecycle.create(
+                e, tenant, config, sampling, identity, system_tokens, system_prompt, pinned
+            )
+        )
+        if system_tokens:  # the system prompt goes in now, batched like any append
+            try:
+                self._wait(self.scheduler.submit(Job(session, [])), None)
+            except BaseException:
+                self._on_engine(lambda e: self.lifecycle.close(session))
+                raise
+        return session
+
+    def _system_tokens(self, engine: Engine, system_prompt: str) -> list[int]:
+        if not system_prompt:
+            return engine.tokenize("", add_bos=True)
+        text = system_prompt
+        if engine.chat_template:
+            text = engine.render_chat([("system", system_prompt)], add_assistant=False)
+        return engine.tokenize(text, add_bos=True)
+
+    def _policy(self, req: PolicyRequest, n_system: int) -> tuple[Any, int]:
+        from sinkd.cachepolicy import PolicyConfig, PolicyName
+
+        config = PolicyConfig.resolve(
+            req.name,
+            sinks=req.sinks,
+            window=req.window,
+            evict_chunk=req.evict_chunk,
+            compact_interval=req.compact_interval,
+            default_sinks=self.entry.default_sinks,
+            default_window=self.entry.default_window,
+            default_evict_chunk=self.settings.default_evict_chunk,
+        )
+        pinned = min(config.sinks, n_system)
+        if req.pin_system_prompt:
+            if config.policy not in (PolicyName.SINK, PolicyName.SINK_NOSHIFT):
+                raise InvalidInput("pin_system_prompt: only the sink policies have sinks to pin")
+            bound = self.settings.max_pinned_system_tokens
+            if n_system > bound:
+                raise InvalidInput(
+                    f"pin_system_prompt: the system prompt is {n_system} tokens, above the bound"
+                    f" of {bound}"
+                )
+            config = dataclasses.replace(config, sinks=max(config.sinks, n_system))
+            pinned = n_system
+        if config.policy is PolicyName.WINDOW:
+            pinned = 0
+        return config, pinned
+
+    def _wait(self, job: Job, timeout: float | None) -> Any:
+        return job.wait(timeout or self.settings.call_timeout_s, self.scheduler.alive)
+
+    def append(
+        self,
+        principal: Principal,
+        handle: Handle,
+        text: str | None,
+        tokens: list[int] | None,
+        job_hook: Callable[[Job], None] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """Append text or token ids; returns how many of the caller's tokens went in and the
+        receipt as the append left it."""
+        session = self._owned(principal, handle)
+        engine = self.engine
+        if tokens is None:
+            tokens = engine.tokenize(text or "", add_bos=False)
+        else:
+            engine.check_tokens(tokens)
+        failpoints.hit("append-tokenized")
+        if not tokens and not session.pending_prefix:
+            return 0, self.receipt(session)  # an empty append changes nothing
+        job = Job(session, tokens, generation=handle[1])
+        if job_hook:
+            job_hook(job)
+        result = self._wait(self.scheduler.submit(job), timeout)
+        return len(tokens), result["receipt"]
+
+    def generate(
+        self,
+        principal: Principal,
+        handle: Handle,
+        max_tokens: int,
+        stops: list[str],
+        sampling: SamplingParams | None,
+        prompt_tokens: list[int] | None = None,
+        job_hook: Callable[[Job], None] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        """Yield ("token", {...}) events, then ("done", {... "receipt"}); errors raise."""
+        session = self._owned(principal, handle)
+        if not 1 <= max_tokens <= MAX_GENERATE_TOKENS:
+            raise InvalidInput(f"max_tokens: must be in 1..{MAX_GENERATE_TOKENS}, got {max_tokens}")
+        if len(stops) > 16 or any(len(s) > 256 for s in stops):
+            raise InvalidInput("stop: at most 16 strings of at most 256 characters")
+        sampler = session.sampler if sampling is None else Sampler(sampling)
+        spec = GenSpec(max_tokens, stops, sampler)
+        job = Job(session, prompt_tokens or [], spec, generation=handle[1])
+        if job_hook:
+            job_hook(job)
+        self.scheduler.submit(job)
+        deadline = time.monotonic() + (timeout or self.settings.call_timeout_s)
+        while True:
+            kind, payload = job.next_event(deadline, self.scheduler.alive)
+            if kind == "error":
+                raise payload
+            if kind == "done":
+                failpoints.hit("generation-done")
+            yield kind, payload
+            if kind == "done":
+                return
+
+    def chat(
+        self,
+        principal: Principal,
+        handle: Handle,
+        message: str,
+        max_tokens: int,
+        stops: list[str],
+        sampling: SamplingParams | None,
+        job_hook: Callable[[Job], None] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        session = self._owned(principal, handle)
+        engine = self.engine
+        if not engine.chat_template:
+            raise Unsupported(
+                f"model {self.entry.name} has no chat template; use append and generate"
+            )
+        text = engine.render_chat([("user", message)], add_assistant=True)
+        prefix = "\n" if session.seq.state.n_seen > len(session.system_tokens) else ""
+        prompt = engine.tokenize(prefix + text, add_bos=False)
+        return self.generate(
+            principal, handle, max_tokens, stops, sampling, prompt, job_hook, timeout
+        )
+
+    def reset(self, principal: Principal, handle: Handle) -> Session:
+        session = self._owned(principal, handle)
+        t0 = time.monotonic()
+        self._on_engine(lambda e: self.lifecycle.reset(e, session, handle[1]))
+        self.metrics.resets.inc()
+        self.metrics.reset_latency.observe(time.monotonic() - t0)
+        return session
+
+    def fork(self, principal: Principal, handle: Handle) -> Session:
+        parent = self._owned(principal, handle)
+        child: Session = self._on_engine(lambda e: self.lifecycle.fork(e, parent, handle[1]))
+        return child
+
+    def close(self, principal: Principal, handle: Handle) -> None:
+        """Close a session and delete what is stored of it; a stale session can be closed too."""
+        session = self._owned(principal, handle, allow_stale=True)
+        self._on_engine(lambda e: self.lifecycle.close(session, handle[1]))

@@ -1,0 +1,64 @@
+"""Snapshots between steps: every `snapshot_every_tokens` journalled tokens or `snapshot_every_s`,
+and for every session at a clean stop. A failed snapshot (disk full, I/O error, a refused read of the
+cells) keeps the previous one, is counted, and is not retried for a while; it never stops the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.errors import JournalError, SinkdError
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.sessions import Registry, Session
+
+log = logging.getLogger("sinkd.snapshots")
+SNAPSHOT_RETRY_S = 30.0  # a failed snapshot (disk full, ...) is not retried sooner
+
+
+class Snapshotter:
+    def __init__(
+        self,
+        engine: Callable[[], Engine | None],
+        durability: Durability,
+        registry: Registry,
+        metrics: Metrics,
+    ) -> None:
+        self._engine = engine
+        self.durability = durability
+        self.registry = registry
+        self.metrics = metrics
+
+    def due(self) -> None:
+        now = time.time()
+        for session in self.registry.all():
+            if session.has_history and self.durability.due(session, now):
+                self.take(session)
+
+    def at_stop(self) -> None:
+        """A clean stop: snapshot what changed, so resume needs no replay."""
+        for session in self.registry.all():
+            if session.unlogged:  # an append in flight: never acknowledged, and not kept
+                log.info("session %s: an unacknowledged append is dropped", session.id)
+            elif session.has_history and session.logged_since_snap:
+                self.take(session)
+
+    def take(self, session: Session) -> bool:
+        engine = self._engine()
+        assert engine is not None
+        t0 = time.monotonic()
+        try:
+            size = self.durability.snapshot(session, engine.save_seq(session.seq_id))
+        except (SinkdError, JournalError, sqlite3.Error, OSError) as e:
+            log.warning("snapshot of session %s failed, the previous one stays: %s", session.id, e)
+            self.metrics.snapshot_failures.inc()
+            session.snap_retry_at = time.time() + min(self.durability.every_s, SNAPSHOT_RETRY_S)
+            return False
+        self.metrics.snapshots.inc()
+        self.metrics.snapshot_bytes.observe(size)
+        self.metrics.snapshot_seconds.observe(time.monotonic() - t0)
+        return True
