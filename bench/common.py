@@ -43,13 +43,16 @@ def machine() -> dict[str, Any]:
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    cells = [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print(title)
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=False)))
-    for r in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=False)))
-    print()
+    """Print a results table (rich; never wrapped, so a log file keeps each row on one line)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right", no_wrap=True)
+    for row in rows:
+        t.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+    Console(width=max(100, 16 * len(columns))).print(t)
 
 
 def write(name: str, data: dict[str, Any]) -> Path:

@@ -248,7 +248,8 @@ class EmbeddedBackend:
         sampling: dict[str, Any] | None = None,
     ) -> tuple[Handle, dict[str, Any]]:
         from sinkd.daemon.engine.sampler import SamplingParams
-        from sinkd.daemon.runtime.service import PolicyRequest
+        from sinkd.daemon.errors import validated
+        from sinkd.daemon.runtime.requests import PolicyRequest
 
         req = PolicyRequest(
             name=policy.get("name", "sink"),
@@ -259,7 +260,10 @@ class EmbeddedBackend:
             pin_system_prompt=policy.get("pin_system_prompt", False),
         )
         session = self.service.create(
-            self.principal, req, SamplingParams(**sampling) if sampling else None, system_prompt
+            self.principal,
+            req,
+            validated(SamplingParams, **sampling) if sampling else None,
+            system_prompt,
         )
         return self._h(session), self.service.receipt(session)
 

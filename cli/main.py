@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ from rich.progress import ProgressColumn
 from rich.table import Table
 from rich.text import Text
 
-from sinkd.cachepolicy import PolicyConfig
+from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cli import models, sessions
 from sinkd.cli.errors import handle_errors
 from sinkd.daemon.errors import InvalidInput
@@ -32,23 +33,37 @@ out = Console()
 err = Console(stderr=True)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model from models.lock.")]
-PolicyOpt = Annotated[
-    str, typer.Option("--policy", "-p", help="full | window | sink | sink-noshift")
-]
+PolicyOpt = Annotated[PolicyName, typer.Option("--policy", "-p", help="The eviction policy.")]
 SinksOpt = Annotated[
-    int | None, typer.Option("--sinks", "-s", help="S: sink positions kept (default: the model's).")
+    int | None,
+    typer.Option("--sinks", "-s", min=0, help="S: sink positions kept (default: the model's)."),
 ]
 WindowOpt = Annotated[
     int | None,
     typer.Option("--window", "-w", help="W: recent positions kept (default: the model's)."),
 ]
-EvictOpt = Annotated[int, typer.Option("--evict", "-e", help="E: window cells evicted at once.")]
+EvictOpt = Annotated[
+    int | None,
+    typer.Option("--evict", "-e", min=1, help="E: window cells evicted at once (default: 16)."),
+]
 CompactOpt = Annotated[
     int,
-    typer.Option("--compact", "-k", help="K: defer the position shift until the gap reaches K."),
+    typer.Option(
+        "--compact", "-k", min=0, help="K: defer the position shift until the gap reaches K."
+    ),
 ]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="CPU threads for llama.cpp.")]
+ThreadsOpt = Annotated[
+    int | None, typer.Option("--threads", min=1, help="CPU threads for llama.cpp.")
+]
 KvTypeOpt = Annotated[str, typer.Option("--kv-type", help="KV cache dtype (checked: f16).")]
+DEFAULT_EVICT = 16  # the daemon's default_evict_chunk, for the embedded commands too
+
+
+class OnFull(str, enum.Enum):
+    DROP_OLDEST = "drop-oldest"
+    BLOCK = "block"
+
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
@@ -61,7 +76,7 @@ def _policy(
     policy: str,
     sinks: int | None,
     window: int | None,
-    evict: int,
+    evict: int | None,
     compact: int,
 ) -> PolicyConfig:
     return PolicyConfig.resolve(
@@ -72,17 +87,18 @@ def _policy(
         compact_interval=compact,
         default_sinks=entry_sinks,
         default_window=entry_window,
-        default_evict_chunk=evict,
+        default_evict_chunk=DEFAULT_EVICT,
     )
 
 
 def _engine_config(budget: int, threads: int | None, kv_type: str) -> Any:
     from sinkd.daemon.engine.llama import EngineConfig
+    from sinkd.daemon.errors import validated
 
     kw: dict[str, Any] = {"n_ctx_seq": budget, "n_seq_max": 1, "kv_type": kv_type}
     if threads is not None:
         kw["n_threads"] = threads
-    return EngineConfig(**kw)
+    return validated(EngineConfig, **kw)
 
 
 @app.command()
@@ -171,12 +187,12 @@ def _read_texts(source: str, block_bytes: int = 4096) -> Iterator[str]:
 def stream(
     source: Annotated[str, typer.Argument(help="A text file, or - for stdin.")],
     model: ModelOpt = None,
-    policy: PolicyOpt = "sink",
+    policy: PolicyOpt = PolicyName.SINK,
     sinks: SinksOpt = None,
     window: WindowOpt = None,
-    evict: EvictOpt = 16,
+    evict: EvictOpt = None,
     compact: CompactOpt = 0,
-    chunk: Annotated[int, typer.Option("--chunk", help="Tokens per reported chunk.")] = 256,
+    chunk: Annotated[int, typer.Option("--chunk", min=1, help="Tokens per reported chunk.")] = 256,
     threads: ThreadsOpt = None,
     kv_type: KvTypeOpt = "f16",
     model_file: Annotated[
@@ -201,7 +217,7 @@ def stream(
         name, default_sinks, default_window = entry.name, entry.default_sinks, entry.default_window
     else:
         name, default_sinks, default_window = model_file.name, 0, 256
-    cfg = _policy(default_sinks, default_window, policy, sinks, window, evict, compact)
+    cfg = _policy(default_sinks, default_window, policy.value, sinks, window, evict, compact)
     config = _engine_config(cfg.budget, threads, kv_type)
     if not as_json:
         err.print(
@@ -365,19 +381,17 @@ def chat(
     pin_system: Annotated[
         bool, typer.Option("--pin-system", help="Keep the whole system prompt as sinks.")
     ] = False,
-    policy: PolicyOpt = "sink",
+    policy: PolicyOpt = PolicyName.SINK,
     sinks: SinksOpt = None,
     window: WindowOpt = None,
-    evict: Annotated[
-        int | None, typer.Option("--evict", "-e", help="E: window cells evicted at once.")
-    ] = None,
+    evict: EvictOpt = None,
     compact: CompactOpt = 0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest reply.")] = 256,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest reply.")] = 256,
 ) -> None:
     """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit."""
     from sinkd.cli.chat import ChatLoop
 
-    pol = _policy_dict(policy, sinks, window, evict, compact)
+    pol = _policy_dict(policy.value, sinks, window, evict, compact)
     pol["pin_system_prompt"] = pin_system
     backend = _backend(embedded, connect, token, model, 512)
     try:
@@ -397,31 +411,30 @@ def narrate(
     model: ModelOpt = None,
     sinks: SinksOpt = None,
     window: WindowOpt = None,
-    evict: Annotated[
-        int | None, typer.Option("--evict", "-e", help="E: window cells evicted at once.")
-    ] = None,
+    evict: EvictOpt = None,
     chunk_lines: Annotated[
-        int, typer.Option("--chunk-lines", help="Append after this many lines...")
+        int, typer.Option("--chunk-lines", min=1, help="Append after this many lines...")
     ] = 16,
     chunk_seconds: Annotated[
         float, typer.Option("--chunk-seconds", help="...or after this long.")
     ] = 1.0,
     every_lines: Annotated[
-        int, typer.Option("--every-lines", help="Narrate after this many appended lines...")
+        int, typer.Option("--every-lines", min=1, help="Narrate after this many appended lines...")
     ] = 200,
     every_seconds: Annotated[
         float, typer.Option("--every-seconds", help="...or this many seconds.")
     ] = 30.0,
     max_line_bytes: Annotated[
-        int, typer.Option("--max-line-bytes", help="Longer lines are cut here.")
+        int, typer.Option("--max-line-bytes", min=1, help="Longer lines are cut here.")
     ] = 512,
     queue_lines: Annotated[
-        int, typer.Option("--queue-lines", help="Lines waiting at most.")
+        int, typer.Option("--queue-lines", min=1, help="Lines waiting at most.")
     ] = 1024,
     on_full: Annotated[
-        str, typer.Option("--on-full", help="drop-oldest (stay current) or block (lose nothing).")
-    ] = "drop-oldest",
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest narration.")] = 48,
+        OnFull,
+        typer.Option("--on-full", help="drop-oldest (stay current) or block (lose nothing)."),
+    ] = OnFull.DROP_OLDEST,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest narration.")] = 48,
     as_json: JsonFlag = False,
 ) -> None:
     """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`); embedded unless --connect."""
@@ -438,7 +451,7 @@ def narrate(
         every_seconds,
         max_line_bytes,
         queue_lines,
-        on_full,
+        on_full.value,
         max_tokens,
     )
     cfg.validate()
@@ -503,7 +516,7 @@ app.add_typer(eval_app, name="eval")
 def eval_ppl(
     text: Annotated[str, typer.Option("--text", help="A text file, or - for stdin.")],
     model: ModelOpt = None,
-    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to stream.")] = 4096,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Tokens to stream.")] = 4096,
     policies: Annotated[
         str,
         typer.Option("--policies", help="Comma list of full,window,sink,sink-noshift,recompute."),
@@ -513,9 +526,11 @@ def eval_ppl(
     evict: EvictOpt = 1,
     compact: CompactOpt = 0,
     stride: Annotated[
-        int, typer.Option("--stride", help="recompute: tokens scored per re-encoding.")
+        int, typer.Option("--stride", min=1, help="recompute: tokens scored per re-encoding.")
     ] = 64,
-    bucket: Annotated[int, typer.Option("--bucket", help="Tokens per perplexity bucket.")] = 256,
+    bucket: Annotated[
+        int, typer.Option("--bucket", min=1, help="Tokens per perplexity bucket.")
+    ] = 256,
     out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON and PNG go.")] = Path(
         "bench/results"
     ),

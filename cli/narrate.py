@@ -38,6 +38,7 @@ class NarrateConfig:
     def validate(self) -> None:
         from sinkd.daemon.errors import InvalidInput
 
+        # the CLI's options check the integer bounds and the choices; a library caller gets these
         for name in ("chunk_lines", "every_lines", "max_line_bytes", "queue_lines", "max_tokens"):
             if getattr(self, name) < 1:
                 raise InvalidInput(

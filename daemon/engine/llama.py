@@ -19,29 +19,28 @@ import hashlib
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import llama_cpp as llama
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sinkd.cachepolicy import (
     CacheSequence,
-    ConfigError,
     PolicyConfig,
-    PositionMode,
 )
+from sinkd.daemon.engine import compat
 from sinkd.daemon.engine.memory import SequenceOps
-from sinkd.daemon.engine.models import ModelEntry
+from sinkd.daemon.engine.models import ModelEntry, kv_bytes_per_token
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.engine.vocab import VocabularyOps
-from sinkd.daemon.errors import EngineError, InvalidInput, ModelMismatch, Unsupported
+from sinkd.daemon.errors import EngineError, InvalidInput
 
 Outputs = Literal["none", "last", "all"]
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
-KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 
@@ -55,33 +54,22 @@ class BatchItem:
     logits: bool = True
 
 
-@dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(BaseModel):
     """Context settings. Each sequence gets `n_ctx_seq` cells (llama.cpp rounds it up to a multiple
     of 256; `Engine.n_ctx_seq` is what it gave); the context holds `n_seq_max` sequences."""
 
-    n_ctx_seq: int = 512
-    n_seq_max: int = 4
-    n_batch: int = 256
-    n_threads: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
-    n_gpu_layers: int = field(default_factory=lambda: int(os.environ.get("SINKD_GPU_LAYERS", "0")))
-    kv_type: str = "f16"
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_ctx_seq: int = Field(default=512, ge=1)
+    n_seq_max: int = Field(default=4, ge=1, le=MAX_SEQUENCES)
+    n_batch: int = Field(default=256, ge=1)
+    n_threads: int = Field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)), ge=1)
+    n_gpu_layers: int = Field(
+        default_factory=lambda: int(os.environ.get("SINKD_GPU_LAYERS", "0")), ge=0
+    )
+    kv_type: Literal["f32", "f16", "q8_0", "q4_0", "bf16"] = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
     kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
-
-    def validate(self) -> None:
-        if self.n_ctx_seq < 1:
-            raise InvalidInput(f"n_ctx_seq: must be >= 1, got {self.n_ctx_seq}")
-        if not 1 <= self.n_seq_max <= MAX_SEQUENCES:
-            raise InvalidInput(f"n_seq_max: must be in 1..{MAX_SEQUENCES}, got {self.n_seq_max}")
-        if self.n_batch < 1:
-            raise InvalidInput(f"n_batch: must be >= 1, got {self.n_batch}")
-        if self.n_threads < 1:
-            raise InvalidInput(f"n_threads: must be >= 1, got {self.n_threads}")
-        if self.kv_type not in KV_TYPES:
-            raise InvalidInput(
-                f"kv_type: must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}"
-            )
 
 
 class _LlamaLog:
@@ -141,7 +129,6 @@ class Engine(VocabularyOps, SequenceOps):
         config: EngineConfig | None = None,
     ) -> None:
         self.config = config or EngineConfig()
-        self.config.validate()
         self.entry = entry
         self.path = path
         log = _init_backend()
@@ -182,7 +169,7 @@ class Engine(VocabularyOps, SequenceOps):
         self.chat_template = (template or b"").decode("utf-8", errors="replace")
         self.template_sha256 = hashlib.sha256(template or b"").hexdigest()
         if self.entry is not None:
-            self._check_entry(self.entry)
+            compat.check_entry(self, self.entry)
 
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
@@ -234,66 +221,15 @@ class Engine(VocabularyOps, SequenceOps):
         n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
-    def _check_entry(self, entry: ModelEntry) -> None:
-        for name, actual in (
-            ("tokenizer_sha256", self.tokenizer_sha256),
-            ("template_sha256", self.template_sha256),
-            ("n_layer", self.n_layer),
-            ("n_head_kv", self.n_head_kv),
-            ("head_dim", self.head_dim),
-            ("n_ctx_train", self.n_ctx_train),
-            ("adds_bos", self.adds_bos),
-        ):
-            expected = getattr(entry, name)
-            if expected != actual:
-                raise ModelMismatch(entry.name, name, expected, actual)
-
     @property
     def kv_bytes_per_token(self) -> float:
-        return (
-            self.n_layer
-            * self.n_head_kv
-            * self.head_dim
-            * 2
-            * KV_BYTES_PER_ELEMENT[self.config.kv_type]
-        )
+        return kv_bytes_per_token(self.n_layer, self.n_head_kv, self.head_dim, self.config.kv_type)
 
     # --- validation ---
 
     def check_policy(self, policy: PolicyConfig) -> None:
-        """Refuse what this context cannot run: a budget above its cells, a shift it cannot apply."""
-        policy.check_context(self.n_ctx_seq)
-        if self.entry is None and policy.evicts:
-            raise Unsupported(
-                f"policy {policy.policy.value} needs a model from models.lock; an unlisted model runs"
-                " with the full policy only"
-            )
-        if policy.position_mode is PositionMode.SHIFT and not self.can_shift:
-            reason = (
-                " (its sliding-window cache shifts only at full size: swa_full)"
-                if self.n_swa
-                else ""
-            )
-            raise Unsupported(
-                f"policy {policy.policy.value} shifts positions, but this model's cache cannot shift{reason}"
-            )
-        bound = policy.max_cache_position()
-        if (
-            policy.position_mode is PositionMode.SHIFT
-            and bound is not None
-            and bound > self.n_ctx_train
-        ):
-            raise ConfigError(
-                "compact_interval",
-                f"sinks + window + compact_interval = {bound} would take positions past the model's"
-                f" trained context of {self.n_ctx_train}",
-            )
-        if self.n_swa and policy.evicts and (bound is None or bound > self.n_swa):
-            raise Unsupported(
-                f"policy {policy.policy.value} lets cache positions reach "
-                f"{'the transcript length' if bound is None else bound}, beyond the model's sliding"
-                f" window of {self.n_swa}: its local layers would drop the sinks"
-            )
+        """Refuse what this context cannot run (see `compat.check_policy`)."""
+        compat.check_policy(self, policy)
 
     # --- feeding tokens through a policy ---
 

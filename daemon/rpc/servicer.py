@@ -16,11 +16,12 @@ import grpc
 
 from sinkd.cachepolicy.errors import SinkdError
 from sinkd.daemon.engine.sampler import SamplingParams
-from sinkd.daemon.errors import ERROR_TRAILER, InvalidInput, message_of
+from sinkd.daemon.errors import ERROR_TRAILER, InvalidInput, message_of, validated
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.jobs import Job
-from sinkd.daemon.runtime.service import PolicyRequest, SinkdService
+from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.convert import receipt_to_pb, trace_to_pb
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -98,8 +99,13 @@ def _handle(h: pb.Handle) -> tuple[str, str]:
 def _sampling(s: pb.Sampling | None) -> SamplingParams | None:
     if s is None:
         return None
-    return SamplingParams(
-        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, min_p=s.min_p, seed=s.seed
+    return validated(
+        SamplingParams,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p or 1.0,
+        min_p=s.min_p,
+        seed=s.seed,
     )
 
 

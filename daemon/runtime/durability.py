@@ -47,7 +47,7 @@ def session_record(session: Session, config: dict[str, Any]) -> dict[str, Any]:
     """What the journal keeps of a session: enough to rebuild it, no text."""
     return {
         "policy": session.policy.as_dict(),
-        "sampling": dataclasses.asdict(session.sampling),
+        "sampling": session.sampling.model_dump(),
         "system_tokens": list(session.system_tokens),
         "system_prompt_sha256": session.system_prompt_sha256,
         "pinned": session.pinned,

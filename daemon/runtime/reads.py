@@ -30,7 +30,7 @@ class SessionReads:
             if session is None:
                 raise NotFound(f"no session {echo(handle[0])}")
             return session
-        return self.service._owned(principal, handle)
+        return self.service.owned(principal, handle)
 
     def inspect(
         self, principal: Principal, handle: Handle, include_text: bool, include_logits: bool = False

@@ -20,7 +20,7 @@ from typing import Any
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
-from sinkd.daemon.errors import CorruptSnapshot, ResourceExhausted, SinkdError
+from sinkd.daemon.errors import CorruptSnapshot, ResourceExhausted, SinkdError, validated
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime import audit
 from sinkd.daemon.runtime.admission import Admission
@@ -117,7 +117,7 @@ class Resumer:
             raise Unrestorable("made under another configuration: " + "; ".join(differences))
         try:
             policy = policy_from(r["policy"])
-            sampling = SamplingParams(**r["sampling"])
+            sampling = validated(SamplingParams, **r["sampling"])
         except (SinkdError, TypeError, KeyError) as e:
             raise Unrestorable(f"its stored policy or sampling is not valid here: {e}") from None
         session = _session(stored, policy, self.identity, sampling)

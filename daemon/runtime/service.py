@@ -8,21 +8,17 @@ and the request stays bound to the generation its handle was checked against.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
-from sinkd.daemon.engine.llama import Engine, EngineConfig
-from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.models import ModelEntry, load_lock
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.errors import (
-    InvalidInput,
     NotFound,
     PermissionDenied,
     ShuttingDown,
@@ -31,28 +27,18 @@ from sinkd.daemon.errors import (
     echo,
 )
 from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime import boot, requests
 from sinkd.daemon.runtime.admission import Admission
 from sinkd.daemon.runtime.durability import Durability
 from sinkd.daemon.runtime.jobs import GenSpec, Job
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.reads import SessionReads
-from sinkd.daemon.runtime.resume import Resumer
+from sinkd.daemon.runtime.requests import PolicyRequest
 from sinkd.daemon.runtime.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
 
 log = logging.getLogger("sinkd.service")
-MAX_GENERATE_TOKENS = 4096
 Handle = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class PolicyRequest:
-    name: str = "sink"
-    sinks: int | None = None
-    window: int | None = None
-    evict_chunk: int | None = None
-    compact_interval: int = 0
-    pin_system_prompt: bool = False
 
 
 class SinkdService:
@@ -90,52 +76,14 @@ class SinkdService:
         self.scheduler.on_ready = self._resume
 
     def _open_engine(self) -> Engine:
-        s = self.settings
-        config = EngineConfig(
-            n_ctx_seq=s.n_ctx_seq,
-            n_seq_max=s.max_sessions,
-            n_batch=s.n_batch,
-            n_gpu_layers=s.n_gpu_layers,
-            kv_type=s.kv_type,
-        )
-        if s.n_threads:
-            config = dataclasses.replace(config, n_threads=s.n_threads)
-        engine = open_engine(
-            self.entry.name,
-            config,
-            verify_hash=s.verify_model_hash,
-            allow_unchecked=s.allow_unchecked,
-        )
-        self.identity = ModelIdentity(
-            self.entry.name, self.entry.sha256, engine.tokenizer_sha256, engine.template_sha256
-        )
+        engine, self.identity = boot.open_for(self.settings, self.entry)
         return engine
 
     def _resume(self, engine: Engine) -> None:
         """Engine thread, before the daemon serves: open the state directory, resume sessions."""
-        if self.durability is None:
-            return
-        assert self.identity is not None
-        self.durability.open(
-            {
-                "model": self.entry.name,
-                "model_sha256": self.identity.sha256,
-                "tokenizer_sha256": self.identity.tokenizer_sha256,
-                "template_sha256": self.identity.template_sha256,
-                "kv_type": engine.config.kv_type,
-                "llama_cpp": engine.llama_cpp_version,
-                "n_ctx_seq": engine.n_ctx_seq,
-            }
-        )
-        Resumer(
-            self.scheduler,
-            self.durability,
-            self.registry,
-            self.identity,
-            self.admission,
-            self.metrics,
-        ).run(engine)
-        self.metrics.active_sessions.set(len(self.registry))
+        if self.durability is not None:
+            assert self.identity is not None
+            boot.resume(engine, self.entry, self.identity, self.durability, self)
 
     # --- lifecycle ---
 
@@ -171,7 +119,7 @@ class SinkdService:
 
     # --- sessions ---
 
-    def _owned(self, principal: Principal, handle: Handle, allow_stale: bool = False) -> Session:
+    def owned(self, principal: Principal, handle: Handle, allow_stale: bool = False) -> Session:
         session_id, generation = handle
         if principal.tenant is None:
             raise NotFound(f"no session {echo(session_id)}")  # the admin owns no sessions
@@ -194,8 +142,10 @@ class SinkdService:
             raise PermissionDenied("the admin token owns no sessions; use a tenant's token")
         sampling = sampling or SamplingParams()
         engine = self.engine
-        system_tokens = self._system_tokens(engine, system_prompt)
-        config, pinned = self._policy(policy, len(system_tokens))
+        system_tokens = requests.system_tokens(engine, system_prompt)
+        config, pinned = requests.resolve_policy(
+            policy, len(system_tokens), self.entry, self.settings
+        )
         engine.check_policy(config)
         assert self.identity is not None
         identity, tenant = self.identity, principal.tenant
@@ -212,43 +162,6 @@ class SinkdService:
                 raise
         return session
 
-    def _system_tokens(self, engine: Engine, system_prompt: str) -> list[int]:
-        if not system_prompt:
-            return engine.tokenize("", add_bos=True)
-        text = system_prompt
-        if engine.chat_template:
-            text = engine.render_chat([("system", system_prompt)], add_assistant=False)
-        return engine.tokenize(text, add_bos=True)
-
-    def _policy(self, req: PolicyRequest, n_system: int) -> tuple[Any, int]:
-        from sinkd.cachepolicy import PolicyConfig, PolicyName
-
-        config = PolicyConfig.resolve(
-            req.name,
-            sinks=req.sinks,
-            window=req.window,
-            evict_chunk=req.evict_chunk,
-            compact_interval=req.compact_interval,
-            default_sinks=self.entry.default_sinks,
-            default_window=self.entry.default_window,
-            default_evict_chunk=self.settings.default_evict_chunk,
-        )
-        pinned = min(config.sinks, n_system)
-        if req.pin_system_prompt:
-            if config.policy not in (PolicyName.SINK, PolicyName.SINK_NOSHIFT):
-                raise InvalidInput("pin_system_prompt: only the sink policies have sinks to pin")
-            bound = self.settings.max_pinned_system_tokens
-            if n_system > bound:
-                raise InvalidInput(
-                    f"pin_system_prompt: the system prompt is {n_system} tokens, above the bound"
-                    f" of {bound}"
-                )
-            config = dataclasses.replace(config, sinks=max(config.sinks, n_system))
-            pinned = n_system
-        if config.policy is PolicyName.WINDOW:
-            pinned = 0
-        return config, pinned
-
     def _wait(self, job: Job, timeout: float | None) -> Any:
         return job.wait(timeout or self.settings.call_timeout_s, self.scheduler.alive)
 
@@ -263,7 +176,7 @@ class SinkdService:
     ) -> tuple[int, dict[str, Any]]:
         """Append text or token ids; returns how many of the caller's tokens went in and the
         receipt as the append left it."""
-        session = self._owned(principal, handle)
+        session = self.owned(principal, handle)
         engine = self.engine
         if tokens is None:
             tokens = engine.tokenize(text or "", add_bos=False)
@@ -290,11 +203,8 @@ class SinkdService:
         timeout: float | None = None,
     ) -> Iterator[tuple[str, Any]]:
         """Yield ("token", {...}) events, then ("done", {... "receipt"}); errors raise."""
-        session = self._owned(principal, handle)
-        if not 1 <= max_tokens <= MAX_GENERATE_TOKENS:
-            raise InvalidInput(f"max_tokens: must be in 1..{MAX_GENERATE_TOKENS}, got {max_tokens}")
-        if len(stops) > 16 or any(len(s) > 256 for s in stops):
-            raise InvalidInput("stop: at most 16 strings of at most 256 characters")
+        session = self.owned(principal, handle)
+        requests.check_generation_args(max_tokens, stops)
         sampler = session.sampler if sampling is None else Sampler(sampling)
         spec = GenSpec(max_tokens, stops, sampler)
         job = Job(session, prompt_tokens or [], spec, generation=handle[1])
@@ -323,7 +233,7 @@ class SinkdService:
         job_hook: Callable[[Job], None] | None = None,
         timeout: float | None = None,
     ) -> Iterator[tuple[str, Any]]:
-        session = self._owned(principal, handle)
+        session = self.owned(principal, handle)
         engine = self.engine
         if not engine.chat_template:
             raise Unsupported(
@@ -337,7 +247,7 @@ class SinkdService:
         )
 
     def reset(self, principal: Principal, handle: Handle) -> Session:
-        session = self._owned(principal, handle)
+        session = self.owned(principal, handle)
         t0 = time.monotonic()
         self._on_engine(lambda e: self.lifecycle.reset(e, session, handle[1]))
         self.metrics.resets.inc()
@@ -345,11 +255,11 @@ class SinkdService:
         return session
 
     def fork(self, principal: Principal, handle: Handle) -> Session:
-        parent = self._owned(principal, handle)
+        parent = self.owned(principal, handle)
         child: Session = self._on_engine(lambda e: self.lifecycle.fork(e, parent, handle[1]))
         return child
 
     def close(self, principal: Principal, handle: Handle) -> None:
         """Close a session and delete what is stored of it; a stale session can be closed too."""
-        session = self._owned(principal, handle, allow_stale=True)
+        session = self.owned(principal, handle, allow_stale=True)
         self._on_engine(lambda e: self.lifecycle.close(session, handle[1]))

@@ -1,0 +1,77 @@
+"""What a request asks for, resolved and checked before anything reaches the engine: the policy
+(defaults from the model's entry and the daemon's settings, a pinned system prompt), the system
+prompt's tokens, a generation's bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sinkd.cachepolicy import PolicyConfig, PolicyName
+from sinkd.daemon.config import Settings
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.engine.models import ModelEntry
+from sinkd.daemon.errors import InvalidInput
+
+MAX_GENERATE_TOKENS = 4096
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    name: str = "sink"
+    sinks: int | None = None
+    window: int | None = None
+    evict_chunk: int | None = None
+    compact_interval: int = 0
+    pin_system_prompt: bool = False
+
+
+def system_tokens(engine: Engine, system_prompt: str) -> list[int]:
+    """The system prompt framed by the chat template (when the model has one), after the BOS."""
+    if not system_prompt:
+        return engine.tokenize("", add_bos=True)
+    text = system_prompt
+    if engine.chat_template:
+        text = engine.render_chat([("system", system_prompt)], add_assistant=False)
+    return engine.tokenize(text, add_bos=True)
+
+
+def resolve_policy(
+    req: PolicyRequest, n_system: int, entry: ModelEntry, settings: Settings
+) -> tuple[PolicyConfig, int]:
+    """The session's policy and how many system prompt tokens are sinks."""
+    config = PolicyConfig.resolve(
+        req.name,
+        sinks=req.sinks,
+        window=req.window,
+        evict_chunk=req.evict_chunk,
+        compact_interval=req.compact_interval,
+        default_sinks=entry.default_sinks,
+        default_window=entry.default_window,
+        default_evict_chunk=settings.default_evict_chunk,
+    )
+    pinned = min(config.sinks, n_system)
+    if req.pin_system_prompt:
+        if config.policy not in (PolicyName.SINK, PolicyName.SINK_NOSHIFT):
+            raise InvalidInput("pin_system_prompt: only the sink policies have sinks to pin")
+        bound = settings.max_pinned_system_tokens
+        if n_system > bound:
+            raise InvalidInput(
+                f"pin_system_prompt: the system prompt is {n_system} tokens, above the bound"
+                f" of {bound}"
+            )
+        config = dataclasses.replace(config, sinks=max(config.sinks, n_system))
+        pinned = n_system
+    if config.policy is PolicyName.WINDOW:
+        pinned = 0
+    return config, pinned
+
+
+def check_generation_args(max_tokens: int, stops: list[str]) -> None:
+    if not 1 <= max_tokens <= MAX_GENERATE_TOKENS:
+        raise InvalidInput(f"max_tokens: must be in 1..{MAX_GENERATE_TOKENS}, got {max_tokens}")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise InvalidInput(
+            f"stop: at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters"
+        )
