@@ -496,3 +496,16 @@ def test_narrate_falls_back_to_plain_continuation_without_a_chat_template() -> N
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert '"event": "narration"' in result.output
+
+
+def test_health_goes_serving_after_the_load_and_back_at_stop(tmp_path: Path) -> None:
+    d = Daemon(settings(tmp_path))
+    req = health_pb2.HealthCheckRequest()
+    d.start()  # listening; the model loads in the engine thread
+    try:
+        assert health(d.addresses[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        d.wait_ready(120)
+        assert health(d.addresses[0]) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        d.stop()
+    assert d.health.Check(req, None).status == health_pb2.HealthCheckResponse.NOT_SERVING

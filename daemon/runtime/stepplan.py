@@ -5,9 +5,9 @@ step's budget goes to prefill chunks, round-robin. A session's prefill is cut in
 `prefill_chunk` whatever the load (a chunk that does not fit waits for the next step), so its
 sub-batches, hence its logits, are the same alone or batched: a solo replay is bit-identical.
 
-NOTE: when prefill waits and the decoders alone would fill the step, the decoders give up one chunk's
-worth of slots, rotating, so a long append is never starved by many generating sessions (and every
-decoder still gets a token at least every other step).
+NOTE: when prefill waits and the decoders alone would leave no room for a chunk, every other step
+the decoders give up one chunk's worth of slots (rotating who gives them up): a long append is never
+starved by many generating sessions, and every decoder still gets a token at least every other step.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def plan_step(
         k = rr % len(prefilling)
         prefilling = prefilling[k:] + prefilling[:k]
     decode_budget = step_tokens
-    if prefilling and len(decoding) > step_tokens - chunk:
+    if prefilling and len(decoding) > step_tokens - chunk and rr % 2 == 1:
         decode_budget = max(step_tokens - chunk, 0)
         k = rr % len(decoding)
         decoding = decoding[k:] + decoding[:k]

@@ -1,0 +1,244 @@
+"""Pure pieces of the runtime, without llama.cpp: the step plan, the session state machine, the
+error hierarchy's edges, and the call limits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sinkd.cachepolicy import CacheFull, ConfigError, PolicyConfig
+from sinkd.daemon import errors
+from sinkd.daemon.errors import (
+    IllegalTransition,
+    ModelMismatch,
+    ResourceExhausted,
+    SinkdError,
+    StaleGeneration,
+    Unsupported,
+)
+from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.runtime.sessions import (
+    TRANSITIONS,
+    ModelIdentity,
+    Session,
+    SessionState,
+)
+from sinkd.daemon.runtime.stepplan import Candidate, plan_step
+
+pytestmark = pytest.mark.unit
+S = SessionState
+
+
+# --- the step plan ---
+
+
+def test_decoders_first_then_prefill_chunks_round_robin() -> None:
+    cands = [Candidate(0, True, 0), Candidate(1, False, 200), Candidate(2, False, 10)]
+    plan = plan_step(cands, step_tokens=80, prefill_chunk=64, rr=0)
+    assert [(s.key, s.n_tokens, s.decoding) for s in plan.slots] == [
+        (0, 1, True),
+        (1, 64, False),
+        (2, 10, False),
+    ]
+    nxt = plan_step(cands, step_tokens=80, prefill_chunk=64, rr=plan.next_rr)
+    assert [s.key for s in nxt.slots] == [0, 2, 1]  # the other prefill goes first now
+
+
+def test_a_chunk_that_does_not_fit_waits_whole() -> None:
+    plan = plan_step([Candidate(0, False, 100)], step_tokens=50, prefill_chunk=64, rr=0)
+    assert [(s.key, s.n_tokens) for s in plan.slots] == [(0, 50)]  # chunk capped at the step
+    plan = plan_step(
+        [Candidate(0, True, 0), Candidate(1, False, 64)], step_tokens=64, prefill_chunk=64, rr=0
+    )
+    assert [s.key for s in plan.slots] == [0]  # 63 left: the 64-token chunk waits, never split
+
+
+def test_many_decoders_never_starve_a_prefill() -> None:
+    """step_tokens decoders would fill every step: every other step they give up a chunk's worth,
+    rotating; over any two steps the prefill and every decoder make progress."""
+    for step, chunk in ((8, 2), (8, 8)):
+        cands = [Candidate(i, True, 0) for i in range(8)] + [Candidate(8, False, 100)]
+        for rr in range(4):
+            got: dict[int, int] = {}
+            for plan in (
+                plan_step(cands, step, chunk, rr),
+                plan_step(cands, step, chunk, rr + 1),
+            ):
+                assert sum(s.n_tokens for s in plan.slots) <= step
+                for s in plan.slots:
+                    got[s.key] = got.get(s.key, 0) + 1
+            assert got.get(8, 0) >= 1  # the prefill
+            assert all(got.get(i, 0) >= 1 for i in range(8))  # every decoder
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(0, 300)), max_size=12),
+    st.integers(1, 256),
+    st.integers(1, 128),
+    st.integers(0, 1000),
+)
+def test_a_plan_never_exceeds_the_step_or_repeats_a_session(
+    heads: list[tuple[bool, int]], step: int, chunk: int, rr: int
+) -> None:
+    cands = [Candidate(i, d, 0 if d else r) for i, (d, r) in enumerate(heads)]
+    plan = plan_step(cands, step, chunk, rr)
+    keys = [s.key for s in plan.slots]
+    assert len(keys) == len(set(keys))
+    assert sum(s.n_tokens for s in plan.slots) <= step
+    for s in plan.slots:
+        c = cands[s.key]
+        assert s.decoding == c.decoding and s.n_tokens == (
+            1 if c.decoding else min(c.remaining, chunk, step)
+        )
+    if any(c.decoding for c in cands) or any(c.remaining for c in cands):
+        assert plan.slots  # work waiting: the step is never empty
+
+
+# --- the session state machine ---
+
+
+def session() -> Session:
+    identity = ModelIdentity("m", "0" * 64, "1" * 64, "2" * 64)
+    policy = PolicyConfig.named("sink", sinks=4, window=60)
+    from sinkd.cachepolicy import CacheSequence
+
+    return Session(
+        id="s_1", tenant="t", seq_id=0, policy=policy, seq=CacheSequence(policy),
+        sampling=None, sampler=None, model=identity, system_tokens=[],
+        system_prompt_sha256="", pinned=0,
+    )  # fmt: skip
+
+
+def test_the_documented_lifecycle_is_allowed() -> None:
+    s = session()
+    for to in (
+        S.PREFILLING,
+        S.IDLE,
+        S.GENERATING,
+        S.IDLE,
+        S.PREFILLING,
+        S.GENERATING,
+        S.FAILED,
+        S.IDLE,
+        S.CLOSED,
+    ):
+        s.transition(to)
+    assert s.state is S.CLOSED
+
+
+@pytest.mark.parametrize(
+    ("path", "bad"),
+    [
+        ((S.IDLE, S.CLOSED), S.IDLE),  # nothing after close
+        ((S.STALE,), S.IDLE),  # a stale session is closed, never revived
+        ((S.IDLE, S.FAILED), S.GENERATING),  # a failed session must be reset first
+        ((S.IDLE,), S.STALE),  # only a session being resumed goes stale
+    ],
+)
+def test_edges_outside_the_table_are_refused(path: tuple[S, ...], bad: S) -> None:
+    s = session()
+    for to in path:
+        s.transition(to)
+    with pytest.raises(IllegalTransition, match=f"{s.state.value} -> {bad.value}"):
+        s.transition(bad)
+
+
+def test_every_state_but_closed_can_close() -> None:
+    assert all(S.CLOSED in TRANSITIONS[st_] for st_ in S if st_ is not S.CLOSED)
+    assert TRANSITIONS[S.CLOSED] == frozenset()
+
+
+# --- errors at the edges ---
+
+
+def every_error_class() -> list[type[SinkdError]]:
+    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, SinkdError)]
+
+
+def test_every_error_names_a_grpc_status_and_an_exit_code() -> None:
+    import grpc
+
+    for cls in every_error_class():
+        assert grpc.StatusCode[cls.status]  # a real status name
+        assert isinstance(cls.exit_code, int) and 1 < cls.exit_code < 128
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Unsupported("model x has no chat template"),
+        StaleGeneration("this handle is stale"),
+        ResourceExhausted("session limit reached"),
+        ModelMismatch("m", "sha256", "a", "b"),
+        ConfigError("window", "must be >= 1"),
+        CacheFull(10, 5, 12),
+    ],
+)
+def test_a_remote_error_comes_back_as_its_class(error: SinkdError) -> None:
+    """What the servicer sends (status, message, class name) rebuilds the same class, hence the
+    same exit code as an embedded run."""
+    back = errors.by_name(type(error).__name__, error.status, str(error))
+    assert type(back) is type(error) and back.exit_code == error.exit_code
+    assert str(back) == str(error)
+
+
+def test_an_unnamed_refusal_keeps_its_status() -> None:
+    back = errors.by_name("NoSuchClass", "RESOURCE_EXHAUSTED", "received metadata too large")
+    assert isinstance(back, errors.Refused) and back.exit_code == 8
+
+
+def test_messages_quote_a_bounded_prefix() -> None:
+    assert len(errors.echo("x" * 1_000_000)) < 100
+    assert len(errors.message_of(SinkdError("y" * 100_000))) <= 1030
+
+
+# --- call limits ---
+
+
+def test_call_limits_refuse_past_each_bound_and_release() -> None:
+    limits = CallLimits(total=3, per_tenant=2, per_session=1)
+    with limits.admit("a", "s1"), limits.admit("a", "s2"):
+        with (
+            pytest.raises(ResourceExhausted, match="max_calls_per_tenant"),
+            limits.admit("a", "s3"),
+        ):
+            pass
+        with (
+            pytest.raises(ResourceExhausted, match="max_calls_per_session"),
+            limits.admit("b", "s1"),
+        ):
+            pass
+        with (
+            limits.admit("b", "s3"),
+            pytest.raises(ResourceExhausted, match="busy"),
+            limits.admit("c"),
+        ):
+            pass
+    assert limits.in_flight() == 0
+    with limits.admit("a", "s1"):
+        assert limits.in_flight() == 1
+
+
+def test_call_limits_hold_under_contention() -> None:
+    limits = CallLimits(total=4, per_tenant=4, per_session=4)
+    peak, admitted, lock = [0], [0], threading.Lock()
+    barrier = threading.Barrier(16)
+
+    def call() -> None:
+        barrier.wait()
+        try:
+            with limits.admit("t", "s"), lock:
+                admitted[0] += 1
+                peak[0] = max(peak[0], limits.in_flight())
+        except ResourceExhausted:
+            pass
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert admitted[0] >= 1 and peak[0] <= 4 and limits.in_flight() == 0
