@@ -91,16 +91,6 @@ def _policy(
     )
 
 
-def _engine_config(budget: int, threads: int | None, kv_type: str) -> Any:
-    from sinkd.daemon.engine.llama import EngineConfig
-    from sinkd.daemon.errors import validated
-
-    kw: dict[str, Any] = {"n_ctx_seq": budget, "n_seq_max": 1, "kv_type": kv_type}
-    if threads is not None:
-        kw["n_threads"] = threads
-    return validated(EngineConfig, **kw)
-
-
 @app.command()
 @handle_errors
 def receipt(
@@ -111,33 +101,12 @@ def receipt(
     as_json: JsonFlag = False,
 ) -> None:
     """Tensor-shape receipt: what one session's cache costs, by formula and as llama.cpp allocated it."""
-    from sinkd.daemon.engine.loading import open_engine
     from sinkd.daemon.engine.models import load_lock
+    from sinkd.evaluation import offline
 
     entry = load_lock().get(model)
     policy = _policy(entry.default_sinks, entry.default_window, "sink", sinks, window, 1, 0)
-    with open_engine(entry.name, _engine_config(policy.budget, None, kv_type)) as engine:
-        engine.check_policy(policy)
-        payload = policy.budget * engine.kv_bytes_per_token
-        data = {
-            "model": entry.name,
-            "sha256": entry.sha256,
-            "layers": engine.n_layer,
-            "kv_heads": engine.n_head_kv,
-            "head_dim": engine.head_dim,
-            "kv_dtype": kv_type,
-            "bytes_per_token": engine.kv_bytes_per_token,
-            "sinks": policy.sinks,
-            "window": policy.window,
-            "retained": policy.budget,
-            "payload_bytes_per_session": payload,
-            "formula": "retained x layers x kv_heads x head_dim x 2 (K,V) x bytes per element",
-            "allocated_cells_per_session": engine.n_ctx_seq,
-            "allocated_kv_mib_per_session": round(
-                sum(mib for mib, _ in engine.kv_allocations) / engine.config.n_seq_max, 2
-            ),
-            "allocations": [{"mib": mib, "cells": cells} for mib, cells in engine.kv_allocations],
-        }
+    data = offline.tensor_receipt(entry, policy, kv_type)
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -149,7 +118,8 @@ def receipt(
     out.print(table)
     out.print(
         f"llama.cpp rounds each sequence's stream up to a multiple of 256 cells: it allocated"
-        f" {engine.n_ctx_seq} cells for a budget of {policy.budget} (its log gives MiB to 0.01)."
+        f" {data['allocated_cells_per_session']} cells for a budget of {policy.budget} (its log"
+        " gives MiB to 0.01)."
     )
 
 
@@ -204,9 +174,8 @@ def stream(
     as_json: JsonFlag = False,
 ) -> None:
     """Feed text through a policy on the embedded engine; per chunk: tokens, retained, evicted, perplexity."""
-    from sinkd.daemon.engine.loading import open_engine, open_unlisted
     from sinkd.daemon.engine.models import load_lock
-    from sinkd.evaluation.textstream import stream_text
+    from sinkd.evaluation import offline
 
     if chunk < 1:
         raise InvalidInput(f"--chunk: must be >= 1, got {chunk}")
@@ -218,7 +187,6 @@ def stream(
     else:
         name, default_sinks, default_window = model_file.name, 0, 256
     cfg = _policy(default_sinks, default_window, policy.value, sinks, window, evict, compact)
-    config = _engine_config(cfg.budget, threads, kv_type)
     if not as_json:
         err.print(
             f"sinkd stream: {name}, {cfg.policy.value} S={cfg.sinks} W={cfg.window}"
@@ -226,20 +194,21 @@ def stream(
             highlight=False,
         )
     seq = None
-    engine_cm = open_unlisted(model_file, config) if model_file else open_engine(name, config)
-    with engine_cm as engine:
-        for report, current in stream_text(engine, cfg, _read_texts(source), chunk_tokens=chunk):
-            seq = current
-            if as_json:
-                print(json.dumps(report.as_dict()), flush=True)
-            else:
-                row = report.as_dict()
-                out.print(
-                    f"{row['chunk']:>5}  seen {row['tokens_seen']:>7}  retained {row['retained']:>5}"
-                    f"  evicted {row['evicted_tokens']:>7}  ppl {row['perplexity']:>9.3f}"
-                    f"  rss {report.rss_bytes / 2**20:7.1f} MiB",
-                    highlight=False,
-                )
+    reports = offline.stream(
+        None if model_file else name, model_file, cfg, _read_texts(source), chunk, threads, kv_type
+    )
+    for report, current in reports:
+        seq = current
+        if as_json:
+            print(json.dumps(report.as_dict()), flush=True)
+        else:
+            row = report.as_dict()
+            out.print(
+                f"{row['chunk']:>5}  seen {row['tokens_seen']:>7}  retained {row['retained']:>5}"
+                f"  evicted {row['evicted_tokens']:>7}  ppl {row['perplexity']:>9.3f}"
+                f"  rss {report.rss_bytes / 2**20:7.1f} MiB",
+                highlight=False,
+            )
     if seq is None:
         raise InvalidInput("the input held no text")
     final = seq.receipt().as_dict()
@@ -548,10 +517,9 @@ def eval_ppl(
         TimeRemainingColumn,
     )
 
-    from sinkd.daemon.engine.llama import Engine
-    from sinkd.daemon.engine.loading import open_engine
     from sinkd.daemon.engine.models import load_lock
-    from sinkd.evaluation.ppl import plot, run_ppl, summary
+    from sinkd.evaluation import offline
+    from sinkd.evaluation.ppl import plot, summary
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     known = {"full", "window", "sink", "sink-noshift", "recompute"}
@@ -565,12 +533,6 @@ def eval_ppl(
     cfg = _policy(entry.default_sinks, entry.default_window, "sink", sinks, window, evict, compact)
     raw = sys.stdin.read() if text == "-" else Path(text).read_text(errors="replace")
 
-    def factory(config: Any) -> Engine:
-        return open_engine(entry.name, config)
-
-    with factory(_engine_config(256, None, "f16")) as probe:
-        ids = probe.tokenize(raw, add_bos=True)[:tokens]
-        n_ctx_train = probe.n_ctx_train
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   _TokensPerSecond(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:  # fmt: skip
@@ -579,8 +541,9 @@ def eval_ppl(
             task = bar.add_task(policy, total=total)
             return lambda n: bar.advance(task, n)
 
-        runs = run_ppl(factory, ids, names, cfg.sinks, cfg.window, cfg.evict_chunk, cfg.compact_interval,
-                       stride, min(n_ctx_train, len(ids)), progress)  # fmt: skip
+        ids, n_ctx_train, runs = offline.perplexity(
+            entry, raw, tokens, names, cfg, stride, progress
+        )
     results: dict[str, Any] = {
         "model": entry.name, "model_sha256": entry.sha256, "text": text, "tokens": len(ids),
         "sinks": cfg.sinks, "window": cfg.window, "evict_chunk": cfg.evict_chunk,

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from sinkd.cli.errors import handle_errors
-from sinkd.daemon.engine.models import ModelEntry, load_lock, model_path, pull, verify_file
+from sinkd.daemon.engine.models import ModelEntry, load_lock, model_path, pull
 
 app = typer.Typer(help="List, pull and verify the models in models.lock.", no_args_is_help=True)
 out = Console()
@@ -111,23 +111,10 @@ def verify_model(
     as_json: JsonFlag = False,
 ) -> None:
     """Check the file's size and sha256, then load it and check vocabulary and template hashes."""
-    from sinkd.daemon.engine.llama import Engine, EngineConfig  # loads llama.cpp: only here
-    from sinkd.daemon.engine.models import locate
+    from sinkd.evaluation import offline  # loads llama.cpp: only here
 
-    entry = load_lock().get(name)
-    path = locate(entry)
-    verify_file(entry, path)
-    with Engine(path, entry, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        result = {
-            "name": entry.name,
-            "path": str(path),
-            "sha256": entry.sha256,
-            "tokenizer_sha256": engine.tokenizer_sha256,
-            "template_sha256": engine.template_sha256,
-            "can_shift": engine.can_shift,
-            "ok": True,
-        }
+    result = offline.verify(load_lock().get(name))
     if as_json:
         print(json.dumps(result, indent=2))
     else:
-        out.print(f"{entry.name}: file, tokenizer and chat template match models.lock")
+        out.print(f"{result['name']}: file, tokenizer and chat template match models.lock")

@@ -174,3 +174,21 @@ def test_a_full_queue_drops_the_oldest_lines() -> None:
     assert blocking.take(1, 0) == ["a"]  # the writer waits for this room: nothing is dropped
     writer.join(10)
     assert not writer.is_alive() and blocking.take(3, 0) == ["b", "c"]
+
+
+def test_the_same_error_exits_with_the_same_code_embedded_and_remote(tmp_path: Path) -> None:
+    """gemma3-270m's GGUF has no chat template: Unsupported, exit 5, in process and through a
+    daemon (which names the error's class; its status alone, FAILED_PRECONDITION, would say 12)."""
+    code, _, err = sinkd("chat", "--embedded", "-m", "gemma3-270m", "--window", "60", input="hi\n")
+    assert code == 5 and "no chat template" in err, err
+    d = Daemon(settings(tmp_path, model="gemma3-270m", n_ctx_seq=512, max_sessions=2))
+    d.start()
+    d.wait_ready(120)
+    try:
+        code, _, err = sinkd(
+            "chat", "--connect", d.addresses[0], "--token", "alice-token", "--window", "60",
+            input="hi\n",
+        )  # fmt: skip
+        assert code == 5 and "no chat template" in err, err
+    finally:
+        d.stop()
