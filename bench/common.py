@@ -47,12 +47,14 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    cells = [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row] for row in rows]
     t = Table(title=title, title_justify="left")
     for c in columns:
         t.add_column(c, justify="right", no_wrap=True)
-    for row in rows:
-        t.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
-    Console(width=max(100, 16 * len(columns))).print(t)
+    for row in cells:
+        t.add_row(*row)
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    Console(width=max(len(title), sum(w + 3 for w in widths) + 1)).print(t)
 
 
 def write(name: str, data: dict[str, Any]) -> Path:

@@ -20,7 +20,7 @@ from sinkd.daemon.rpc.server import Daemon
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
-MD = [("authorization", "Bearer alice-token")]
+MD: list[tuple[str, str]] = []  # the daemon has no tenants: its socket's user
 
 
 def session(client: Client, prompt: list[int]) -> pb.Handle:

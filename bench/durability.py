@@ -21,7 +21,6 @@ from common import daemon_settings, percentile, table, write
 
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
-from sinkd.daemon.runtime.sessions import Session
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
@@ -112,7 +111,8 @@ def snapshot_cost(repeats: int) -> list[dict[str, Any]]:
     for cells in (64, 256):
         h = create(c)
         c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=pool[:cells])), metadata=[])
-        session: Session = d.service.registry.lookup("alice", h.session_id, h.generation)
+        session = d.service.registry.get(h.session_id)
+        assert session is not None
         times = []
         for i in range(repeats):
             c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=[pool[i]])), metadata=[])

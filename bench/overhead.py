@@ -58,7 +58,7 @@ def bare(prompt: list[int], tokens: int, threads: int) -> float:
 
 
 def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
-    md = [("authorization", "Bearer alice-token")]
+    md: list[tuple[str, str]] = []  # the daemon has no tenants: its socket's user
     h = client.s.Create(
         pb.CreateSessionRequest(policy=pb.Policy(name="sink", sinks=4, window=252)), metadata=md
     ).handle

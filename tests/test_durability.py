@@ -358,7 +358,9 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
         ({"n_ctx_seq": 512, "idle_timeout_s": 0.2}, "n_ctx_seq was 256"),  # stale: no expiry
     ):
         c = run.start(**change)
-        time.sleep(1.5)
+        assert run.d is not None
+        scheduler = run.d.service.scheduler  # an expiry pass an hour from now: it stays
+        scheduler.call(lambda e, s=scheduler: s.expire_idle(time.monotonic() + 3600))
         calls = (lambda: c.inspect(h), lambda: c.append(h, "x"), lambda: c.generate(h, 2))  # noqa: B023
         for call in calls:
             assert code_of(call) == grpc.StatusCode.FAILED_PRECONDITION

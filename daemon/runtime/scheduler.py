@@ -227,6 +227,11 @@ class Scheduler:
             return
         self._last_expiry = now
         failpoints.hit("expire-idle")
+        self.expire_idle(now)
+
+    def expire_idle(self, now: float) -> None:
+        """Close the sessions idle for longer than `idle_timeout_s` at `now` (engine thread; a
+        test passes a later `now` rather than wait for it)."""
         for session in self.registry.all():
             if session.state is SessionState.STALE:
                 continue  # its data waits for its owner, or for the configuration it was made under
