@@ -247,8 +247,6 @@ class EmbeddedBackend:
         system_prompt: str = "",
         sampling: dict[str, Any] | None = None,
     ) -> tuple[Handle, dict[str, Any]]:
-        from sinkd.daemon.engine.sampler import SamplingParams
-        from sinkd.daemon.errors import validated
         from sinkd.daemon.runtime.requests import PolicyRequest
 
         req = PolicyRequest(
@@ -262,7 +260,7 @@ class EmbeddedBackend:
         session = self.service.create(
             self.principal,
             req,
-            validated(SamplingParams, **sampling) if sampling else None,
+            sampling or None,
             system_prompt,
         )
         return self._h(session), self.service.receipt(session)

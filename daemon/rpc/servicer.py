@@ -15,8 +15,7 @@ from typing import Any
 import grpc
 
 from sinkd.cachepolicy.errors import SinkdError
-from sinkd.daemon.engine.sampler import SamplingParams
-from sinkd.daemon.errors import ERROR_TRAILER, InvalidInput, message_of, validated
+from sinkd.daemon.errors import ERROR_TRAILER, InvalidInput, message_of
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.jobs import Job
@@ -96,17 +95,17 @@ def _handle(h: pb.Handle) -> tuple[str, str]:
     return h.session_id, h.generation
 
 
-def _sampling(s: pb.Sampling | None) -> SamplingParams | None:
+def _sampling(s: pb.Sampling | None) -> dict[str, Any] | None:
+    """The request's sampling fields; the runtime validates them (INVALID_ARGUMENT by name)."""
     if s is None:
         return None
-    return validated(
-        SamplingParams,
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p or 1.0,
-        min_p=s.min_p,
-        seed=s.seed,
-    )
+    return {
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p or 1.0,
+        "min_p": s.min_p,
+        "seed": s.seed,
+    }
 
 
 def _timeout(context: grpc.ServicerContext) -> float | None:

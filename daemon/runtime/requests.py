@@ -5,13 +5,16 @@ prompt's tokens, a generation's bounds."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.models import ModelEntry
-from sinkd.daemon.errors import InvalidInput
+from sinkd.daemon.engine.sampler import SamplingParams
+from sinkd.daemon.errors import InvalidInput, validated
 
 MAX_GENERATE_TOKENS = 4096
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
@@ -66,6 +69,11 @@ def resolve_policy(
     if config.policy is PolicyName.WINDOW:
         pinned = 0
     return config, pinned
+
+
+def sampling_params(fields: Mapping[str, Any] | None) -> SamplingParams | None:
+    """A request's sampling fields as validated parameters (None: the session's own)."""
+    return None if fields is None else validated(SamplingParams, **fields)
 
 
 def check_generation_args(max_tokens: int, stops: list[str]) -> None:

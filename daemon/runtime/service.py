@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sinkd.daemon import failpoints
@@ -135,12 +135,12 @@ class SinkdService:
         self,
         principal: Principal,
         policy: PolicyRequest,
-        sampling: SamplingParams | None,
+        sampling: Mapping[str, Any] | None,
         system_prompt: str = "",
     ) -> Session:
         if principal.tenant is None:
             raise PermissionDenied("the admin token owns no sessions; use a tenant's token")
-        sampling = sampling or SamplingParams()
+        params = requests.sampling_params(sampling) or SamplingParams()
         engine = self.engine
         system_tokens = requests.system_tokens(engine, system_prompt)
         config, pinned = requests.resolve_policy(
@@ -151,7 +151,7 @@ class SinkdService:
         identity, tenant = self.identity, principal.tenant
         session: Session = self._on_engine(
             lambda e: self.lifecycle.create(
-                e, tenant, config, sampling, identity, system_tokens, system_prompt, pinned
+                e, tenant, config, params, identity, system_tokens, system_prompt, pinned
             )
         )
         if system_tokens:  # the system prompt goes in now, batched like any append
@@ -197,7 +197,7 @@ class SinkdService:
         handle: Handle,
         max_tokens: int,
         stops: list[str],
-        sampling: SamplingParams | None,
+        sampling: Mapping[str, Any] | None,
         prompt_tokens: list[int] | None = None,
         job_hook: Callable[[Job], None] | None = None,
         timeout: float | None = None,
@@ -205,7 +205,8 @@ class SinkdService:
         """Yield ("token", {...}) events, then ("done", {... "receipt"}); errors raise."""
         session = self.owned(principal, handle)
         requests.check_generation_args(max_tokens, stops)
-        sampler = session.sampler if sampling is None else Sampler(sampling)
+        params = requests.sampling_params(sampling)
+        sampler = session.sampler if params is None else Sampler(params)
         spec = GenSpec(max_tokens, stops, sampler)
         job = Job(session, prompt_tokens or [], spec, generation=handle[1])
         if job_hook:
@@ -229,7 +230,7 @@ class SinkdService:
         message: str,
         max_tokens: int,
         stops: list[str],
-        sampling: SamplingParams | None,
+        sampling: Mapping[str, Any] | None,
         job_hook: Callable[[Job], None] | None = None,
         timeout: float | None = None,
     ) -> Iterator[tuple[str, Any]]:
