@@ -25,7 +25,8 @@ POINTS = (
     "expire-idle",  # scheduler: between steps, before idle sessions are expired
     "before-compact",  # executor: a sequence is about to be packed after an eviction
     "prefill-chunk",  # executor: a prefill chunk was decoded and recorded
-    "engine-copy",  # service: a fork is about to copy the parent's cells
+    "engine-copy",  # lifecycle: a fork is about to copy the parent's cells
+    "sequence-acquired",  # admission: a sequence was taken for a new session, not yet cleared
     "tokenize",  # engine: inside a text operation, off the engine thread
     "call-enqueued",  # scheduler: a call is in the inbox, its caller about to wait
 )

@@ -239,7 +239,7 @@ def test_a_refused_packing_fails_only_its_session(daemon: Daemon, client: Client
     client.s.Reset(pb.HandleRequest(handle=victim), metadata=ALICE)  # reset recovers it
 
 
-def test_a_failed_fork_leaks_no_sequence(daemon: Daemon, client: Client) -> None:
+def test_a_failed_fork_or_create_leaks_no_sequence(daemon: Daemon, client: Client) -> None:
     parent = client.create().handle
     client.append(parent, "a parent to fork")
 
@@ -250,6 +250,9 @@ def test_a_failed_fork_leaks_no_sequence(daemon: Daemon, client: Client) -> None
     with failpoints.armed("engine-copy", refuse):
         for _ in range(8):  # more failures than the context has sequences
             assert code_of(lambda: client.s.Fork(req, metadata=ALICE)) == grpc.StatusCode.INTERNAL
+    with failpoints.armed("sequence-acquired", refuse):
+        for _ in range(8):  # a create whose fresh sequence cannot be cleared
+            assert code_of(lambda: client.create()) == grpc.StatusCode.INTERNAL
     limit = daemon.service.max_sessions()
     handles = [client.create().handle for _ in range(limit - 1)]  # every sequence is free
     assert len(handles) == limit - 1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.errors import ResourceExhausted, Unsupported
 from sinkd.daemon.metrics import Metrics
@@ -46,6 +47,7 @@ class Admission:
             self.metrics.alloc_failures.inc()
             raise ResourceExhausted(str(e)) from None
         try:
+            failpoints.hit("sequence-acquired")
             engine.clear(seq_id)
         except BaseException:
             engine.release_seq(seq_id)
