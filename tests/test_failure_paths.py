@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -404,16 +405,21 @@ def test_a_flood_from_one_tenant_leaves_the_daemon_to_the_others(
     client.append(h, TEXT[:200])
     bob = client.create(md=BOB).handle
     calls = Threads()
-    started = threading.Event()
+    held = [0]
+    lock = threading.Lock()
     release = threading.Event()
 
     def hold() -> None:  # each admitted generation waits here until the test has looked
-        started.set()
+        with lock:
+            held[0] += 1
         release.wait(WAIT)
 
     with failpoints.armed("handle-checked", hold):
         keys = [calls.start(lambda: client.generate(h, n=8)) for _ in range(40)]
-        assert started.wait(WAIT)
+        deadline = time.monotonic() + WAIT  # every call admitted (held) or refused: a bounded poll
+        while held[0] + len(calls.errors) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held[0] == 8 and len(calls.errors) == 32, (held, calls.errors)
         assert health(daemon.addresses[0]) == health_pb2.HealthCheckResponse.SERVING
         stats = client.admin.Stats(pb.StatsRequest(), metadata=ADMIN, timeout=5)
         assert stats.sessions >= 2
