@@ -16,7 +16,8 @@ start=$(date +%s)
 CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF" \
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) pip install --no-index --no-deps --no-build-isolation -q "$sdist"
 echo "build: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"
-export SINKD_GPU_LAYERS=99 SINKD_ALLOW_UNCHECKED=1 PYTHONPATH=$PWD
+pip install --no-index --no-deps --no-build-isolation -q .  # sinkd itself (imports as sinkd.*)
+export SINKD_GPU_LAYERS=99 SINKD_ALLOW_UNCHECKED=1
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py 2>&1 | tee "$out/engine-tests.txt"
 python3 bench/latency.py --tokens 5200 --full-tokens 4096 2>&1 | grep -v '^llama' | tee "$out/latency.txt"
 cp bench/results/latency.json "$out/latency.json" 2>/dev/null || true
