@@ -21,17 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
-from sinkd.daemon.rpc.client import Client as RpcClient
 from sinkd.daemon.rpc.server import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
-from tests.conftest import TEXT
+from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
 
 pytestmark = pytest.mark.model
-
-ALICE = [("authorization", "Bearer alice-token")]
-BOB = [("authorization", "Bearer bob-token")]
-ADMIN = [("authorization", "Bearer admin-token")]
 
 
 def sha(text: str) -> str:
@@ -56,13 +51,6 @@ def settings(tmp: Path, **kw: Any) -> Settings:
     return Settings(**base)
 
 
-class Client(RpcClient):
-    """The library client, speaking as alice unless told otherwise."""
-
-    def __init__(self, address: str) -> None:
-        super().__init__(address, md=ALICE)
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = Daemon(settings(tmp_path_factory.mktemp("sinkd")))
@@ -70,23 +58,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.wait_ready(120)
     yield d
     d.stop()
-
-
-@pytest.fixture
-def client(daemon: Daemon) -> Iterator[Client]:
-    c = Client(daemon.addresses[0])
-    yield c
-    for r in c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions:
-        c.s.Close(
-            pb.HandleRequest(handle=pb.Handle(session_id=r.session_id, generation=r.generation)),
-            metadata=ALICE,
-        )
-    for r in c.s.List(pb.ListSessionsRequest(), metadata=BOB).sessions:
-        c.s.Close(
-            pb.HandleRequest(handle=pb.Handle(session_id=r.session_id, generation=r.generation)),
-            metadata=BOB,
-        )
-    c.channel.close()
 
 
 def serve_subprocess(sock: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -82,17 +82,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-@pytest.fixture
-def client(daemon: Daemon) -> Iterator[Client]:
-    c = Client(daemon.addresses[0])
-    yield c
-    for md in (ALICE, BOB):
-        for r in c.s.List(pb.ListSessionsRequest(), metadata=md).sessions:
-            h = pb.Handle(session_id=r.session_id, generation=r.generation)
-            c.s.Close(pb.HandleRequest(handle=h), metadata=md)
-    c.close()
-
-
 def health(address: str) -> int:
     stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
     return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
