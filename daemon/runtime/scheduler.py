@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.errors import Cancelled, DeadlineExceeded, EngineError, ShuttingDown
+from sinkd.daemon.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    EngineError,
+    ShuttingDown,
+    SinkdError,
+)
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.audit import Auditor
 from sinkd.daemon.runtime.durability import Durability
@@ -272,7 +278,7 @@ class Scheduler:
 
     # --- for the service and resume (engine thread) ---
 
-    def cancel_session_jobs(self, session: Session, error: Exception) -> None:
+    def cancel_session_jobs(self, session: Session, error: SinkdError) -> None:
         """Fail every job queued for the session (reset, close, failure), and any reply of theirs
         still waiting for the journal."""
-        self.gate.drop(self.queues.cancel_session(session, error))  # type: ignore[arg-type]
+        self.gate.drop(self.queues.cancel_session(session, error))
