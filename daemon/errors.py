@@ -44,6 +44,7 @@ __all__ = [
     "Unsupported",
     "by_name",
     "echo",
+    "first_problem",
     "message_of",
     "validated",
 ]
@@ -288,9 +289,14 @@ def validated(model: type[M], **fields: Any) -> M:
     try:
         return model(**fields)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or model.__name__
-        raise InvalidInput(f"{where}: {first['msg']}, got {echo(first.get('input'))}") from None
+        raise InvalidInput(first_problem(e, model.__name__)) from None
+
+
+def first_problem(error: ValidationError, where: str = "") -> str:
+    """The first field a pydantic validation refused, as `field: why, got value`."""
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or where
+    return f"{field}: {first['msg']}, got {echo(first.get('input'))}"
 
 
 def message_of(error: BaseException) -> str:

@@ -21,7 +21,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sinkd.daemon.errors import ModelMismatch, ModelMissing, ModelNotAllowed, PullFailed, echo
+from sinkd.daemon.errors import (
+    ModelMismatch,
+    ModelMissing,
+    ModelNotAllowed,
+    PullFailed,
+    echo,
+    first_problem,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -125,9 +132,7 @@ def load_lock(path: Path | None = None) -> ModelLock:
     try:
         return ModelLock.model_validate(tomllib.loads(path.read_text()))
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ModelNotAllowed(f"{path.name} is not valid: {where}: {first['msg']}") from None
+        raise ModelNotAllowed(f"{path.name} is not valid: {first_problem(e)}") from None
 
 
 def models_dir() -> Path:

@@ -79,16 +79,10 @@ class Job:
 
     def wait(self, timeout: float, alive: Callable[[], bool]) -> Any:
         """The job's result; its error; DeadlineExceeded (the job is cancelled) past `timeout`;
-        ShuttingDown's cousin if the engine thread is gone (`alive` says)."""
+        Cancelled if the engine thread is gone (`alive` says)."""
         deadline = time.monotonic() + timeout
-        while not self.done.wait(min(POLL_S, max(0.0, deadline - time.monotonic()))):
-            if not alive():
-                self.fail(Cancelled("the engine stopped before this request finished"))
-            elif time.monotonic() >= deadline:
-                self.cancel()
-                raise DeadlineExceeded(
-                    f"no answer within {timeout:.1f} s; the request was cancelled"
-                )
+        while not self.done.wait(_slice(deadline)):
+            self._stalled(deadline, alive)
         if self.error is not None:
             raise self.error
         return self.result
@@ -97,15 +91,22 @@ class Job:
         """The next streamed event, with the same guarantees as `wait`."""
         while True:
             try:
-                return self.events.get(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
+                return self.events.get(timeout=_slice(deadline))
             except queue.Empty:
-                if not alive():
-                    self.fail(Cancelled("the engine stopped before this request finished"))
-                elif time.monotonic() >= deadline:
-                    self.cancel()
-                    raise DeadlineExceeded(
-                        "the generation ran past its deadline; cancelled"
-                    ) from None
+                self._stalled(deadline, alive)
+
+    def _stalled(self, deadline: float, alive: Callable[[], bool]) -> None:
+        """A poll went by without news: fail the job if its engine is gone, or give up at the
+        deadline (cancelling it, so the engine drops what is left)."""
+        if not alive():
+            self.fail(Cancelled("the engine stopped before this request finished"))
+        elif time.monotonic() >= deadline:
+            self.cancel()
+            raise DeadlineExceeded("no answer before the deadline; the request was cancelled")
+
+
+def _slice(deadline: float) -> float:
+    return min(POLL_S, max(0.0, deadline - time.monotonic()))
 
 
 class JobQueues:
