@@ -13,6 +13,7 @@ from typing import Any
 
 from sinkd.cachepolicy.config import PolicyConfig
 from sinkd.cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
+from sinkd.cachepolicy.recall import RecalledSpan
 
 DEFAULT_TRACE_CAPACITY = 256
 
@@ -25,13 +26,18 @@ class Cell:
 
 @dataclass(frozen=True)
 class TraceEvent:
-    """One eviction: what left (logical and cache ranges) and how the window moved, if it did."""
+    """One eviction: what left (logical and cache ranges) and how the window moved, if it did; or
+    one recall (kind "recall"): which stored passage came back, from where and to where."""
 
-    at_token: int  # tokens seen when the eviction happened
+    at_token: int  # tokens seen when the eviction (or the recall) happened
     evicted_logical: tuple[int, int]
     evicted_cache: tuple[int, int]
     shift_delta: int  # 0 when the shift was deferred (K) or the mode keeps positions
     shifted_cache: tuple[int, int] | None
+    kind: str = "evict"
+    passage_id: int = 0
+    recalled_source: tuple[int, int] | None = None  # where the text was first seen
+    recalled_logical: tuple[int, int] | None = None  # where its copy goes in the stream
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -40,7 +46,28 @@ class TraceEvent:
             "evicted_cache": list(self.evicted_cache),
             "shift_delta": self.shift_delta,
             "shifted_cache": list(self.shifted_cache) if self.shifted_cache else None,
+            "kind": self.kind,
+            "passage_id": self.passage_id,
+            "recalled_source": list(self.recalled_source) if self.recalled_source else None,
+            "recalled_logical": list(self.recalled_logical) if self.recalled_logical else None,
         }
+
+    @classmethod
+    def from_dict(cls, e: dict[str, Any]) -> TraceEvent:
+        def rng(v: Any) -> tuple[int, int] | None:
+            return (int(v[0]), int(v[1])) if v else None
+
+        return cls(
+            at_token=e["at_token"],
+            evicted_logical=rng(e["evicted_logical"]) or (0, 0),
+            evicted_cache=rng(e["evicted_cache"]) or (0, 0),
+            shift_delta=e["shift_delta"],
+            shifted_cache=rng(e["shifted_cache"]),
+            kind=e.get("kind", "evict"),
+            passage_id=int(e.get("passage_id", 0)),
+            recalled_source=rng(e.get("recalled_source")),
+            recalled_logical=rng(e.get("recalled_logical")),
+        )
 
 
 @dataclass(frozen=True)
@@ -100,6 +127,22 @@ class CacheSequence:
             self.adopt_ops(sub_batch)
             self.adopt_tokens(sub_batch)
         return plan
+
+    def note_recall(self, span: RecalledSpan) -> None:
+        """Record a recall in the trace (the append that decodes it records its own evictions)."""
+        self.trace.append(
+            TraceEvent(
+                at_token=self.state.n_seen,
+                evicted_logical=(0, 0),
+                evicted_cache=(0, 0),
+                shift_delta=0,
+                shifted_cache=None,
+                kind="recall",
+                passage_id=span.passage_id,
+                recalled_source=span.source,
+                recalled_logical=span.stream,
+            )
+        )
 
     def fork(self) -> CacheSequence:
         """An independent copy: the state is immutable and the trace is copied."""
