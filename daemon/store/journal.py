@@ -2,7 +2,8 @@
 
 It holds what a session is (its record: tenant, policy, sampling, system prompt tokens, the
 configuration it was made under) and every chunk of token ids it decoded since its oldest kept
-snapshot, with the cache and logical positions the policy gave that chunk. Never text. Every row
+snapshot, with the cache and logical positions the policy gave that chunk. Never text here (the
+memory of evicted text, `memory.py`, keeps its tables in the same file, to commit with the chunks). Every row
 carries a CRC-32 of its content, so a damaged row is found at resume instead of being replayed.
 
 Only the engine thread writes. A row is part of the durable history once `commit` returns; the
@@ -130,6 +131,11 @@ class Journal:
             self._db.commit()
         except sqlite3.DatabaseError as e:
             raise JournalError(f"{path}: {e}") from e
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection, for the memory's tables: they commit in the same transactions."""
+        return self._db
 
     def close(self) -> None:
         self._db.close()

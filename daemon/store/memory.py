@@ -1,0 +1,480 @@
+"""The memory of evicted text: passages in SQLite, searched with FTS5's BM25.
+
+Every token the policy evicts joins its session's open passage; a passage is sealed at a boundary
+that follows the text (an end of line, of sentence or of turn) once it holds `min_tokens`, or at
+`max_tokens`. A passage keeps its token ids (recall decodes exactly these), its text (for search
+and for the owner), its logical range and when it was stored. The tables live in the journal's
+database, so a passage is committed in the same transaction as the chunk whose append evicted it.
+
+This is the owner's content: it is deleted, not hidden (`secure_delete`, the full-text index merged
+and the write-ahead log truncated after a forget, a reset or a close), and never logged.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sinkd.cachepolicy.recall import Candidate
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS passages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    logical_start INTEGER NOT NULL,
+    logical_end INTEGER NOT NULL,
+    tokens BLOB NOT NULL,
+    text TEXT NOT NULL,
+    sealed INTEGER NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS passages_by_session ON passages (session, reset_count, logical_start);
+CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(text, tokenize='porter unicode61');
+CREATE TABLE IF NOT EXISTS memory_marks (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    evicted_end INTEGER NOT NULL,
+    PRIMARY KEY (session, reset_count)
+);
+CREATE TABLE IF NOT EXISTS recalls (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    stream_start INTEGER NOT NULL,
+    stream_end INTEGER NOT NULL,
+    source_start INTEGER NOT NULL,
+    source_end INTEGER NOT NULL,
+    passage_id INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    score REAL NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS recalls_by_session ON recalls (session, reset_count, stream_start);
+"""
+
+# words too common to say what a query is about
+_STOPWORDS = frozenset(
+    """a about above after again all am an and any are as at be been before being below between
+    both but by can could did do does doing down during each few for from further had has have
+    having he her here hers herself him himself his how i if in into is it its itself just me more
+    most my myself no nor not now of off on once only or other our ours out over own same she
+    should so some such than that the their theirs them then there these they this those through
+    to too under until up very was we were what when where which while who whom why will with
+    would you your yours yourself tell said say says remember recall earlier""".split()
+)
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_BOUNDARY = re.compile(r"(\n|[.!?]\s*$|[.!?][\"')\]]\s*$)")
+MAX_QUERY_TERMS = 32
+
+
+def query_terms(query: str) -> list[str]:
+    """The query's content words, lowercased, in order, without repeats (at most 32)."""
+    seen: dict[str, None] = {}
+    for w in _WORD.findall(query.lower()):
+        if w not in _STOPWORDS and (len(w) > 1 or w.isdigit()):
+            seen.setdefault(w, None)
+    return list(seen)[:MAX_QUERY_TERMS]
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: int
+    logical: tuple[int, int]
+    tokens: tuple[int, ...]
+    text: str
+    created: float
+    sealed: bool
+
+    def as_dict(self, with_text: bool = True) -> dict[str, object]:
+        d: dict[str, object] = {
+            "passage_id": self.id,
+            "logical": list(self.logical),
+            "n_tokens": len(self.tokens),
+            "created_unix_time": self.created,
+            "sealed": self.sealed,
+        }
+        if with_text:
+            d["text"] = self.text
+        return d
+
+
+@dataclass(frozen=True)
+class Segmenting:
+    """How evicted tokens become passages: `text` seals at boundaries, `fixed` at max_tokens."""
+
+    kind: str = "text"
+    min_tokens: int = 16
+    max_tokens: int = 48
+
+
+def _blob(tokens: Sequence[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def _text(tokens: Sequence[int], piece: Callable[[int], bytes]) -> str:
+    return b"".join(piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def _unblob(blob: bytes) -> tuple[int, ...]:
+    return tuple(int(t) for t in np.frombuffer(blob, dtype="<i4"))
+
+
+class MemoryStore:
+    """Passages of every session, on one SQLite connection (the journal's, or its own)."""
+
+    def __init__(self, db: sqlite3.Connection, segmenting: Segmenting | None = None) -> None:
+        self.db = db
+        self.segmenting = segmenting or Segmenting()
+        db.execute("PRAGMA secure_delete=ON")
+        db.executescript(_SCHEMA)
+        db.commit()
+
+    @classmethod
+    def in_memory(cls, segmenting: Segmenting | None = None) -> MemoryStore:
+        return cls(sqlite3.connect(":memory:", check_same_thread=False), segmenting)
+
+    # --- writing, as the stream evicts ---
+
+    def mark(self, session: str, reset_count: int) -> int:
+        row = self.db.execute(
+            "SELECT evicted_end FROM memory_marks WHERE session=? AND reset_count=?",
+            (session, reset_count),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def add_evicted(
+        self,
+        session: str,
+        reset_count: int,
+        logical_start: int,
+        tokens: Sequence[int],
+        skip: Sequence[bool],
+        piece: Callable[[int], bytes],
+    ) -> int:
+        """Store evicted tokens [logical_start, +len): those below the session's mark are stored
+        already (a replay), those with `skip` are recalled copies; a skipped token seals the open
+        passage so that a passage is always one contiguous range. Returns tokens stored."""
+        mark = self.mark(session, reset_count)
+        stored = 0
+        run: list[tuple[int, int]] = []
+        for i, (tok, skipped) in enumerate(zip(tokens, skip, strict=True)):
+            pos = logical_start + i
+            if pos < mark:
+                continue
+            if skipped:
+                stored += self._extend(session, reset_count, run, piece)
+                run = []
+                self._seal_open(session, reset_count)
+                continue
+            run.append((pos, tok))
+        stored += self._extend(session, reset_count, run, piece)
+        end = logical_start + len(tokens)
+        if end > mark:
+            self.db.execute(
+                "INSERT OR REPLACE INTO memory_marks VALUES (?, ?, ?)", (session, reset_count, end)
+            )
+        return stored
+
+    def _open(self, session: str, reset_count: int) -> tuple[int, int, int, bytes, str] | None:
+        row = self.db.execute(
+            "SELECT id, logical_start, logical_end, tokens, text FROM passages"
+            " WHERE session=? AND reset_count=? AND sealed=0",
+            (session, reset_count),
+        ).fetchone()
+        return (int(row[0]), int(row[1]), int(row[2]), row[3], row[4]) if row else None
+
+    def _seal_open(self, session: str, reset_count: int) -> None:
+        self.db.execute(
+            "UPDATE passages SET sealed=1 WHERE session=? AND reset_count=? AND sealed=0",
+            (session, reset_count),
+        )
+
+    def _extend(
+        self,
+        session: str,
+        reset_count: int,
+        run: list[tuple[int, int]],
+        piece: Callable[[int], bytes],
+    ) -> int:
+        """Add a contiguous run of tokens to the open passage, sealing (and opening a new one)
+        where the segmenting says; one write per passage touched."""
+        if not run:
+            return 0
+        seg = self.segmenting
+        open_ = self._open(session, reset_count)
+        if open_ is not None and open_[2] != run[0][0]:  # not contiguous: start afresh
+            self._seal_open(session, reset_count)
+            open_ = None
+        pid: int | None = None
+        start, toks = run[0][0], []
+        if open_ is not None:
+            pid, start, _, blob, _ = open_
+            toks = list(_unblob(blob))
+        for pos, tok in run:
+            if not toks:
+                start = pos
+            toks.append(tok)
+            tail = piece(tok).decode("utf-8", errors="ignore")
+            boundary = seg.kind == "text" and len(toks) >= seg.min_tokens and _BOUNDARY.search(tail)
+            if boundary or len(toks) >= seg.max_tokens:
+                self._write(session, reset_count, pid, start, toks, _text(toks, piece), sealed=True)
+                pid, toks = None, []
+        if toks:
+            self._write(session, reset_count, pid, start, toks, _text(toks, piece), sealed=False)
+        return len(run)
+
+    def _write(
+        self,
+        session: str,
+        reset_count: int,
+        pid: int | None,
+        start: int,
+        toks: list[int],
+        text: str,
+        sealed: bool,
+    ) -> None:
+        end = start + len(toks)
+        if pid is None:
+            cur = self.db.execute(
+                "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
+                " tokens, text, sealed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session, reset_count, start, end, _blob(toks), text, int(sealed), time.time()),
+            )
+            pid = int(cur.lastrowid or 0)
+        else:
+            self.db.execute(
+                "UPDATE passages SET logical_end=?, tokens=?, text=?, sealed=? WHERE id=?",
+                (end, _blob(toks), text, int(sealed), pid),
+            )
+            self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
+        self.db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (pid, text))
+
+    # --- reading ---
+
+    def search(self, session: str, reset_count: int, query: str, limit: int) -> list[Candidate]:
+        """BM25 over the session's passages, best first; score = -bm25 (higher is better)."""
+        terms = query_terms(query)
+        if not terms:
+            return []
+        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        rows = self.db.execute(
+            "SELECT p.id, p.logical_start, p.logical_end, -bm25(passages_fts) AS score"
+            " FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid"
+            " WHERE passages_fts MATCH ? AND p.session=? AND p.reset_count=?"
+            " ORDER BY score DESC LIMIT ?",
+            (match, session, reset_count, limit),
+        )
+        return [
+            Candidate(int(i), (int(a), int(b)), int(b) - int(a), float(s)) for i, a, b, s in rows
+        ]
+
+    def passages(
+        self, session: str, reset_count: int, ids: Sequence[int] | None = None
+    ) -> list[Passage]:
+        sql = (
+            "SELECT id, logical_start, logical_end, tokens, text, created, sealed FROM passages"
+            " WHERE session=? AND reset_count=?"
+        )
+        args: list[object] = [session, reset_count]
+        if ids is not None:
+            sql += f" AND id IN ({','.join('?' * len(ids))})"
+            args += list(ids)
+        rows = self.db.execute(sql + " ORDER BY logical_start", args)
+        return [
+            Passage(int(i), (int(a), int(b)), _unblob(t), x, float(c), bool(s))
+            for i, a, b, t, x, c, s in rows
+        ]
+
+    def stats(self, session: str, reset_count: int) -> tuple[int, int, int]:
+        """(passages, tokens, bytes of token ids and text) stored for the session."""
+        n, toks, size = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(logical_end - logical_start), 0),"
+            " COALESCE(SUM(LENGTH(tokens) + LENGTH(CAST(text AS BLOB))), 0) FROM passages"
+            " WHERE session=? AND reset_count=?",
+            (session, reset_count),
+        ).fetchone()
+        return int(n), int(toks), int(size)
+
+    # --- recalls, so a resume knows which stream ranges are copies ---
+
+    def add_recall(self, session: str, reset_count: int, spans: Sequence[object]) -> None:
+        for s in spans:
+            self.db.execute(
+                "INSERT INTO recalls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session,
+                    reset_count,
+                    s.stream[0],  # type: ignore[attr-defined]
+                    s.stream[1],  # type: ignore[attr-defined]
+                    s.source[0],  # type: ignore[attr-defined]
+                    s.source[1],  # type: ignore[attr-defined]
+                    s.passage_id,  # type: ignore[attr-defined]
+                    s.offset,  # type: ignore[attr-defined]
+                    s.score,  # type: ignore[attr-defined]
+                    s.at,  # type: ignore[attr-defined]
+                ),
+            )
+
+    def recalls(self, session: str, reset_count: int) -> list[tuple[Any, ...]]:
+        """(passage, source start, end, stream start, end, offset, score, at), oldest first."""
+        return list(
+            self.db.execute(
+                "SELECT passage_id, source_start, source_end, stream_start, stream_end, offset,"
+                " score, at FROM recalls WHERE session=? AND reset_count=? ORDER BY stream_start",
+                (session, reset_count),
+            )
+        )
+
+    def drop_recalls_before(self, session: str, reset_count: int, logical: int) -> None:
+        self.db.execute(
+            "DELETE FROM recalls WHERE session=? AND reset_count=? AND stream_end<=?",
+            (session, reset_count, logical),
+        )
+
+    def cut_recalls(self, session: str, reset_count: int, n_seen: int) -> None:
+        """Copies end at `n_seen`: a recall whose job ended early left the rest undecoded."""
+        self.db.execute(
+            "DELETE FROM recalls WHERE session=? AND reset_count=? AND stream_start>=?",
+            (session, reset_count, n_seen),
+        )
+        self.db.execute(
+            "UPDATE recalls SET stream_end=? WHERE session=? AND reset_count=? AND stream_end>?",
+            (n_seen, session, reset_count, n_seen),
+        )
+
+    # --- what the owner and the lifecycle remove ---
+
+    def forget(
+        self,
+        session: str,
+        reset_count: int,
+        passage_id: int | None = None,
+        logical: tuple[int, int] | None = None,
+    ) -> int:
+        """Delete one passage, or every passage that overlaps a logical range; returns how many.
+        A passage that overlaps the range is deleted whole (its text is not cut)."""
+        if passage_id is not None:
+            rows = self.db.execute(
+                "SELECT id FROM passages WHERE session=? AND reset_count=? AND id=?",
+                (session, reset_count, passage_id),
+            )
+        else:
+            assert logical is not None
+            rows = self.db.execute(
+                "SELECT id FROM passages WHERE session=? AND reset_count=?"
+                " AND logical_start<? AND logical_end>?",
+                (session, reset_count, logical[1], logical[0]),
+            )
+        ids = [int(r[0]) for r in rows]
+        self._delete(ids)
+        return len(ids)
+
+    def _delete(self, ids: Sequence[int]) -> None:
+        for pid in ids:
+            self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
+            self.db.execute("DELETE FROM passages WHERE id=?", (pid,))
+
+    def drop(self, session: str, keep_reset_count: int | None = None) -> int:
+        """Delete the session's passages, marks and recalls of every generation but
+        `keep_reset_count` (None: all); returns passages deleted."""
+        where, args = "session=?", [session]
+        if keep_reset_count is not None:
+            where += " AND reset_count<>?"
+            args.append(keep_reset_count)  # type: ignore[arg-type]
+        ids = [int(r[0]) for r in self.db.execute(f"SELECT id FROM passages WHERE {where}", args)]
+        self._delete(ids)
+        self.db.execute(f"DELETE FROM memory_marks WHERE {where}", args)
+        self.db.execute(f"DELETE FROM recalls WHERE {where}", args)
+        return len(ids)
+
+    def purge(self) -> None:
+        """After a committed delete: merge the full-text index (its old segments still name the
+        deleted words) and truncate the write-ahead log, so deleted text leaves the disk."""
+        self.db.execute("INSERT INTO passages_fts (passages_fts) VALUES ('optimize')")
+        self.db.commit()
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def copy(self, parent: str, parent_reset: int, child: str, child_reset: int) -> int:
+        """A fork's child starts with the parent's memory as it is now."""
+        rows = self.db.execute(
+            "SELECT logical_start, logical_end, tokens, text, sealed, created FROM passages"
+            " WHERE session=? AND reset_count=? ORDER BY id",
+            (parent, parent_reset),
+        ).fetchall()
+        for a, b, t, x, s, c in rows:
+            cur = self.db.execute(
+                "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens,"
+                " text, sealed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (child, child_reset, a, b, t, x, s, c),
+            )
+            self.db.execute(
+                "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, x)
+            )
+        self.db.execute(
+            "INSERT OR REPLACE INTO memory_marks SELECT ?, ?, evicted_end FROM memory_marks"
+            " WHERE session=? AND reset_count=?",
+            (child, child_reset, parent, parent_reset),
+        )
+        self.db.execute(
+            "INSERT INTO recalls SELECT ?, ?, stream_start, stream_end, source_start, source_end,"
+            " passage_id, offset, score, at FROM recalls WHERE session=? AND reset_count=?",
+            (child, child_reset, parent, parent_reset),
+        )
+        return len(rows)
+
+    def trim(
+        self,
+        session: str,
+        reset_count: int,
+        logical_end: int,
+        piece: Callable[[int], bytes],
+    ) -> int:
+        """At resume: drop what lies at or beyond `logical_end` (committed ahead of the chunk that
+        evicted it, which never was); a passage that straddles it keeps its head. Returns tokens
+        dropped."""
+        dropped = 0
+        for p in self.passages(session, reset_count):
+            if p.logical[1] <= logical_end:
+                continue
+            self._delete([p.id])
+            keep = max(0, logical_end - p.logical[0])
+            dropped += len(p.tokens) - keep
+            if keep:
+                head = list(p.tokens[:keep])
+                self._write(
+                    session, reset_count, None, p.logical[0], head, _text(head, piece), False
+                )
+        if self.mark(session, reset_count) > logical_end:
+            self.db.execute(
+                "UPDATE memory_marks SET evicted_end=? WHERE session=? AND reset_count=?",
+                (logical_end, session, reset_count),
+            )
+        self.db.execute(
+            "DELETE FROM recalls WHERE session=? AND reset_count=? AND stream_start>=?",
+            (session, reset_count, logical_end),
+        )
+        return dropped
+
+    def prune(self, session: str, reset_count: int, max_tokens: int) -> int:
+        """Delete the oldest passages until at most `max_tokens` are stored; returns tokens
+        pruned."""
+        _, total, _ = self.stats(session, reset_count)
+        pruned = 0
+        if total <= max_tokens:
+            return 0
+        for pid, a, b in self.db.execute(
+            "SELECT id, logical_start, logical_end FROM passages WHERE session=? AND reset_count=?"
+            " ORDER BY logical_start",
+            (session, reset_count),
+        ).fetchall():
+            if total - pruned <= max_tokens:
+                break
+            self._delete([int(pid)])
+            pruned += int(b) - int(a)
+        return pruned
