@@ -65,6 +65,14 @@ class Settings(BaseSettings):
     max_calls_per_tenant: int = Field(default=8, ge=1)  # engine calls in flight per tenant
     max_calls_per_session: int = Field(default=2, ge=1)  # in flight on one session
     call_timeout_s: float = Field(default=600.0, gt=0)  # a call without a deadline waits this long
+    # recall: evicted text is stored per session and brought back (see cachepolicy/recall.py);
+    # the mode applies to the sink policy, the controls default to off
+    recall_mode: Literal["off", "manual", "auto"] = "auto"
+    recall_budget: int = Field(default=96, ge=1)
+    recall_passages: int = Field(default=2, ge=1, le=16)
+    recall_threshold: float = Field(default=1.0, ge=0)
+    memory_max_tokens: int = Field(default=1_000_000, ge=1)  # per session; oldest pruned first
+    memory_passages: Literal["text", "fixed"] = "text"  # cut at lines/sentences, or every 48
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     verify_model_hash: bool = True
     allow_unchecked: bool = False  # run a KV dtype or backend the lock has not been checked with

@@ -23,6 +23,7 @@ __all__ = [
     "DaemonUnavailable",
     "DeadlineExceeded",
     "EngineError",
+    "FailedPrecondition",
     "IllegalTransition",
     "InvalidInput",
     "JournalError",
@@ -97,6 +98,13 @@ class NotFound(SinkdError):
 
 class StaleGeneration(SinkdError):
     """The handle's generation is not the session's current one (reset, model change, restart)."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 12
+
+
+class FailedPrecondition(SinkdError):
+    """The session is not in a state that allows this (e.g. recall on a session without memory)."""
 
     status = "FAILED_PRECONDITION"
     exit_code = 12

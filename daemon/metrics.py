@@ -86,6 +86,29 @@ class Metrics:
             "Stored sessions that could not be restored at start",
             registry=r,
         )
+        self.memory_stored_tokens = Counter(
+            "sinkd_memory_stored_tokens", "Evicted tokens kept in sessions' memories", registry=r
+        )
+        self.memory_pruned_tokens = Counter(
+            "sinkd_memory_pruned_tokens",
+            "Stored tokens deleted for a session's memory limit (oldest first)",
+            registry=r,
+        )
+        self.memory_forgotten_passages = Counter(
+            "sinkd_memory_forgotten_passages", "Passages deleted by their owner", registry=r
+        )
+        self.recalls = Counter(
+            "sinkd_recalls", "Recalls, by outcome (recalled, empty)", ["outcome"], registry=r
+        )
+        self.recalled_tokens = Counter(
+            "sinkd_recalled_tokens", "Tokens recalled into caches (frames included)", registry=r
+        )
+        self.recall_latency = Histogram(
+            "sinkd_recall_search_seconds",
+            "Recall: search and selection, before any decode",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
         self.active_sessions = Gauge("sinkd_active_sessions", "Open sessions", registry=r)
         self.cells_in_use = Gauge(
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r

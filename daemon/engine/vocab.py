@@ -133,3 +133,7 @@ class VocabularyOps:
 
     def is_eog(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
+
+    def is_control(self, token: int) -> bool:
+        """A control token (a chat template's turn markers, BOS, EOS): structure, not text."""
+        return bool(llama.llama_vocab_is_control(self._vocab, token))

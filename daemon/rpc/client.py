@@ -28,11 +28,15 @@ class Client:
     def _md(self, md: Any) -> Any:
         return self.md if md is None else md
 
-    def create(self, md: Any = None, system: str = "", **policy: Any) -> pb.CreateSessionResponse:
+    def create(
+        self, md: Any = None, system: str = "", recall: Any = None, **policy: Any
+    ) -> pb.CreateSessionResponse:
         policy.setdefault("name", "sink")
         policy.setdefault("sinks", 4)
         policy.setdefault("window", 60)
-        request = pb.CreateSessionRequest(policy=pb.Policy(**policy), system_prompt=system)
+        request = pb.CreateSessionRequest(
+            policy=pb.Policy(**policy), system_prompt=system, recall=recall
+        )
         response: pb.CreateSessionResponse = self.s.Create(request, metadata=self._md(md))
         return response
 
@@ -63,6 +67,23 @@ class Client:
     def inspect(self, h: pb.Handle, md: Any = None, text: bool = False) -> pb.InspectResponse:
         request = pb.InspectRequest(handle=h, include_text=text)
         response: pb.InspectResponse = self.s.Inspect(request, metadata=self._md(md))
+        return response
+
+    def recall(self, h: pb.Handle, query: str, md: Any = None, **kw: Any) -> pb.RecallResponse:
+        request = pb.RecallRequest(handle=h, query=query, **kw)
+        response: pb.RecallResponse = self.s.Recall(request, metadata=self._md(md))
+        return response
+
+    def memory(
+        self, h: pb.Handle, search: str = "", limit: int = 0, md: Any = None
+    ) -> pb.MemoryResponse:
+        request = pb.MemoryRequest(handle=h, search=search, limit=limit)
+        response: pb.MemoryResponse = self.s.Memory(request, metadata=self._md(md))
+        return response
+
+    def forget(self, h: pb.Handle, md: Any = None, **target: Any) -> pb.ForgetResponse:
+        request = pb.ForgetRequest(handle=h, **target)
+        response: pb.ForgetResponse = self.s.Forget(request, metadata=self._md(md))
         return response
 
     def close(self) -> None:

@@ -19,10 +19,10 @@ from sinkd.daemon.errors import ERROR_TRAILER, InvalidInput, message_of
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.jobs import Job
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
-from sinkd.proto.convert import receipt_to_pb, trace_to_pb
+from sinkd.proto.convert import receipt_to_pb, to_pb, trace_to_pb
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
@@ -135,6 +135,9 @@ def _events(events: Iterator[tuple[str, Any]]) -> Iterator[pb.GenerateEvent]:
                     reason=payload["reason"],
                     generated=payload["generated"],
                     receipt=receipt_to_pb(payload["receipt"]),
+                    recall=to_pb(payload["recall"], pb.RecallReport)
+                    if payload.get("recall")
+                    else None,
                 )
             )
 
@@ -160,7 +163,16 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             pin_system_prompt=p.pin_system_prompt,
         )
         sampling = _sampling(request.sampling if request.HasField("sampling") else None)
-        session = self.service.create(principal, policy, sampling, request.system_prompt)
+        r = request.recall
+        recall = RecallRequest(
+            mode=r.mode or None,
+            budget=r.budget if r.HasField("budget") else None,
+            passages=r.passages if r.HasField("passages") else None,
+            threshold=r.threshold if r.HasField("threshold") else None,
+        )
+        session = self.service.create(
+            principal, policy, sampling, request.system_prompt, recall=recall
+        )
         return pb.CreateSessionResponse(**self._handle_and_receipt(session))
 
     @rpc
@@ -259,6 +271,47 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         return pb.ListSessionsResponse(
             sessions=[receipt_to_pb(r) for r in self.service.reads.list_sessions(principal)]
         )
+
+    @rpc
+    def Recall(
+        self, request: pb.RecallRequest, context: Any, principal: Principal
+    ) -> pb.RecallResponse:
+        report, receipt = self.service.recall_into(
+            principal,
+            _handle(request.handle),
+            request.query,
+            budget=request.budget if request.HasField("budget") else None,
+            passages=request.passages if request.HasField("passages") else None,
+            threshold=request.threshold if request.HasField("threshold") else None,
+            timeout=_timeout(context),
+        )
+        return pb.RecallResponse(
+            report=to_pb(report, pb.RecallReport), receipt=receipt_to_pb(receipt)
+        )
+
+    @rpc
+    def Memory(
+        self, request: pb.MemoryRequest, context: Any, principal: Principal
+    ) -> pb.MemoryResponse:
+        found = self.service.memory(
+            principal, _handle(request.handle), request.search, request.limit or 100
+        )
+        return pb.MemoryResponse(passages=[to_pb(p, pb.Passage) for p in found])
+
+    @rpc
+    def Forget(
+        self, request: pb.ForgetRequest, context: Any, principal: Principal
+    ) -> pb.ForgetResponse:
+        which = request.WhichOneof("target")
+        if which is None:
+            raise InvalidInput("forget: name a passage_id or a logical range")
+        n = self.service.forget(
+            principal,
+            _handle(request.handle),
+            passage_id=request.passage_id if which == "passage_id" else None,
+            logical=(request.logical.start, request.logical.end) if which == "logical" else None,
+        )
+        return pb.ForgetResponse(forgotten=n)
 
 
 class AdminServicer(_Base, pb_grpc.AdminServicer):

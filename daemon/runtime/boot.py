@@ -70,5 +70,6 @@ def resume(
         identity,
         service.admission,
         service.metrics,
+        service.recall,
     ).run(engine)
     service.metrics.active_sessions.set(len(service.registry))

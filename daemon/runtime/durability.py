@@ -28,6 +28,7 @@ from sinkd.daemon.errors import JournalError, ResourceExhausted
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Chunk, Journal, SnapshotRow, StoredSession
+from sinkd.daemon.store.memory import MemoryStore, Segmenting
 
 log = logging.getLogger("sinkd.durability")
 
@@ -55,6 +56,7 @@ def session_record(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "generation": session.generation,
         "config": config,
         "failure": session.failure,
+        "recall": session.recall.as_dict(),
     }
 
 
@@ -85,7 +87,7 @@ def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "config": config,
         "policy": session.policy.as_dict(),
         "state": dataclasses.asdict(session.seq.state),
-        "trace": [dataclasses.asdict(e) for e in session.seq.trace],
+        "trace": [e.as_dict() for e in session.seq.trace],
         "retained_sinks": list(session.retained.sinks),
         "retained_window": list(session.retained.window),
         "sampler_seed": session.sampling.seed,
@@ -99,15 +101,7 @@ def adopt_snapshot_meta(session: Session, meta: dict[str, Any]) -> None:
     session.seq.state = SeqState(**meta["state"])
     session.seq.trace.clear()
     for e in meta["trace"]:
-        session.seq.trace.append(
-            TraceEvent(
-                at_token=e["at_token"],
-                evicted_logical=tuple(e["evicted_logical"]),
-                evicted_cache=tuple(e["evicted_cache"]),
-                shift_delta=e["shift_delta"],
-                shifted_cache=tuple(e["shifted_cache"]) if e["shifted_cache"] else None,
-            )
-        )
+        session.seq.trace.append(TraceEvent.from_dict(e))
     session.retained.sinks = list(meta["retained_sinks"])
     session.retained.window = deque(meta["retained_window"])
     session.sampler.reset()
@@ -124,13 +118,17 @@ class Durability:
         every_tokens: int = 256,
         every_s: float = 300.0,
         keep: int = 2,
+        segmenting: Segmenting | None = None,
     ) -> None:
         self.dir = state_dir
+        self.segmenting = segmenting
         self.sync = sync
         self.every_tokens = every_tokens
         self.every_s = every_s
         self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest
         self.journal: Journal | None = None
+        self.memory: MemoryStore | None = None
+        self._purge = False  # deleted text to wipe from the index and the log after the commit
         self._lock_fd: int | None = None
         self.config: dict[str, Any] = {}
         self._doomed: list[str] = []  # snapshot files to delete once the journal forgets them
@@ -150,11 +148,13 @@ class Durability:
             raise JournalError(f"{self.dir} is in use by another sinkd") from None
         self._lock_fd = fd
         self.journal = Journal(self.dir / "journal.db", self.sync)
+        self.memory = MemoryStore(self.journal.db, self.segmenting)
 
     def close(self) -> None:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
+            self.memory = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -168,6 +168,12 @@ class Durability:
         """Commit the journal, then delete the snapshot files it no longer references (never
         before: a crash in between must find every file the committed journal names)."""
         self.j.commit()
+        if self._purge and self.memory is not None:
+            self._purge = False
+            try:
+                self.memory.purge()
+            except sqlite3.Error as e:  # committed already; the next purge finishes it
+                log.warning("memory purge deferred: %s", e)
         doomed, self._doomed = self._doomed, []
         for p in doomed:
             with contextlib.suppress(OSError):
@@ -180,6 +186,7 @@ class Durability:
         with contextlib.suppress(sqlite3.Error):
             self.j.rollback()
         self._doomed.clear()
+        self._purge = False
 
     def record(self, transition: Callable[..., None], *args: Any) -> None:
         """Write a transition (created, reset, failed, closed) and commit it, or roll it back and
@@ -226,6 +233,7 @@ class Durability:
         """Journal a reset (call `fresh` once it is committed: a refused commit changes nothing)."""
         self.put(session, live=True)
         self._delete_files(self.j.forget_generation(session.id, session.reset_count))
+        self.forget_memory(session.id, session.reset_count)
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
@@ -235,6 +243,16 @@ class Durability:
 
     def closed(self, session: Session) -> None:
         self._delete_files(self.j.delete_session(session.id))
+        self.forget_memory(session.id, None)
+
+    def forget_memory(self, session_id: str, keep_reset_count: int | None) -> None:
+        """Delete the session's stored passages (all but one generation's), wiped after commit."""
+        assert self.memory is not None
+        if self.memory.drop(session_id, keep_reset_count):
+            self._purge = True
+
+    def purge_after_commit(self) -> None:
+        self._purge = True
 
     def fresh(self, session: Session) -> None:
         """The session's durable history starts again (after a committed reset or failure)."""

@@ -10,6 +10,7 @@ concerns. `replay` decodes journalled chunks the same way, for resume.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from sinkd.daemon.engine.llama import BatchItem, Engine
 from sinkd.daemon.errors import (
     EngineError,
     InvalidInput,
+    JournalError,
     ResourceExhausted,
     SessionFailed,
     SinkdError,
@@ -30,6 +32,7 @@ from sinkd.daemon.runtime.audit import Auditor
 from sinkd.daemon.runtime.durability import Durability
 from sinkd.daemon.runtime.gate import ReplyGate
 from sinkd.daemon.runtime.jobs import Job, JobQueues
+from sinkd.daemon.runtime.recall import Recall
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.runtime.stepplan import Slot
 
@@ -53,8 +56,10 @@ class Executor:
         auditor: Auditor,
         metrics: Metrics,
         durability: Durability | None,
+        recall: Recall | None = None,
     ) -> None:
         self._engine = engine
+        self.recall = recall
         self.queues = queues
         self.gate = gate
         self.auditor = auditor
@@ -72,10 +77,13 @@ class Executor:
         self.queues.pop(job)
         job.session.settle()
         if error is not None:
+            if job.recall is not None and self.recall is not None and job.started:
+                self.recall.abandoned(job.session)
             self.gate.fail(job, error)
         else:  # the receipt as the job left the session, not as a later reset or close leaves it
             receipt = job.session.receipt(self.engine.kv_bytes_per_token)
-            self.gate.finish(job, {**result, "receipt": receipt})
+            extra = {"recall": job.session.last_recall} if job.recall is not None else {}
+            self.gate.finish(job, {**result, **extra, "receipt": receipt})
 
     def result(self, job: Job) -> dict[str, Any]:
         return {"reason": job.reason, "generated": job.generated}
@@ -85,6 +93,9 @@ class Executor:
     def prepare(self, job: Job) -> None:
         try:
             self._start(job)
+            if job.gen is None and not job.tokens:  # e.g. a recall that found nothing
+                self.end(job, result={"appended": 0})
+                return
             if job.gen is not None and not job.prefilling and job.pending is None:
                 self._sample(job)
         except SinkdError as e:
@@ -99,6 +110,13 @@ class Executor:
             raise SessionFailed(
                 f"session {session.id} failed ({session.failure}); reset or close it"
             )
+        if job.recall is not None and self.recall is not None:
+            try:  # recalled passages go in where the job says (after the question)
+                at = job.recall.insert_at
+                found = self.recall.prepare(self.engine, session, job.recall)
+                job.tokens = job.tokens[:at] + found + job.tokens[at:]
+            except sqlite3.Error as e:
+                raise JournalError(f"recall: the memory could not be read: {e}") from None
         # the full policy refuses the whole append before any token goes in (CacheFull)
         session.seq.plan(len(session.pending_prefix) + len(job.tokens))
         if session.pending_prefix:
@@ -215,7 +233,13 @@ class Executor:
         Engine.compact: a snapshot restores to exactly this layout). A refused packing fails
         this session alone."""
         session.seq.adopt_tokens(sb)
-        session.retained.apply(sb, tokens)
+        evicted = session.retained.apply(sb, tokens)
+        if self.recall is not None:
+            try:
+                for logical_start, gone in evicted:
+                    self.recall.evicted(self.engine, session, logical_start, gone)
+            except sqlite3.Error as e:
+                raise JournalError(f"the memory could not store evicted text: {e}") from None
         session.last_logits = row
         session.last_active = time.monotonic()
         if sb.ops:
@@ -226,8 +250,8 @@ class Executor:
         job, session = it.job, it.job.session
         try:
             self.absorb(session, it.sub_batch, it.tokens, row)
-        except EngineError as e:
-            self.auditor.fail_session(session, f"packing the sequence failed: {e}")
+        except (EngineError, JournalError) as e:
+            self.auditor.fail_session(session, f"recording the step failed: {e}")
             return
         if it.decode_pending:
             self.metrics.decode_tokens.inc()

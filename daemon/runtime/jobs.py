@@ -55,6 +55,7 @@ class Job:
         self.done = threading.Event()
         self.error: SinkdError | None = None
         self.result: Any = None
+        self.recall: Any = None  # sinkd.daemon.runtime.recall.RecallAsk: passages go in first
         self.submitted = time.monotonic()
         self.last_emit = self.submitted
 

@@ -14,6 +14,7 @@ import logging
 import time
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.cachepolicy.recall import RecallConfig
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
@@ -27,6 +28,7 @@ from sinkd.daemon.errors import (
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.admission import Admission
 from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.recall import Recall
 from sinkd.daemon.runtime.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import (
     ModelIdentity,
@@ -58,7 +60,9 @@ class Lifecycle:
         admission: Admission,
         metrics: Metrics,
         durability: Durability | None,
+        recall: Recall,
     ) -> None:
+        self.recall = recall
         self.scheduler = scheduler
         self.registry = registry
         self.admission = admission
@@ -87,6 +91,7 @@ class Lifecycle:
         system_tokens: list[int],
         system_prompt: str,
         pinned: int,
+        recall: RecallConfig,
     ) -> Session:
         seq_id = self.admission.acquire(engine)
         try:
@@ -103,6 +108,7 @@ class Lifecycle:
                 system_prompt_sha256=hashlib.sha256(system_prompt.encode()).hexdigest(),
                 pinned=pinned,
                 pending_prefix=list(system_tokens),
+                recall=recall,
             )
         except BaseException:
             engine.release_seq(seq_id)
@@ -139,6 +145,12 @@ class Lifecycle:
         child.retained = parent.retained.copy()
         child.last_logits = None if parent.last_logits is None else parent.last_logits.copy()
         child.transition(SessionState.IDLE)
+        try:  # the child's memory is the parent's as it is now, committed with its record
+            self.recall.forked(parent, child)
+        except BaseException:
+            self.recall.dropped(child.id, None)
+            engine.release_seq(seq_id)
+            raise
         self._admit(engine, child)
         if self.durability is not None and child.seq.state.n_seen:
             assert self.scheduler.snapshotter is not None  # the child's history starts with one
@@ -164,6 +176,8 @@ class Lifecycle:
         else:
             session.reset_count += 1
             session.refresh_generation()
+            if self.recall.dropped(session.id, session.reset_count):
+                self.recall.purge()
         self.scheduler.cancel_session_jobs(session, Cancelled("the session was reset"))
         engine.clear(session.seq_id)  # verified: pos max is -1
         session.clear_history()
@@ -185,6 +199,8 @@ class Lifecycle:
                 self.durability.record(self.durability.closed, session)
             except ResourceExhausted as e:  # it is closed now; the next start may resume it
                 log.error("session %s closed, but the journal kept it: %s", session.id, e)
+        elif self.recall.dropped(session.id, None):
+            self.recall.purge()
         session.transition(SessionState.CLOSED)
         self.registry.remove(session.id)
         if engine is not None and session.seq_id >= 0:

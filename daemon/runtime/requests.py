@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sinkd.cachepolicy import PolicyConfig, PolicyName
+from sinkd.cachepolicy.recall import RecallConfig, RecallMode, check_recallable
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.models import ModelEntry
@@ -28,6 +29,36 @@ class PolicyRequest:
     evict_chunk: int | None = None
     compact_interval: int = 0
     pin_system_prompt: bool = False
+
+
+@dataclass(frozen=True)
+class RecallRequest:
+    """A session's recall settings as asked; None: the daemon's default."""
+
+    mode: str | None = None
+    budget: int | None = None
+    passages: int | None = None
+    threshold: float | None = None
+
+
+def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings) -> RecallConfig:
+    """Unset mode: the daemon's default for the sink policy, off for the controls (they stay
+    what they were, for the comparisons). A full session cannot recall: asking is refused.
+    Unset budget: the daemon's default, at most half the window."""
+    mode = req.mode or (settings.recall_mode if policy.policy is PolicyName.SINK else "off")
+    config = RecallConfig.named(
+        mode,
+        # the default budget fits any window; a budget asked for is checked as asked
+        budget=max(1, min(settings.recall_budget, policy.window // 2))
+        if req.budget is None
+        else req.budget,
+        passages=settings.recall_passages if req.passages is None else req.passages,
+        threshold=settings.recall_threshold if req.threshold is None else req.threshold,
+    )
+    if config.mode is not RecallMode.OFF:
+        check_recallable(policy)
+        config.check(policy)
+    return config
 
 
 def system_tokens(engine: Engine, system_prompt: str) -> list[int]:

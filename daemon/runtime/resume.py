@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
+from sinkd.cachepolicy.recall import RecallConfig
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.errors import CorruptSnapshot, ResourceExhausted, SinkdError, validated
@@ -30,6 +31,7 @@ from sinkd.daemon.runtime.durability import (
     gate_differences,
     policy_from,
 )
+from sinkd.daemon.runtime.recall import Recall
 from sinkd.daemon.runtime.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import ModelIdentity, Registry, Session, SessionState
 from sinkd.daemon.store import snapshots
@@ -62,7 +64,9 @@ class Resumer:
         identity: ModelIdentity,
         admission: Admission,
         metrics: Metrics,
+        recall: Recall,
     ) -> None:
+        self.recall = recall
         self.scheduler = scheduler
         self.durability = durability
         self.registry = registry
@@ -82,6 +86,7 @@ class Resumer:
                 self._admit(engine, session)
                 if session.state is not SessionState.FAILED:
                     restoring.append(self._from_snapshot(engine, stored, session))
+                    self.recall.resumed_spans(session)
             except Unrestorable as e:
                 self._drop(engine, session)
                 self._stale(stored, str(e))
@@ -91,6 +96,7 @@ class Resumer:
                 if r.failed:
                     raise Unrestorable(r.failed)
                 self._finish(engine, r)
+                self.recall.resumed(engine, r.session)
             except Unrestorable as e:
                 self._drop(engine, r.session)
                 self._stale(r.stored, str(e))
@@ -121,6 +127,10 @@ class Resumer:
         except (SinkdError, TypeError, KeyError) as e:
             raise Unrestorable(f"its stored policy or sampling is not valid here: {e}") from None
         session = _session(stored, policy, self.identity, sampling)
+        try:
+            session.recall = RecallConfig.named(**r.get("recall", {"mode": "off"}))
+        except (SinkdError, TypeError) as e:
+            raise Unrestorable(f"its stored recall settings are not valid here: {e}") from None
         session.system_tokens = list(r["system_tokens"])
         session.pinned = r["pinned"]
         if session.generation != r["generation"]:

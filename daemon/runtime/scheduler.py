@@ -37,6 +37,7 @@ from sinkd.daemon.runtime.durability import Durability
 from sinkd.daemon.runtime.executor import Executor
 from sinkd.daemon.runtime.gate import ReplyGate
 from sinkd.daemon.runtime.jobs import POLL_S, Job, JobQueues
+from sinkd.daemon.runtime.recall import Recall
 from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
 from sinkd.daemon.runtime.snapshotter import Snapshotter
 from sinkd.daemon.runtime.stepplan import Candidate, plan_step
@@ -56,6 +57,7 @@ class Scheduler:
         idle_timeout_s: float = 3600.0,
         prefill_chunk: int = 64,
         call_timeout_s: float = 600.0,
+        recall: Recall | None = None,
     ) -> None:
         self._engine_factory = engine_factory
         self.registry = registry
@@ -76,7 +78,7 @@ class Scheduler:
         self.auditor = Auditor(lambda: self.engine, registry, self.queues, metrics, durability)
         self.gate = ReplyGate(durability, metrics, self.auditor.fail_session)
         self.executor = Executor(
-            lambda: self.engine, self.queues, self.gate, self.auditor, metrics, durability
+            lambda: self.engine, self.queues, self.gate, self.auditor, metrics, durability, recall
         )
         self.snapshotter = (
             Snapshotter(lambda: self.engine, durability, registry, metrics) if durability else None

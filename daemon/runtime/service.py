@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from sinkd.cachepolicy.recall import RecallMode
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.models import ModelEntry, load_lock
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.errors import (
+    FailedPrecondition,
+    InvalidInput,
     NotFound,
     PermissionDenied,
     ShuttingDown,
@@ -27,18 +30,21 @@ from sinkd.daemon.errors import (
     echo,
 )
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime import boot, requests
+from sinkd.daemon.runtime import boot, lifecycle, requests
 from sinkd.daemon.runtime.admission import Admission
 from sinkd.daemon.runtime.durability import Durability
 from sinkd.daemon.runtime.jobs import GenSpec, Job
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.reads import SessionReads
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.recall import Recall, RecallAsk, check_query
+from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
 from sinkd.daemon.runtime.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
+from sinkd.daemon.store.memory import MemoryStore, Segmenting
 
 log = logging.getLogger("sinkd.service")
 Handle = tuple[str, str]
+RECALL_HEADER = "Recalled from earlier in this conversation (it may be incomplete):\n"
 
 
 class SinkdService:
@@ -56,7 +62,10 @@ class SinkdService:
                 every_tokens=settings.snapshot_every_tokens,
                 every_s=settings.snapshot_every_s,
                 keep=settings.snapshots_kept,
+                segmenting=Segmenting(settings.memory_passages),
             )
+        self._memory: MemoryStore | None = None  # without a state directory: in memory
+        self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)
         self.scheduler = Scheduler(
             self._open_engine,
             self.registry,
@@ -66,14 +75,28 @@ class SinkdService:
             idle_timeout_s=settings.idle_timeout_s,
             prefill_chunk=settings.prefill_chunk,
             call_timeout_s=settings.call_timeout_s,
+            recall=self.recall,
         )
         self.admission = Admission(self.registry, self.metrics, settings.max_kv_bytes)
         self.lifecycle = Lifecycle(
-            self.scheduler, self.registry, self.admission, self.metrics, self.durability
+            self.scheduler,
+            self.registry,
+            self.admission,
+            self.metrics,
+            self.durability,
+            self.recall,
         )
         self.reads = SessionReads(self)
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
+
+    def _memory_store(self) -> MemoryStore:
+        if self.durability is not None:
+            assert self.durability.memory is not None, "the state directory is not open"
+            return self.durability.memory
+        if self._memory is None:
+            self._memory = MemoryStore.in_memory(Segmenting(self.settings.memory_passages))
+        return self._memory
 
     def _open_engine(self) -> Engine:
         engine, self.identity = boot.open_for(self.settings, self.entry)
@@ -137,6 +160,7 @@ class SinkdService:
         policy: PolicyRequest,
         sampling: Mapping[str, Any] | None,
         system_prompt: str = "",
+        recall: RecallRequest | None = None,
     ) -> Session:
         if principal.tenant is None:
             raise PermissionDenied("the admin token owns no sessions; use a tenant's token")
@@ -147,11 +171,20 @@ class SinkdService:
             policy, len(system_tokens), self.entry, self.settings
         )
         engine.check_policy(config)
+        recall_config = requests.resolve_recall(recall or RecallRequest(), config, self.settings)
         assert self.identity is not None
         identity, tenant = self.identity, principal.tenant
         session: Session = self._on_engine(
             lambda e: self.lifecycle.create(
-                e, tenant, config, params, identity, system_tokens, system_prompt, pinned
+                e,
+                tenant,
+                config,
+                params,
+                identity,
+                system_tokens,
+                system_prompt,
+                pinned,
+                recall_config,
             )
         )
         if system_tokens:  # the system prompt goes in now, batched like any append
@@ -201,6 +234,7 @@ class SinkdService:
         prompt_tokens: list[int] | None = None,
         job_hook: Callable[[Job], None] | None = None,
         timeout: float | None = None,
+        recall: RecallAsk | None = None,
     ) -> Iterator[tuple[str, Any]]:
         """Yield ("token", {...}) events, then ("done", {... "receipt"}); errors raise."""
         session = self.owned(principal, handle)
@@ -209,6 +243,7 @@ class SinkdService:
         sampler = session.sampler if params is None else Sampler(params)
         spec = GenSpec(max_tokens, stops, sampler)
         job = Job(session, prompt_tokens or [], spec, generation=handle[1])
+        job.recall = recall
         if job_hook:
             job_hook(job)
         self.scheduler.submit(job)
@@ -240,12 +275,130 @@ class SinkdService:
             raise Unsupported(
                 f"model {self.entry.name} has no chat template; use append and generate"
             )
+        turn = engine.render_chat([("user", message)], add_assistant=False)
         text = engine.render_chat([("user", message)], add_assistant=True)
         prefix = "\n" if session.seq.state.n_seen > len(session.system_tokens) else ""
-        prompt = engine.tokenize(prefix + text, add_bos=False)
+        if not text.startswith(turn):  # a template that does not end the turn before the header
+            turn = text
+        question = engine.tokenize(prefix + turn, add_bos=False)
+        prompt = question + engine.tokenize(text[len(turn) :], add_bos=False)
+        ask = None
+        if session.recall.mode is RecallMode.AUTO and message.strip():
+            # after the user's turn, before the assistant's: the small model copies a fact best
+            # when it comes between the question and the answer (bench/recall.py, placement)
+            ask = RecallAsk(
+                message,
+                session.recall,
+                self._chat_frame(engine),
+                strip_control=True,
+                insert_at=len(question),
+            )
         return self.generate(
-            principal, handle, max_tokens, stops, sampling, prompt, job_hook, timeout
+            principal, handle, max_tokens, stops, sampling, prompt, job_hook, timeout, ask
         )
+
+    def _chat_frame(self, engine: Engine) -> tuple[str, str]:
+        """A recalled passage in a chat is a system turn of its own, said to be recalled."""
+        mark = "\x00"
+        turn = engine.render_chat([("system", RECALL_HEADER + mark)], add_assistant=False)
+        head, _, tail = turn.partition(mark)
+        return (head, tail)
+
+    # --- recall: the session's memory ---
+
+    def recall_into(
+        self,
+        principal: Principal,
+        handle: Handle,
+        query: str,
+        budget: int | None = None,
+        passages: int | None = None,
+        threshold: float | None = None,
+        timeout: float | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Search the session's memory and decode the best passages into its cache now (after
+        whatever the stream holds). Returns the recall's report and the receipt."""
+        session = self.owned(principal, handle)
+        check_query(query)
+        current = session.recall
+        if not session.policy.evicts:
+            raise FailedPrecondition(
+                f"session {session.id} uses the full policy: it never evicts, so nothing left the"
+                " cache to be recalled"
+            )
+        if current.mode is RecallMode.OFF:
+            raise FailedPrecondition(
+                f"session {session.id} keeps no memory (recall mode off): nothing to recall"
+            )
+        config = requests.resolve_recall(
+            RecallRequest(
+                current.mode.value,
+                current.budget if budget is None else budget,
+                current.passages if passages is None else passages,
+                current.threshold if threshold is None else threshold,
+            ),
+            session.policy,
+            self.settings,
+        )
+        job = Job(session, [], generation=handle[1])
+        job.recall = RecallAsk(query, config)
+        result = self._wait(self.scheduler.submit(job), timeout)
+        return result["recall"], result["receipt"]
+
+    def memory(
+        self, principal: Principal, handle: Handle, search: str = "", limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The session's stored passages (text included: the owner's), newest last, or the best
+        matches of `search`."""
+        session = self.owned(principal, handle)
+        if not 1 <= limit <= 10_000:
+            raise InvalidInput(f"limit: must be in 1..10000, got {limit}")
+        found = self._on_engine(lambda e: self._memory_read(session, handle[1], search, limit))
+        return [{**p.as_dict(), "score": score} for p, score in found]
+
+    def _memory_read(self, session: Session, generation: str, search: str, limit: int) -> Any:
+        lifecycle.check_generation(session, generation)
+        return self.recall.passages(session, search, limit)
+
+    def forget(
+        self,
+        principal: Principal,
+        handle: Handle,
+        passage_id: int | None = None,
+        logical: tuple[int, int] | None = None,
+    ) -> int:
+        """Delete a passage, or every passage overlapping a logical range, from disk."""
+        session = self.owned(principal, handle)
+        if (passage_id is None) == (logical is None):
+            raise InvalidInput("forget: name one passage or one logical range")
+        if logical is not None and not 0 <= logical[0] < logical[1]:
+            raise InvalidInput(f"forget: the range must be start < end, got {list(logical)}")
+        n: int = self._on_engine(lambda e: self._forget(session, handle[1], passage_id, logical))
+        if n == 0:
+            what = (
+                f"passage {passage_id}"
+                if passage_id is not None
+                else f"range {list(logical or ())}"
+            )
+            raise NotFound(f"session {session.id} stores no {what}")
+        return n
+
+    def _forget(
+        self,
+        session: Session,
+        generation: str,
+        passage_id: int | None,
+        logical: tuple[int, int] | None,
+    ) -> int:
+        lifecycle.check_generation(session, generation)
+        n = self.recall.forget(session, passage_id, logical)
+        if n:
+            if self.durability is not None:
+                self.durability.purge_after_commit()
+                self.durability.record(lambda: None)
+            else:
+                self.recall.purge()
+        return n
 
     def reset(self, principal: Principal, handle: Handle) -> Session:
         session = self.owned(principal, handle)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
+from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held
 from sinkd.daemon.errors import IllegalTransition, NotFound, StaleGeneration, echo
 
 
@@ -121,16 +122,19 @@ class RetainedTokens:
         self.sinks: list[int] = []
         self.window: deque[int] = deque()
 
-    def apply(self, sub_batch: SubBatch, tokens: Iterable[int]) -> None:
+    def apply(self, sub_batch: SubBatch, tokens: Iterable[int]) -> list[tuple[int, list[int]]]:
+        """Follow the sub-batch; returns what it evicted, as (first logical position, tokens)."""
+        evicted = []
         for op in sub_batch.ops:
             if isinstance(op, Evict):
-                for _ in range(op.logical_end - op.logical_start):
-                    self.window.popleft()
+                n = op.logical_end - op.logical_start
+                evicted.append((op.logical_start, [self.window.popleft() for _ in range(n)]))
         for tok in tokens:
             if len(self.sinks) < self.sinks_cap:
                 self.sinks.append(tok)
             else:
                 self.window.append(tok)
+        return evicted
 
     def all(self) -> list[int]:
         return self.sinks + list(self.window)
@@ -176,6 +180,13 @@ class Session:
     logged_since_snap: int = 0
     log_chunks: int = 0
     log_tokens: int = 0
+    # recall (engine thread): the settings, the recalled copies in the stream (oldest first, until
+    # the stream evicts them), the memory's size (passages, tokens, bytes) and the last recall's
+    # report
+    recall: RecallConfig = field(default_factory=RecallConfig)
+    recalled: list[RecalledSpan] = field(default_factory=list)
+    memory_stats: tuple[int, int, int] = (0, 0, 0)
+    last_recall: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
@@ -198,6 +209,9 @@ class Session:
         caller has removed, or will remove, the cells themselves)."""
         self.seq.reset()
         self.retained = RetainedTokens(self.policy.sinks)
+        self.recalled = []
+        self.memory_stats = (0, 0, 0)
+        self.last_recall = {}
         if self.sampler is not None:
             self.sampler.reset()
         self.last_logits = None
@@ -237,8 +251,19 @@ class Session:
             snapshot_unix_time=self.snap_time if self.snap_n_seen is not None else 0.0,
             journal_chunks=self.log_chunks,
             journal_tokens=self.log_tokens,
+            recall=self.recall.as_dict(),
+            recalled=[s.as_dict() for s in self.recalled_held()],
+            memory_passages=self.memory_stats[0],
+            memory_tokens=self.memory_stats[1],
+            memory_bytes=self.memory_stats[2],
+            last_recall=dict(self.last_recall),
         )
         return r
+
+    def recalled_held(self) -> list[RecalledSpan]:
+        """The recalled copies the cache holds now (cut to what the stream has not evicted)."""
+        s = self.seq.state
+        return held(self.recalled, max(s.window_start, self.seq.config.sinks), s.n_seen)
 
 
 def new_session_id() -> str:

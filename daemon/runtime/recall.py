@@ -1,0 +1,221 @@
+"""Recall at run time: keep what the stream evicts, and bring the best of it back on request.
+
+Engine thread only (the store shares the journal's connection and transaction). The executor hands
+every eviction to `evicted`; a job that asks for recall is given its passages by `prepare` before
+its first token is planned; the lifecycle calls `forked`, `dropped` and `forget`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sinkd.cachepolicy.recall import (
+    RecallConfig,
+    RecalledSpan,
+    check_recallable,
+    in_any,
+    plan_recall,
+    select,
+)
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.errors import InvalidInput
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.sessions import Session
+from sinkd.daemon.store.memory import MemoryStore, Passage, query_terms
+
+MAX_QUERY_BYTES = 4096
+SEARCH_POOL = 16  # candidates read from the index before the budget picks
+
+
+@dataclass(frozen=True)
+class RecallAsk:
+    """What a job asks of recall: the query, the settings to use and the text around each
+    passage (`frame`: before and after, as text; the chat frame is a turn of its own)."""
+
+    query: str
+    config: RecallConfig
+    frame: tuple[str, str] = ("", "\n")
+    strip_control: bool = False  # leave out turn markers (the chat frame is a turn itself)
+    insert_at: int = 0  # where in the job's tokens the passages go (after the question)
+
+
+def check_query(query: str) -> None:
+    if not query.strip():
+        raise InvalidInput("recall: the query is empty")
+    if len(query.encode("utf-8", errors="replace")) > MAX_QUERY_BYTES:
+        raise InvalidInput(f"recall: the query is longer than {MAX_QUERY_BYTES} bytes")
+
+
+class Recall:
+    def __init__(
+        self, store: Callable[[], MemoryStore], metrics: Metrics, max_tokens_per_session: int
+    ) -> None:
+        self._store = store
+        self.metrics = metrics
+        self.max_tokens = max_tokens_per_session
+
+    @property
+    def store(self) -> MemoryStore:
+        return self._store()
+
+    def refresh(self, session: Session) -> None:
+        session.memory_stats = self.store.stats(session.id, session.reset_count)
+
+    # --- as the stream evicts ---
+
+    def evicted(
+        self, engine: Engine, session: Session, logical_start: int, tokens: list[int]
+    ) -> None:
+        if not session.recall.mode.stores or not tokens:
+            return
+        spans = session.recalled
+        skip = [in_any(logical_start + i, spans) for i in range(len(tokens))]
+        stored = self.store.add_evicted(
+            session.id, session.reset_count, logical_start, tokens, skip, engine.piece
+        )
+        self.metrics.memory_stored_tokens.inc(stored)
+        end = logical_start + len(tokens)
+        if spans and spans[0].stream[1] <= end:  # copies the stream has evicted entirely
+            session.recalled = [s for s in spans if s.stream[1] > end]
+            self.store.drop_recalls_before(session.id, session.reset_count, end)
+        pruned = self.store.prune(session.id, session.reset_count, self.max_tokens)
+        if pruned:
+            self.metrics.memory_pruned_tokens.inc(pruned)
+        self.refresh(session)
+
+    # --- a job's recall, before its tokens are planned ---
+
+    def prepare(self, engine: Engine, session: Session, ask: RecallAsk) -> list[int]:
+        """Search, pick within the budget, lay out; returns the tokens to insert into the job at
+        `ask.insert_at` (after the session's pending prefix) and records the spans on the
+        session."""
+        check_recallable(session.policy)
+        t0 = time.monotonic()
+        config = ask.config
+        store = self.store
+        found = store.search(session.id, session.reset_count, ask.query, SEARCH_POOL)
+        bodies = {
+            p.id: [t for t in p.tokens if not (ask.strip_control and engine.is_control(t))]
+            for p in store.passages(session.id, session.reset_count, [c.passage_id for c in found])
+        }
+        found = [dataclasses.replace(c, n_tokens=len(bodies[c.passage_id])) for c in found]
+        before = engine.tokenize(ask.frame[0], add_bos=False) if ask.frame[0] else []
+        after = engine.tokenize(ask.frame[1], add_bos=False) if ask.frame[1] else []
+        chosen = select(found, config, len(before) + len(after))
+        self.metrics.recall_latency.observe(time.monotonic() - t0)
+        report: dict[str, Any] = {
+            "query_sha256": hashlib.sha256(ask.query.encode()).hexdigest(),
+            "query_terms": len(query_terms(ask.query)),
+            "candidates": len(found),
+            "best_score": max((c.score for c in found), default=0.0),
+            "threshold": config.threshold,
+        }
+        if not chosen:
+            report["note"] = (
+                "nothing recalled: no stored passage matched the query"
+                if not found
+                else "nothing recalled: no stored passage scored above the threshold"
+            )
+            report["recalled"] = []
+            session.last_recall = report
+            self.metrics.recalls.labels(outcome="empty").inc()
+            return []
+        plan = plan_recall(
+            session.policy,
+            session.seq.state,
+            chosen,
+            len(before),
+            len(after),
+            time.time(),
+            n_before=len(session.pending_prefix) + ask.insert_at,
+        )
+        tokens: list[int] = []
+        for c in chosen:
+            tokens += before + bodies[c.passage_id] + after
+        assert len(tokens) == plan.n_tokens
+        session.recalled = [*session.recalled, *plan.spans]
+        store.add_recall(session.id, session.reset_count, plan.spans)
+        for span in plan.spans:
+            session.seq.note_recall(span)
+        report["note"] = f"recalled {len(plan.spans)} passage(s), {plan.n_tokens} tokens"
+        report["recalled"] = [s.as_dict() for s in plan.spans]
+        session.last_recall = report
+        self.metrics.recalls.labels(outcome="recalled").inc()
+        self.metrics.recalled_tokens.inc(plan.n_tokens)
+        return tokens
+
+    def abandoned(self, session: Session) -> None:
+        """A recall's job ended before all its tokens went in: its copies end where the stream
+        does (positions past it will hold other tokens)."""
+        n_seen = session.seq.state.n_seen
+        session.recalled = [
+            dataclasses.replace(r, stream=(r.stream[0], min(r.stream[1], n_seen)))
+            for r in session.recalled
+            if r.stream[0] < n_seen
+        ]
+        self.store.cut_recalls(session.id, session.reset_count, n_seen)
+
+    # --- reads and user control ---
+
+    def passages(
+        self, session: Session, search: str, limit: int
+    ) -> list[tuple[Passage, float | None]]:
+        store = self.store
+        if search:
+            check_query(search)
+            found = store.search(session.id, session.reset_count, search, limit)
+            by_id = {
+                p.id: p
+                for p in store.passages(
+                    session.id, session.reset_count, [c.passage_id for c in found]
+                )
+            }
+            return [(by_id[c.passage_id], c.score) for c in found if c.passage_id in by_id]
+        return [(p, None) for p in store.passages(session.id, session.reset_count)[-limit:]]
+
+    def forget(
+        self, session: Session, passage_id: int | None, logical: tuple[int, int] | None
+    ) -> int:
+        n = self.store.forget(session.id, session.reset_count, passage_id, logical)
+        self.metrics.memory_forgotten_passages.inc(n)
+        self.refresh(session)
+        return n
+
+    def forked(self, parent: Session, child: Session) -> None:
+        child.recall = parent.recall
+        child.recalled = list(parent.recalled)
+        if parent.recall.mode.stores:
+            self.store.copy(parent.id, parent.reset_count, child.id, child.reset_count)
+            self.refresh(child)
+
+    def dropped(self, session_id: str, keep_reset_count: int | None) -> int:
+        return self.store.drop(session_id, keep_reset_count)
+
+    def purge(self) -> None:
+        self.store.purge()
+
+    # --- resume ---
+
+    def resumed_spans(self, session: Session) -> None:
+        """Before replay: the recalled copies the journal knows of, so a replayed eviction of a
+        copy is not stored again."""
+        session.recalled = [
+            RecalledSpan(
+                int(pid), (int(a), int(b)), (int(x), int(y)), int(off), float(sc), float(at)
+            )
+            for pid, a, b, x, y, off, sc, at in self.store.recalls(session.id, session.reset_count)
+        ]
+
+    def resumed(self, engine: Engine, session: Session) -> None:
+        """After replay: drop what was committed ahead of the history the journal kept."""
+        s = session.seq.state
+        self.store.trim(
+            session.id, session.reset_count, max(s.window_start, session.policy.sinks), engine.piece
+        )
+        session.recalled = [r for r in session.recalled if r.stream[0] < s.n_seen]
+        self.refresh(session)
