@@ -22,6 +22,18 @@ def _is(field: Any, message: Any) -> bool:
     )
 
 
+def _message_class(field: Any) -> Any:
+    return getattr(pb, field.message_type.name)
+
+
+def _value_to_pb(field: Any, value: Any) -> Any:
+    if _is(field, pb.Range):
+        return pb.Range(start=value[0], end=value[1])
+    if field.message_type is not None:
+        return _to_pb(value, _message_class(field))
+    return value
+
+
 def _to_pb(d: dict[str, Any], cls: Any) -> Any:
     kwargs: dict[str, Any] = {}
     for field in cls.DESCRIPTOR.fields:
@@ -32,13 +44,19 @@ def _to_pb(d: dict[str, Any], cls: Any) -> Any:
         )
         if value is None:
             continue
-        if _is(field, pb.Range):
-            kwargs[field.name] = pb.Range(start=value[0], end=value[1])
-        elif _is(field, pb.Policy):
-            kwargs[field.name] = _to_pb(value, pb.Policy)
+        if field.is_repeated:
+            kwargs[field.name] = [_value_to_pb(field, v) for v in value]
         else:
-            kwargs[field.name] = value
+            kwargs[field.name] = _value_to_pb(field, value)
     return cls(**kwargs)
+
+
+def _value_from_pb(field: Any, value: Any) -> Any:
+    if _is(field, pb.Range):
+        return [int(value.start), int(value.end)]
+    if field.message_type is not None:
+        return _from_pb(value)
+    return value
 
 
 def _from_pb(message: Any) -> dict[str, Any]:
@@ -49,17 +67,23 @@ def _from_pb(message: Any) -> dict[str, Any]:
             if isinstance(message, pb.Policy)
             else field.name
         )
-        if field.message_type is not None:
-            if not message.HasField(field.name):
-                d[key] = None
-            elif _is(field, pb.Range):
-                r = getattr(message, field.name)
-                d[key] = [int(r.start), int(r.end)]
-            else:
-                d[key] = _from_pb(getattr(message, field.name))
+        value = getattr(message, field.name)
+        if field.is_repeated:
+            d[key] = [_value_from_pb(field, v) for v in value]
+        elif field.message_type is not None or field.has_presence:
+            d[key] = _value_from_pb(field, value) if message.HasField(field.name) else None
         else:
-            d[key] = getattr(message, field.name)
+            d[key] = value
     return d
+
+
+def to_pb(d: dict[str, Any], cls: Any) -> Any:
+    """Any of our messages from its dict (nested messages and ranges included)."""
+    return _to_pb(d, cls)
+
+
+def from_pb(message: Any) -> dict[str, Any]:
+    return _from_pb(message)
 
 
 def receipt_to_pb(receipt: dict[str, Any]) -> pb.Receipt:

@@ -53,7 +53,7 @@ class Range(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens")
+    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens", "recall", "recalled", "memory_passages", "memory_tokens", "memory_bytes", "last_recall")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RESET_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,12 @@ class Receipt(_message.Message):
     SNAPSHOT_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECALL_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_RECALL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     generation: str
     reset_count: int
@@ -110,17 +116,69 @@ class Receipt(_message.Message):
     snapshot_unix_time: float
     journal_chunks: int
     journal_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ...) -> None: ...
+    recall: RecallSettings
+    recalled: _containers.RepeatedCompositeFieldContainer[RecalledPassage]
+    memory_passages: int
+    memory_tokens: int
+    memory_bytes: int
+    last_recall: RecallReport
+    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., memory_passages: _Optional[int] = ..., memory_tokens: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., last_recall: _Optional[_Union[RecallReport, _Mapping]] = ...) -> None: ...
+
+class RecallSettings(_message.Message):
+    __slots__ = ("mode", "budget", "passages", "threshold")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    budget: int
+    passages: int
+    threshold: float
+    def __init__(self, mode: _Optional[str] = ..., budget: _Optional[int] = ..., passages: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class RecalledPassage(_message.Message):
+    __slots__ = ("passage_id", "source_logical", "stream_logical", "score", "recalled_unix_time")
+    PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    STREAM_LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    passage_id: int
+    source_logical: Range
+    stream_logical: Range
+    score: float
+    recalled_unix_time: float
+    def __init__(self, passage_id: _Optional[int] = ..., source_logical: _Optional[_Union[Range, _Mapping]] = ..., stream_logical: _Optional[_Union[Range, _Mapping]] = ..., score: _Optional[float] = ..., recalled_unix_time: _Optional[float] = ...) -> None: ...
+
+class RecallReport(_message.Message):
+    __slots__ = ("query_sha256", "query_terms", "candidates", "best_score", "threshold", "note", "recalled")
+    QUERY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    QUERY_TERMS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    BEST_SCORE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_FIELD_NUMBER: _ClassVar[int]
+    query_sha256: str
+    query_terms: int
+    candidates: int
+    best_score: float
+    threshold: float
+    note: str
+    recalled: _containers.RepeatedCompositeFieldContainer[RecalledPassage]
+    def __init__(self, query_sha256: _Optional[str] = ..., query_terms: _Optional[int] = ..., candidates: _Optional[int] = ..., best_score: _Optional[float] = ..., threshold: _Optional[float] = ..., note: _Optional[str] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("policy", "sampling", "system_prompt")
+    __slots__ = ("policy", "sampling", "system_prompt", "recall")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    RECALL_FIELD_NUMBER: _ClassVar[int]
     policy: Policy
     sampling: Sampling
     system_prompt: str
-    def __init__(self, policy: _Optional[_Union[Policy, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., system_prompt: _Optional[str] = ...) -> None: ...
+    recall: RecallSettings
+    def __init__(self, policy: _Optional[_Union[Policy, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., system_prompt: _Optional[str] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("handle", "receipt")
@@ -193,14 +251,16 @@ class Token(_message.Message):
     def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., latency_ms: _Optional[float] = ...) -> None: ...
 
 class Done(_message.Message):
-    __slots__ = ("reason", "generated", "receipt")
+    __slots__ = ("reason", "generated", "receipt", "recall")
     REASON_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    RECALL_FIELD_NUMBER: _ClassVar[int]
     reason: str
     generated: int
     receipt: Receipt
-    def __init__(self, reason: _Optional[str] = ..., generated: _Optional[int] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+    recall: RecallReport
+    def __init__(self, reason: _Optional[str] = ..., generated: _Optional[int] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., recall: _Optional[_Union[RecallReport, _Mapping]] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("token", "done")
@@ -257,18 +317,98 @@ class InspectResponse(_message.Message):
     def __init__(self, receipt: _Optional[_Union[Receipt, _Mapping]] = ..., retained_text: _Optional[str] = ..., logits: _Optional[bytes] = ...) -> None: ...
 
 class TraceEvent(_message.Message):
-    __slots__ = ("at_token", "evicted_logical", "evicted_cache", "shift_delta", "shifted_cache")
+    __slots__ = ("at_token", "evicted_logical", "evicted_cache", "shift_delta", "shifted_cache", "kind", "passage_id", "recalled_source", "recalled_logical")
     AT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EVICTED_LOGICAL_FIELD_NUMBER: _ClassVar[int]
     EVICTED_CACHE_FIELD_NUMBER: _ClassVar[int]
     SHIFT_DELTA_FIELD_NUMBER: _ClassVar[int]
     SHIFTED_CACHE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_LOGICAL_FIELD_NUMBER: _ClassVar[int]
     at_token: int
     evicted_logical: Range
     evicted_cache: Range
     shift_delta: int
     shifted_cache: Range
-    def __init__(self, at_token: _Optional[int] = ..., evicted_logical: _Optional[_Union[Range, _Mapping]] = ..., evicted_cache: _Optional[_Union[Range, _Mapping]] = ..., shift_delta: _Optional[int] = ..., shifted_cache: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+    kind: str
+    passage_id: int
+    recalled_source: Range
+    recalled_logical: Range
+    def __init__(self, at_token: _Optional[int] = ..., evicted_logical: _Optional[_Union[Range, _Mapping]] = ..., evicted_cache: _Optional[_Union[Range, _Mapping]] = ..., shift_delta: _Optional[int] = ..., shifted_cache: _Optional[_Union[Range, _Mapping]] = ..., kind: _Optional[str] = ..., passage_id: _Optional[int] = ..., recalled_source: _Optional[_Union[Range, _Mapping]] = ..., recalled_logical: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+
+class RecallRequest(_message.Message):
+    __slots__ = ("handle", "query", "budget", "passages", "threshold")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    query: str
+    budget: int
+    passages: int
+    threshold: float
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., query: _Optional[str] = ..., budget: _Optional[int] = ..., passages: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class RecallResponse(_message.Message):
+    __slots__ = ("report", "receipt")
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    report: RecallReport
+    receipt: Receipt
+    def __init__(self, report: _Optional[_Union[RecallReport, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
+class MemoryRequest(_message.Message):
+    __slots__ = ("handle", "search", "limit")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    search: str
+    limit: int
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., search: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class Passage(_message.Message):
+    __slots__ = ("passage_id", "logical", "n_tokens", "text", "created_unix_time", "sealed", "score")
+    PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    passage_id: int
+    logical: Range
+    n_tokens: int
+    text: str
+    created_unix_time: float
+    sealed: bool
+    score: float
+    def __init__(self, passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., n_tokens: _Optional[int] = ..., text: _Optional[str] = ..., created_unix_time: _Optional[float] = ..., sealed: _Optional[bool] = ..., score: _Optional[float] = ...) -> None: ...
+
+class MemoryResponse(_message.Message):
+    __slots__ = ("passages",)
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    passages: _containers.RepeatedCompositeFieldContainer[Passage]
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ...) -> None: ...
+
+class ForgetRequest(_message.Message):
+    __slots__ = ("handle", "passage_id", "logical")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    passage_id: int
+    logical: Range
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+
+class ForgetResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: int
+    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
 
 class TraceResponse(_message.Message):
     __slots__ = ("events",)

@@ -84,6 +84,21 @@ class SessionsStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.Recall = channel.unary_unary(
+                '/sinkd.v1.Sessions/Recall',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallResponse.FromString,
+                _registered_method=True)
+        self.Memory = channel.unary_unary(
+                '/sinkd.v1.Sessions/Memory',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MemoryRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MemoryResponse.FromString,
+                _registered_method=True)
+        self.Forget = channel.unary_unary(
+                '/sinkd.v1.Sessions/Forget',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.FromString,
+                _registered_method=True)
 
 
 class SessionsServicer:
@@ -149,6 +164,25 @@ class SessionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Recall(self, request, context):
+        """the session's memory of evicted text: recall into the cache, read, delete
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Memory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Forget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +235,21 @@ def add_SessionsServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'Recall': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recall,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallResponse.SerializeToString,
+            ),
+            'Memory': grpc.unary_unary_rpc_method_handler(
+                    servicer.Memory,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MemoryRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MemoryResponse.SerializeToString,
+            ),
+            'Forget': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forget,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +522,87 @@ class Sessions:
             '/sinkd.v1.Sessions/List',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Recall',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Memory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Memory',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MemoryRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Forget',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.FromString,
             options,
             channel_credentials,
             insecure,
