@@ -34,6 +34,7 @@ class Backend(Protocol):
         policy: dict[str, Any],
         system_prompt: str = "",
         sampling: dict[str, Any] | None = None,
+        recall: dict[str, Any] | None = None,
     ) -> tuple[Handle, dict[str, Any]]: ...
     def append(self, handle: Handle, text: str) -> dict[str, Any]: ...
     def generate(
@@ -47,6 +48,11 @@ class Backend(Protocol):
     def close(self, handle: Handle) -> None: ...
     def inspect(self, handle: Handle, include_text: bool = False) -> tuple[dict[str, Any], str]: ...
     def trace(self, handle: Handle) -> list[dict[str, Any]]: ...
+    def recall(self, handle: Handle, query: str) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def memory(self, handle: Handle, search: str, limit: int) -> list[dict[str, Any]]: ...
+    def forget(
+        self, handle: Handle, passage_id: int | None, logical: tuple[int, int] | None
+    ) -> int: ...
     def list(self) -> list[dict[str, Any]]: ...
     def shutdown(self) -> None: ...
 
@@ -64,6 +70,12 @@ def _receipt(message: Any) -> dict[str, Any]:
     from sinkd.proto.convert import receipt_from_pb
 
     return receipt_from_pb(message)
+
+
+def from_pb(message: Any) -> dict[str, Any]:
+    from sinkd.proto.convert import from_pb as convert
+
+    return convert(message)
 
 
 def trace_from_pb(message: Any) -> dict[str, Any]:
@@ -120,11 +132,14 @@ class RemoteBackend:
         policy: dict[str, Any],
         system_prompt: str = "",
         sampling: dict[str, Any] | None = None,
+        recall: dict[str, Any] | None = None,
     ) -> tuple[Handle, dict[str, Any]]:
         pb = self.pb
         req = pb.CreateSessionRequest(policy=pb.Policy(**policy), system_prompt=system_prompt)
         if sampling:
             req.sampling.CopyFrom(pb.Sampling(**sampling))
+        if recall:
+            req.recall.CopyFrom(pb.RecallSettings(**recall))
         r = self._call("Create", req)
         return Handle(r.handle.session_id, r.handle.generation), _receipt(r.receipt)
 
@@ -149,6 +164,7 @@ class RemoteBackend:
                             "reason": d.reason,
                             "generated": d.generated,
                             "receipt": _receipt(d.receipt),
+                            "recall": from_pb(d.recall) if d.HasField("recall") else None,
                         },
                     )
         except self.grpc.RpcError as e:
@@ -191,6 +207,25 @@ class RemoteBackend:
     def trace(self, handle: Handle) -> list[dict[str, Any]]:
         r = self._call("Trace", self.pb.HandleRequest(handle=self._handle(handle)))
         return [trace_from_pb(e) for e in r.events]
+
+    def recall(self, handle: Handle, query: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        r = self._call("Recall", self.pb.RecallRequest(handle=self._handle(handle), query=query))
+        return from_pb(r.report), _receipt(r.receipt)
+
+    def memory(self, handle: Handle, search: str, limit: int) -> list[dict[str, Any]]:
+        req = self.pb.MemoryRequest(handle=self._handle(handle), search=search, limit=limit)
+        return [from_pb(p) for p in self._call("Memory", req).passages]
+
+    def forget(
+        self, handle: Handle, passage_id: int | None, logical: tuple[int, int] | None
+    ) -> int:
+        pb = self.pb
+        req = pb.ForgetRequest(handle=self._handle(handle))
+        if passage_id is not None:
+            req.passage_id = passage_id
+        elif logical is not None:
+            req.logical.CopyFrom(pb.Range(start=logical[0], end=logical[1]))
+        return int(self._call("Forget", req).forgotten)
 
     def list(self) -> list[dict[str, Any]]:
         return [_receipt(r) for r in self._call("List", self.pb.ListSessionsRequest()).sessions]
@@ -246,8 +281,9 @@ class EmbeddedBackend:
         policy: dict[str, Any],
         system_prompt: str = "",
         sampling: dict[str, Any] | None = None,
+        recall: dict[str, Any] | None = None,
     ) -> tuple[Handle, dict[str, Any]]:
-        from sinkd.daemon.runtime.requests import PolicyRequest
+        from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
 
         req = PolicyRequest(
             name=policy.get("name", "sink"),
@@ -262,6 +298,7 @@ class EmbeddedBackend:
             req,
             sampling or None,
             system_prompt,
+            recall=RecallRequest(**(recall or {})),
         )
         return self._h(session), self.service.receipt(session)
 
@@ -296,6 +333,17 @@ class EmbeddedBackend:
 
     def trace(self, handle: Handle) -> list[dict[str, Any]]:
         return self.service.reads.trace(self.principal, self._t(handle))
+
+    def recall(self, handle: Handle, query: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.service.recall_into(self.principal, self._t(handle), query)
+
+    def memory(self, handle: Handle, search: str, limit: int) -> list[dict[str, Any]]:
+        return self.service.memory(self.principal, self._t(handle), search, limit)
+
+    def forget(
+        self, handle: Handle, passage_id: int | None, logical: tuple[int, int] | None
+    ) -> int:
+        return self.service.forget(self.principal, self._t(handle), passage_id, logical)
 
     def list(self) -> list[dict[str, Any]]:
         return self.service.reads.list_sessions(self.principal)

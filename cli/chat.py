@@ -13,6 +13,19 @@ from sinkd.cli.sessions import _span, receipt_table
 HELP = "/reset  /fork  /receipt  /trace  /help  /quit   (anything else is your message)"
 
 
+def recall_line(report: dict[str, Any]) -> str:
+    """One line: what this turn's recall brought back into the cache (text, not the model's
+    earlier state), or why nothing."""
+    spans = report.get("recalled") or []
+    if not spans:
+        return f"[recall: {report.get('note', 'nothing recalled')}]"
+    where = ", ".join(
+        f"#{s['passage_id']} from {_span(s['source_logical'])} (score {s['score']:.1f})"
+        for s in spans
+    )
+    return f"[recall: {len(spans)} passage(s) of earlier text back in the cache: {where}]"
+
+
 class ChatLoop:
     def __init__(
         self, backend: Backend, handle: Handle, max_tokens: int, out: TextIO, err: Console
@@ -54,6 +67,12 @@ class ChatLoop:
         elif cmd == "/trace":
             events = self.backend.trace(self.handle)
             for e in events[-10:]:
+                if e.get("kind") == "recall":
+                    self.err.print(
+                        f"at token {e['at_token']}: recalled passage {e['passage_id']} (first seen"
+                        f" at {_span(e['recalled_source'])}) into {_span(e['recalled_logical'])}"
+                    )
+                    continue
                 self.err.print(
                     f"at token {e['at_token']}: evicted logical {_span(e['evicted_logical'])}"
                     f" (cache {_span(e['evicted_cache'])}), shift {e['shift_delta']}"
@@ -66,13 +85,17 @@ class ChatLoop:
 
     def turn(self, message: str) -> None:
         receipt: dict[str, Any] = {}
+        recall: dict[str, Any] | None = None
         for kind, payload in self.backend.chat(self.handle, message, self.max_tokens, []):
             if kind == "token":
                 self.out.write(payload["text"])
                 self.out.flush()
             else:
                 receipt = payload["receipt"]
+                recall = payload.get("recall")
         self.out.write("\n")
+        if recall:
+            self.err.print(recall_line(recall), markup=False, highlight=False)
         self.status(receipt)
 
     def run(self, lines: TextIO = sys.stdin) -> None:

@@ -337,6 +337,12 @@ def _policy_dict(
     return d
 
 
+class RecallModeOpt(str, enum.Enum):
+    OFF = "off"
+    MANUAL = "manual"
+    AUTO = "auto"
+
+
 @app.command()
 @handle_errors
 def chat(
@@ -356,6 +362,15 @@ def chat(
     evict: EvictOpt = None,
     compact: CompactOpt = 0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest reply.")] = 256,
+    recall: Annotated[
+        RecallModeOpt | None,
+        typer.Option(
+            "--recall",
+            help="auto: before each turn, bring evicted text that matches your message back into"
+            " the cache (a line says what); manual: keep it, recall on request; off: keep"
+            " nothing. Default: auto for the sink policy.",
+        ),
+    ] = None,
 ) -> None:
     """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit."""
     from sinkd.cli.chat import ChatLoop
@@ -364,7 +379,9 @@ def chat(
     pol["pin_system_prompt"] = pin_system
     backend = _backend(embedded, connect, token, model, 512)
     try:
-        handle, receipt = backend.create(pol, system_prompt=system)
+        handle, receipt = backend.create(
+            pol, system_prompt=system, recall={"mode": recall.value} if recall else None
+        )
         loop = ChatLoop(backend, handle, max_tokens, sys.stdout, err)
         loop.status(receipt)
         loop.run(sys.stdin)
@@ -573,3 +590,96 @@ def eval_ppl(
 
 if __name__ == "__main__":  # pragma: no cover
     app()
+
+
+def _ints(value: str, option: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise InvalidInput(f"{option}: a comma list of token counts, got {value[:64]!r}") from None
+    if any(v < 1 for v in out):
+        raise InvalidInput(f"{option}: token counts must be >= 1")
+    return out
+
+
+@eval_app.command("recall")
+@handle_errors
+def eval_recall(
+    text: Annotated[
+        Path, typer.Option("--text", help="Filler text (public domain, e.g. bench/texts/kjv.txt).")
+    ],
+    model: ModelOpt = None,
+    distances: Annotated[
+        str, typer.Option("--distances", help="Tokens between the key and the question.")
+    ] = "126,1000,4000",
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Streams per distance.")] = 5,
+    long_distances: Annotated[
+        str, typer.Option("--long-distances", help="Longer distances, fewer trials.")
+    ] = "",
+    long_trials: Annotated[int, typer.Option("--long-trials", min=0)] = 0,
+    multi_trials: Annotated[
+        int, typer.Option("--multi-trials", min=0, help="Multi-key streams (8 keys, at 1k).")
+    ] = 3,
+    control_trials: Annotated[
+        int,
+        typer.Option("--control-trials", min=0, help="Streams of the window and full controls."),
+    ] = 2,
+    conversations: Annotated[int, typer.Option("--conversations", min=0)] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON and PNG go.")] = Path(
+        "bench/results/recall"
+    ),
+    as_json: JsonFlag = False,
+) -> None:
+    """Passkey retrieval by distance with and without recall (and the controls), multi-key, and
+    facts asked many chat turns later; in this process, through the daemon's service."""
+    import tempfile
+
+    from sinkd.daemon.config import Settings
+    from sinkd.daemon.runtime.service import SinkdService
+    from sinkd.evaluation.recall import Plan, evaluate, plot, report_tables
+
+    if not text.is_file():
+        raise InvalidInput(f"no such file: {text}")
+    plan = Plan(
+        distances=_ints(distances, "--distances"),
+        trials=trials,
+        long_distances=_ints(long_distances, "--long-distances"),
+        long_trials=long_trials,
+        multi_distances=[1000],
+        multi_trials=multi_trials,
+        control_trials=control_trials,
+        conversation_turns=6,
+        conversations=conversations,
+        placement_trials=trials,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def make(**kw: Any) -> SinkdService:
+            settings = Settings(
+                model=model,
+                socket=Path(tmp) / "unused.sock",
+                durable=False,
+                **{"step_tokens": 256, "prefill_chunk": 256, "n_batch": 256, **kw},
+            )
+            service = SinkdService(settings)
+            service.start()
+            service.wait_ready()
+            return service
+
+        data = evaluate(make, text.read_text(errors="replace"), plan, progress=err.print)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval-recall.json").write_text(json.dumps(data, indent=1))
+    plot(data, out_dir / "eval-recall.png")
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return
+    from rich.table import Table
+
+    for title, columns, rows in report_tables(data):
+        table = Table(title=title, title_justify="left")
+        for c in columns:
+            table.add_column(c, justify="right")
+        for row in rows:
+            table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+        out.print(table)
+    err.print(f"wrote {out_dir / 'eval-recall.json'} and .png")

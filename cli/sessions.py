@@ -1,4 +1,5 @@
-"""`sinkd sessions list | inspect | trace | reset | close`: a tenant's sessions on a running daemon.
+"""`sinkd sessions list | inspect | trace | memory | forget | reset | close`: a tenant's sessions on
+a running daemon.
 
 Sessions are named by id; the CLI looks up the owner's current generation for it (`--generation`
 pins one instead, and a stale one is refused like any stale handle).
@@ -18,7 +19,8 @@ from sinkd.cli.backend import Handle, RemoteBackend
 from sinkd.cli.errors import handle_errors
 
 app = typer.Typer(
-    help="List, inspect, trace, reset and close your sessions on a running daemon.",
+    help="List, inspect, trace, search the memory of, reset and close your sessions on a running"
+    " daemon.",
     no_args_is_help=True,
 )
 out = Console()
@@ -72,7 +74,21 @@ def receipt_table(r: dict[str, Any], title: str = "receipt") -> Table:
             f"{r['system_prompt_tokens']} tokens, {r['system_prompt_tokens_pinned']} pinned as sinks",
         ),
         ("model", f"{r['model']} ({r['model_sha256'][:12]})"),
+        ("recall", _recall_cell(r)),
+        (
+            "memory",
+            f"{r['memory_passages']} passages, {r['memory_tokens']} tokens, {r['memory_bytes']:,} bytes",
+        ),
     ]
+    for span in r.get("recalled") or []:
+        rows.append(
+            (
+                "recalled (in cache)",
+                f"#{span['passage_id']}: first seen {_span(span['source_logical'])}, now at"
+                f" {_span(span['stream_logical'])}, score {span['score']:.2f}, at"
+                f" {time.strftime('%H:%M:%S', time.localtime(span['recalled_unix_time']))}",
+            )
+        )
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -169,6 +185,14 @@ def trace(
     for col in ("at token", "evicted logical", "evicted cache", "shift"):
         table.add_column(col, justify="right")
     for e in events:
+        if e.get("kind") == "recall":
+            table.add_row(
+                str(e["at_token"]),
+                f"recalled #{e['passage_id']} from {_span(e['recalled_source'])}",
+                f"into logical {_span(e['recalled_logical'])}",
+                "",
+            )
+            continue
         shift = (
             f"{e['shift_delta']} on {_span(e['shifted_cache'])}"
             if e["shifted_cache"]
@@ -221,3 +245,90 @@ def close(
     backend = RemoteBackend(connect, token)
     backend.close(_handle(backend, session_id, generation))
     print(json.dumps({"closed": session_id}) if as_json else f"{session_id}: closed")
+
+
+def _recall_cell(r: dict[str, Any]) -> str:
+    c = r.get("recall") or {}
+    if not c or c.get("mode") == "off":
+        return "off (evicted text is not kept)"
+    return (
+        f"{c['mode']}: up to {c['budget']} tokens, {c['passages']} passage(s), score >="
+        f" {c['threshold']:g}"
+    )
+
+
+def parse_target(target: str) -> tuple[int | None, tuple[int, int] | None]:
+    """`12` is passage 12; `100:200` (or `100-200`) is every passage overlapping logical
+    positions [100, 200)."""
+    text = target.strip()
+    for sep in (":", "-"):
+        if sep in text:
+            a, _, b = text.partition(sep)
+            try:
+                start, end = int(a), int(b)
+            except ValueError:
+                break
+            if not 0 <= start < end:
+                raise typer.BadParameter(f"a range needs 0 <= start < end, got {target!r}")
+            return None, (start, end)
+    try:
+        pid = int(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected a passage id (12) or a logical range (100:200), got {target[:64]!r}"
+        ) from None
+    if pid < 1:
+        raise typer.BadParameter(f"passage ids start at 1, got {pid}")
+    return pid, None
+
+
+@app.command("memory")
+@handle_errors
+def memory(
+    session_id: IdArg,
+    search: Annotated[
+        str, typer.Option("--search", help="Show the passages that best match this text.")
+    ] = "",
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 20,
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The session's memory: text the stream evicted, kept as passages (owner only)."""
+    backend = RemoteBackend(connect, token)
+    passages = backend.memory(_handle(backend, session_id, generation), search, limit)
+    if as_json:
+        print(json.dumps(passages, indent=2))
+        return
+    title = f"memory of {session_id}" + (" (best matches first)" if search else " (newest last)")
+    table = Table(title=title)
+    for col in ("passage", "logical", "tokens", "score", "text"):
+        table.add_column(col, no_wrap=col != "text")
+    for p in passages:
+        score = "" if p.get("score") is None else f"{p['score']:.2f}"
+        table.add_row(
+            str(p["passage_id"]), _span(p["logical"]), str(p["n_tokens"]), score,
+            p["text"].replace("\n", " ")[:200],
+        )  # fmt: skip
+    out.print(table)
+    if not passages:
+        out.print("nothing stored" + (" matches" if search else " yet"))
+
+
+@app.command("forget")
+@handle_errors
+def forget(
+    session_id: IdArg,
+    target: Annotated[str, typer.Argument(help="A passage id (12) or a logical range (100:200).")],
+    connect: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete passages from the session's memory, on disk (a range deletes every passage that
+    overlaps it, whole). What the cache holds now is not touched."""
+    passage_id, logical = parse_target(target)
+    backend = RemoteBackend(connect, token)
+    n = backend.forget(_handle(backend, session_id, generation), passage_id, logical)
+    print(json.dumps({"forgotten": n}) if as_json else f"{session_id}: {n} passage(s) deleted")
