@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from sinkd.cachepolicy import CacheFull, CacheSequence, PolicyConfig
+from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, in_any, plan_recall, select
 from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.store.memory import MemoryStore
 from sinkd.evaluation.textstream import chunk_nll, token_nll
 
 Progress = Callable[[int], None]
@@ -77,6 +79,72 @@ def score_policy(
         else ""
     )
     return PolicyRun(policy.policy.value, nll, seconds, stopped, note, seq.receipt().as_dict())
+
+
+def score_recall(
+    engine: Engine,
+    tokens: list[int],
+    policy: PolicyConfig,
+    recall: RecallConfig,
+    every: int = 512,
+    query_tokens: int = 48,
+    chunk: int = 64,
+    progress: Progress | None = None,
+) -> PolicyRun:
+    """As `score_policy`, with the daemon's recall in the stream: every evicted token is stored
+    (the daemon's MemoryStore), and every `every` tokens a Recall with the last `query_tokens`
+    of text as its query decodes the chosen passages (unscored) before the stream goes on. Only
+    the stream's own tokens are scored, so the runs with and without recall compare directly."""
+    seq = CacheSequence(policy)
+    engine.clear(0)
+    store = MemoryStore.in_memory()
+    transcript: list[int] = []  # every token fed, by logical position (recalled copies too)
+    spans: list[RecalledSpan] = []
+    losses: list[np.ndarray] = []
+    prev: np.ndarray | None = None
+    evicted_to = policy.sinks
+    recalled_tokens = 0
+    t0 = time.perf_counter()
+
+    def feed(piece: list[int], outputs: str) -> np.ndarray | None:
+        nonlocal evicted_to
+        rows = engine.feed(0, seq, piece, outputs=outputs)  # type: ignore[arg-type]
+        transcript.extend(piece)
+        start = max(seq.state.window_start, policy.sinks)
+        if start > evicted_to:
+            gone = transcript[evicted_to:start]
+            skip = [in_any(evicted_to + i, spans) for i in range(len(gone))]
+            store.add_evicted("eval", 0, evicted_to, gone, skip, engine.piece)
+            evicted_to = start
+        return rows
+
+    for start in range(0, len(tokens), chunk):
+        if start and start % every == 0:
+            query = engine.detokenize(tokens[max(0, start - query_tokens) : start])
+            found = store.search("eval", 0, query, 16)
+            chosen = select(found, recall, 1)
+            if chosen:
+                by_id = {p.id: p for p in store.passages("eval", 0, [c.passage_id for c in chosen])}
+                nl = engine.tokenize("\n", add_bos=False)
+                plan = plan_recall(policy, seq.state, chosen, 0, len(nl), 0.0)
+                spans += plan.spans
+                body = [t for c in chosen for t in [*by_id[c.passage_id].tokens, *nl]]
+                last = feed(body, "last")
+                recalled_tokens += len(body)
+                prev = None if last is None else last.copy()
+        piece = tokens[start : start + chunk]
+        rows = feed(piece, "all")
+        assert rows is not None
+        losses.append(chunk_nll(prev, rows, piece))
+        prev = rows[-1].copy()
+        if progress:
+            progress(len(piece))
+    nll = np.concatenate(losses) if losses else np.zeros(0)
+    note = f"recall every {every} tokens: {recalled_tokens} tokens recalled"
+    return PolicyRun(
+        f"{policy.policy.value}+recall", nll, time.perf_counter() - t0, None, note,
+        seq.receipt().as_dict(),
+    )  # fmt: skip
 
 
 def score_recompute(

@@ -1,0 +1,92 @@
+"""Recall, measured: passkey accuracy by distance (sink, sink+recall, window, full), multi-key,
+facts asked many turns into a chat, and where recalled text should sit in the cache.
+
+    python bench/recall.py                    # quick: 10 trials to 2k, 3 to 16k (~25 min here)
+    SINKD_RECALL_FULL=1 python bench/recall.py   # the issue's run: 10 trials to 16k, 3 to 64k
+
+Writes bench/results/recall/passkey.json and passkey.png; prints the tables.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, daemon_settings, machine, table
+
+OUT = RESULTS / "recall"
+
+
+def make_service(tmp: Path) -> Any:
+    from sinkd.daemon.runtime.service import SinkdService
+
+    count = iter(range(1000))
+
+    def make(**kw: Any) -> Any:
+        base = {"durable": False, "step_tokens": 256, "prefill_chunk": 256, "n_batch": 256}
+        base.update(kw)
+        svc = SinkdService(daemon_settings(tmp / f"d{next(count)}", **base))
+        svc.start()
+        svc.wait_ready(120)
+        return svc
+
+    return make
+
+
+def plan_for(full: bool) -> Any:
+    from sinkd.evaluation.recall import Plan
+
+    if full:
+        return Plan(
+            distances=[126, 1000, 2000, 4000, 8000, 16000],
+            trials=10,
+            long_distances=[64000],
+            long_trials=3,
+            multi_distances=[2000],
+            multi_trials=10,
+            control_trials=5,
+            conversation_turns=8,
+            conversations=3,
+        )
+    return Plan(
+        distances=[126, 1000, 2000],
+        trials=10,
+        long_distances=[4000, 8000, 16000],
+        long_trials=3,
+        multi_distances=[1000],
+        multi_trials=6,
+        control_trials=4,
+        conversation_turns=6,
+        conversations=2,
+    )
+
+
+def main() -> None:
+    from sinkd.evaluation.recall import evaluate, plot, report_tables
+
+    full = bool(os.environ.get("SINKD_RECALL_FULL"))
+    text = (ROOT / "bench" / "texts" / "kjv.txt").read_text()[100_000:]
+    OUT.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = evaluate(make_service(Path(tmp)), text, plan_for(full), progress=print)
+    data["machine"] = machine()
+    data["seconds"] = round(time.time() - t0)
+    name = "passkey-full" if full else "passkey"
+    import json
+
+    (OUT / f"{name}.json").write_text(json.dumps(data, indent=1))
+    plot(data, OUT / f"{name}.png")
+    for title, columns, rows in report_tables(data):
+        table(title, columns, rows)
+    print(f"wrote {OUT / name}.json and .png in {data['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Recall on the real model, through the daemon: evicted text is kept, searched, brought back into
+the cache with its provenance, deleted by its owner, isolated between tenants and generations, and
+durable. Passkey accuracy by distance is bench/recall.py's (too slow for a test)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.proto.v1 import sinkd_pb2 as pb
+from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
+from tests.test_daemon import settings
+
+pytestmark = pytest.mark.model
+
+SENTINEL = "zebraquartz"
+FACT = f"\nNote: the sentinel word is {SENTINEL} and the code is 4711.\n"
+POLICY = {"sinks": 4, "window": 120, "evict_chunk": 16}
+LONG = (TEXT + "\n") * 4
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(settings(tmp_path_factory.mktemp("recall")))
+    d.start()
+    d.wait_ready(120)
+    yield d
+    d.stop()
+
+
+def planted(client: Client, md: list[tuple[str, str]] = ALICE, **policy: int) -> pb.Handle:
+    """A sink session whose memory holds the sentinel fact (evicted by the text after it)."""
+    h = client.create(md=md, **{**POLICY, **policy}).handle
+    client.append(h, LONG[:200] + FACT, md=md)
+    client.append(h, LONG[200:1600], md=md)
+    receipt = client.inspect(h, md=md).receipt
+    assert receipt.recent_logical.start > 60, "the fact should have left the window"
+    return h
+
+
+def code(e: grpc.RpcError) -> grpc.StatusCode:
+    return e.code()  # type: ignore[no-any-return]
+
+
+def on_disk(state_dir: Path, needle: str) -> list[str]:
+    """State files whose bytes contain `needle` (the journal, its log, the snapshots)."""
+    return [
+        str(p.relative_to(state_dir))
+        for p in state_dir.rglob("*")
+        if p.is_file() and needle.encode() in p.read_bytes()
+    ]
+
+
+def test_recall_brings_an_evicted_fact_back_with_its_provenance(client: Client) -> None:
+    h = planted(client)
+    before = client.inspect(h).receipt
+    assert before.recall.mode == "auto" and before.memory_passages > 0
+    found = client.memory(h, search=SENTINEL).passages
+    assert found and SENTINEL in found[0].text
+    source = found[0].logical
+    assert source.end <= before.recent_logical.start  # it was evicted: not in the cache
+
+    r = client.recall(h, "What is the sentinel word?")
+    recalled = r.report.recalled
+    assert recalled and recalled[0].passage_id == found[0].passage_id
+    assert (recalled[0].source_logical.start, recalled[0].source_logical.end) == (
+        source.start,
+        source.end,
+    )
+    after = r.receipt
+    assert [p.passage_id for p in after.recalled] == [p.passage_id for p in recalled]
+    copy = after.recalled[0].stream_logical
+    assert after.recent_logical.start <= copy.start < copy.end <= after.n_seen
+    assert after.retained <= POLICY["sinks"] + POLICY["window"]
+    # the byte count covers every retained cell, the recalled copy's included
+    per_cell = before.kv_payload_bytes / before.retained
+    assert after.kv_payload_bytes == pytest.approx(after.retained * per_cell, abs=1)
+    text = client.inspect(h, text=True).retained_text
+    assert SENTINEL in text  # back in the cache, as text decoded afresh
+    kinds = [e.kind for e in client.s.Trace(pb.HandleRequest(handle=h), metadata=ALICE).events]
+    assert "recall" in kinds
+
+    # the stream evicts the copy like any cells, and the memory does not store it twice
+    client.append(h, LONG[1600:2600])
+    assert not client.inspect(h).receipt.recalled
+    assert [p.passage_id for p in client.memory(h, search=SENTINEL).passages] == [
+        found[0].passage_id
+    ]
+
+
+def test_nothing_is_recalled_when_nothing_matches_and_the_report_says_so(client: Client) -> None:
+    h = planted(client)
+    seen = client.inspect(h).receipt.n_seen
+    r = client.recall(h, "xylophone orchestra")
+    assert not r.report.recalled and r.report.note.startswith("nothing recalled")
+    assert r.receipt.n_seen == seen
+
+
+def test_chat_recalls_before_the_answer_and_says_what(client: Client) -> None:
+    h = client.create(**POLICY).handle
+
+    def chat(message: str) -> pb.Done:
+        events = list(
+            client.s.Chat(pb.ChatRequest(handle=h, message=message, max_tokens=8), metadata=ALICE)
+        )
+        return events[-1].done
+
+    first = chat(f"Remember: the sentinel word is {SENTINEL}.")
+    assert not first.recall.recalled  # nothing evicted yet, nothing to recall
+    client.append(h, LONG[:1400])
+    done = chat("What is the sentinel word?")
+    assert done.recall.recalled, done.recall.note
+    assert done.receipt.last_recall.recalled[0].passage_id == done.recall.recalled[0].passage_id
+    assert SENTINEL in client.inspect(h, text=True).retained_text
+
+
+def test_forget_deletes_passages_by_id_and_by_range(client: Client) -> None:
+    h = planted(client)
+    target = client.memory(h, search=SENTINEL).passages[0]
+    assert client.forget(h, passage_id=target.passage_id).forgotten == 1
+    assert not client.memory(h, search=SENTINEL).passages
+    assert not client.recall(h, "sentinel word zebraquartz").report.recalled
+    with pytest.raises(grpc.RpcError) as e:
+        client.forget(h, passage_id=target.passage_id)
+    assert code(e.value) == grpc.StatusCode.NOT_FOUND
+    n = client.inspect(h).receipt.memory_passages
+    assert client.forget(h, logical=pb.Range(start=0, end=10**9)).forgotten == n
+    assert client.inspect(h).receipt.memory_passages == 0
+    with pytest.raises(grpc.RpcError) as e:
+        client.forget(h, logical=pb.Range(start=5, end=6))
+    assert code(e.value) == grpc.StatusCode.NOT_FOUND
+
+
+def test_another_tenant_can_neither_search_nor_recall_nor_forget(client: Client) -> None:
+    h = planted(client)
+    for call in (
+        lambda md: client.memory(h, search=SENTINEL, md=md),
+        lambda md: client.recall(h, "sentinel", md=md),
+        lambda md: client.forget(h, passage_id=1, md=md),
+    ):
+        for md in (BOB, ADMIN):
+            with pytest.raises(grpc.RpcError) as e:
+                call(md)
+            assert code(e.value) == grpc.StatusCode.NOT_FOUND
+    # the admin sees counts and bytes only: no message of the admin API carries passage text
+    listed = client.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
+    mine = next(r for r in listed if r.session_id == h.session_id)
+    assert mine.memory_passages > 0 and mine.memory_bytes > 0
+    assert SENTINEL not in str(listed)
+    assert client.memory(h, search=SENTINEL).passages  # the owner still has it
+
+
+def test_a_fork_gets_the_parents_memory_as_it_was(client: Client) -> None:
+    h = planted(client)
+    child = client.s.Fork(pb.HandleRequest(handle=h), metadata=ALICE).handle
+    parent_texts = [p.text for p in client.memory(h, limit=1000).passages]
+    assert [p.text for p in client.memory(child, limit=1000).passages] == parent_texts
+    client.append(h, "\nAnother word: quokkaplinth.\n" + LONG[1600:2800])
+    assert client.memory(h, search="quokkaplinth").passages
+    assert not client.memory(child, search="quokkaplinth").passages
+    client.forget(child, logical=pb.Range(start=0, end=10**9))
+    assert client.memory(h, search=SENTINEL).passages  # the parent's copy is its own
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [("", grpc.StatusCode.INVALID_ARGUMENT), ("x" * 5000, grpc.StatusCode.INVALID_ARGUMENT)],
+)
+def test_bad_queries_are_refused_and_change_nothing(
+    client: Client, query: str, status: grpc.StatusCode
+) -> None:
+    h = planted(client)
+    before = client.inspect(h).receipt
+    with pytest.raises(grpc.RpcError) as e:
+        client.recall(h, query)
+    assert code(e.value) == status
+    after = client.inspect(h).receipt
+    assert (after.n_seen, after.memory_passages) == (before.n_seen, before.memory_passages)
+
+
+def test_recall_settings_the_policy_cannot_hold_are_refused(client: Client) -> None:
+    with pytest.raises(grpc.RpcError) as e:  # a budget above half the window
+        client.create(recall=pb.RecallSettings(mode="auto", budget=61), **POLICY)
+    assert code(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "recall.budget" in (e.value.details() or "")
+    with pytest.raises(grpc.RpcError) as e:  # the full policy never evicts
+        client.create(recall=pb.RecallSettings(mode="auto"), name="full", sinks=4, window=120)
+    assert code(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+    full = client.create(name="full", sinks=4, window=120).handle
+    client.append(full, LONG[:300])
+    with pytest.raises(grpc.RpcError) as e:  # a control keeps no memory unless asked
+        client.recall(full, "anything at all")
+    assert code(e.value) == grpc.StatusCode.FAILED_PRECONDITION
+    assert client.inspect(full).receipt.n_seen > 0
+
+
+def test_reset_starts_an_empty_memory_and_the_old_text_leaves_the_disk(tmp_path: Path) -> None:
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        h = planted(client)
+        state = tmp_path / "state"
+        assert on_disk(state, SENTINEL), "the test plants the sentinel where it can be found"
+        h2 = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
+        assert client.inspect(h2).receipt.memory_passages == 0
+        assert not client.memory(h2, search=SENTINEL).passages
+        client.append(h2, LONG[2000:3400])  # a new stream, evicting too
+        assert not client.recall(h2, f"What is the sentinel word {SENTINEL}?").report.recalled
+        assert not on_disk(state, SENTINEL)
+
+        h3 = planted(client)  # close deletes it as well
+        assert on_disk(state, SENTINEL)
+        client.s.Close(pb.HandleRequest(handle=h3), metadata=ALICE)
+        assert not on_disk(state, SENTINEL)
+    finally:
+        client.close()
+        d.stop()
+
+
+def test_memory_and_recalled_copies_survive_a_crash_and_resume_bit_identical(
+    tmp_path: Path,
+) -> None:
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    h = planted(client)
+    client.recall(h, "What is the sentinel word?")
+    client.append(h, "\nSo the word is")
+    before = client.inspect(h).receipt
+    logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+    texts = [(p.logical.start, p.text) for p in client.memory(h, limit=1000).passages]
+    client.close()
+    d.stop(snapshot=False)  # what a kill -9 leaves: nothing written at the stop
+
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        after = client.inspect(h).receipt
+        assert after.n_seen == before.n_seen
+        assert list(after.recalled) == list(before.recalled)
+        assert [(p.logical.start, p.text) for p in client.memory(h, limit=1000).passages] == texts
+        again = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+        assert np.array_equal(
+            np.frombuffer(again.logits, dtype="<f4"), np.frombuffer(logits.logits, dtype="<f4")
+        )
+    finally:
+        client.close()
+        d.stop()
+
+
+def test_the_store_is_bounded_oldest_first(tmp_path: Path) -> None:
+    d = Daemon(settings(tmp_path, memory_max_tokens=64))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        h = planted(client)
+        r = client.inspect(h).receipt
+        assert 0 < r.memory_tokens <= 64
+        assert r.evicted_tokens > 64
+        assert d.service.metrics.count("memory_pruned_tokens") >= r.evicted_tokens - 64
+        assert not client.memory(h, search=SENTINEL).passages  # the oldest went first
+    finally:
+        client.close()
+        d.stop()
