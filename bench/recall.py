@@ -3,6 +3,7 @@ facts asked many turns into a chat, and where recalled text should sit in the ca
 
     python bench/recall.py                    # quick: 10 trials to 2k, 3 to 16k (~25 min here)
     SINKD_RECALL_FULL=1 python bench/recall.py   # the issue's run: 10 trials to 16k, 3 to 64k
+    SINKD_RECALL_ONLY=segmenting python bench/recall.py   # passages at text boundaries vs fixed
 
 Writes bench/results/recall/passkey.json and passkey.png; prints the tables.
 """
@@ -29,7 +30,13 @@ def make_service(tmp: Path) -> Any:
     count = iter(range(1000))
 
     def make(**kw: Any) -> Any:
-        base = {"durable": False, "step_tokens": 256, "prefill_chunk": 256, "n_batch": 256}
+        base = {
+            "durable": False,
+            "step_tokens": 256,
+            "prefill_chunk": 256,
+            "n_batch": 256,
+            "call_timeout_s": 7200,
+        }
         base.update(kw)
         svc = SinkdService(daemon_settings(tmp / f"d{next(count)}", **base))
         svc.start()
@@ -67,9 +74,30 @@ def plan_for(full: bool) -> Any:
     )
 
 
+def segmenting_only() -> None:
+    """Passages cut at text boundaries vs every 48 tokens: passkey with recall, 10 trials."""
+    import json
+
+    from sinkd.evaluation.recall import segmenting
+
+    text = (ROOT / "bench" / "texts" / "kjv.txt").read_text()[100_000:]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = segmenting(make_service(Path(tmp)), text, [1000, 4000], 10)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "segmenting.json").write_text(json.dumps({"rows": rows, "machine": machine()}, indent=1))
+    table(
+        "Passage boundaries: text (lines, sentences) vs fixed 48 tokens",
+        ["arm", "distance", "trials", "accuracy"],
+        [[r["arm"], r["distance"], r["trials"], r["accuracy"]] for r in rows],
+    )
+
+
 def main() -> None:
     from sinkd.evaluation.recall import evaluate, plot, report_tables
 
+    if os.environ.get("SINKD_RECALL_ONLY") == "segmenting":
+        segmenting_only()
+        return
     full = bool(os.environ.get("SINKD_RECALL_FULL"))
     text = (ROOT / "bench" / "texts" / "kjv.txt").read_text()[100_000:]
     OUT.mkdir(parents=True, exist_ok=True)

@@ -421,6 +421,13 @@ def narrate(
         typer.Option("--on-full", help="drop-oldest (stay current) or block (lose nothing)."),
     ] = OnFull.DROP_OLDEST,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest narration.")] = 48,
+    recall: Annotated[
+        bool,
+        typer.Option(
+            "--recall/--no-recall",
+            help="Before each narration, bring back evicted lines like the latest ones.",
+        ),
+    ] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`); embedded unless --connect."""
@@ -439,6 +446,7 @@ def narrate(
         queue_lines,
         on_full.value,
         max_tokens,
+        recall,
     )
     cfg.validate()
     counts = Counts()
@@ -468,7 +476,11 @@ def narrate(
     )
     interrupted = False
     try:
-        handle, _ = backend.create(_policy_dict("sink", sinks, window, evict, 0))
+        # recall "manual": the narrator asks with the latest lines (see Narrator._recall)
+        handle, _ = backend.create(
+            _policy_dict("sink", sinks, window, evict, 0),
+            recall={"mode": "manual" if recall else "off"},
+        )
         reader.start()
         Narrator(backend, handle, cfg, counts, emit).run(queue)
     except KeyboardInterrupt:
@@ -482,7 +494,8 @@ def narrate(
         err.print(
             f"narrate: {summary['lines_read']} lines read, {summary['lines_appended']} appended,"
             f" {summary['lines_dropped']} dropped, {summary['lines_truncated']} cut,"
-            f" {summary['narrations']} narrations, {summary['evicted_tokens']} tokens evicted"
+            f" {summary['narrations']} narrations ({summary['recalls']} with recalled lines),"
+            f" {summary['evicted_tokens']} tokens evicted"
             f" in {summary['evictions']} evictions",
             highlight=False,
         )

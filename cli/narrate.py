@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from sinkd.cli.backend import Backend, Handle
-from sinkd.daemon.errors import Unsupported
+from sinkd.daemon.errors import FailedPrecondition, Unsupported
 
 NARRATION_REQUEST = (
     "In one or two sentences, say what just happened in the log lines above. Be concrete and brief."
 )
 DROP_OLDEST, BLOCK = "drop-oldest", "block"
+MAX_QUERY_CHARS = 2000
 
 
 @dataclass
@@ -34,6 +35,7 @@ class NarrateConfig:
     queue_lines: int = 1024
     on_full: str = DROP_OLDEST
     max_tokens: int = 48
+    recall: bool = True  # before each narration, recall earlier lines like the recent ones
 
     def validate(self) -> None:
         from sinkd.daemon.errors import InvalidInput
@@ -61,6 +63,8 @@ class Counts:
     lines_truncated: int = 0
     lines_with_invalid_utf8: int = 0
     narrations: int = 0
+    recalls: int = 0  # narrations preceded by recalled earlier lines
+    recalled_passages: int = 0
     evictions: int = 0
     evicted_tokens: int = 0
     tokens_seen: int = 0
@@ -159,6 +163,7 @@ class Narrator:
         self._since = 0
         self._last = time.monotonic()
         self._chat = True
+        self._recent: list[str] = []  # the latest appended lines: the next recall's query
 
     def run(self, queue: LineQueue) -> None:
         cfg = self.config
@@ -167,6 +172,7 @@ class Narrator:
             if lines is None:
                 break
             if lines:
+                self._recent = (self._recent + lines)[-8:]
                 self._note(self.backend.append(self.handle, "\n".join(lines) + "\n"))
                 self.counts.lines_appended += len(lines)
                 self._since += len(lines)
@@ -179,12 +185,30 @@ class Narrator:
             self.narrate()
 
     def narrate(self) -> None:
+        if self.config.recall:
+            self._recall()
         text, receipt = self._ask()
         self._note(receipt)
         self.counts.narrations += 1
         self._since = 0
         self._last = time.monotonic()
         self.emit(text.strip(), self.counts.as_dict())
+
+    def _recall(self) -> None:
+        """Earlier (evicted) lines that match the latest ones come back into the cache before
+        the narration is asked for, so it can say "again" where it is again."""
+        query = "\n".join(self._recent)[-MAX_QUERY_CHARS:]
+        if not query.strip():
+            return
+        try:
+            report, receipt = self.backend.recall(self.handle, query)
+        except FailedPrecondition:  # a session that keeps no memory
+            self.config.recall = False
+            return
+        self._note(receipt)
+        if report.get("recalled"):
+            self.counts.recalls += 1
+            self.counts.recalled_passages += len(report["recalled"])
 
     def _ask(self) -> tuple[str, dict[str, Any]]:
         stops = ["\n\n"]

@@ -97,7 +97,7 @@ def score_recall(
     the stream's own tokens are scored, so the runs with and without recall compare directly."""
     seq = CacheSequence(policy)
     engine.clear(0)
-    store = MemoryStore.in_memory()
+    store = MemoryStore.temporary()
     transcript: list[int] = []  # every token fed, by logical position (recalled copies too)
     spans: list[RecalledSpan] = []
     losses: list[np.ndarray] = []
@@ -139,6 +139,7 @@ def score_recall(
         prev = rows[-1].copy()
         if progress:
             progress(len(piece))
+    store.close()
     nll = np.concatenate(losses) if losses else np.zeros(0)
     note = f"recall every {every} tokens: {recalled_tokens} tokens recalled"
     return PolicyRun(

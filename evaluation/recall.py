@@ -82,8 +82,8 @@ def _answer(service: SinkdService, handle: tuple[str, str], max_tokens: int = 8)
 
 
 def _append_tokens(service: SinkdService, handle: tuple[str, str], tokens: list[int]) -> None:
-    for i in range(0, len(tokens), 4096):
-        service.append(PRINCIPAL, handle, None, tokens[i : i + 4096])
+    for i in range(0, len(tokens), 1024):  # each call well within any deadline
+        service.append(PRINCIPAL, handle, None, tokens[i : i + 1024])
 
 
 def ask(
@@ -321,7 +321,8 @@ class Plan:
     conversation_turns: int
     conversations: int
     placement_trials: int = 10
-    parallel: int = 6
+    full_max_distance: int = 4000  # the full control's budget grows with it (8k: trained context)
+    parallel: int = 8
     seed: int = 0
 
 
@@ -411,7 +412,7 @@ def evaluate(
         progress("placement (chat-sized window) done")
     finally:
         svc.stop()
-    full_ds = [d for d in plan.distances if 64 + 32 + d + 64 <= 8192]
+    full_ds = [d for d in plan.distances if d <= plan.full_max_distance]
     if plan.control_trials and full_ds:
         budget = 64 + 32 + max(full_ds) + 64
         svc = make_service(n_ctx_seq=budget, max_sessions=2, n_batch=512, step_tokens=512)
@@ -433,6 +434,41 @@ def evaluate(
         finally:
             svc.stop()
     return out
+
+
+def segmenting(
+    make_service: Callable[..., SinkdService],
+    text: str,
+    distances: list[int],
+    trials: int,
+    parallel: int = 6,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Passkey with recall, the memory cut at text boundaries vs every 48 tokens, same streams."""
+    rows: list[dict[str, Any]] = []
+    for kind in ("text", "fixed"):
+        svc = make_service(n_ctx_seq=512, max_sessions=parallel * 2 + 1, memory_passages=kind)
+        try:
+            filler = Filler(svc, text, max(distances) + 200)
+            tally = Tally()
+            jobs: list[Callable[[], None]] = [
+                functools.partial(
+                    passkey_stream,
+                    svc,
+                    filler,
+                    tally,
+                    seed * 1000 + t,
+                    distances,
+                    PolicyRequest("sink"),
+                    {f"sink+recall ({kind} passages)": True},
+                )
+                for t in range(trials)
+            ]
+            run_parallel(jobs, parallel)
+            rows += tally.rows()
+        finally:
+            svc.stop()
+    return rows
 
 
 def accuracy(rows: list[dict[str, Any]], arm: str, distance: int) -> float | None:

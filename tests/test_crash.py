@@ -1,10 +1,12 @@
-"""kill -9 the daemon during appends, during generations and inside snapshot writes, many times.
+"""kill -9 the daemon during appends, recalls, generations and inside snapshot writes, many times.
 
 A reference daemon that never crashes runs the same scripted workload first and records each
 session's next-token logits at every acknowledgement. Then `sinkd serve` runs it as a subprocess
 and is killed again and again; after each restart, for every session: every acknowledged token is
 there, the session sits exactly at one of the reference's acknowledgement points, and its logits
-equal the reference's there, bit for bit. The clients then carry on from where the daemon stands.
+equal the reference's there, bit for bit, and so does its memory of evicted text (the sink
+sessions keep one, and the first recalls from it every round once it can). The clients then carry
+on from where the daemon stands.
 
 SINKD_CRASH_KILLS sets how many kills (default 8, plus the two snapshot crash points) and
 SINKD_CRASH_ROUNDS how long the script is (default 8 rounds of an append and 6 generated tokens per
@@ -58,6 +60,7 @@ class Point:
     generated: int  # tokens generated in this round so far (0: just after the append)
     done: bool  # this round's generation is over (max tokens or end of generation)
     token: int | None = None  # the token acknowledged here, if it was a generated one
+    recalled: bool = False  # just after this round's recall
 
 
 @dataclass
@@ -65,6 +68,17 @@ class Reference:
     logits: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     points: dict[tuple[int, int], Point] = field(default_factory=dict)
     start: dict[int, int] = field(default_factory=dict)  # n_seen after create
+    memory: dict[tuple[int, int], list[tuple[int, int, str]]] = field(default_factory=dict)
+    recall_rounds: set[tuple[int, int]] = field(default_factory=set)  # (session, round)
+
+
+RECALLER = 0  # the session that recalls every round (a sink session)
+QUERY = "What did Ishmael say about the sea, the ships and the world?"
+
+
+def memory_of(s: Any, h: pb.Handle) -> list[tuple[int, int, str]]:
+    found = s.Memory(pb.MemoryRequest(handle=h, limit=10_000), metadata=ALICE).passages
+    return [(p.logical.start, p.logical.end, p.text) for p in found]
 
 
 def run_reference(tmp: Path) -> Reference:
@@ -87,6 +101,15 @@ def run_reference(tmp: Path) -> Reference:
             seen = seen.receipt.n_seen
             ref.points[i, seen] = Point(rnd, 0, False)
             ref.logits[i, seen] = logits(h)
+            ref.memory[i, seen] = memory_of(s, h)
+            if i == RECALLER:
+                r = s.Recall(pb.RecallRequest(handle=h, query=QUERY), metadata=ALICE)
+                if r.receipt.n_seen != seen:  # something came back: the script recalls here
+                    seen = r.receipt.n_seen
+                    ref.recall_rounds.add((i, rnd))
+                    ref.points[i, seen] = Point(rnd, 0, False, recalled=True)
+                    ref.logits[i, seen] = logits(h)
+                    ref.memory[i, seen] = memory_of(s, h)
             for g in range(1, GEN + 1):  # one token per call: the same sub-batches as one call
                 events = list(
                     s.Generate(pb.GenerateRequest(handle=h, max_tokens=1), metadata=ALICE)
@@ -96,6 +119,7 @@ def run_reference(tmp: Path) -> Reference:
                 eog = done.reason == "eog"
                 ref.points[i, seen] = Point(rnd, g, g == GEN or eog, token)
                 ref.logits[i, seen] = logits(h)
+                ref.memory[i, seen] = memory_of(s, h)
                 if eog:
                     break
     d.stop()
@@ -163,6 +187,8 @@ class Client:
         if seen == self.ref.start[self.i]:
             return "append", 0, 0
         p = self.ref.points[self.i, seen]
+        if p.generated == 0 and not p.recalled and (self.i, p.rnd) in self.ref.recall_rounds:
+            return "recall", p.rnd, 0
         if p.done:
             return ("append", p.rnd + 1, 0) if p.rnd + 1 < ROUNDS else ("end", ROUNDS, 0)
         return "generate", p.rnd, GEN - p.generated
@@ -188,6 +214,12 @@ class Client:
                     self.in_append.clear()
                     seen = self.acked = r.receipt.n_seen
                     assert (self.i, seen) in self.ref.points
+                elif op == "recall":
+                    self.in_append.set()
+                    r = stub.Recall(pb.RecallRequest(handle=self.handle, query=QUERY))
+                    self.in_append.clear()
+                    seen = self.acked = r.receipt.n_seen
+                    assert self.ref.points[self.i, seen].recalled
                 else:
                     req = pb.GenerateRequest(handle=self.handle, max_tokens=n)
                     for k, ev in enumerate(stub.Generate(req)):
@@ -214,6 +246,11 @@ def check_resumed(stub: Any, clients: list[Client], ref: Reference) -> list[int]
             assert (c.i, seen) in ref.points, f"session {c.i} resumed between acknowledgements"
             got = np.frombuffer(r.logits, dtype="<f4")
             assert np.array_equal(got, ref.logits[c.i, seen]), f"session {c.i} at {seen}"
+            memory = [
+                (p.logical.start, p.logical.end, p.text)
+                for p in stub.Memory(pb.MemoryRequest(handle=c.handle, limit=10_000)).passages
+            ]
+            assert memory == ref.memory[c.i, seen], f"session {c.i}'s memory at {seen}"
         c.acked = seen
         seen_now.append(seen)
     return seen_now
@@ -291,6 +328,7 @@ def test_kill_minus_nine_at_random_points_loses_nothing_acknowledged(tmp_path: P
         for c, s in zip(clients, seen, strict=True)
     )
     daemon.kill()
+    assert any(i == RECALLER for i, _ in ref.recall_rounds), "the script never recalled"
     print(f"killed {kills} times, {happened}")
     assert happened.get("generate", 0) >= 1, happened
     assert all(happened.get(point) for point in SELF_KILLS), happened

@@ -18,6 +18,7 @@ from sinkd.daemon.engine.sampler import SamplingParams
 from sinkd.daemon.errors import InvalidInput, validated
 
 MAX_GENERATE_TOKENS = 4096
+MIN_DEFAULT_BUDGET = 16  # a passage's smallest size: below it, recall is off unless asked
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 
 
@@ -44,8 +45,10 @@ class RecallRequest:
 def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings) -> RecallConfig:
     """Unset mode: the daemon's default for the sink policy, off for the controls (they stay
     what they were, for the comparisons). A full session cannot recall: asking is refused.
-    Unset budget: the daemon's default, at most half the window."""
-    mode = req.mode or (settings.recall_mode if policy.policy is PolicyName.SINK else "off")
+    Unset budget: the daemon's default, at most half the window (a window too small to hold a
+    passage beside the question defaults to off)."""
+    default_on = policy.policy is PolicyName.SINK and policy.window // 2 >= MIN_DEFAULT_BUDGET
+    mode = req.mode or (settings.recall_mode if default_on else "off")
     config = RecallConfig.named(
         mode,
         # the default budget fits any window; a budget asked for is checked as asked

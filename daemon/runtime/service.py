@@ -95,7 +95,7 @@ class SinkdService:
             assert self.durability.memory is not None, "the state directory is not open"
             return self.durability.memory
         if self._memory is None:
-            self._memory = MemoryStore.in_memory(Segmenting(self.settings.memory_passages))
+            self._memory = MemoryStore.temporary(Segmenting(self.settings.memory_passages))
         return self._memory
 
     def _open_engine(self) -> Engine:
@@ -121,6 +121,9 @@ class SinkdService:
 
     def stop(self, snapshot: bool = True) -> None:
         self.scheduler.stop(snapshot=snapshot)
+        if self._memory is not None and not self.scheduler.alive():
+            self._memory.close()  # a temporary memory goes with the daemon that kept it
+            self._memory = None
 
     @property
     def engine(self) -> Engine:

@@ -13,10 +13,13 @@ and the write-ahead log truncated after a forget, a reset or a close), and never
 from __future__ import annotations
 
 import re
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,13 +134,27 @@ class MemoryStore:
     def __init__(self, db: sqlite3.Connection, segmenting: Segmenting | None = None) -> None:
         self.db = db
         self.segmenting = segmenting or Segmenting()
+        self._folder: Path | None = None
         db.execute("PRAGMA secure_delete=ON")
         db.executescript(_SCHEMA)
         db.commit()
 
     @classmethod
-    def in_memory(cls, segmenting: Segmenting | None = None) -> MemoryStore:
-        return cls(sqlite3.connect(":memory:", check_same_thread=False), segmenting)
+    def temporary(cls, segmenting: Segmenting | None = None) -> MemoryStore:
+        """For a daemon without a state directory: a private file deleted at `close` (on disk,
+        not in RAM, so a long stream's memory does not grow the process)."""
+        folder = Path(tempfile.mkdtemp(prefix="sinkd-memory-"))  # mode 0700
+        store = cls(sqlite3.connect(folder / "memory.db", check_same_thread=False), segmenting)
+        store.db.execute("PRAGMA journal_mode=WAL")
+        store._folder = folder
+        return store
+
+    def close(self) -> None:
+        """Close a temporary store and delete its file (a journal's store closes with it)."""
+        if self._folder is not None:
+            self.db.close()
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
     # --- writing, as the stream evicts ---
 
