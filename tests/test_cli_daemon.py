@@ -192,3 +192,40 @@ def test_the_same_error_exits_with_the_same_code_embedded_and_remote(tmp_path: P
         assert code == 5 and "no chat template" in err, err
     finally:
         d.stop()
+
+
+def test_sessions_memory_and_forget(address: str) -> None:
+    """The owner lists, searches and deletes the memory from the CLI; bad targets exit 2, an
+    unknown passage 11, another tenant sees nothing (11)."""
+    from tests.test_recall import SENTINEL, planted
+
+    client = Client(address)
+    h = planted(client)
+    conn = ["--connect", address, "--token", "alice-token"]
+    code, out, err = sinkd(
+        "sessions", "memory", h.session_id, *conn, "--search", SENTINEL, "--json"
+    )
+    assert code == 0, err
+    found = json.loads(out)
+    assert found and SENTINEL in found[0]["text"] and found[0]["score"] > 0
+    code, out, _ = sinkd("sessions", "memory", h.session_id, *conn)
+    assert code == 0 and "memory of" in out
+    code, _, err = sinkd("sessions", "forget", h.session_id, "twelve", *conn)
+    assert code == 2 and "passage id" in err
+    code, _, err = sinkd("sessions", "forget", h.session_id, "9:3", *conn)
+    assert code == 2
+    code, _, _ = sinkd(
+        "sessions", "memory", h.session_id, "--connect", address, "--token", "bob-token"
+    )
+    assert code == 11
+    pid = str(found[0]["passage_id"])
+    code, out, err = sinkd("sessions", "forget", h.session_id, pid, *conn, "--json")
+    assert code == 0 and json.loads(out) == {"forgotten": 1}, err
+    code, _, _ = sinkd("sessions", "forget", h.session_id, pid, *conn)
+    assert code == 11
+    code, out, _ = sinkd("sessions", "memory", h.session_id, *conn, "--search", SENTINEL, "--json")
+    assert json.loads(out) == []
+    code, out, _ = sinkd("sessions", "forget", h.session_id, "0:100000", *conn, "--json")
+    assert code == 0 and json.loads(out)["forgotten"] > 0
+    client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+    client.close()
