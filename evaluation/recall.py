@@ -342,52 +342,32 @@ def evaluate(
         filler = Filler(svc, text, longest + 200)
         tally = Tally()
         sink_arms = {"sink": False, "sink+recall": True}
+        multi = Tally()
+
+        def stream(
+            into: Tally,
+            trial: int,
+            ds: list[int],
+            policy: str,
+            arms: dict[str, bool],
+            doors: int = 0,
+        ) -> Callable[[], None]:
+            seed = plan.seed * 1000 + trial
+            return functools.partial(
+                passkey_stream, svc, filler, into, seed, ds, PolicyRequest(policy), arms, doors
+            )
+
         jobs: list[Callable[[], None]] = []
         for t in range(max(plan.trials, plan.long_trials)):
             ds = [d for d in plan.distances if t < plan.trials]
             ds += [d for d in plan.long_distances if t < plan.long_trials]
             if ds:
-                jobs.append(
-                    functools.partial(
-                        passkey_stream,
-                        svc,
-                        filler,
-                        tally,
-                        plan.seed * 1000 + t,
-                        ds,
-                        PolicyRequest("sink"),
-                        sink_arms,
-                    )
-                )
+                jobs.append(stream(tally, t, ds, "sink", sink_arms))
         for t in range(plan.control_trials):
             ds = [d for d in plan.distances if d <= 4096]
-            jobs.append(
-                functools.partial(
-                    passkey_stream,
-                    svc,
-                    filler,
-                    tally,
-                    plan.seed * 1000 + t,
-                    ds,
-                    PolicyRequest("window"),
-                    {"window": False},
-                )
-            )
-        multi = Tally()
+            jobs.append(stream(tally, t, ds, "window", {"window": False}))
         for t in range(plan.multi_trials):
-            jobs.append(
-                functools.partial(
-                    passkey_stream,
-                    svc,
-                    filler,
-                    multi,
-                    plan.seed * 1000 + 500 + t,
-                    plan.multi_distances,
-                    PolicyRequest("sink"),
-                    sink_arms,
-                    doors=8,
-                )
-            )
+            jobs.append(stream(multi, 500 + t, plan.multi_distances, "sink", sink_arms, doors=8))
         t0 = time.perf_counter()
         run_parallel(jobs, plan.parallel)
         progress(f"passkey streams done in {time.perf_counter() - t0:.0f} s")

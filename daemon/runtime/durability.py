@@ -187,6 +187,8 @@ class Durability:
             self.j.rollback()
         self._doomed.clear()
         self._purge = False
+        if self.memory is not None:
+            self.memory.invalidate()
 
     def record(self, transition: Callable[..., None], *args: Any) -> None:
         """Write a transition (created, reset, failed, closed) and commit it, or roll it back and

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS passages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS passages_by_session ON passages (session, reset_count, logical_start);
+CREATE INDEX IF NOT EXISTS passages_open ON passages (session, reset_count) WHERE sealed=0;
 CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(text, tokenize='porter unicode61');
 CREATE TABLE IF NOT EXISTS memory_marks (
     session TEXT NOT NULL,
@@ -135,6 +136,9 @@ class MemoryStore:
         self.db = db
         self.segmenting = segmenting or Segmenting()
         self._folder: Path | None = None
+        # (passages, tokens, bytes) per (session, reset count), kept by every write and delete so
+        # that the size a receipt shows costs no scan; filled lazily, dropped on a rollback
+        self._stats: dict[tuple[str, int], list[int]] = {}
         db.execute("PRAGMA secure_delete=ON")
         db.executescript(_SCHEMA)
         db.commit()
@@ -257,17 +261,23 @@ class MemoryStore:
         sealed: bool,
     ) -> None:
         end = start + len(toks)
+        blob = _blob(toks)
+        size = len(blob) + len(text.encode("utf-8"))
         if pid is None:
+            self._bump(session, reset_count, 1, len(toks), size)
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
                 " tokens, text, sealed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (session, reset_count, start, end, _blob(toks), text, int(sealed), time.time()),
+                (session, reset_count, start, end, blob, text, int(sealed), time.time()),
             )
             pid = int(cur.lastrowid or 0)
         else:
+            old = self._size_of(pid)
+            if old is not None:
+                self._bump(session, reset_count, 0, len(toks) - old[2], size - old[3])
             self.db.execute(
                 "UPDATE passages SET logical_end=?, tokens=?, text=?, sealed=? WHERE id=?",
-                (end, _blob(toks), text, int(sealed), pid),
+                (end, blob, text, int(sealed), pid),
             )
             self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
         self.db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (pid, text))
@@ -310,6 +320,32 @@ class MemoryStore:
 
     def stats(self, session: str, reset_count: int) -> tuple[int, int, int]:
         """(passages, tokens, bytes of token ids and text) stored for the session."""
+        key = (session, reset_count)
+        if key not in self._stats:
+            self._stats[key] = list(self._aggregate(session, reset_count))
+        n, toks, size = self._stats[key]
+        return n, toks, size
+
+    def invalidate(self) -> None:
+        """The transaction was rolled back: sizes are read again from the tables."""
+        self._stats.clear()
+
+    def _bump(self, session: str, reset_count: int, passages: int, toks: int, size: int) -> None:
+        cached = self._stats.get((session, reset_count))
+        if cached is not None:
+            cached[0] += passages
+            cached[1] += toks
+            cached[2] += size
+
+    def _size_of(self, pid: int) -> tuple[str, int, int, int] | None:
+        row = self.db.execute(
+            "SELECT session, reset_count, logical_end - logical_start,"
+            " LENGTH(tokens) + LENGTH(CAST(text AS BLOB)) FROM passages WHERE id=?",
+            (pid,),
+        ).fetchone()
+        return (str(row[0]), int(row[1]), int(row[2]), int(row[3])) if row else None
+
+    def _aggregate(self, session: str, reset_count: int) -> tuple[int, int, int]:
         n, toks, size = self.db.execute(
             "SELECT COUNT(*), COALESCE(SUM(logical_end - logical_start), 0),"
             " COALESCE(SUM(LENGTH(tokens) + LENGTH(CAST(text AS BLOB))), 0) FROM passages"
@@ -394,6 +430,9 @@ class MemoryStore:
 
     def _delete(self, ids: Sequence[int]) -> None:
         for pid in ids:
+            old = self._size_of(pid)
+            if old is not None:
+                self._bump(old[0], old[1], -1, -old[2], -old[3])
             self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
             self.db.execute("DELETE FROM passages WHERE id=?", (pid,))
 
@@ -419,6 +458,7 @@ class MemoryStore:
 
     def copy(self, parent: str, parent_reset: int, child: str, child_reset: int) -> int:
         """A fork's child starts with the parent's memory as it is now."""
+        self._stats.pop((child, child_reset), None)
         rows = self.db.execute(
             "SELECT logical_start, logical_end, tokens, text, sealed, created FROM passages"
             " WHERE session=? AND reset_count=? ORDER BY id",

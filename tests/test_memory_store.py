@@ -1,0 +1,153 @@
+"""The memory store alone (SQLite, no model): passages cut at text boundaries, replays stored once,
+recalled copies never stored, trim at resume, pruning, deletion off the disk, and the running sizes
+equal to a fresh count after any mix of writes and deletes."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sinkd.daemon.store.journal import Journal
+from sinkd.daemon.store.memory import MemoryStore, Segmenting, query_terms
+
+pytestmark = pytest.mark.unit
+
+WORDS = "the pass key is 4711 . remember it \n sea ships whale zebraquartz light".split(" ")
+
+
+def piece(token: int) -> bytes:
+    return (" " + WORDS[token % len(WORDS)]).encode()
+
+
+def stream(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(len(WORDS)) for _ in range(n)]
+
+
+def store_in(tmp: Path, kind: str = "text") -> MemoryStore:
+    return MemoryStore(Journal(tmp / "journal.db").db, Segmenting(kind))
+
+
+def evict(store: MemoryStore, tokens: list[int], start: int = 0, chunk: int = 16) -> None:
+    for i in range(0, len(tokens), chunk):
+        part = tokens[i : i + chunk]
+        store.add_evicted("s", 0, start + i, part, [False] * len(part), piece)
+
+
+def test_passages_tile_the_evicted_range_and_cut_at_boundaries(tmp_path: Path) -> None:
+    store = store_in(tmp_path)
+    tokens = stream(600)
+    evict(store, tokens)
+    passages = store.passages("s", 0)
+    assert passages[0].logical[0] == 0 and passages[-1].logical[1] == 600
+    assert all(a.logical[1] == b.logical[0] for a, b in itertools.pairwise(passages))
+    assert [t for p in passages for t in p.tokens] == tokens
+    for p in passages[:-1]:
+        assert 16 <= len(p.tokens) <= 48
+        if len(p.tokens) < 48:  # cut at a boundary: the last piece ends a line or a sentence
+            assert piece(p.tokens[-1]).decode().strip() in (".", "")
+    (tmp_path / "fixed").mkdir()
+    fixed = store_in(tmp_path / "fixed", "fixed")
+    evict(fixed, tokens)
+    assert {len(p.tokens) for p in fixed.passages("s", 0)[:-1]} == {48}
+
+
+def test_a_replay_stores_nothing_twice_and_recalled_copies_are_never_stored(
+    tmp_path: Path,
+) -> None:
+    store = store_in(tmp_path)
+    tokens = stream(200)
+    evict(store, tokens)
+    before = [(p.logical, p.tokens) for p in store.passages("s", 0)]
+    evict(store, tokens[64:])  # a resume replays chunks it already stored
+    evict(store, tokens, chunk=7)
+    assert [(p.logical, p.tokens) for p in store.passages("s", 0)] == before
+    skip = [20 <= i < 30 for i in range(40)]  # a recalled copy inside the evicted range
+    store.add_evicted("s", 0, 200, stream(40, 1), skip, piece)
+    stored = [p.logical for p in store.passages("s", 0)]
+    assert all(b <= 220 or a >= 230 for a, b in stored)  # no passage holds a copied token
+    assert store.stats("s", 0)[1] == 200 + 30
+
+
+def test_trim_drops_what_lies_beyond_and_keeps_a_straddlers_head(tmp_path: Path) -> None:
+    store = store_in(tmp_path)
+    evict(store, stream(300))
+    cut = next(p for p in store.passages("s", 0) if p.logical[0] < 150 < p.logical[1])
+    store.trim("s", 0, 150, piece)
+    passages = store.passages("s", 0)
+    assert passages[-1].logical == (cut.logical[0], 150)
+    assert store.mark("s", 0) == 150
+    assert store.stats("s", 0)[1] == 150
+
+
+def test_running_sizes_equal_a_fresh_count(tmp_path: Path) -> None:
+    store = store_in(tmp_path)
+    rng = random.Random(3)
+    evict(store, stream(900, 3))
+    store.copy("s", 0, "c", 0)
+    for _ in range(20):
+        op = rng.choice(["forget", "prune", "evict", "trim"])
+        if op == "forget":
+            ids = [p.id for p in store.passages("s", 0)]
+            if ids:
+                store.forget("s", 0, passage_id=rng.choice(ids))
+        elif op == "prune":
+            store.prune("s", 0, rng.randrange(100, 900))
+        elif op == "evict":
+            mark = store.mark("s", 0)
+            evict(store, stream(50, rng.randrange(99)), start=mark)
+        else:
+            store.trim("s", 0, max(0, store.mark("s", 0) - rng.randrange(40)), piece)
+        for key in (("s", 0), ("c", 0)):
+            assert store.stats(*key) == store._aggregate(*key)
+    store.invalidate()
+    assert store.stats("s", 0) == store._aggregate("s", 0)
+
+
+def test_prune_takes_the_oldest_first(tmp_path: Path) -> None:
+    store = store_in(tmp_path)
+    evict(store, stream(500))
+    pruned = store.prune("s", 0, 200)
+    _, tokens, _ = store.stats("s", 0)
+    assert tokens <= 200 and pruned == 500 - tokens
+    assert store.passages("s", 0)[-1].logical[1] == 500  # the newest stay
+
+
+def test_deleted_text_leaves_the_files(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.db")
+    store = MemoryStore(journal.db)
+    zebra = WORDS.index("zebraquartz")
+    evict(store, [zebra] * 32 + stream(100))
+    journal.commit()
+    files = list(tmp_path.glob("journal.db*"))
+
+    def found() -> bool:
+        return any(b"zebraquartz" in p.read_bytes() for p in files if p.exists())
+
+    assert found()
+    assert store.search("s", 0, "zebraquartz", 5)
+    store.drop("s")
+    journal.commit()
+    store.purge()
+    assert not store.search("s", 0, "zebraquartz", 5)
+    assert not found()
+
+
+def test_queries_keep_content_words_only() -> None:
+    assert query_terms("What is the pass key of door 3?") == ["pass", "key", "door", "3"]
+    assert query_terms("what is it?") == []
+    assert len(query_terms(" ".join(f"w{i}" for i in range(100)))) == 32
+
+
+def test_a_temporary_store_is_deleted_at_close() -> None:
+    store = MemoryStore.temporary()
+    folder = store._folder
+    assert folder is not None and (folder / "memory.db").exists()
+    store.close()
+    assert not folder.exists()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.db.execute("SELECT 1")
