@@ -1,7 +1,7 @@
 """Recall, measured: passkey accuracy by distance (sink, sink+recall, window, full), multi-key,
 facts asked many turns into a chat, and where recalled text should sit in the cache.
 
-    python bench/recall.py                    # quick: 10 trials to 2k, 3 to 16k (~25 min here)
+    python bench/recall.py                    # 10 trials to 2k, 3 to 8k (about 25 min here)
     SINKD_RECALL_FULL=1 python bench/recall.py   # the issue's run: 10 trials to 16k, 3 to 64k
     SINKD_RECALL_ONLY=segmenting python bench/recall.py   # passages at text boundaries vs fixed
 
@@ -49,7 +49,7 @@ def make_service(tmp: Path) -> Any:
 def plan_for(full: bool) -> Any:
     from sinkd.evaluation.recall import Plan
 
-    if full:
+    if full:  # the issue's sizes; about 5 hours on this 2-core machine
         return Plan(
             distances=[126, 1000, 2000, 4000, 8000, 16000],
             trials=10,
@@ -64,13 +64,16 @@ def plan_for(full: bool) -> Any:
     return Plan(
         distances=[126, 1000, 2000],
         trials=10,
-        long_distances=[4000, 8000, 16000],
+        long_distances=[4000, 8000],
         long_trials=3,
         multi_distances=[1000],
         multi_trials=6,
-        control_trials=4,
+        control_trials=3,
         conversation_turns=6,
         conversations=2,
+        placement_trials=6,
+        full_max_distance=2000,
+        parallel=6,
     )
 
 

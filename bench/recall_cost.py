@@ -3,6 +3,7 @@ evicted tokens, decode speed with recall idle vs off and the time a chat turn's 
 run, alternating), and perplexity by stream position with and without recalls in the stream.
 
     python bench/recall_cost.py            # SINKD_BENCH_SCALE=2 doubles the decode and ppl runs
+    SINKD_COST_PARTS=decode,ttft,ppl python bench/recall_cost.py   # keep the last retrieval numbers
 
 Writes bench/results/recall/cost.json; prints the tables.
 """
@@ -218,9 +219,13 @@ def main() -> None:
 
     OUT.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"machine": machine()}
+    parts = os.environ.get("SINKD_COST_PARTS", "retrieval,decode,ttft,ppl").split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        with open_engine(None, EngineConfig(n_ctx_seq=64, n_seq_max=1)) as engine:
-            data["retrieval"] = retrieval(engine, Path(tmp))
+        if "retrieval" in parts:
+            with open_engine(None, EngineConfig(n_ctx_seq=64, n_seq_max=1)) as engine:
+                data["retrieval"] = retrieval(engine, Path(tmp))
+        else:  # kept from the last run
+            data["retrieval"] = json.loads((OUT / "cost.json").read_text())["retrieval"]
         table(
             "Memory: search latency and size",
             ["stored", "passages", "p50 ms", "p99 ms", "store us/tok", "bytes/1k (rows)",
