@@ -254,12 +254,6 @@ def _drain(events: Iterator[tuple[str, Any]]) -> None:
         pass
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
 PLACEMENTS = {
     # where a recalled fact can sit, relative to the question (see README, "Recall")
     "before the question": "{fact}{question}{answer}",
@@ -449,13 +443,6 @@ def segmenting(
         finally:
             svc.stop()
     return rows
-
-
-def accuracy(rows: list[dict[str, Any]], arm: str, distance: int) -> float | None:
-    for r in rows:
-        if r["arm"] == arm and r["distance"] == distance:
-            return float(r["accuracy"])
-    return None
 
 
 def plot(data: dict[str, Any], path: Path) -> None:

@@ -95,16 +95,15 @@ class Passage:
     created: float
     sealed: bool
 
-    def as_dict(self, with_text: bool = True) -> dict[str, object]:
+    def as_dict(self) -> dict[str, object]:
         d: dict[str, object] = {
             "passage_id": self.id,
             "logical": list(self.logical),
             "n_tokens": len(self.tokens),
             "created_unix_time": self.created,
             "sealed": self.sealed,
+            "text": self.text,
         }
-        if with_text:
-            d["text"] = self.text
         return d
 
 
