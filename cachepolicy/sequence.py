@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sinkd.cachepolicy.config import PolicyConfig
+from sinkd.cachepolicy.errors import CacheFull
 from sinkd.cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
 from sinkd.cachepolicy.recall import RecalledSpan
 
@@ -110,6 +111,18 @@ class CacheSequence:
 
     def plan(self, n_tokens: int, max_batch: int | None = None) -> AppendPlan:
         return plan_append(self.config, self.state, n_tokens, max_batch)
+
+    def next_take(self, n_tokens: int) -> int:
+        """How many of the next `n_tokens` fit in one sub-batch (the rest waits for an eviction).
+
+        A scheduler sizes a session's share of a step with this: once the budget is full that is E
+        tokens, and reserving more would leave the rest of the step empty."""
+        if n_tokens <= 0:
+            return 0
+        try:
+            return self.plan(n_tokens, max_batch=n_tokens).sub_batches[0].n_tokens
+        except CacheFull:
+            return n_tokens  # the executor refuses it with the reason
 
     def adopt_ops(self, sub_batch: SubBatch) -> None:
         """Record that `sub_batch.ops` were applied to the cache."""

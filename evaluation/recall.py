@@ -12,6 +12,7 @@ answer. Several trials run at once, so the scheduler batches their prefills.
 from __future__ import annotations
 
 import functools
+import json
 import random
 import threading
 import time
@@ -330,7 +331,9 @@ def evaluate(
     the caller's choice) and the caller stops none: this function stops what it starts."""
     out: dict[str, Any] = {"plan": plan.__dict__}
     longest = max([*plan.distances, *plan.long_distances, *plan.multi_distances])
-    svc = make_service(n_ctx_seq=512, max_sessions=plan.parallel * 2 + 1)
+    # cells per sequence = the budget: llama.cpp re-rotates every cell of every sequence at each
+    # shift, so spare cells only slow the run down (bench/README.md, "shift cost")
+    svc = make_service(n_ctx_seq=256, max_sessions=plan.parallel * 2 + 1)
     try:
         window = svc.entry.default_window
         filler = Filler(svc, text, longest + 200)
@@ -365,6 +368,7 @@ def evaluate(
         t0 = time.perf_counter()
         run_parallel(jobs, plan.parallel)
         progress(f"passkey streams done in {time.perf_counter() - t0:.0f} s")
+        progress("passkey rows: " + json.dumps(tally.rows() + multi.rows()))
         out["window"] = window
         out["passkey"] = tally.rows()
         out["multikey"] = multi.rows()
@@ -421,7 +425,7 @@ def segmenting(
     """Passkey with recall, the memory cut at text boundaries vs every 48 tokens, same streams."""
     rows: list[dict[str, Any]] = []
     for kind in ("text", "fixed"):
-        svc = make_service(n_ctx_seq=512, max_sessions=parallel * 2 + 1, memory_passages=kind)
+        svc = make_service(n_ctx_seq=256, max_sessions=parallel * 2 + 1, memory_passages=kind)
         try:
             filler = Filler(svc, text, max(distances) + 200)
             tally = Tally()

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
 from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
@@ -572,3 +577,47 @@ def test_a_bug_in_a_step_fails_its_requests_and_the_daemon_serves_on(
     other = client.create().handle
     client.append(other, "the daemon still serves")
     assert len(client.generate(other, n=3)[0]) == 3
+
+
+def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
+    """Past its budget a session's sub-batch is E tokens. A step holds every appending session's
+    sub-batch, not one session's E tokens and an empty rest: with prefill_chunk == step_tokens,
+    two long appends queued together are decoded side by side."""
+    svc = SinkdService(settings(tmp_path, step_tokens=64, prefill_chunk=64, durable=False))
+    svc.start()
+    svc.wait_ready(120)
+    me = Principal("local")
+    try:
+        policy = PolicyRequest("sink", sinks=4, window=60, evict_chunk=8)
+        handles = []
+        for _ in range(2):
+            s = svc.create(me, policy, None)
+            handles.append((s.id, s.generation))
+        ids = svc.engine.tokenize(TEXT, add_bos=False)[:200]
+        for h in handles:
+            svc.append(me, h, None, ids[:64])  # the budget is full from here on
+        steps_at_chunk: list[int] = []
+        held, go = threading.Event(), threading.Event()
+
+        def on_chunk() -> None:
+            if not held.is_set():
+                held.set()
+                go.wait(60)
+            steps_at_chunk.append(int(svc.metrics.steps._value.get()))
+
+        with failpoints.armed("prefill-chunk", on_chunk), ThreadPoolExecutor(2) as pool:
+            first = pool.submit(svc.append, me, handles[0], None, ids[64:200])
+            assert held.wait(60)  # the engine thread waits inside a step of the first append
+            second = pool.submit(svc.append, me, handles[1], None, ids[64:200])
+            deadline = time.monotonic() + 30
+            while svc.scheduler._inbox.qsize() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the second append's job reaches the engine's inbox
+            go.set()
+            first.result(120)
+            second.result(120)
+        per_step = Counter(steps_at_chunk)
+        assert len(steps_at_chunk) == 2 * (136 // 8)
+        # after the held step the two go side by side: 16 shared steps (one at a time: 4)
+        assert sum(n == 2 for n in per_step.values()) == 16, sorted(per_step.items())
+    finally:
+        svc.stop()

@@ -124,6 +124,21 @@ def test_eviction_chunk_removes_e_cells_at_once() -> None:
     assert seq.cache_positions() == list(range(6))
 
 
+def test_next_take_is_what_one_sub_batch_holds() -> None:
+    seq = CacheSequence(PolicyConfig.named("sink", sinks=1, window=8, evict_chunk=4))
+    assert seq.next_take(0) == 0
+    assert seq.next_take(20) == 9  # the free cells
+    seq.append(7)
+    assert seq.next_take(1) == 1
+    assert seq.next_take(20) == 2
+    seq.append(2)
+    assert seq.next_take(20) == 4  # full: what one eviction frees
+    assert seq.state.n_seen == 9  # asking changed nothing
+    full = CacheSequence(PolicyConfig.named("full", sinks=1, window=8))
+    full.append(9)
+    assert full.next_take(3) == 3  # refused later, by the append itself, with the reason
+
+
 def test_compaction_interval_defers_the_shift() -> None:
     cfg = PolicyConfig.named("sink", sinks=2, window=4, compact_interval=3)
     seq = CacheSequence(cfg)

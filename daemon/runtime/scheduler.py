@@ -195,7 +195,7 @@ class Scheduler:
         live = [j for j in heads if not j.done.is_set() and self.queues.busy(j.session.id)]
         plan = plan_step(
             [
-                Candidate(i, j.pending is not None, len(j.tokens) - j.offset)
+                Candidate(i, j.pending is not None, self._next_take(j))
                 for i, j in enumerate(live)
             ],
             self.step_tokens,
@@ -207,6 +207,13 @@ class Scheduler:
             self.executor.run([(live[s.key], s) for s in plan.slots])
         finally:
             self.gate.release()
+
+    def _next_take(self, job: Job) -> int:
+        """The prefill tokens this job's next sub-batch holds: a chunk, cut where the policy must
+        evict, so that several sessions past their budget share one step."""
+        if job.pending is not None:
+            return 0
+        return job.session.seq.next_take(min(len(job.tokens) - job.offset, self.prefill_chunk))
 
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False once stopping."""
