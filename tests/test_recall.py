@@ -4,13 +4,16 @@ durable. Passkey accuracy by distance is bench/recall.py's (too slow for a test)
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
+from sinkd.daemon import failpoints
 from sinkd.daemon.rpc.server import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
@@ -222,6 +225,51 @@ def test_reset_starts_an_empty_memory_and_the_old_text_leaves_the_disk(tmp_path:
     finally:
         client.close()
         d.stop()
+
+
+@pytest.mark.parametrize("call", ["recall", "memory"])
+def test_a_recall_or_search_overtaken_by_a_reset_finds_nothing_of_the_old_generation(
+    client: Client, call: str
+) -> None:
+    """Held after its handle was checked, while a reset deletes the memory: the call is refused or
+    finds nothing, and the new generation holds none of the old text, in its cache or memory."""
+    h = planted(client)
+    checked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        if not checked.is_set():
+            checked.set()
+            release.wait(30)
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            if call == "recall":
+                result["ok"] = client.recall(h, f"What is the sentinel word {SENTINEL}?")
+            else:
+                result["ok"] = client.memory(h, search=SENTINEL)
+        except grpc.RpcError as e:
+            result["code"] = code(e)
+
+    with failpoints.armed("handle-checked", hold):
+        t = threading.Thread(target=run)
+        t.start()
+        assert checked.wait(30)
+    fresh = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
+    release.set()
+    t.join(60)
+    assert not t.is_alive()
+    if call == "recall":
+        assert result.get("code") == grpc.StatusCode.FAILED_PRECONDITION, result
+    else:  # a read: refused, or an empty answer (the rows are gone), never the old text
+        assert result.get("code") == grpc.StatusCode.FAILED_PRECONDITION or not any(
+            SENTINEL in p.text for p in result["ok"].passages
+        ), result
+    r = client.inspect(fresh, text=True)
+    assert r.receipt.n_seen == 0 and not r.receipt.recalled and r.receipt.memory_passages == 0
+    assert SENTINEL not in r.retained_text
+    assert not client.memory(fresh, search=SENTINEL).passages
 
 
 def test_memory_and_recalled_copies_survive_a_crash_and_resume_bit_identical(
