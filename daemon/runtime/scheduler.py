@@ -194,10 +194,7 @@ class Scheduler:
         self.gate.release()  # tokens sampled above are journalled before they are sent
         live = [j for j in heads if not j.done.is_set() and self.queues.busy(j.session.id)]
         plan = plan_step(
-            [
-                Candidate(i, j.pending is not None, self._next_take(j))
-                for i, j in enumerate(live)
-            ],
+            [Candidate(i, j.pending is not None, self._next_take(j)) for i, j in enumerate(live)],
             self.step_tokens,
             self.prefill_chunk,
             self._rr,
