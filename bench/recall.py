@@ -4,6 +4,8 @@ facts asked many turns into a chat, and where recalled text should sit in the ca
     python bench/recall.py                    # 10 trials to 2k, 3 to 8k (about 25 min here)
     SINKD_RECALL_FULL=1 python bench/recall.py   # the issue's run: 10 trials to 16k, 3 to 64k
     SINKD_RECALL_ONLY=segmenting python bench/recall.py   # passages at text boundaries vs fixed
+    SINKD_RECALL_ONLY=conversation python bench/recall.py # the chat part again (N=6 per mode),
+                                                          # into the last run's JSON
 
 Writes bench/results/recall/passkey.json and passkey.png; prints the tables.
 """
@@ -95,11 +97,41 @@ def segmenting_only() -> None:
     )
 
 
+def conversation_only(full: bool) -> None:
+    """Facts from a chat's first message asked many turns later, recall off vs auto, merged into
+    the last run's JSON (the passkey part takes an hour; this a few minutes)."""
+    import json
+
+    from sinkd.evaluation.recall import conversation, report_tables
+
+    name = "passkey-full" if full else "passkey"
+    path = OUT / f"{name}.json"
+    data = json.loads(path.read_text())
+    n = int(os.environ.get("SINKD_RECALL_CONVERSATIONS", "6"))
+    with tempfile.TemporaryDirectory() as tmp:
+        svc = make_service(Path(tmp))(n_ctx_seq=256, max_sessions=4)
+        try:
+            data["conversation"] = [
+                conversation(svc, mode, 8, seed) for seed in range(n) for mode in ("off", "auto")
+            ]
+        finally:
+            svc.stop()
+    data["conversation_rerun"] = {"machine": machine(), "conversations_per_mode": n}
+    path.write_text(json.dumps(data, indent=1))
+    for title, columns, rows in report_tables(data):
+        if title.startswith("Conversation"):
+            table(title, columns, rows)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     from sinkd.evaluation.recall import evaluate, plot, report_tables
 
     if os.environ.get("SINKD_RECALL_ONLY") == "segmenting":
         segmenting_only()
+        return
+    if os.environ.get("SINKD_RECALL_ONLY") == "conversation":
+        conversation_only(bool(os.environ.get("SINKD_RECALL_FULL")))
         return
     full = bool(os.environ.get("SINKD_RECALL_FULL"))
     text = (ROOT / "bench" / "texts" / "kjv.txt").read_text()[100_000:]

@@ -3,7 +3,7 @@ evicted tokens, decode speed with recall idle vs off and the time a chat turn's 
 run, alternating), and perplexity by stream position with and without recalls in the stream.
 
     python bench/recall_cost.py            # SINKD_BENCH_SCALE=2 doubles the decode and ppl runs
-    SINKD_COST_PARTS=decode,ttft,ppl python bench/recall_cost.py   # keep the last retrieval numbers
+    SINKD_COST_PARTS=decode,ttft,ppl python bench/recall_cost.py   # the parts named; the rest kept
 
 Writes bench/results/recall/cost.json; prints the tables.
 """
@@ -182,6 +182,12 @@ def chat_ttft(tmp: Path) -> dict[str, Any]:
     return out
 
 
+FRAMES = {  # how recalled text sits in a plain stream: bare (the Recall RPC's default), or marked
+    "bare": ("", "\n"),
+    "marked": ("\n(recalled from earlier) ", "\n(end of recalled text)\n"),
+}
+
+
 def perplexity() -> list[dict[str, Any]]:
     from sinkd.cachepolicy import PolicyConfig
     from sinkd.cachepolicy.recall import RecallConfig
@@ -197,19 +203,21 @@ def perplexity() -> list[dict[str, Any]]:
         for name, path, start in (("kjv", KJV, 200_000), ("jargon", JARGON, 100_000)):
             tokens = engine.tokenize(path.read_text()[start : start + n * 6], add_bos=False)[:n]
             off = score_policy(engine, tokens, policy)
-            on = score_recall(engine, tokens, policy, recall, every=512)
-            out.append(
-                {
-                    "text": name,
-                    "tokens": n,
-                    "ppl_off": off.perplexity,
-                    "ppl_recall": on.perplexity,
-                    "ratio": on.perplexity / off.perplexity,
-                    "note": on.note,
-                    "buckets_off": buckets(off.nll, 512),
-                    "buckets_recall": buckets(on.nll, 512),
-                }
-            )
+            for frame_name, frame in FRAMES.items():
+                on = score_recall(engine, tokens, policy, recall, every=512, frame=frame)
+                out.append(
+                    {
+                        "text": name,
+                        "frame": frame_name,
+                        "tokens": len(tokens),
+                        "ppl_off": off.perplexity,
+                        "ppl_recall": on.perplexity,
+                        "ratio": on.perplexity / off.perplexity,
+                        "note": on.note,
+                        "buckets_off": buckets(off.nll, 512),
+                        "buckets_recall": buckets(on.nll, 512),
+                    }
+                )
     return out
 
 
@@ -234,24 +242,24 @@ def main() -> None:
               r["store_us_per_evicted_token"], r["row_bytes_per_1k_tokens"],
               r["file_bytes_per_1k_tokens"]] for r in data["retrieval"]],
         )  # fmt: skip
-        data["decode"] = decode_speed(Path(tmp))
-        d = data["decode"]
+        last = json.loads((OUT / "cost.json").read_text()) if (OUT / "cost.json").exists() else {}
+        data["decode"] = d = decode_speed(Path(tmp)) if "decode" in parts else last["decode"]
         table(
             "Decode with recall idle vs off (same run, alternating)",
             ["off tok/s", "idle tok/s", "idle/off"],
             [[d["off_tok_s"], d["idle_tok_s"], d["idle_vs_off"]]],
         )
-        data["chat_ttft"] = c = chat_ttft(Path(tmp))
+        data["chat_ttft"] = c = chat_ttft(Path(tmp)) if "ttft" in parts else last["chat_ttft"]
         table(
             "Chat turn time to first token, recall auto vs off",
             ["recall", "mean TTFT ms", "mean recalled tokens"],
             [[m, c[m]["mean_ttft_ms"], c[m]["mean_recalled_tokens"]] for m in ("off", "auto")],
         )
-    data["perplexity"] = perplexity()
+    data["perplexity"] = perplexity() if "ppl" in parts else last["perplexity"]
     table(
         "Perplexity with a Recall every 512 tokens vs none",
-        ["text", "tokens", "ppl off", "ppl recall", "ratio", "note"],
-        [[r["text"], r["tokens"], r["ppl_off"], r["ppl_recall"], r["ratio"], r["note"]]
+        ["text", "frame", "tokens", "ppl off", "ppl recall", "ratio", "note"],
+        [[r["text"], r["frame"], r["tokens"], r["ppl_off"], r["ppl_recall"], r["ratio"], r["note"]]
          for r in data["perplexity"]],
     )  # fmt: skip
     (OUT / "cost.json").write_text(json.dumps(data, indent=1))

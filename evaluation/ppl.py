@@ -90,6 +90,7 @@ def score_recall(
     query_tokens: int = 48,
     chunk: int = 64,
     progress: Progress | None = None,
+    frame: tuple[str, str] = ("", "\n"),
 ) -> PolicyRun:
     """As `score_policy`, with the daemon's recall in the stream: every evicted token is stored
     (the daemon's MemoryStore), and every `every` tokens a Recall with the last `query_tokens`
@@ -125,10 +126,11 @@ def score_recall(
             chosen = select(found, recall, 1)
             if chosen:
                 by_id = {p.id: p for p in store.passages("eval", 0, [c.passage_id for c in chosen])}
-                nl = engine.tokenize("\n", add_bos=False)
-                plan = plan_recall(policy, seq.state, chosen, 0, len(nl), 0.0)
+                head = engine.tokenize(frame[0], add_bos=False) if frame[0] else []
+                tail = engine.tokenize(frame[1], add_bos=False) if frame[1] else []
+                plan = plan_recall(policy, seq.state, chosen, len(head), len(tail), 0.0)
                 spans += plan.spans
-                body = [t for c in chosen for t in [*by_id[c.passage_id].tokens, *nl]]
+                body = [t for c in chosen for t in [*head, *by_id[c.passage_id].tokens, *tail]]
                 last = feed(body, "last")
                 recalled_tokens += len(body)
                 prev = None if last is None else last.copy()

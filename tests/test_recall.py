@@ -119,7 +119,15 @@ def test_chat_recalls_before_the_answer_and_says_what(client: Client) -> None:
     done = chat("What is the sentinel word?")
     assert done.recall.recalled, done.recall.note
     assert done.receipt.last_recall.recalled[0].passage_id == done.recall.recalled[0].passage_id
-    assert SENTINEL in client.inspect(h, text=True).retained_text
+    text = client.inspect(h, text=True).retained_text
+    # the passage sits inside a system turn of its own, between the question and the answer
+    # (a first version cut the template at a NUL, which llama.cpp never saw: the passage landed
+    # after the system turn had ended)
+    question = text.rindex("What is the sentinel word?")
+    system = text.index("<|im_start|>system", question)
+    end = text.index("<|im_end|>", system)
+    assert SENTINEL in text[system:end]
+    assert text.index("<|im_start|>assistant", question) > end
 
 
 def test_forget_deletes_passages_by_id_and_by_range(client: Client) -> None:
