@@ -1,21 +1,35 @@
-"""`sinkd models list | pull | verify`: the allowed models and their files."""
+"""`sinkd models list | pull | verify | qualify | add | import ollama`: the allowed models, their
+files, and how a user's own GGUF joins the list (qualified on this machine first)."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
-from sinkd.daemon.engine.models import ModelEntry, load_lock, model_path, pull
+from sinkd.daemon.engine.models import (
+    ModelEntry,
+    load_lock,
+    model_path,
+    pull,
+    user_lock_path,
+    write_user_entry,
+)
+from sinkd.daemon.errors import Unsupported
 
-app = typer.Typer(help="List, pull and verify the models in models.lock.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+app = typer.Typer(
+    help="List, pull and verify the allowed models; qualify and add your own.", no_args_is_help=True
+)
+import_app = typer.Typer(help="Add a model from another tool's store.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+out = console()
+err = console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -36,6 +50,7 @@ def _entry_row(entry: ModelEntry, default: str) -> dict[str, object]:
         "shift_requires": entry.shift_requires,
         "default_sinks": entry.default_sinks,
         "default_window": entry.default_window,
+        "origin": entry.origin,
         "pulled": path.is_file(),
         "path": str(path),
     }
@@ -58,13 +73,14 @@ def list_models(as_json: JsonFlag = False) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title="models.lock")
-    for col in ("name", "arch", "quant", "ctx", "BOS", "shift", "S/W", "pulled"):
+    table = Table(title=f"models.lock and {user_lock_path()}")
+    for col in ("name", "from", "arch", "quant", "ctx", "BOS", "shift", "S/W", "file here"):
         table.add_column(col)
     for r in rows:
         name = f"{r['name']} (default)" if r["default"] else str(r["name"])
         table.add_row(
             name,
+            str(r["origin"]),
             str(r["architecture"]),
             str(r["quantization"]),
             str(r["n_ctx_train"]),
@@ -118,3 +134,121 @@ def verify_model(
         print(json.dumps(result, indent=2))
     else:
         out.print(f"{result['name']}: file, tokenizer and chat template match models.lock")
+
+
+NameOpt = Annotated[
+    str | None, typer.Option("--name", help="The name to list it under (default: from the file).")
+]
+TemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--template",
+        help="A llama.cpp built-in chat template (e.g. gemma, chatml) for a file that has none.",
+    ),
+]
+StreamOpt = Annotated[
+    int,
+    typer.Option(
+        "--stream-tokens", min=384, help="Tokens of the perplexity check (sink/window/full)."
+    ),
+]
+
+
+def _qualify(path: Path, name: str | None, template: str | None, stream_tokens: int) -> Any:
+    from sinkd.evaluation.qualify import qualify  # loads llama.cpp: only here
+
+    return qualify(
+        path, name, template, stream_tokens=stream_tokens, progress=lambda s: err.print(s)
+    )
+
+
+def _report(q: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(q.as_dict(), indent=2))
+        return
+    table = Table(title=f"qualification of {q.path.name}")
+    for col in ("check", "result", "measured", "needed"):
+        table.add_column(col)
+    for c in q.checks:
+        table.add_row(c.name, "pass" if c.passed else "FAIL", c.measured, c.needed)
+    out.print(table)
+    for note in q.notes:
+        err.print(f"note: {note}")
+
+
+def _refuse(q: Any) -> None:
+    failed = q.failed
+    raise Unsupported(
+        f"{q.path.name} cannot stream with sinks here: {failed.name}: {failed.measured}"
+        f" (needed: {failed.needed}); it can still run under --policy full with --model-file"
+    )
+
+
+@app.command("qualify")
+@handle_errors
+def qualify_model(
+    file: Annotated[Path, typer.Argument(help="A GGUF file.", exists=True, dir_okay=False)],
+    name: NameOpt = None,
+    template: TemplateOpt = None,
+    stream_tokens: StreamOpt = 2048,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run the checks `models add` runs, and write nothing (exit 5 when one fails)."""
+    q = _qualify(file, name, template, stream_tokens)
+    _report(q, as_json)
+    if not q.passed:
+        _refuse(q)
+
+
+def _add(
+    path: Path, name: str | None, template: str | None, stream_tokens: int, note: str, as_json: bool
+) -> None:
+    q = _qualify(path, name, template, stream_tokens)
+    _report(q, as_json)
+    if not q.passed or q.entry is None:
+        _refuse(q)
+    entry = q.entry
+    if note:
+        entry = entry.model_copy(update={"notes": f"{note}. {entry.notes}"})
+    where = write_user_entry(entry)
+    err.print(
+        f"added {entry.name} to {where} (S={entry.default_sinks} W={entry.default_window});"
+        f" run it with: sinkd serve --model {entry.name}"
+    )
+
+
+@app.command("add")
+@handle_errors
+def add_model(
+    file: Annotated[Path, typer.Argument(help="A GGUF file.", exists=True, dir_okay=False)],
+    name: NameOpt = None,
+    template: TemplateOpt = None,
+    stream_tokens: StreamOpt = 2048,
+    as_json: JsonFlag = False,
+) -> None:
+    """Qualify a GGUF here; if it passes, pin it in the user's lock (the file is not copied)."""
+    _add(file.resolve(), name, template, stream_tokens, "", as_json)
+
+
+@import_app.command("ollama")
+@handle_errors
+def import_ollama(
+    reference: Annotated[str, typer.Argument(help="NAME[:TAG] as Ollama names it.")],
+    name: NameOpt = None,
+    template: TemplateOpt = None,
+    stream_tokens: StreamOpt = 2048,
+    as_json: JsonFlag = False,
+) -> None:
+    """Add a model from the Ollama store ($OLLAMA_MODELS or ~/.ollama/models), digest checked."""
+    from sinkd.evaluation.qualify import find_ollama
+
+    found = find_ollama(reference)
+    err.print(f"{found.reference}: {found.blob} (sha256 matches the manifest)")
+    _add(
+        found.blob,
+        name or found.entry_name,
+        template,
+        stream_tokens,
+        f"Imported from Ollama {found.reference}",
+        as_json,
+    )

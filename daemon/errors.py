@@ -193,9 +193,16 @@ class ModelMismatch(SinkdError):
     status = "FAILED_PRECONDITION"
     exit_code = 4
 
-    def __init__(self, name: str, field: str, expected: object, actual: object) -> None:
+    def __init__(
+        self,
+        name: str,
+        field: str,
+        expected: object,
+        actual: object,
+        source: str = "models.lock",
+    ) -> None:
         super().__init__(
-            f"model {name}: {field} differs from models.lock: expected {expected}, got {actual}"
+            f"model {name}: {field} differs from {source}: expected {expected}, got {actual}"
         )
         self.field = field
 

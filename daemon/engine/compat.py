@@ -26,14 +26,15 @@ def check_entry(engine: Engine, entry: ModelEntry) -> None:
     ):
         expected = getattr(entry, name)
         if expected != actual:
-            raise ModelMismatch(entry.name, name, expected, actual)
+            raise ModelMismatch(entry.name, name, expected, actual, entry.lock_name)
 
 
-def check_policy(engine: Engine, policy: PolicyConfig) -> None:
+def check_policy(engine: Engine, policy: PolicyConfig, listed: bool = True) -> None:
     """Refuse what this context cannot run: a budget above its cells, a shift it cannot apply,
-    positions past the trained context or the sliding window."""
+    positions past the trained context or the sliding window. `listed=False` skips the lock's gate
+    (an unlisted model runs `full` only): the qualification asks what the model itself allows."""
     policy.check_context(engine.n_ctx_seq)
-    if engine.entry is None and policy.evicts:
+    if listed and engine.entry is None and policy.evicts:
         raise Unsupported(
             f"policy {policy.policy.value} needs a model from models.lock; an unlisted model runs"
             " with the full policy only"

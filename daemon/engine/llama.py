@@ -72,6 +72,19 @@ class EngineConfig(BaseModel):
     kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
 
 
+def template_name_sha256(name: str) -> str:
+    """The hash a named built-in chat template contributes where a file's template would."""
+    return hashlib.sha256(b"llama.cpp built-in template: " + name.encode()).hexdigest()
+
+
+def builtin_templates() -> list[str]:
+    """The chat template names llama.cpp renders without a template in the file."""
+    n = int(llama.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * n)()
+    llama.llama_chat_builtin_templates(names, n)
+    return [(x or b"").decode() for x in names]
+
+
 class _LlamaLog:
     """Routes llama.cpp's log through one callback that keeps only the KV allocation lines.
 
@@ -164,12 +177,20 @@ class Engine(VocabularyOps, SequenceOps):
         )
         self.n_ctx_train = int(llama.llama_model_n_ctx_train(model))
         self.n_swa = int(llama.llama_model_n_swa(model))
+        self.rope_type = int(llama.llama_model_rope_type(model))  # LLAMA_ROPE_TYPE_NONE: -1
+        self.is_recurrent = bool(llama.llama_model_is_recurrent(model))
+        self.is_hybrid = bool(llama.llama_model_is_hybrid(model))
         self.tokenizer_sha256 = self._tokenizer_hash()
         template = llama.llama_model_chat_template(model, None)
         self.chat_template = (template or b"").decode("utf-8", errors="replace")
         self.template_sha256 = hashlib.sha256(template or b"").hexdigest()
         if self.entry is not None:
             compat.check_entry(self, self.entry)
+            if self.entry.template_name and not template:
+                # the file has no template; the entry names one of llama.cpp's built-in ones, and
+                # its name stands in for the file's template in every hash from here on
+                self.chat_template = self.entry.template_name
+                self.template_sha256 = template_name_sha256(self.entry.template_name)
 
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max

