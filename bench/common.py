@@ -30,6 +30,18 @@ def daemon_settings(tmp: Path, **kw: Any) -> Any:
     return Settings(**base)
 
 
+def start_service(tmp: Path, **kw: Any) -> Any:
+    """The daemon's service in this process, non-durable, with 256-token steps and prefill chunks;
+    started and ready. The caller stops it."""
+    from sinkd.daemon.runtime.service import SinkdService
+
+    base: dict[str, Any] = {"durable": False, "step_tokens": 256, "prefill_chunk": 256}
+    svc = SinkdService(daemon_settings(tmp, **{**base, **kw}))
+    svc.start()
+    svc.wait_ready(120)
+    return svc
+
+
 def machine() -> dict[str, Any]:
     import llama_cpp
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import ProgressColumn
 from rich.table import Table
 from rich.text import Text
 
 from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cli import models, sessions
+from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
 from sinkd.daemon.errors import InvalidInput
 
@@ -29,8 +29,20 @@ app = typer.Typer(
 )
 app.add_typer(models.app, name="models")
 app.add_typer(sessions.app, name="sessions")
-out = Console()
-err = Console(stderr=True)
+
+
+@app.callback()
+def _every_command(ctx: typer.Context) -> None:
+    """A command that runs the model in this process (not `serve`, the one meant to own the
+    cores) lets its llama.cpp threads sleep at a barrier instead of spinning: beside another sinkd
+    process each then keeps ~0.69x of its alone speed instead of ~0.29x, for ~5% alone
+    (bench/two_processes.py). Set before llama.cpp loads; a value the user set is kept."""
+    if ctx.invoked_subcommand != "serve":
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+
+out = console()
+err = console(stderr=True)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model from models.lock.")]
 PolicyOpt = Annotated[PolicyName, typer.Option("--policy", "-p", help="The eviction policy.")]
@@ -317,11 +329,21 @@ TokenOpt = Annotated[
 def _backend(
     embedded: bool, connect: str | None, token: str | None, model: str | None, budget: int
 ) -> Any:
-    from sinkd.cli.backend import EmbeddedBackend, RemoteBackend
+    """--embedded: this process; --connect: that daemon; neither: the daemon at the default
+    address if one answers (two llama.cpp processes on the same cores slow each other far more than
+    sharing them costs: bench/two_processes.py), else this process. The first line says which."""
+    from sinkd.cli.backend import EmbeddedBackend, RemoteBackend, daemon_answers, default_address
 
     if embedded:
         return EmbeddedBackend(model=model, n_ctx_seq=budget, max_sessions=2)
-    return RemoteBackend(connect, token)
+    if connect is not None:
+        return RemoteBackend(connect, token)
+    address = default_address()
+    if daemon_answers(address):
+        err.print(f"using the daemon at {address}")
+        return RemoteBackend(address, token)
+    err.print(f"no daemon answers at {address}: running the model in this process")
+    return EmbeddedBackend(model=model, n_ctx_seq=budget, max_sessions=2)
 
 
 def _policy_dict(
@@ -335,6 +357,19 @@ def _policy_dict(
     if evict is not None:
         d["evict_chunk"] = evict
     return d
+
+
+CHAT_WINDOW = 1020  # S=4 + W=1,020: 1,024 cells (bench/chat_defaults.py: ITL and memory by window)
+
+
+PLAIN_SAMPLING = {  # SamplingParams' defaults, spelled out so a remote daemon gets the same
+    "temperature": 0.0,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+    "seed": 0,
+}
 
 
 class RecallModeOpt(str, enum.Enum):
@@ -371,16 +406,45 @@ def chat(
             " nothing. Default: auto for the sink policy.",
         ),
     ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="0: greedy.")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=0)] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
+    repeat_penalty: Annotated[
+        float | None,
+        typer.Option("--repeat-penalty", help="Over the last 64 tokens; 1: off."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
 ) -> None:
-    """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit."""
+    """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit.
+
+    Sampling: the model's recommended settings (models.lock), unless any option below is given;
+    then the given ones, the others at their plain defaults (greedy, top-k 40, top-p 0.95, ...)."""
     from sinkd.cli.chat import ChatLoop
 
+    if window is None and policy in (PolicyName.SINK, PolicyName.SINK_NOSHIFT, PolicyName.WINDOW):
+        window = CHAT_WINDOW  # a conversation's worth: one long reply evicts no earlier turn
     pol = _policy_dict(policy.value, sinks, window, evict, compact)
     pol["pin_system_prompt"] = pin_system
-    backend = _backend(embedded, connect, token, model, 512)
+    given = {
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "min_p": min_p,
+        "repeat_penalty": repeat_penalty,
+        "seed": seed,
+    }
+    chosen = {k: v for k, v in given.items() if v is not None}
+    sampling = {**PLAIN_SAMPLING, **chosen} if chosen else None
+    backend = _backend(embedded, connect, token, model, CHAT_WINDOW + 4)
     try:
         handle, receipt = backend.create(
-            pol, system_prompt=system, recall={"mode": recall.value} if recall else None
+            pol,
+            system_prompt=system,
+            recall={"mode": recall.value} if recall else None,
+            sampling=sampling,
         )
         loop = ChatLoop(backend, handle, max_tokens, sys.stdout, err)
         loop.status(receipt)
@@ -392,6 +456,10 @@ def chat(
 @app.command()
 @handle_errors
 def narrate(
+    embedded: Annotated[
+        bool,
+        typer.Option("--embedded", help="Run the model in this process, even if a daemon runs."),
+    ] = False,
     connect: ConnectOpt = None,
     token: TokenOpt = None,
     model: ModelOpt = None,
@@ -430,7 +498,8 @@ def narrate(
     ] = True,
     as_json: JsonFlag = False,
 ) -> None:
-    """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`); embedded unless --connect."""
+    """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`): through the daemon
+    when one answers, else in this process."""
     import datetime
     import threading
 
@@ -450,7 +519,7 @@ def narrate(
     )
     cfg.validate()
     counts = Counts()
-    backend = _backend(connect is None, connect, token, model, 512)
+    backend = _backend(embedded, connect, token, model, 512)
 
     def emit(text: str, snapshot: dict[str, Any]) -> None:
         ts = datetime.datetime.now().astimezone().isoformat(timespec="seconds")

@@ -12,10 +12,10 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from sinkd.cli.backend import Handle, RemoteBackend
+from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
 
 app = typer.Typer(
@@ -23,7 +23,7 @@ app = typer.Typer(
     " daemon.",
     no_args_is_help=True,
 )
-out = Console()
+out = console()
 
 ConnectOpt = Annotated[
     str | None,

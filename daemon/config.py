@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     tls_key: Path | None = None
     tenants: list[Tenant] = Field(default_factory=list)
     admin_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    n_ctx_seq: int = Field(default=512, ge=1, le=131072)
+    n_ctx_seq: int = Field(default=1024, ge=1, le=131072)  # a chat's window of 1,020 fits
     max_sessions: int = Field(default=4, ge=1, le=256)
     max_kv_bytes: int | None = Field(default=None, ge=1)
     n_batch: int = Field(default=256, ge=1, le=8192)

@@ -242,6 +242,22 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
         validated(SamplingParams, temperature=1.0, top_p=0.0)
 
 
+def test_the_repetition_penalty_is_llama_cpps_rule_over_the_given_history() -> None:
+    from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+
+    logits = np.array([3.0, 2.9, -1.0, 0.5], dtype=np.float32)
+    plain = Sampler(SamplingParams())
+    penalised = Sampler(SamplingParams(repeat_penalty=1.5, repeat_last_n=2))
+    assert plain.sample_logits(logits, [0]) == 0  # no penalty: the history changes nothing
+    assert penalised.sample_logits(logits, [0]) == 1  # 3.0 / 1.5 = 2.0 < 2.9
+    assert penalised.sample_logits(logits, [0, 3, 1]) == 0  # only the last 2 count: 0 is free
+    out = penalised._penalised(logits, [2, 3])
+    assert out[2] == pytest.approx(-1.5) and out[3] == pytest.approx(0.5 / 1.5)  # < 0: times
+    assert logits[2] == -1.0  # the stored row is never changed
+    with pytest.raises(InvalidInput, match="repeat_penalty"):
+        validated(SamplingParams, repeat_penalty=0.5)
+
+
 def test_unlisted_model_runs_full_only(make_engine: MakeEngine) -> None:
     from sinkd.daemon.engine.loading import open_unlisted
     from sinkd.daemon.engine.models import load_lock, model_path

@@ -28,6 +28,9 @@ class SamplingParams(BaseModel):
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     min_p: float = Field(default=0.05, ge=0.0, lt=1.0)
     seed: int = Field(default=0, ge=0, lt=2**32)
+    repeat_penalty: float = Field(default=1.0, ge=1.0, le=2.0)  # 1: off
+    repeat_last_n: int = Field(default=64, ge=0, le=4096)  # over the stream's last N tokens
+    chosen: bool = False  # a client chose these; False: the default, and Chat uses the model's
 
 
 class Sampler:
@@ -67,8 +70,14 @@ class Sampler:
         self._bits.advance(draws)
         self.draws += draws
 
-    def sample_logits(self, logits: np.ndarray) -> int:
-        """Sample (and accept) a token from a stored next-token logits row with this chain."""
+    def sample_logits(self, logits: np.ndarray, recent: list[int] | None = None) -> int:
+        """Sample (and accept) a token from a stored next-token logits row with this chain.
+
+        `recent`: the stream's last tokens, for the repetition penalty (llama.cpp's rule: a logit
+        of a token among the last N is divided by the penalty if positive, else multiplied). It is
+        applied here, not by llama.cpp's penalties sampler, whose history would not survive a
+        restart: the stream is durable, so a resumed session penalises exactly the same tokens."""
+        logits = self._penalised(logits, recent)
         n = len(logits)
         if self._data is None or len(self._data) != n:
             self._data = np.zeros(n, dtype=_TOKEN_DATA)
@@ -93,6 +102,17 @@ class Sampler:
         token = int(data["id"][arr.selected])
         llama.llama_sampler_accept(self._chain, token)
         return token
+
+    def _penalised(self, logits: np.ndarray, recent: list[int] | None) -> np.ndarray:
+        p, last_n = self.params.repeat_penalty, self.params.repeat_last_n
+        if p == 1.0 or not recent or last_n == 0:
+            return logits
+        ids = np.unique(np.asarray(recent[-last_n:], dtype=np.int64))
+        ids = ids[(ids >= 0) & (ids < len(logits))]
+        out: np.ndarray = np.array(logits, copy=True)
+        vals = out[ids]
+        out[ids] = np.where(vals > 0, vals / p, vals * p)
+        return out
 
     def _draw(self, logits: np.ndarray) -> int:
         """One draw from softmax(logits) over the candidates the chain kept."""

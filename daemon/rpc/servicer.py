@@ -99,13 +99,17 @@ def _sampling(s: pb.Sampling | None) -> dict[str, Any] | None:
     """The request's sampling fields; the runtime validates them (INVALID_ARGUMENT by name)."""
     if s is None:
         return None
-    return {
+    fields: dict[str, Any] = {
         "temperature": s.temperature,
         "top_k": s.top_k,
         "top_p": s.top_p or 1.0,
         "min_p": s.min_p,
         "seed": s.seed,
     }
+    for name in ("repeat_penalty", "repeat_last_n"):
+        if s.HasField(name):
+            fields[name] = getattr(s, name)
+    return fields
 
 
 def _timeout(context: grpc.ServicerContext) -> float | None:

@@ -133,7 +133,9 @@ class Executor:
             job.reason = "cache_full"  # the full policy never evicts: generation ends here
             self.end(job, result=self.result(job))
             return
-        token = job.gen.sampler.sample_logits(session.last_logits)
+        sampler = job.gen.sampler
+        recent = session.retained.tail(sampler.params.repeat_last_n)
+        token = sampler.sample_logits(session.last_logits, recent)
         engine = self.engine
         job.generated += 1
         now = time.monotonic()

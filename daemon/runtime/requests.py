@@ -5,6 +5,7 @@ prompt's tokens, a generation's bounds."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,7 +108,21 @@ def resolve_policy(
 
 def sampling_params(fields: Mapping[str, Any] | None) -> SamplingParams | None:
     """A request's sampling fields as validated parameters (None: the session's own)."""
-    return None if fields is None else validated(SamplingParams, **fields)
+    return None if fields is None else validated(SamplingParams, **{**fields, "chosen": True})
+
+
+def chat_sampling(
+    recommended: Mapping[str, Any], generation: str, n_seen: int
+) -> SamplingParams | None:
+    """The model's recommended sampling for one chat turn of a session that chose none, seeded
+    from the generation and the stream's length: each turn draws differently, and the same turn
+    of the same stream draws the same (None when the entry recommends nothing)."""
+    if not recommended:
+        return None
+    digest = hashlib.sha256(f"{generation}:{n_seen}".encode()).digest()
+    return validated(
+        SamplingParams, **{**recommended, "seed": int.from_bytes(digest[:4], "little")}
+    )
 
 
 def check_generation_args(max_tokens: int, stops: list[str]) -> None:

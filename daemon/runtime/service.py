@@ -296,15 +296,27 @@ class SinkdService:
                 strip_control=True,
                 insert_at=len(question),
             )
+        if sampling is None and not session.sampling.chosen:
+            recommended = requests.chat_sampling(
+                self.entry.sampling, session.generation, session.seq.state.n_seen
+            )
+            if recommended is not None:
+                sampling = recommended.model_dump()
         return self.generate(
             principal, handle, max_tokens, stops, sampling, prompt, job_hook, timeout, ask
         )
 
     def _chat_frame(self, engine: Engine) -> tuple[str, str]:
-        """A recalled passage in a chat is a system turn of its own, said to be recalled."""
-        mark = "\x00"
+        """A recalled passage in a chat is a system turn of its own, said to be recalled.
+
+        The template is rendered around a marker and cut there. The marker is printable: llama.cpp
+        takes the content as a C string, so a NUL would end it (and the passage would land after
+        the turn's end, outside the system turn, as a first version did)."""
+        mark = "@@sinkd-recalled-passage@@"
         turn = engine.render_chat([("system", RECALL_HEADER + mark)], add_assistant=False)
-        head, _, tail = turn.partition(mark)
+        head, found, tail = turn.partition(mark)
+        if not found:  # a template that rewrites content: the passage follows a turn of its own
+            return (turn, "")
         return (head, tail)
 
     # --- recall: the session's memory ---

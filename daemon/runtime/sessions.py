@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import json
 import secrets
 import threading
@@ -138,6 +139,14 @@ class RetainedTokens:
 
     def all(self) -> list[int]:
         return self.sinks + list(self.window)
+
+    def tail(self, n: int) -> list[int]:
+        """The last `n` retained tokens, in stream order (the repetition penalty's history)."""
+        if n <= 0:
+            return []
+        if n <= len(self.window):
+            return list(itertools.islice(self.window, len(self.window) - n, None))
+        return (self.sinks + list(self.window))[-n:]
 
     def __len__(self) -> int:
         return len(self.sinks) + len(self.window)

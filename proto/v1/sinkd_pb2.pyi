@@ -23,18 +23,22 @@ class Policy(_message.Message):
     def __init__(self, name: _Optional[str] = ..., sinks: _Optional[int] = ..., window: _Optional[int] = ..., evict_chunk: _Optional[int] = ..., compact_interval: _Optional[int] = ..., pin_system_prompt: _Optional[bool] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_LAST_N_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     min_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    repeat_penalty: float
+    repeat_last_n: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ...) -> None: ...
 
 class Handle(_message.Message):
     __slots__ = ("session_id", "generation")
