@@ -108,6 +108,27 @@ def test_cli_errors_are_one_line(address: str, tmp_path: Path) -> None:
     assert code == 2 and "--on-full" in err
 
 
+def test_narrate_and_chat_use_the_daemon_that_answers(address: str) -> None:
+    """No --connect, no --embedded: a daemon at the default address is used, and the first line
+    says so (a second llama.cpp process on the same cores would slow both: bench/two_processes)."""
+    env = {"COLUMNS": "120", "SINKD_ADDRESS": address, "SINKD_TOKEN": "alice-token"}
+    lines = "".join(f"service started, worker {i} ready\n" for i in range(8))
+    result = runner.invoke(
+        app,
+        ["narrate", "--window", "60", "--every-lines", "4", "--max-tokens", "4", "--json"],
+        input=lines,
+        env=env,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines()[0] == f"using the daemon at {address}"
+    assert any('"narration"' in line for line in result.stdout.splitlines())
+    result = runner.invoke(
+        app, ["chat", "--window", "60", "--max-tokens", "4"], input="Hello\n", env=env
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines()[0] == f"using the daemon at {address}"
+
+
 def test_chat_embedded_runs_without_a_daemon() -> None:
     code, out, err = sinkd("chat", "--embedded", "--window", "60", "--max-tokens", "6",
                            input="Say one word.\n/fork\nAnother.\n/reset\n")  # fmt: skip
@@ -145,6 +166,7 @@ def test_narrate_a_long_bursty_log_at_flat_memory() -> None:
     # invalid bytes end a line; where that line was also cut (line 0), they were cut with it
     assert summary["lines_with_invalid_utf8"] == sum(1 for i in range(0, 20000, 1499) if i % 997)
     assert summary["narrations"] == len(narrations) >= 5
+    assert "running the model in this process" in proc.stderr.decode().splitlines()[0]
     assert summary["retained"] <= 64 and summary["evicted_tokens"] > 0
     assert summary["retained"] + summary["evicted_tokens"] == summary["tokens_seen"]
     evicting = [n for n in narrations if n["evictions"] > 0]
@@ -177,19 +199,20 @@ def test_a_full_queue_drops_the_oldest_lines() -> None:
 
 
 def test_the_same_error_exits_with_the_same_code_embedded_and_remote(tmp_path: Path) -> None:
-    """gemma3-270m's GGUF has no chat template: Unsupported, exit 5, in process and through a
-    daemon (which names the error's class; its status alone, FAILED_PRECONDITION, would say 12)."""
-    code, _, err = sinkd("chat", "--embedded", "-m", "gemma3-270m", "--window", "60", input="hi\n")
-    assert code == 5 and "no chat template" in err, err
+    """gemma3-270m cannot run sink-noshift (its positions would outgrow the 512-token sliding
+    window): Unsupported, exit 5, in process and through a daemon (which names the error's class;
+    its status alone, FAILED_PRECONDITION, would say 12)."""
+    args = ("-m", "gemma3-270m", "--policy", "sink-noshift", "--window", "60")
+    code, _, err = sinkd("chat", "--embedded", *args, input="hi\n")
+    assert code == 5 and "sliding window of 512" in err, err
     d = Daemon(settings(tmp_path, model="gemma3-270m", n_ctx_seq=512, max_sessions=2))
     d.start()
     d.wait_ready(120)
     try:
         code, _, err = sinkd(
-            "chat", "--connect", d.addresses[0], "--token", "alice-token", "--window", "60",
-            input="hi\n",
-        )  # fmt: skip
-        assert code == 5 and "no chat template" in err, err
+            "chat", "--connect", d.addresses[0], "--token", "alice-token", *args, input="hi\n"
+        )
+        assert code == 5 and "sliding window of 512" in err, err
     finally:
         d.stop()
 

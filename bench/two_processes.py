@@ -1,0 +1,110 @@
+"""Two sinkd processes on one machine: each one's speed beside the other, against itself alone.
+
+llama.cpp's CPU threads (OpenMP here) spin at every barrier while they wait for each other; with two
+processes on the same cores a spinning thread holds a core its peer's partner needs. Each setting
+runs one worker alone, then two at once, each worker a real engine doing a prefill and a decode.
+
+    python bench/two_processes.py          -> bench/results/two_processes.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from common import table, write
+
+SETTINGS: list[tuple[str, dict[str, str], int | None]] = [
+    ("default (OpenMP spins)", {}, None),
+    ("OMP_WAIT_POLICY=passive", {"OMP_WAIT_POLICY": "passive"}, None),
+    ("GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT": "10000"}, None),
+    ("1 thread each", {}, 1),
+]
+
+
+def worker(threads: int | None) -> None:
+    from sinkd.cachepolicy import CacheSequence, PolicyConfig
+    from sinkd.daemon.engine.llama import EngineConfig
+    from sinkd.daemon.engine.loading import open_engine
+    from sinkd.evaluation import SAMPLE_TEXT
+
+    kw: dict[str, Any] = {"n_ctx_seq": 256, "n_seq_max": 1, "n_batch": 256}
+    if threads:
+        kw["n_threads"] = threads
+    with open_engine(None, EngineConfig(**kw)) as engine:
+        seq = CacheSequence(PolicyConfig.named("sink", sinks=4, window=252))
+        tokens = engine.tokenize(SAMPLE_TEXT * 20, add_bos=False)
+        print("ready", flush=True)
+        sys.stdin.readline()  # the parent starts every worker at once
+        t0 = time.perf_counter()
+        for i in range(0, 512, 64):
+            engine.feed(0, seq, tokens[i : i + 64])
+        t1 = time.perf_counter()
+        logits = engine.feed(0, seq, tokens[512:513])
+        n = 192
+        for _ in range(n):
+            logits = engine.feed(0, seq, [int(logits.argmax())])  # type: ignore[union-attr]
+        t2 = time.perf_counter()
+        print(json.dumps({"prefill_tps": 512 / (t1 - t0), "decode_tps": n / (t2 - t1)}))
+
+
+def run(n: int, env: dict[str, str], threads: int | None) -> list[dict[str, float]]:
+    cmd = [sys.executable, __file__, "--worker"] + ([str(threads)] if threads else [])
+    procs = [
+        subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for _ in range(n)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=900)
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def main() -> None:
+    rows = []
+    for name, env, threads in SETTINGS:
+        alone = run(1, env, threads)[0]
+        pair = run(2, env, threads)
+        rows.append(
+            {
+                "setting": name,
+                "alone_decode_tps": alone["decode_tps"],
+                "pair_decode_tps": [p["decode_tps"] for p in pair],
+                "decode_ratio": min(p["decode_tps"] for p in pair) / alone["decode_tps"],
+                "alone_prefill_tps": alone["prefill_tps"],
+                "prefill_ratio": min(p["prefill_tps"] for p in pair) / alone["prefill_tps"],
+            }
+        )
+        print(rows[-1], flush=True)
+    table(
+        "Two processes at once, each against itself alone (the slower of the two)",
+        ["setting", "alone decode tok/s", "pair decode (each)", "decode ratio", "prefill ratio"],
+        [[r["setting"], r["alone_decode_tps"],
+          " / ".join(f"{x:.0f}" for x in r["pair_decode_tps"]), r["decode_ratio"],
+          r["prefill_ratio"]] for r in rows],
+    )  # fmt: skip
+    print(f"wrote {write('two_processes', {'rows': rows})}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    else:
+        main()
