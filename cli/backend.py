@@ -63,6 +63,22 @@ def default_address() -> str:
     return os.environ.get("SINKD_ADDRESS") or f"unix:{default_socket()}"
 
 
+def daemon_answers(address: str, timeout: float = 1.0) -> bool:
+    """Whether a daemon serves at `address` now (a missing socket file answers at once)."""
+    if address.startswith("unix:") and not os.path.exists(address.removeprefix("unix:")):
+        return False
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 # --- remote ---
 
 
