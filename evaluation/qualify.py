@@ -67,6 +67,11 @@ class Qualification:
     entry: ModelEntry | None = None
     notes: list[str] = field(default_factory=list)
 
+    def check(self, name: str, passed: bool, measured: str, needed: str) -> bool:
+        """Record a check; its result, so that checks chain with `and` and stop at a failure."""
+        self.checks.append(Check(name, passed, measured, needed))
+        return passed
+
     @property
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
@@ -158,8 +163,8 @@ def qualify(
         template_name=template_name or "",
         can_shift=True,
         shift_requires={"swa_full": True, "max_budget": n_swa} if n_swa else {},
-        kv_types_checked=("f16",),
-        backends_checked=("cpu",),
+        kv_types_checked=(small.kv_type,),
+        backends_checked=("gpu" if small.n_gpu_layers > 0 else "cpu",),
         default_sinks=sinks,
         default_window=window,
         notes="Qualified by sinkd models add. " + " ".join(q.notes),
@@ -174,11 +179,7 @@ def _header_checks(q: Qualification, h: GGUFHeader, template: str | None) -> boo
     """What the file says, before llama.cpp reads it; False at the first failure."""
     arch = h.architecture
     keys = list(h.metadata)
-
-    def check(name: str, passed: bool, measured: str, needed: str) -> bool:
-        q.checks.append(Check(name, passed, measured, needed))
-        return passed
-
+    check = q.check
     n_swa = int(h.arch("attention.sliding_window", 0) or 0)
     has_template = bool(h.metadata.get("tokenizer.chat_template"))
     known = builtin_templates()
@@ -222,10 +223,7 @@ def _header_checks(q: Qualification, h: GGUFHeader, template: str | None) -> boo
 
 
 def _engine_checks(q: Qualification, engine: Engine, policy: PolicyConfig) -> bool:
-    def check(name: str, passed: bool, measured: str, needed: str) -> bool:
-        q.checks.append(Check(name, passed, measured, needed))
-        return passed
-
+    check = q.check
     if not (
         check(
             "llama.cpp: rotary, attention cache",
@@ -350,21 +348,17 @@ def _stream_check(
         "sink_over_full": round(after["sink"] / after["full"], 4),
         "window_over_sink": round(after["window"] / after["sink"], 4),
     }
-    q.checks.append(
-        Check(
-            "sinks beat the window-only control",
-            after["sink"] < after["window"],
-            f"perplexity after the budget: sink {after['sink']:.2f}, window {after['window']:.2f}",
-            "sink < window",
-        )
+    q.check(
+        "sinks beat the window-only control",
+        after["sink"] < after["window"],
+        f"perplexity after the budget: sink {after['sink']:.2f}, window {after['window']:.2f}",
+        "sink < window",
     )
-    q.checks.append(
-        Check(
-            "sinks stay near the full cache",
-            after["sink"] <= NEAR_FULL * after["full"],
-            f"sink / full = {after['sink'] / after['full']:.3f}",
-            f"<= {NEAR_FULL}",
-        )
+    q.check(
+        "sinks stay near the full cache",
+        after["sink"] <= NEAR_FULL * after["full"],
+        f"sink / full = {after['sink'] / after['full']:.3f}",
+        f"<= {NEAR_FULL}",
     )
     return figures
 

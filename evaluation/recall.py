@@ -332,7 +332,7 @@ def evaluate(
     out: dict[str, Any] = {"plan": plan.__dict__}
     longest = max([*plan.distances, *plan.long_distances, *plan.multi_distances])
     # cells per sequence = the budget: llama.cpp re-rotates every cell of every sequence at each
-    # shift, so spare cells only slow the run down (bench/README.md, "shift cost")
+    # shift, so spare cells only slow the run down (bench/shift_cost.py)
     svc = make_service(n_ctx_seq=256, max_sessions=plan.parallel * 2 + 1)
     try:
         window = svc.entry.default_window

@@ -64,6 +64,11 @@ class Sampler:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
         self.advance(draws)
 
+    @property
+    def history_needed(self) -> int:
+        """How many of the stream's last tokens `sample_logits` needs (0: no repetition penalty)."""
+        return 0 if self.params.repeat_penalty == 1.0 else self.params.repeat_last_n
+
     def advance(self, draws: int) -> None:
         if draws < 0:
             raise InvalidInput(f"sampler draws must be >= 0, got {draws}")
@@ -104,9 +109,10 @@ class Sampler:
         return token
 
     def _penalised(self, logits: np.ndarray, recent: list[int] | None) -> np.ndarray:
-        p, last_n = self.params.repeat_penalty, self.params.repeat_last_n
-        if p == 1.0 or not recent or last_n == 0:
+        last_n = self.history_needed
+        if not recent or last_n == 0:
             return logits
+        p = self.params.repeat_penalty
         ids = np.unique(np.asarray(recent[-last_n:], dtype=np.int64))
         ids = ids[(ids >= 0) & (ids < len(logits))]
         out: np.ndarray = np.array(logits, copy=True)

@@ -134,7 +134,7 @@ class Executor:
             self.end(job, result=self.result(job))
             return
         sampler = job.gen.sampler
-        recent = session.retained.tail(sampler.params.repeat_last_n)
+        recent = session.retained.tail(sampler.history_needed)
         token = sampler.sample_logits(session.last_logits, recent)
         engine = self.engine
         job.generated += 1

@@ -144,8 +144,8 @@ class RetainedTokens:
         """The last `n` retained tokens, in stream order (the repetition penalty's history)."""
         if n <= 0:
             return []
-        if n <= len(self.window):
-            return list(itertools.islice(self.window, len(self.window) - n, None))
+        if n <= len(self.window):  # from the right end: O(n), not O(window)
+            return list(itertools.islice(reversed(self.window), n))[::-1]
         return (self.sinks + list(self.window))[-n:]
 
     def __len__(self) -> int:
