@@ -32,6 +32,11 @@ class Metrics:
         )
         self.decode_tokens = Counter("sinkd_decode_tokens", "Generated tokens decoded", registry=r)
         self.steps = Counter("sinkd_steps", "llama_decode calls made by the scheduler", registry=r)
+        self.sequence_swaps = Counter(
+            "sinkd_sequence_swaps",
+            "Sequences exchanged so that a step's sessions hold one run of ids (one llama.cpp pass)",
+            registry=r,
+        )
         self.evictions = Counter("sinkd_evictions", "Eviction events", registry=r)
         self.evicted_tokens = Counter("sinkd_evicted_tokens", "Cells evicted", registry=r)
         self.resets = Counter("sinkd_resets", "Session resets", registry=r)

@@ -621,3 +621,58 @@ def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
         assert sum(n == 2 for n in per_step.values()) == 16, sorted(per_step.items())
     finally:
         svc.stop()
+
+
+def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(tmp_path: Path) -> None:
+    """llama.cpp decodes only rising, consecutive sequence ids in one pass. Sessions at ids 0 and 2
+    generating together would cost two: the executor first exchanges sequence 2 with 1 (an idle
+    session's). Every session, moved or not, continues exactly as it would have unmoved."""
+    svc = SinkdService(settings(tmp_path, durable=False))
+    svc.start()
+    svc.wait_ready(120)
+    me = Principal("local")
+    policy = PolicyRequest("sink", sinks=4, window=124)
+    ids = svc.engine.tokenize(TEXT, add_bos=False)
+    prompts = [ids[i * 30 : i * 30 + 40] for i in range(3)]
+
+    def opened(prompt: list[int]) -> tuple[str, str]:
+        s = svc.create(me, policy, None)
+        svc.append(me, (s.id, s.generation), None, prompt)
+        return (s.id, s.generation)
+
+    def tokens(handle: tuple[str, str]) -> list[int]:
+        return [p["id"] for kind, p in svc.generate(me, handle, 8, [], None) if kind == "token"]
+
+    try:
+        alone = []
+        for prompt in prompts:
+            h = opened(prompt)
+            alone.append(tokens(h))
+            svc.close(me, h)
+        handles = [opened(p) for p in prompts]
+        sessions = [svc.registry.get(h[0]) for h in handles]
+        assert [s.seq_id for s in sessions] == [0, 1, 2]  # the lowest free ids
+        held, go = threading.Event(), threading.Event()
+
+        def hold(engine: Any) -> None:
+            held.set()
+            assert go.wait(60)
+
+        with ThreadPoolExecutor(3) as pool:
+            blocker = pool.submit(svc.scheduler.call, hold)
+            assert held.wait(60)  # the engine thread is busy: both jobs wait in its inbox
+            first = pool.submit(tokens, handles[0])
+            third = pool.submit(tokens, handles[2])
+            deadline = time.monotonic() + 30
+            while svc.scheduler._inbox.qsize() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            go.set()
+            blocker.result(60)
+            together = [first.result(120), third.result(120)]
+        assert int(svc.metrics.sequence_swaps._value.get()) == 1
+        assert sorted([sessions[0].seq_id, sessions[2].seq_id]) == [0, 1]
+        assert sessions[1].seq_id == 2
+        assert together == [alone[0], alone[2]]
+        assert tokens(handles[1]) == alone[1]  # the idle session moved too, intact
+    finally:
+        svc.stop()

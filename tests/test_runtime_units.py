@@ -20,6 +20,7 @@ from sinkd.daemon.errors import (
     Unsupported,
 )
 from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.runtime.placement import runs, swaps_for_one_run
 from sinkd.daemon.runtime.sessions import (
     TRANSITIONS,
     ModelIdentity,
@@ -242,3 +243,39 @@ def test_call_limits_hold_under_contention() -> None:
     for t in threads:
         t.join(10)
     assert admitted[0] >= 1 and peak[0] <= 4 and limits.in_flight() == 0
+
+
+def test_runs_counts_llama_cpps_ubatches_of_a_decode_step() -> None:
+    assert runs([]) == 0
+    assert runs([3]) == 1
+    assert runs([7, 6, 5, 4]) == 1  # the engine orders a batch by id
+    assert runs([0, 2, 4]) == 3
+    assert runs([0, 1, 5, 6, 9]) == 3
+
+
+@given(
+    st.integers(1, 16).flatmap(
+        lambda n: st.tuples(
+            st.just(n), st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)
+        )
+    )
+)
+def test_placement_makes_one_run_with_the_fewest_exchanges(case: tuple[int, list[int]]) -> None:
+    n_seq, ids = case
+    swaps = swaps_for_one_run(ids, n_seq)
+    placed = list(ids)
+    for a, b in swaps:
+        assert a in placed and b not in placed  # an active id goes where no active one is
+        placed[placed.index(a)] = b
+    assert runs(placed) == 1
+    # no window of len(ids) ids holds more of them than the one chosen
+    k, held = len(ids), set(ids)
+    most = max(sum(q in held for q in range(s, s + k)) for s in range(n_seq - k + 1))
+    assert len(swaps) == k - most
+
+
+def test_placement_refuses_ids_it_cannot_place() -> None:
+    with pytest.raises(ValueError):
+        swaps_for_one_run([1, 1], 4)
+    with pytest.raises(ValueError):
+        swaps_for_one_run([4], 4)

@@ -329,8 +329,10 @@ class Engine(VocabularyOps, SequenceOps):
             self.check_tokens(item.tokens)
         b = self._batch
         i = 0
-        out_index: list[int | None] = []
-        for item in items:
+        out_index: list[int | None] = [None] * len(items)
+        # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
+        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
+            item = items[k]
             for j, tok in enumerate(item.tokens):
                 b.token[i] = tok
                 b.pos[i] = item.pos0 + j
@@ -338,7 +340,7 @@ class Engine(VocabularyOps, SequenceOps):
                 b.seq_id[i][0] = item.seq_id
                 b.logits[i] = item.logits and j == len(item.tokens) - 1
                 i += 1
-            out_index.append(i - 1 if item.logits else None)
+            out_index[k] = i - 1 if item.logits else None
         b.n_tokens = total
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:

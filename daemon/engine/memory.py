@@ -31,9 +31,34 @@ class SequenceOps:
     _state_per_cell: int
 
     def acquire_seq(self) -> int:
+        """The lowest free sequence id: sessions stay packed at low ids, so the sessions of a step
+        tend to hold one run of ids, which llama.cpp decodes in one pass (see runtime/placement)."""
         if not self._free_seqs:
             raise Unsupported(f"all {self.config.n_seq_max} sequences of the context are in use")
-        return self._free_seqs.pop()
+        seq_id = min(self._free_seqs)
+        self._free_seqs.remove(seq_id)
+        return seq_id
+
+    def swap_seqs(self, a: int, b: int) -> None:
+        """Exchange the cells of two sequences (either may be empty or free), through their
+        images: each ends packed, as a restored snapshot is, and computes the same bits."""
+        if a == b:
+            return
+        ranges = self.pos_range(a), self.pos_range(b)
+        image_a = self.save_seq(a) if ranges[0] != (-1, -1) else b""
+        image_b = self.save_seq(b) if ranges[1] != (-1, -1) else b""
+        self.clear(a)
+        self.clear(b)
+        if image_b:
+            self.restore_seq(a, image_b)
+        if image_a:
+            self.restore_seq(b, image_a)
+        if (self.pos_range(a), self.pos_range(b)) != (ranges[1], ranges[0]):
+            raise EngineError(f"exchanging sequences {a} and {b} left them incomplete")
+        free_a, free_b = a in self._free_seqs, b in self._free_seqs
+        if free_a != free_b:
+            self._free_seqs.remove(a if free_a else b)
+            self._free_seqs.append(b if free_a else a)
 
     def release_seq(self, seq_id: int) -> None:
         """Back to the pool, even if clearing it fails (the next acquire clears it, verified)."""

@@ -32,6 +32,7 @@ from sinkd.daemon.runtime.audit import Auditor
 from sinkd.daemon.runtime.durability import Durability
 from sinkd.daemon.runtime.gate import ReplyGate
 from sinkd.daemon.runtime.jobs import Job, JobQueues
+from sinkd.daemon.runtime.placement import swaps_for_one_run
 from sinkd.daemon.runtime.recall import Recall
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.runtime.stepplan import Slot
@@ -168,7 +169,8 @@ class Executor:
     # --- the plan: evict, decode, record ---
 
     def run(self, slots: list[tuple[Job, Slot]]) -> None:
-        items = self._build(slots)
+        self._place([job.session for job, _ in slots])
+        items = self._build([(job, slot) for job, slot in slots if not job.done.is_set()])
         if not items:
             return
         try:
@@ -184,6 +186,26 @@ class Executor:
         self.metrics.steps.inc()
         for it, row in zip(items, rows, strict=True):
             self._after_decode(it, row)
+
+    def _place(self, sessions: list[Session]) -> None:
+        """Exchange sequences until the step's sessions hold one run of ids (see placement): one
+        pass of llama.cpp rather than one per run. A failed exchange fails the sessions involved."""
+        engine = self.engine
+        for a, b in swaps_for_one_run([s.seq_id for s in sessions], engine.config.n_seq_max):
+            holders = [
+                s
+                for s in self.auditor.registry.all()
+                if s.seq_id in (a, b) and s.state is not SessionState.CLOSED
+            ]
+            try:
+                engine.swap_seqs(a, b)
+            except EngineError as e:
+                for s in holders:
+                    self.auditor.fail_session(s, f"moving its cells to another sequence failed: {e}")
+                continue
+            for s in holders:
+                s.seq_id = b if s.seq_id == a else a
+            self.metrics.sequence_swaps.inc()
 
     def _build(self, slots: list[tuple[Job, Slot]]) -> list[_Item]:
         items: list[_Item] = []
