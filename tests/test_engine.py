@@ -233,6 +233,13 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
     logits = engine.feed(0, cseq, tokens)
     greedy = Sampler(SamplingParams())
     assert logits is not None and engine.sample(greedy) == int(logits.argmax())
+    # the greedy fast path selects what llama.cpp's greedy chain selects, ties included
+    tied = logits.copy()
+    top = int(logits.argmax())
+    tied[[5, top, 9000]] = logits[top]  # three equal maxima: the first wins
+    for row in (logits, tied, -logits):
+        assert greedy.sample_logits(row) == greedy.chain_select(row)
+    assert greedy.sample_logits(tied) == 5
     draws = []
     for _ in range(2):
         s = Sampler(SamplingParams(temperature=1.0, seed=7))

@@ -345,7 +345,17 @@ class Engine(VocabularyOps, SequenceOps):
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
-        return [None if idx is None else self.logits(idx) for idx in out_index]
+        # the output rows are in batch order: one copy of them all, each item's row a view of it
+        n_out = sum(1 for idx in out_index if idx is not None)
+        if n_out == 0:
+            return [None] * len(items)
+        ptr = llama.llama_get_logits(self._ctx)
+        if not ptr:
+            raise EngineError("llama.cpp returned no logits")
+        rows = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+        order = sorted(idx for idx in out_index if idx is not None)
+        row_of = {idx: r for r, idx in enumerate(order)}
+        return [None if idx is None else rows[row_of[idx]] for idx in out_index]
 
     def logits(self, index: int) -> np.ndarray:
         ptr = llama.llama_get_logits_ith(self._ctx, index)

@@ -83,6 +83,14 @@ class Sampler:
         applied here, not by llama.cpp's penalties sampler, whose history would not survive a
         restart: the stream is durable, so a resumed session penalises exactly the same tokens."""
         logits = self._penalised(logits, recent)
+        if not self.stochastic:
+            # llama.cpp's greedy sampler is stateless and takes the first maximum, as argmax does:
+            # the same token without filling and walking a 49k-entry candidate array per token
+            return int(np.argmax(logits))
+        return self.chain_select(logits)
+
+    def chain_select(self, logits: np.ndarray) -> int:
+        """The token llama.cpp's chain (and, when sampling, our seeded draw) selects."""
         n = len(logits)
         if self._data is None or len(self._data) != n:
             self._data = np.zeros(n, dtype=_TOKEN_DATA)

@@ -30,6 +30,8 @@ class VocabularyOps:
     chat_template: str
 
     def _init_text_guard(self) -> None:
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self._text_cond = threading.Condition()
         self._text_users = 0
         self._text_closed = False
@@ -96,6 +98,13 @@ class VocabularyOps:
         return list(buf[:n])
 
     def piece(self, token: int) -> bytes:
+        """The token's bytes; remembered, so a generated token costs no call into llama.cpp."""
+        known = self._pieces.get(token)
+        if known is None:
+            known = self._pieces[token] = self._piece(token)
+        return known
+
+    def _piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
         if n < 0:
@@ -132,7 +141,10 @@ class VocabularyOps:
         raise EngineError("chat template rendering did not converge")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+        known = self._eog.get(token)
+        if known is None:
+            known = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
+        return known
 
     def is_control(self, token: int) -> bool:
         """A control token (a chat template's turn markers, BOS, EOS): structure, not text."""
