@@ -51,9 +51,13 @@ class PolicyConfig:
     window: int
     evict_chunk: int = 1
     compact_interval: int = 0
+    # past the budget, an append of many tokens evicts ahead and decodes up to this many at once
+    # (rounded up to E); 0: E at a time. The same evictions, bigger sub-batches: faster, but the
+    # first tokens of a sub-batch see a shorter window (bench/ingest.py measures the cost)
+    ingest_chunk: int = 0
 
     def __post_init__(self) -> None:
-        for field in ("sinks", "window", "evict_chunk", "compact_interval"):
+        for field in ("sinks", "window", "evict_chunk", "compact_interval", "ingest_chunk"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(field, f"must be an integer, got {value!r}")
@@ -64,6 +68,10 @@ class PolicyConfig:
         if not 1 <= self.evict_chunk <= self.window:
             raise ConfigError(
                 "evict_chunk", f"must be in 1..window ({self.window}), got {self.evict_chunk}"
+            )
+        if not 0 <= self.ingest_chunk <= self.window:
+            raise ConfigError(
+                "ingest_chunk", f"must be in 0..window ({self.window}), got {self.ingest_chunk}"
             )
         if self.compact_interval < 0:
             raise ConfigError("compact_interval", f"must be >= 0, got {self.compact_interval}")
@@ -83,6 +91,7 @@ class PolicyConfig:
         window: int = 252,
         evict_chunk: int = 1,
         compact_interval: int = 0,
+        ingest_chunk: int = 0,
     ) -> PolicyConfig:
         """Build a config by policy name; the window policy ignores `sinks` (it has none)."""
         try:
@@ -93,7 +102,9 @@ class PolicyConfig:
             raise ConfigError("policy", f"unknown policy {shown!r} (known: {known})") from None
         if name is PolicyName.WINDOW:
             sinks = 0
-        return cls(name, sinks, window, evict_chunk, compact_interval)
+        if name is PolicyName.FULL:
+            ingest_chunk = 0  # it never evicts
+        return cls(name, sinks, window, evict_chunk, compact_interval, ingest_chunk)
 
     @classmethod
     def resolve(
@@ -104,12 +115,14 @@ class PolicyConfig:
         window: int | None,
         evict_chunk: int | None,
         compact_interval: int = 0,
+        ingest_chunk: int | None = None,
         default_sinks: int,
         default_window: int,
         default_evict_chunk: int,
+        default_ingest_chunk: int = 0,
     ) -> PolicyConfig:
         """The one place defaults fill what a caller left unset: S and W from the model's entry,
-        E from the daemon's default (never above W)."""
+        E and the ingest chunk from the daemon's defaults (never above W)."""
         w = default_window if window is None else window
         return cls.named(
             policy,
@@ -117,6 +130,9 @@ class PolicyConfig:
             window=w,
             evict_chunk=evict_chunk or min(default_evict_chunk, max(w, 1)),
             compact_interval=compact_interval,
+            ingest_chunk=min(default_ingest_chunk, max(w, 0))
+            if ingest_chunk is None
+            else ingest_chunk,
         )
 
     @property
@@ -151,6 +167,8 @@ class PolicyConfig:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if not self.ingest_chunk:  # absent means 0: sessions made before it existed hash the same
+            del d["ingest_chunk"]
         d["policy"] = self.policy.value
         d["position_mode"] = self.position_mode.value
         return d

@@ -126,7 +126,7 @@ def plan_append(
         ops: tuple[Op, ...] = ()
         free = budget - state.retained(config)
         if free == 0:
-            ops, state = _evict(config, state)
+            ops, state = _evict(config, state, _evictions_ahead(config, n_tokens - offset))
             free = budget - state.retained(config)
         after_ops = state
         take = min(n_tokens - offset, free, max_batch or free)
@@ -139,19 +139,34 @@ def plan_append(
     return AppendPlan(before, n_tokens, tuple(sub_batches))
 
 
-def _evict(config: PolicyConfig, state: SeqState) -> tuple[tuple[Op, ...], SeqState]:
-    """Remove the oldest E window cells, then shift the window down if the gap reached K."""
-    start = state.window_start
-    end = start + config.evict_chunk
-    evict = Evict(start - state.shift, end - state.shift, start, end)
-    state = replace(
-        state,
-        window_start=end,
-        evictions=state.evictions + 1,
-        evicted_tokens=state.evicted_tokens + config.evict_chunk,
-    )
+def _evictions_ahead(config: PolicyConfig, remaining: int) -> int:
+    """How many E-evictions to make now: one, or with an ingest chunk as many as the next
+    min(remaining, ingest_chunk) tokens will need (token-at-a-time appends make the same ones, each
+    as the first token past a full budget arrives)."""
+    e = config.evict_chunk
+    if config.ingest_chunk <= e or remaining <= e:
+        return 1
+    return max(1, min(-(-min(remaining, config.ingest_chunk) // e), config.window // e))
+
+
+def _evict(
+    config: PolicyConfig, state: SeqState, times: int = 1
+) -> tuple[tuple[Op, ...], SeqState]:
+    """Remove the oldest E window cells `times` over, then shift the window down if the gap reached
+    K (one shift closes the gaps of all of them)."""
+    ops: list[Op] = []
+    for _ in range(times):
+        start = state.window_start
+        end = start + config.evict_chunk
+        ops.append(Evict(start - state.shift, end - state.shift, start, end))
+        state = replace(
+            state,
+            window_start=end,
+            evictions=state.evictions + 1,
+            evicted_tokens=state.evicted_tokens + config.evict_chunk,
+        )
     gap = state.gap(config)
     if config.position_mode is PositionMode.KEEP or gap < max(config.compact_interval, 1):
-        return (evict,), state
-    shift = Shift(end - state.shift, state.n_seen - state.shift, -gap)
-    return (evict, shift), replace(state, shift=state.shift + gap, shifts=state.shifts + 1)
+        return tuple(ops), state
+    shift = Shift(state.window_start - state.shift, state.n_seen - state.shift, -gap)
+    return (*ops, shift), replace(state, shift=state.shift + gap, shifts=state.shifts + 1)

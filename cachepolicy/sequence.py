@@ -126,8 +126,7 @@ class CacheSequence:
 
     def adopt_ops(self, sub_batch: SubBatch) -> None:
         """Record that `sub_batch.ops` were applied to the cache."""
-        if sub_batch.ops:
-            self.trace.append(_event(self.state, sub_batch))
+        self.trace.extend(_events(self.state, sub_batch))
         self.state = sub_batch.after_ops
 
     def adopt_tokens(self, sub_batch: SubBatch) -> None:
@@ -204,13 +203,17 @@ class CacheSequence:
         )
 
 
-def _event(before: SeqState, sub_batch: SubBatch) -> TraceEvent:
-    evict = next(op for op in sub_batch.ops if isinstance(op, Evict))
+def _events(before: SeqState, sub_batch: SubBatch) -> list[TraceEvent]:
+    """One event per eviction; the sub-batch's shift, if any, is reported with its last one."""
+    evicts = [op for op in sub_batch.ops if isinstance(op, Evict)]
     shift = next((op for op in sub_batch.ops if isinstance(op, Shift)), None)
-    return TraceEvent(
-        at_token=before.n_seen,
-        evicted_logical=(evict.logical_start, evict.logical_end),
-        evicted_cache=(evict.p0, evict.p1),
-        shift_delta=shift.delta if shift else 0,
-        shifted_cache=(shift.p0, shift.p1) if shift else None,
-    )
+    return [
+        TraceEvent(
+            at_token=before.n_seen,
+            evicted_logical=(evict.logical_start, evict.logical_end),
+            evicted_cache=(evict.p0, evict.p1),
+            shift_delta=shift.delta if shift and last else 0,
+            shifted_cache=(shift.p0, shift.p1) if shift and last else None,
+        )
+        for last, evict in ((i == len(evicts) - 1, e) for i, e in enumerate(evicts))
+    ]

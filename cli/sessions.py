@@ -59,7 +59,8 @@ def receipt_table(r: dict[str, Any], title: str = "receipt") -> Table:
         ("state", r["state"]),
         (
             "policy",
-            f"{p['policy']} S={p['sinks']} W={p['window']} E={p['evict_chunk']} K={p['compact_interval']}",
+            f"{p['policy']} S={p['sinks']} W={p['window']} E={p['evict_chunk']}"
+            f" K={p['compact_interval']} ingest={p.get('ingest_chunk', 0)}",
         ),
         ("tokens seen", str(r["n_seen"])),
         ("retained cells", f"{r['retained']} ({r['kv_payload_bytes']:,} bytes of KV)"),

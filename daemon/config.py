@@ -51,11 +51,16 @@ class Settings(BaseSettings):
     max_kv_bytes: int | None = Field(default=None, ge=1)
     n_batch: int = Field(default=256, ge=1, le=8192)
     step_tokens: int = Field(default=256, ge=1)
-    prefill_chunk: int = Field(default=64, ge=1)  # a session's prefill per step, whatever the load
+    # a session's prefill per step, whatever the load: 128 tokens (~0.8 s here) bound what a long
+    # append adds to the other sessions' steps, and past the budget ingest at prompt speed
+    prefill_chunk: int = Field(default=128, ge=1)
     n_threads: int | None = Field(default=None, ge=1)
     n_gpu_layers: int = Field(default=0, ge=0)
     kv_type: str = "f16"
     default_evict_chunk: int = Field(default=16, ge=1)
+    # past the budget a long append decodes this many tokens per sub-batch, not E: prompt-processing
+    # speed for a small perplexity cost (bench/ingest.py); 0: E at a time
+    default_ingest_chunk: int = Field(default=128, ge=0)
     max_pinned_system_tokens: int = Field(default=256, ge=0)
     idle_timeout_s: float = Field(default=3600.0, gt=0)
     max_message_bytes: int = Field(default=4 * 2**20, ge=1024)
@@ -101,6 +106,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
+        if self.prefill_chunk > self.step_tokens and "prefill_chunk" not in self.model_fields_set:
+            self.prefill_chunk = self.step_tokens  # the default yields to a smaller step
         if self.prefill_chunk > self.step_tokens:
             raise ValueError(
                 f"prefill_chunk ({self.prefill_chunk}) must be <= step_tokens ({self.step_tokens})"

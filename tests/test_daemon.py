@@ -588,7 +588,7 @@ def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
     svc.wait_ready(120)
     me = Principal("local")
     try:
-        policy = PolicyRequest("sink", sinks=4, window=60, evict_chunk=8)
+        policy = PolicyRequest("sink", sinks=4, window=60, evict_chunk=8, ingest_chunk=0)
         handles = []
         for _ in range(2):
             s = svc.create(me, policy, None)

@@ -139,6 +139,23 @@ def test_next_take_is_what_one_sub_batch_holds() -> None:
     assert full.next_take(3) == 3  # refused later, by the append itself, with the reason
 
 
+def test_ingest_chunk_evicts_ahead_and_decodes_one_sub_batch() -> None:
+    """Past the budget, 12 tokens with E=4 and an ingest chunk of 12: the three evictions
+    token-at-a-time appends make, in one go, one shift, and one 12-token sub-batch."""
+    seq = CacheSequence(
+        PolicyConfig.named("sink", sinks=2, window=16, evict_chunk=4, ingest_chunk=12)
+    )
+    seq.append(18)  # full
+    plan = seq.plan(12)
+    assert [sb.n_tokens for sb in plan.sub_batches] == [12]
+    ops = plan.sub_batches[0].ops
+    assert ops == (
+        Evict(2, 6, 2, 6), Evict(6, 10, 6, 10), Evict(10, 14, 10, 14), Shift(14, 18, -12)
+    )  # fmt: skip
+    assert [sb.n_tokens for sb in seq.plan(1).sub_batches] == [1]  # generation: E at a time
+    assert seq.plan(1).sub_batches[0].ops[0] == Evict(2, 6, 2, 6)
+
+
 def test_compaction_interval_defers_the_shift() -> None:
     cfg = PolicyConfig.named("sink", sinks=2, window=4, compact_interval=3)
     seq = CacheSequence(cfg)
@@ -219,6 +236,8 @@ def test_fork_is_independent_and_reset_empties() -> None:
         ({"policy": "sink", "evict_chunk": 0}, "evict_chunk"),
         ({"policy": "sink", "compact_interval": -1}, "compact_interval"),
         ({"policy": "sink-noshift", "compact_interval": 8}, "compact_interval"),
+        ({"policy": "sink", "window": 16, "ingest_chunk": 17}, "ingest_chunk"),
+        ({"policy": "sink", "ingest_chunk": -1}, "ingest_chunk"),
     ],
 )
 def test_invalid_config_names_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -289,6 +308,7 @@ def test_e1_retains_first_s_and_last_w(
     policy=st.sampled_from(["sink", "sink-noshift"]),
     sizes=appends,
     max_batch=st.one_of(st.none(), st.integers(1, 9)),
+    ingest_frac=st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
 )
 def test_invariants_for_any_chunk(
     sinks: int,
@@ -298,17 +318,28 @@ def test_invariants_for_any_chunk(
     policy: str,
     sizes: list[int],
     max_batch: int | None,
+    ingest_frac: float,
 ) -> None:
+    """Whatever the appends' sizes, E, K, the batch limit and the ingest chunk: the cache holds what
+    the policy says, and the same cells and evictions as appending one token at a time."""
     chunk = 1 + int(chunk_frac * (window - 1))
+    ingest = int(ingest_frac * window)
     cfg = PolicyConfig.named(
         policy,
         sinks=sinks,
         window=window,
         evict_chunk=chunk,
         compact_interval=compact if policy == "sink" else 0,
+        ingest_chunk=ingest,
     )
-    seq = CacheSequence(cfg)
-    token_at_a_time = CacheSequence(cfg)
+    seq = CacheSequence(cfg, trace_capacity=10_000)
+    token_at_a_time = CacheSequence(
+        PolicyConfig.named(
+            policy, sinks=sinks, window=window, evict_chunk=chunk,
+            compact_interval=compact if policy == "sink" else 0,
+        ),
+        trace_capacity=10_000,
+    )  # fmt: skip
     mem = RecordingMemory()
     n = 0
     for size in sizes:
@@ -330,6 +361,11 @@ def test_invariants_for_any_chunk(
 
         kept = seq.logical_positions()
         assert kept == token_at_a_time.logical_positions()
+        assert [e.evicted_logical for e in seq.trace] == [
+            e.evicted_logical for e in token_at_a_time.trace
+        ]
+        if ingest > chunk:  # a sub-batch past the budget holds up to the ingest chunk
+            assert all(sb.n_tokens < ingest + chunk for sb in plan.sub_batches if sb.ops)
         assert len(kept) == len(set(kept)) <= cfg.budget
         assert kept[: min(sinks, n)] == list(range(min(sinks, n)))  # sinks stay
         tail = kept[min(sinks, n) :]

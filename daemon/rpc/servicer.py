@@ -165,6 +165,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             evict_chunk=p.evict_chunk or None,
             compact_interval=p.compact_interval,
             pin_system_prompt=p.pin_system_prompt,
+            ingest_chunk=p.ingest_chunk if p.HasField("ingest_chunk") else None,
         )
         sampling = _sampling(request.sampling if request.HasField("sampling") else None)
         r = request.recall

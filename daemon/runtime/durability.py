@@ -67,6 +67,7 @@ def policy_from(d: dict[str, Any]) -> PolicyConfig:
         window=d["window"],
         evict_chunk=d["evict_chunk"],
         compact_interval=d["compact_interval"],
+        ingest_chunk=d.get("ingest_chunk", 0),
     )
 
 

@@ -31,6 +31,7 @@ class PolicyRequest:
     evict_chunk: int | None = None
     compact_interval: int = 0
     pin_system_prompt: bool = False
+    ingest_chunk: int | None = None  # None: the daemon's default
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,11 @@ def resolve_policy(
         window=req.window,
         evict_chunk=req.evict_chunk,
         compact_interval=req.compact_interval,
+        ingest_chunk=req.ingest_chunk,
         default_sinks=entry.default_sinks,
         default_window=entry.default_window,
         default_evict_chunk=settings.default_evict_chunk,
+        default_ingest_chunk=settings.default_ingest_chunk,
     )
     pinned = min(config.sinks, n_system)
     if req.pin_system_prompt:

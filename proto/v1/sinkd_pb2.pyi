@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("name", "sinks", "window", "evict_chunk", "compact_interval", "pin_system_prompt")
+    __slots__ = ("name", "sinks", "window", "evict_chunk", "compact_interval", "pin_system_prompt", "ingest_chunk")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SINKS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     EVICT_CHUNK_FIELD_NUMBER: _ClassVar[int]
     COMPACT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     PIN_SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    INGEST_CHUNK_FIELD_NUMBER: _ClassVar[int]
     name: str
     sinks: int
     window: int
     evict_chunk: int
     compact_interval: int
     pin_system_prompt: bool
-    def __init__(self, name: _Optional[str] = ..., sinks: _Optional[int] = ..., window: _Optional[int] = ..., evict_chunk: _Optional[int] = ..., compact_interval: _Optional[int] = ..., pin_system_prompt: _Optional[bool] = ...) -> None: ...
+    ingest_chunk: int
+    def __init__(self, name: _Optional[str] = ..., sinks: _Optional[int] = ..., window: _Optional[int] = ..., evict_chunk: _Optional[int] = ..., compact_interval: _Optional[int] = ..., pin_system_prompt: _Optional[bool] = ..., ingest_chunk: _Optional[int] = ...) -> None: ...
 
 class Sampling(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n")
