@@ -500,3 +500,36 @@ def test_reset_fork_and_close_are_durable(run: Run) -> None:
     assert code_of(lambda: c.inspect(parent)) == grpc.StatusCode.FAILED_PRECONDITION  # old handle
     assert code_of(lambda: c.inspect(gone)) == grpc.StatusCode.NOT_FOUND
     assert not (run.state / "snapshots" / gone.session_id).exists()
+
+
+@pytest.mark.model
+def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(run: Run) -> None:
+    """Four sessions generating side by side pass their snapshot threshold in the same step. While
+    jobs wait, the engine snapshots one of them per gap between steps, never all four at once (a
+    stall of every session's next token); idle, it takes every due one at once."""
+    import threading
+
+    c = run.start(snapshot_every_tokens=24)
+    d = run.d
+    assert d is not None and d.service.scheduler.snapshotter is not None
+    snapshotter, scheduler = d.service.scheduler.snapshotter, d.service.scheduler
+    taken: list[tuple[int, bool]] = []  # (steps so far, jobs waiting) at each snapshot
+    take = snapshotter.take
+
+    def recording(session: Any) -> bool:
+        taken.append((int(d.service.metrics.steps._value.get()), bool(scheduler.queues)))
+        return take(session)
+
+    snapshotter.take = recording  # type: ignore[method-assign]
+    handles = [c.create().handle for _ in range(4)]
+    for h in handles:
+        c.append(h, TEXT[:60])  # each short of the threshold: they fall due while generating
+    taken.clear()
+    threads = [threading.Thread(target=c.generate, args=(h, 40)) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    busy = [steps for steps, waiting in taken if waiting]
+    assert len(busy) >= 4  # every session's threshold was crossed while the others generated
+    assert len(busy) == len(set(busy)), taken  # one per gap between steps

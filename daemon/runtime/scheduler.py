@@ -154,7 +154,7 @@ class Scheduler:
                 if self.queues:
                     self._guarded_step()
                 if self.snapshotter is not None:
-                    self.snapshotter.due()
+                    self.snapshotter.due(busy=bool(self.queues))
             clean = True
         except BaseException as e:  # a bug outside a step: no zombie, the daemon must stop
             log.exception("the engine thread died")
