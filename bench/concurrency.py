@@ -1,6 +1,7 @@
 """4. 1, 2, 4 and 8 concurrent sessions through the daemon: aggregate tokens/s, per-session
 inter-token latency p50/p99, batched against one at a time; time to first token while another
-session prefills a long append.
+session prefills a long append. In the same run, the raw ceiling: llama-cpp-python decoding the
+same number of sequences batched against solo steps (bench/batching.py's measure), before and after.
 
     python bench/concurrency.py [--tokens 48]   -> bench/results/concurrency.json
 """
@@ -13,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from batching import run as raw_batching
 from common import daemon_settings, percentile, table, write
 
 from sinkd.daemon.rpc.client import Client
@@ -41,6 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tokens", type=int, default=48)
     a = p.parse_args()
+    raw = [raw_batching(False, 8, 20)]
     d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=9, n_ctx_seq=256))
     d.start()
     d.wait_ready(60)
@@ -112,7 +115,37 @@ def main() -> None:
         client.s.Close(pb.HandleRequest(handle=h), metadata=MD)
     table("time to first token", ["situation", "ms"], [[k, v] for k, v in ttft.items()])
     d.stop()
-    write("concurrency", {"tokens": a.tokens, "results": results, "ttft_ms": ttft})
+    raw.append(raw_batching(False, 8, 20))
+    raw_speedup = sum(float(r["speedup"]) for r in raw) / len(raw)
+    raw_step_ms = sum(float(r["batched_step_ms"]) for r in raw) / len(raw)
+    eight = next(r for r in results if r["sessions"] == 8)
+    eight_speedup = eight["batched_tok_s"] / eight["serial_tok_s"]
+    table(
+        "8 sessions against the raw ceiling (llama-cpp-python, same shapes, mean of before/after)",
+        ["measure", "daemon", "raw", "daemon/raw"],
+        [
+            ["batched / one at a time", eight_speedup, raw_speedup, eight_speedup / raw_speedup],
+            ["ITL p99 vs batched step ms", eight["itl_p99_ms"], raw_step_ms,
+             eight["itl_p99_ms"] / raw_step_ms],
+        ],
+    )  # fmt: skip
+    write(
+        "concurrency",
+        {
+            "tokens": a.tokens,
+            "results": results,
+            "ttft_ms": ttft,
+            "raw": raw,
+            "eight_vs_raw": {
+                "speedup": eight_speedup,
+                "raw_speedup": raw_speedup,
+                "ratio": eight_speedup / raw_speedup,
+                "itl_p99_ms": eight["itl_p99_ms"],
+                "raw_batched_step_ms": raw_step_ms,
+                "itl_p99_vs_raw_step": eight["itl_p99_ms"] / raw_step_ms,
+            },
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU offload check, for a machine with an NVIDIA GPU (compute capability 9.0, e.g. H100/H200) and no
 # network. Give it the llama-cpp-python sdist; the pinned models must be in $SINKD_HOME/models (or
-# the user cache). Builds for CUDA sm_90 only, runs the engine tests with every layer offloaded and
-# benchmark 1 (latency vs session age), and prints the figures. About 10 minutes, most of it the build.
+# the user cache). Builds for CUDA sm_90 only, runs the engine tests with every layer offloaded,
+# benchmark 1 (latency vs session age) and the batched path (raw batching, then 1-8 sessions through
+# the daemon against the raw ceiling), and prints the figures. About 12 minutes, most of it the build.
 #
 #   bash bench/gpu_check.sh llama_cpp_python-0.3.36.tar.gz [OUT_DIR]
 set -euo pipefail
@@ -21,3 +22,8 @@ export SINKD_GPU_LAYERS=99 SINKD_ALLOW_UNCHECKED=1
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py 2>&1 | tee "$out/engine-tests.txt"
 python3 bench/latency.py --tokens 5200 --full-tokens 4096 2>&1 | grep -v '^llama' | tee "$out/latency.txt"
 cp bench/results/latency.json "$out/latency.json" 2>/dev/null || true
+python3 -m pytest -q -p no:cacheprovider tests/test_daemon.py -k "batched or scattered or share_a_step" \
+  2>&1 | tee "$out/batched-tests.txt"
+python3 bench/batching.py --json "$out/batching.json" 2>&1 | grep -v '^llama' | tee "$out/batching.txt"
+python3 bench/concurrency.py 2>&1 | grep -v '^llama' | tee "$out/concurrency.txt"
+cp bench/results/concurrency.json "$out/concurrency.json" 2>/dev/null || true

@@ -91,9 +91,7 @@ def main() -> None:
             ["the rest of the engine thread", per_step(total_s - decode_s - idle_s)],
         ],
     )
-    rows = [
-        [f"{Path(k[0]).name}:{k[1]}({k[2]})", calls, per_step(tt)] for tt, calls, k in own
-    ]
+    rows = [[f"{Path(k[0]).name}:{k[1]}({k[2]})", calls, per_step(tt)] for tt, calls, k in own]
     table("own time on the engine thread", ["function", "calls", "ms per step"], rows)
     write(
         "profile_step",

@@ -1,0 +1,388 @@
+"""The peer, side by side: llama.cpp's own server against sinkd at the same budget.
+
+    python bench/peer.py --build-only     # once: ~25 min on 2 cores; never part of .ci/run
+    python bench/peer.py                  -> bench/results/peer.json
+
+The peer is built from the llama.cpp sources vendored in the llama-cpp-python sdist of the
+installed version (downloaded from PyPI, or taken from SINKD_PEER_SDIST), into a cache directory
+outside the repository (SINKD_PEER_CACHE, default ~/.cache/sinkd/peer): same llama.cpp, same
+compiler, so the comparison is of the serving layers, not of two engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import percentile, table, write
+
+TARGETS = ("llama-server", "llama-batched-bench")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SINKD_PEER_CACHE", Path.home() / ".cache" / "sinkd" / "peer"))
+
+
+def installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama_cpp_python")
+
+
+def sdist(version: str, into: Path) -> Path:
+    """The sdist of the installed llama-cpp-python: SINKD_PEER_SDIST, else one pip downloads."""
+    given = os.environ.get("SINKD_PEER_SDIST")
+    if given:
+        return Path(given)
+    found = sorted(into.glob(f"llama_cpp_python-{version}.tar.gz"))
+    if found:
+        return found[0]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={version}",
+            "-d",
+            str(into),
+        ],
+        check=True,
+    )
+    return next(into.glob(f"llama_cpp_python-{version}.tar.gz"))
+
+
+def build() -> dict[str, Path]:
+    """The peer's binaries, built once per llama-cpp-python version; later calls reuse them."""
+    version = installed_version()
+    root = cache_dir() / version
+    bins = {t: root / "build" / "bin" / t for t in TARGETS}
+    if all(b.exists() for b in bins.values()):
+        return bins
+    root.mkdir(parents=True, exist_ok=True)
+    src = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if not (src / "CMakeLists.txt").exists():
+        with tarfile.open(sdist(version, root)) as tar:
+            members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+            tar.extractall(root, members=members, filter="data")
+    build_dir = root / "build"
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(src),
+            "-B",
+            str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build_dir), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)],
+        check=True,
+    )
+    return bins
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+BUDGET, SINKS, SESSIONS = 256, 4, 8
+ROUNDS = int(os.environ.get("SINKD_PEER_ROUNDS", "2"))
+SOLO_TOKENS, EACH_TOKENS = 600, 300
+
+
+def model_file() -> Path:
+    from sinkd.daemon.engine.models import load_lock, locate
+
+    return locate(load_lock().get(None))
+
+
+def prompts(n: int) -> list[list[int]]:
+    """n prose prompts of 100 tokens each, from different places of the sample text."""
+    from sinkd.daemon.engine.llama import EngineConfig
+    from sinkd.daemon.engine.loading import open_engine
+    from sinkd.evaluation import SAMPLE_TEXT
+
+    with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
+        ids = engine.tokenize(SAMPLE_TEXT * 4, add_bos=False)
+    return [ids[i * 37 : i * 37 + 100] for i in range(n)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Stream:
+    tokens: int = 0
+    seconds: float = 0.0
+    itl_ms: list[float] = field(default_factory=list)
+
+
+class Server:
+    """llama-server with one slot per session and `BUDGET` cells each, context shift on."""
+
+    def __init__(self, binary: Path, slots: int) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [str(binary), "-m", str(model_file()), "-c", str(BUDGET * slots), "-np", str(slots),
+             "--keep", str(SINKS), "--context-shift", "-t", "2", "-b", "256", "-ub", "256",
+             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("llama-server did not become healthy")
+
+    def stream(self, prompt: list[int], n: int) -> Stream:
+        body = json.dumps(
+            {
+                "prompt": prompt,
+                "n_predict": n,
+                "temperature": 0.0,
+                "stream": True,
+                "ignore_eos": True,
+                "n_keep": SINKS,
+                "cache_prompt": False,
+            }
+        ).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        out, t0 = Stream(), time.perf_counter()
+        last = None
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for line in r:
+                if not line.startswith(b"data: "):
+                    continue
+                ev = json.loads(line[6:])
+                if ev.get("stop"):
+                    break
+                now = time.perf_counter()
+                out.tokens += 1
+                if last is not None:
+                    out.itl_ms.append(1000 * (now - last))
+                last = now
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+class Sinkd:
+    """`sinkd serve` in its own process, as llama-server runs; sessions S=4 W=252 over gRPC."""
+
+    def __init__(self, sessions: int, durable: bool = True) -> None:
+        self.tmp = Path(tempfile.mkdtemp())
+        sock = self.tmp / "sinkd.sock"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sinkd.cli.main", "serve", "--socket", str(sock),
+             "--max-sessions", str(sessions), "--ctx", str(BUDGET), "--threads", "2",
+             "--state-dir", str(self.tmp / "state"), "--durable" if durable else "--no-durable"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        from sinkd.cli.backend import daemon_answers
+        from sinkd.daemon.rpc.client import Client
+
+        self.client = Client(f"unix:{sock}")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if daemon_answers(f"unix:{sock}"):
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("sinkd serve did not become healthy")
+
+    def stream(self, prompt: list[int], n: int) -> Stream:
+        from sinkd.proto.v1 import sinkd_pb2 as pb
+
+        s = self.client.s
+        out, t0 = Stream(), time.perf_counter()
+        h = s.Create(
+            pb.CreateSessionRequest(
+                policy=pb.Policy(name="sink", sinks=SINKS, window=BUDGET - SINKS)
+            )
+        ).handle
+        s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=prompt)))
+        last = None
+        for ev in s.Generate(pb.GenerateRequest(handle=h, max_tokens=n)):
+            if ev.HasField("token"):
+                now = time.perf_counter()
+                out.tokens += 1
+                if last is not None:
+                    out.itl_ms.append(1000 * (now - last))
+                last = now
+        out.seconds = time.perf_counter() - t0
+        s.Close(pb.HandleRequest(handle=h))
+        return out
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, Any]:
+    """Every prompt of `work` generating n tokens at once; tok/s per session and aggregate."""
+    results: list[Stream | None] = [None] * len(work)
+
+    def run(i: int) -> None:
+        results[i] = server.stream(work[i], n)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done = [r for r in results if r is not None]
+    itl = [x for r in done for x in r.itl_ms]
+    return {
+        "sessions": len(work),
+        "tokens_each": n,
+        "generated": sum(r.tokens for r in done),
+        "per_session_tok_s": sum(r.tokens / r.seconds for r in done) / len(done),
+        "aggregate_tok_s": sum(r.tokens for r in done) / wall,
+        "itl_p50_ms": percentile(itl, 50),
+        "itl_p99_ms": percentile(itl, 99),
+    }
+
+
+def batched_bench(binary: Path) -> list[dict[str, Any]]:
+    """llama-batched-bench: the raw ceiling, 100-token prompts, 128 tokens generated per sequence."""
+    out = subprocess.run(
+        [str(binary), "-m", str(model_file()), "-c", str(BUDGET * SESSIONS), "-b", "256",
+         "-ub", "256", "-npp", "100", "-ntg", "128", "-npl", "1,2,4,8", "-t", "2"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = []
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[0].isdigit():
+            # PP TG B N_KV T_PP S_PP T_TG S_TG T S
+            rows.append({"sequences": int(cells[2]), "tg_aggregate_tok_s": float(cells[7]),
+                         "pp_tok_s": float(cells[5])})  # fmt: skip
+    return rows
+
+
+def perplexities() -> list[dict[str, Any]]:
+    """The two eviction schemes on the same text through the same llama.cpp: sinkd's (evict E=16,
+    shift; long appends in ingest chunks) and llama-server's context shift (keep n_keep, discard
+    half of the rest, shift), which is the sink policy with E = W/2."""
+    from sinkd.cachepolicy import PolicyConfig
+    from sinkd.daemon.config import Settings
+    from sinkd.daemon.engine.llama import EngineConfig
+    from sinkd.daemon.engine.loading import open_engine
+    from sinkd.evaluation import SAMPLE_TEXT
+    from sinkd.evaluation.ppl import score_policy
+
+    kjv = Path(__file__).resolve().parent / "texts" / "kjv.txt"
+    body = kjv.read_text()[:400_000] if kjv.exists() else SAMPLE_TEXT * 200
+    window = BUDGET - SINKS
+    ingest = Settings.model_fields["default_ingest_chunk"].default
+    schemes = {
+        "sinkd sink (E=16)": PolicyConfig.named("sink", sinks=SINKS, window=window,
+                                                evict_chunk=16, ingest_chunk=ingest),
+        "llama-server context shift": PolicyConfig.named("sink", sinks=SINKS, window=window,
+                                                         evict_chunk=window // 2),
+    }  # fmt: skip
+    n = int(4096 * float(os.environ.get("SINKD_BENCH_SCALE", "1")))
+    rows = []
+    with open_engine(None, EngineConfig(n_ctx_seq=BUDGET, n_seq_max=1)) as engine:
+        tokens = engine.tokenize(body, add_bos=False)[:n]
+        for name, policy in schemes.items():
+            rows.append(
+                {
+                    "scheme": name,
+                    "tokens": n,
+                    "perplexity": score_policy(engine, tokens, policy).perplexity,
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    bins = build()
+    work = prompts(SESSIONS)
+    runs: list[dict[str, Any]] = []
+    for rnd in range(ROUNDS):
+        for name, make in (
+            ("llama-server", lambda k: Server(bins["llama-server"], k)),
+            ("sinkd", lambda k: Sinkd(k)),
+        ):
+            for k, n in ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS)):
+                server = make(k)
+                try:
+                    r = measure(server, work[:k], n)
+                finally:
+                    server.stop()
+                runs.append({"server": name, "round": rnd, **r})
+                print(
+                    f"{name} round {rnd}: {k} x {n}: {r['aggregate_tok_s']:.1f} tok/s", flush=True
+                )
+    ceiling = batched_bench(bins["llama-batched-bench"])
+    ppl = perplexities()
+    rows = []
+    for name in ("llama-server", "sinkd"):
+        for k in (1, SESSIONS):
+            mine = [r for r in runs if r["server"] == name and r["sessions"] == k]
+            rows.append(
+                [
+                    name,
+                    k,
+                    mine[0]["tokens_each"],
+                    "-".join(f"{r['per_session_tok_s']:.1f}" for r in mine),
+                    "-".join(f"{r['aggregate_tok_s']:.1f}" for r in mine),
+                    max(r["itl_p50_ms"] for r in mine),
+                    max(r["itl_p99_ms"] for r in mine),
+                ]
+            )
+    table(
+        f"{BUDGET} cells per session, S={SINKS}, greedy, 100-token prompts ({ROUNDS} rounds)",
+        ["server", "sessions", "tokens each", "tok/s per session", "aggregate tok/s",
+         "ITL p50 ms", "ITL p99 ms"],
+        rows,
+    )  # fmt: skip
+    table("llama-batched-bench (raw ceiling): 100-token prompts, 128 generated",
+          ["sequences", "generation tok/s (aggregate)", "prompt tok/s"],
+          [[r["sequences"], r["tg_aggregate_tok_s"], r["pp_tok_s"]] for r in ceiling])  # fmt: skip
+    table("perplexity of each eviction scheme (same text, same llama.cpp)",
+          ["scheme", "tokens", "perplexity"],
+          [[r["scheme"], r["tokens"], r["perplexity"]] for r in ppl])  # fmt: skip
+    print(f"wrote {write('peer', {'runs': runs, 'batched_bench': ceiling, 'perplexity': ppl})}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--build-only"]:
+        print(build())
+    else:
+        main()
