@@ -201,7 +201,9 @@ class Executor:
                 engine.swap_seqs(a, b)
             except EngineError as e:
                 for s in holders:
-                    self.auditor.fail_session(s, f"moving its cells to another sequence failed: {e}")
+                    self.auditor.fail_session(
+                        s, f"moving its cells to another sequence failed: {e}"
+                    )
                 continue
             for s in holders:
                 s.seq_id = b if s.seq_id == a else a
