@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,16 @@ def start_service(tmp: Path, **kw: Any) -> Any:
     svc.start()
     svc.wait_ready(120)
     return svc
+
+
+def together(jobs: list[Callable[[], None]]) -> float:
+    """Run the jobs at once, one thread each; the wall seconds until the last ends (an error in
+    any is raised here)."""
+    from sinkd.evaluation.recall import run_parallel
+
+    t0 = time.perf_counter()
+    run_parallel(jobs, parallel=len(jobs))
+    return time.perf_counter() - t0
 
 
 def machine() -> dict[str, Any]:

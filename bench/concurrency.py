@@ -9,13 +9,14 @@ same number of sequences batched against solo steps (bench/batching.py's measure
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from batching import run as raw_batching
-from common import daemon_settings, percentile, table, write
+from common import daemon_settings, percentile, table, together, write
 
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
@@ -53,16 +54,13 @@ def main() -> None:
     for n in (1, 2, 4, 8):
         handles = [session(client, pool[i * 20 : i * 20 + 40]) for i in range(n)]
         lat: list[list[float]] = [[] for _ in range(n)]
-        threads = [
-            threading.Thread(target=generate, args=(client, h, a.tokens, lat[i]))
-            for i, h in enumerate(handles)
-        ]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        batched = n * a.tokens / (time.perf_counter() - t0)
+        wall = together(
+            [
+                functools.partial(generate, client, h, a.tokens, lat[i])
+                for i, h in enumerate(handles)
+            ]
+        )
+        batched = n * a.tokens / wall
         t0 = time.perf_counter()
         serial_lat: list[float] = []
         for h in handles:  # the same sessions, one at a time

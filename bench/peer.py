@@ -11,6 +11,7 @@ compiler, so the comparison is of the serving layers, not of two engines.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,14 +20,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import percentile, table, write
+from common import percentile, table, together, write
 
 TARGETS = ("llama-server", "llama-batched-bench")
 
@@ -138,6 +138,15 @@ class Stream:
     tokens: int = 0
     seconds: float = 0.0
     itl_ms: list[float] = field(default_factory=list)
+    _last: float | None = None
+
+    def tick(self) -> None:
+        """One more token arrived now."""
+        now = time.perf_counter()
+        self.tokens += 1
+        if self._last is not None:
+            self.itl_ms.append(1000 * (now - self._last))
+        self._last = now
 
 
 class Server:
@@ -177,7 +186,6 @@ class Server:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})  # fmt: skip
         out, t0 = Stream(), time.perf_counter()
-        last = None
         with urllib.request.urlopen(req, timeout=600) as r:
             for line in r:
                 if not line.startswith(b"data: "):
@@ -185,11 +193,7 @@ class Server:
                 ev = json.loads(line[6:])
                 if ev.get("stop"):
                     break
-                now = time.perf_counter()
-                out.tokens += 1
-                if last is not None:
-                    out.itl_ms.append(1000 * (now - last))
-                last = now
+                out.tick()
         out.seconds = time.perf_counter() - t0
         return out
 
@@ -233,14 +237,9 @@ class Sinkd:
             )
         ).handle
         s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=prompt)))
-        last = None
         for ev in s.Generate(pb.GenerateRequest(handle=h, max_tokens=n)):
             if ev.HasField("token"):
-                now = time.perf_counter()
-                out.tokens += 1
-                if last is not None:
-                    out.itl_ms.append(1000 * (now - last))
-                last = now
+                out.tick()
         out.seconds = time.perf_counter() - t0
         s.Close(pb.HandleRequest(handle=h))
         return out
@@ -257,13 +256,7 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
     def run(i: int) -> None:
         results[i] = server.stream(work[i], n)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = together([functools.partial(run, i) for i in range(len(work))])
     done = [r for r in results if r is not None]
     itl = [x for r in done for x in r.itl_ms]
     return {

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from common import RESULTS, daemon_settings, table, write
+from common import RESULTS, daemon_settings, table, together, write
 from concurrency import MD, generate, session
 
 from sinkd.daemon.rpc.client import Client
@@ -57,16 +56,9 @@ def main() -> None:
     PROFILE.create_stats()  # drop what loading and the prompts cost
     PROFILE.clear()
     lat: list[list[float]] = [[] for _ in handles]
-    threads = [
-        threading.Thread(target=generate, args=(client, h, a.tokens, lat[i]))
-        for i, h in enumerate(handles)
-    ]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = together(
+        [functools.partial(generate, client, h, a.tokens, lat[i]) for i, h in enumerate(handles)]
+    )
     steps = d.service.metrics.steps._value.get() - steps0
     for h in handles:
         client.s.Close(pb.HandleRequest(handle=h), metadata=MD)
