@@ -216,7 +216,7 @@ def test_the_journal_holds_acknowledged_chunks_as_the_policy_cut_them_and_no_tex
     run: Run,
 ) -> None:
     c = run.start(snapshot_every_tokens=10_000)
-    h = c.create(window=60).handle
+    h = c.create(window=60, ingest_chunk=0).handle
     assert run.d is not None
     sentinel = "Quetzalcoatl-journal-sentinel"
     ids = run.d.service.engine.tokenize(f"{sentinel} {TEXT}")[:150]
@@ -225,8 +225,8 @@ def test_the_journal_holds_acknowledged_chunks_as_the_policy_cut_them_and_no_tex
     c.append(h, sentinel)
     j = Journal(run.state / "journal.db")  # a second reader beside the daemon (WAL)
     chunks = list(j.chunks(h.session_id, 0))
-    # prefill_chunk is 64 (the default), then eviction at 64 cells (E=16) cuts where the policy
-    # needs room; each generated token is its own sub-batch
+    # prefill_chunk is 64 (the step's size here), then eviction at 64 cells (E=16, no ingest
+    # chunk) cuts where the policy needs room; each generated token is its own sub-batch
     assert [len(ch.tokens) for ch in chunks[:5]] == [64, 16, 16, 16, 16]
     assert [t for ch in chunks for t in ch.tokens][: len(ids)] == ids
     assert [ch.tokens[0] for ch in chunks if len(ch.tokens) == 1][:5] == generated
