@@ -29,6 +29,7 @@ POINTS = (
     "sequence-acquired",  # admission: a sequence was taken for a new session, not yet cleared
     "tokenize",  # engine: inside a text operation, off the engine thread
     "call-enqueued",  # scheduler: a call is in the inbox, its caller about to wait
+    "swap-cleared",  # engine: two sequences being exchanged are both empty, their images in hand
 )
 
 _actions: dict[str, Callable[[], None]] = {}

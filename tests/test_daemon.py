@@ -26,7 +26,7 @@ from sinkd.daemon.config import Settings
 from sinkd.daemon.rpc.server import Daemon
 from sinkd.daemon.runtime.requests import PolicyRequest
 from sinkd.daemon.runtime.service import SinkdService
-from sinkd.daemon.runtime.sessions import Principal
+from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
@@ -674,5 +674,59 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(tmp_path
         assert sessions[1].seq_id == 2
         assert together == [alone[0], alone[2]]
         assert tokens(handles[1]) == alone[1]  # the idle session moved too, intact
+    finally:
+        svc.stop()
+
+
+def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
+    tmp_path: Path,
+) -> None:
+    """An exchange that fails after both sequences were emptied (llama.cpp refusing an image, say)
+    leaves two caches unlike their histories: those two sessions fail, alone; the step goes on for
+    the others and the daemon serves on."""
+    from sinkd.daemon.errors import EngineError
+
+    svc = SinkdService(settings(tmp_path, durable=False))
+    svc.start()
+    svc.wait_ready(120)
+    me = Principal("local")
+    policy = PolicyRequest("sink", sinks=4, window=124)
+    ids = svc.engine.tokenize(TEXT, add_bos=False)
+    try:
+        handles = []
+        for i in range(3):
+            s = svc.create(me, policy, None)
+            handles.append((s.id, s.generation))
+            svc.append(me, handles[-1], None, ids[i * 30 : i * 30 + 40])
+        sessions = [svc.registry.get(h[0]) for h in handles]
+        held, go = threading.Event(), threading.Event()
+
+        def hold(engine: Any) -> None:
+            held.set()
+            assert go.wait(60)
+
+        def refuse() -> None:
+            raise EngineError("llama.cpp took 0 of the image's bytes (failpoint)")
+
+        def tokens(handle: tuple[str, str]) -> list[int]:
+            return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
+
+        with failpoints.armed("swap-cleared", refuse), ThreadPoolExecutor(3) as pool:
+            blocker = pool.submit(svc.scheduler.call, hold)
+            assert held.wait(60)
+            first = pool.submit(tokens, handles[0])
+            third = pool.submit(tokens, handles[2])
+            deadline = time.monotonic() + 30
+            while svc.scheduler._inbox.qsize() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            go.set()
+            blocker.result(60)
+            assert len(first.result(120)) == 4  # at id 0, never moved: it generates
+            with pytest.raises(Exception, match="failed"):
+                third.result(120)
+        assert sessions[0] is not None and sessions[0].state is not SessionState.FAILED
+        assert sessions[1] is not None and sessions[1].state is SessionState.FAILED  # idle, moved
+        assert sessions[2] is not None and sessions[2].state is SessionState.FAILED
+        assert len(tokens(handles[0])) == 4  # the daemon serves on
     finally:
         svc.stop()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp as llama
 
 from sinkd.cachepolicy import Evict, Shift, SubBatch
+from sinkd.daemon import failpoints
 from sinkd.daemon.errors import EngineError, Unsupported
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class SequenceOps:
         image_b = self.save_seq(b) if ranges[1] != (-1, -1) else b""
         self.clear(a)
         self.clear(b)
+        failpoints.hit("swap-cleared")  # both emptied, the images in hand: the worst moment
         if image_b:
             self.restore_seq(a, image_b)
         if image_a:
