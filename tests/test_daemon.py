@@ -3,6 +3,7 @@ continuous batching, cancellation, admission, invariants and shutdown."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -623,6 +624,28 @@ def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
         svc.stop()
 
 
+def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
+    """Start `calls` (each a job submitted to the engine) so that their jobs enter the same step:
+    the engine thread is held by a call until every job waits in its inbox. Returns futures."""
+    held, go = threading.Event(), threading.Event()
+
+    def hold(engine: Any) -> None:
+        held.set()
+        assert go.wait(60)
+
+    pool = ThreadPoolExecutor(len(calls) + 1)
+    blocker = pool.submit(svc.scheduler.call, hold)
+    assert held.wait(60)  # the engine thread is busy: the jobs wait in its inbox
+    futures = [pool.submit(call) for call in calls]
+    deadline = time.monotonic() + 30
+    while svc.scheduler._inbox.qsize() < len(calls) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.set()
+    blocker.result(60)
+    pool.shutdown(wait=False)
+    return futures
+
+
 def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(tmp_path: Path) -> None:
     """llama.cpp decodes only rising, consecutive sequence ids in one pass. Sessions at ids 0 and 2
     generating together would cost two: the executor first exchanges sequence 2 with 1 (an idle
@@ -652,23 +675,10 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(tmp_path
         handles = [opened(p) for p in prompts]
         sessions = [svc.registry.get(h[0]) for h in handles]
         assert [s.seq_id for s in sessions] == [0, 1, 2]  # the lowest free ids
-        held, go = threading.Event(), threading.Event()
-
-        def hold(engine: Any) -> None:
-            held.set()
-            assert go.wait(60)
-
-        with ThreadPoolExecutor(3) as pool:
-            blocker = pool.submit(svc.scheduler.call, hold)
-            assert held.wait(60)  # the engine thread is busy: both jobs wait in its inbox
-            first = pool.submit(tokens, handles[0])
-            third = pool.submit(tokens, handles[2])
-            deadline = time.monotonic() + 30
-            while svc.scheduler._inbox.qsize() < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            go.set()
-            blocker.result(60)
-            together = [first.result(120), third.result(120)]
+        first, third = in_one_step(
+            svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
+        )
+        together = [first.result(120), third.result(120)]
         assert int(svc.metrics.sequence_swaps._value.get()) == 1
         assert sorted([sessions[0].seq_id, sessions[2].seq_id]) == [0, 1]
         assert sessions[1].seq_id == 2
@@ -699,11 +709,6 @@ def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
             handles.append((s.id, s.generation))
             svc.append(me, handles[-1], None, ids[i * 30 : i * 30 + 40])
         sessions = [svc.registry.get(h[0]) for h in handles]
-        held, go = threading.Event(), threading.Event()
-
-        def hold(engine: Any) -> None:
-            held.set()
-            assert go.wait(60)
 
         def refuse() -> None:
             raise EngineError("llama.cpp took 0 of the image's bytes (failpoint)")
@@ -711,16 +716,10 @@ def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
         def tokens(handle: tuple[str, str]) -> list[int]:
             return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
 
-        with failpoints.armed("swap-cleared", refuse), ThreadPoolExecutor(3) as pool:
-            blocker = pool.submit(svc.scheduler.call, hold)
-            assert held.wait(60)
-            first = pool.submit(tokens, handles[0])
-            third = pool.submit(tokens, handles[2])
-            deadline = time.monotonic() + 30
-            while svc.scheduler._inbox.qsize() < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            go.set()
-            blocker.result(60)
+        with failpoints.armed("swap-cleared", refuse):
+            first, third = in_one_step(
+                svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
+            )
             assert len(first.result(120)) == 4  # at id 0, never moved: it generates
             with pytest.raises(Exception, match="failed"):
                 third.result(120)
