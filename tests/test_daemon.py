@@ -624,6 +624,16 @@ def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
         svc.stop()
 
 
+@pytest.fixture
+def local_service(tmp_path: Path) -> Iterator[SinkdService]:
+    """A started in-process service (no gRPC, not durable) for the local user."""
+    svc = SinkdService(settings(tmp_path, durable=False))
+    svc.start()
+    svc.wait_ready(120)
+    yield svc
+    svc.stop()
+
+
 def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
     """Start `calls` (each a job submitted to the engine) so that their jobs enter the same step:
     the engine thread is held by a call until every job waits in its inbox. Returns futures."""
@@ -646,14 +656,13 @@ def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
     return futures
 
 
-def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(tmp_path: Path) -> None:
+def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
+    local_service: SinkdService,
+) -> None:
     """llama.cpp decodes only rising, consecutive sequence ids in one pass. Sessions at ids 0 and 2
     generating together would cost two: the executor first exchanges sequence 2 with 1 (an idle
     session's). Every session, moved or not, continues exactly as it would have unmoved."""
-    svc = SinkdService(settings(tmp_path, durable=False))
-    svc.start()
-    svc.wait_ready(120)
-    me = Principal("local")
+    svc, me = local_service, Principal("local")
     policy = PolicyRequest("sink", sinks=4, window=124)
     ids = svc.engine.tokenize(TEXT, add_bos=False)
     prompts = [ids[i * 30 : i * 30 + 40] for i in range(3)]
@@ -666,66 +675,57 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(tmp_path
     def tokens(handle: tuple[str, str]) -> list[int]:
         return [p["id"] for kind, p in svc.generate(me, handle, 8, [], None) if kind == "token"]
 
-    try:
-        alone = []
-        for prompt in prompts:
-            h = opened(prompt)
-            alone.append(tokens(h))
-            svc.close(me, h)
-        handles = [opened(p) for p in prompts]
-        sessions = [svc.registry.get(h[0]) for h in handles]
-        assert [s.seq_id for s in sessions] == [0, 1, 2]  # the lowest free ids
-        first, third = in_one_step(
-            svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
-        )
-        together = [first.result(120), third.result(120)]
-        assert int(svc.metrics.sequence_swaps._value.get()) == 1
-        assert sorted([sessions[0].seq_id, sessions[2].seq_id]) == [0, 1]
-        assert sessions[1].seq_id == 2
-        assert together == [alone[0], alone[2]]
-        assert tokens(handles[1]) == alone[1]  # the idle session moved too, intact
-    finally:
-        svc.stop()
+    alone = []
+    for prompt in prompts:
+        h = opened(prompt)
+        alone.append(tokens(h))
+        svc.close(me, h)
+    handles = [opened(p) for p in prompts]
+    sessions = [svc.registry.get(h[0]) for h in handles]
+    assert [s.seq_id for s in sessions] == [0, 1, 2]  # the lowest free ids
+    first, third = in_one_step(
+        svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
+    )
+    together = [first.result(120), third.result(120)]
+    assert int(svc.metrics.sequence_swaps._value.get()) == 1
+    assert sorted([sessions[0].seq_id, sessions[2].seq_id]) == [0, 1]
+    assert sessions[1].seq_id == 2
+    assert together == [alone[0], alone[2]]
+    assert tokens(handles[1]) == alone[1]  # the idle session moved too, intact
 
 
 def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
-    tmp_path: Path,
+    local_service: SinkdService,
 ) -> None:
     """An exchange that fails after both sequences were emptied (llama.cpp refusing an image, say)
     leaves two caches unlike their histories: those two sessions fail, alone; the step goes on for
     the others and the daemon serves on."""
     from sinkd.daemon.errors import EngineError
 
-    svc = SinkdService(settings(tmp_path, durable=False))
-    svc.start()
-    svc.wait_ready(120)
-    me = Principal("local")
+    svc, me = local_service, Principal("local")
     policy = PolicyRequest("sink", sinks=4, window=124)
     ids = svc.engine.tokenize(TEXT, add_bos=False)
-    try:
-        handles = []
-        for i in range(3):
-            s = svc.create(me, policy, None)
-            handles.append((s.id, s.generation))
-            svc.append(me, handles[-1], None, ids[i * 30 : i * 30 + 40])
-        sessions = [svc.registry.get(h[0]) for h in handles]
+    handles = []
+    for i in range(3):
+        s = svc.create(me, policy, None)
+        handles.append((s.id, s.generation))
+        svc.append(me, handles[-1], None, ids[i * 30 : i * 30 + 40])
+    sessions = [svc.registry.get(h[0]) for h in handles]
 
-        def refuse() -> None:
-            raise EngineError("llama.cpp took 0 of the image's bytes (failpoint)")
+    def refuse() -> None:
+        raise EngineError("llama.cpp took 0 of the image's bytes (failpoint)")
 
-        def tokens(handle: tuple[str, str]) -> list[int]:
-            return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
+    def tokens(handle: tuple[str, str]) -> list[int]:
+        return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
 
-        with failpoints.armed("swap-cleared", refuse):
-            first, third = in_one_step(
-                svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
-            )
-            assert len(first.result(120)) == 4  # at id 0, never moved: it generates
-            with pytest.raises(Exception, match="failed"):
-                third.result(120)
-        assert sessions[0] is not None and sessions[0].state is not SessionState.FAILED
-        assert sessions[1] is not None and sessions[1].state is SessionState.FAILED  # idle, moved
-        assert sessions[2] is not None and sessions[2].state is SessionState.FAILED
-        assert len(tokens(handles[0])) == 4  # the daemon serves on
-    finally:
-        svc.stop()
+    with failpoints.armed("swap-cleared", refuse):
+        first, third = in_one_step(
+            svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
+        )
+        assert len(first.result(120)) == 4  # at id 0, never moved: it generates
+        with pytest.raises(Exception, match="failed"):
+            third.result(120)
+    assert sessions[0] is not None and sessions[0].state is not SessionState.FAILED
+    assert sessions[1] is not None and sessions[1].state is SessionState.FAILED  # idle, moved
+    assert sessions[2] is not None and sessions[2].state is SessionState.FAILED
+    assert len(tokens(handles[0])) == 4  # the daemon serves on

@@ -8,6 +8,7 @@ wrong state.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import sqlite3
 import time
@@ -29,7 +30,15 @@ from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Journal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
-from tests.test_daemon import ALICE, BOB, Client, code_of, settings, stop_without_snapshots
+from tests.test_daemon import (
+    ALICE,
+    BOB,
+    Client,
+    code_of,
+    in_one_step,
+    settings,
+    stop_without_snapshots,
+)
 
 # --- formats (no model) ---
 
@@ -507,8 +516,6 @@ def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(r
     """Four sessions generating side by side pass their snapshot threshold in the same step. While
     jobs wait, the engine snapshots one of them per gap between steps, never all four at once (a
     stall of every session's next token); idle, it takes every due one at once."""
-    import threading
-
     c = run.start(snapshot_every_tokens=24)
     d = run.d
     assert d is not None and d.service.scheduler.snapshotter is not None
@@ -525,11 +532,9 @@ def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(r
     for h in handles:
         c.append(h, TEXT[:60])  # each short of the threshold: they fall due while generating
     taken.clear()
-    threads = [threading.Thread(target=c.generate, args=(h, 40)) for h in handles]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # all four jobs enter the same step, whatever the machine's speed
+    for done in in_one_step(d.service, [functools.partial(c.generate, h, 40) for h in handles]):
+        done.result(300)
     busy = [steps for steps, waiting in taken if waiting]
     assert len(busy) >= 4  # every session's threshold was crossed while the others generated
     assert len(busy) == len(set(busy)), taken  # one per gap between steps
