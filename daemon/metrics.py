@@ -76,7 +76,13 @@ class Metrics:
         )
         self.journal_commit_seconds = Histogram(
             "sinkd_journal_commit_seconds",
-            "Journal commits before replies (fsync with sync=full)",
+            "Journal commits before replies (on the engine thread; the fsync is apart)",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.journal_sync_seconds = Histogram(
+            "sinkd_journal_sync_seconds",
+            "fsyncs of the journal's log that replies waited for (sync=full, off the engine thread)",
             registry=r,
             buckets=_LATENCY_BUCKETS,
         )

@@ -11,6 +11,7 @@ import errno
 import functools
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkd.cli.main import app
+from sinkd.daemon import failpoints
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.errors import JournalError
 from sinkd.daemon.rpc.server import Daemon
@@ -451,7 +453,7 @@ def test_a_failed_journal_commit_acknowledges_nothing(run: Run) -> None:
     assert durability is not None
     real_commit = durability.commit
 
-    def failing() -> None:
+    def failing(defer_sync: bool = False) -> bool:
         durability.commit = real_commit  # type: ignore[method-assign]
         raise sqlite3.OperationalError("disk I/O error")
 
@@ -466,6 +468,72 @@ def test_a_failed_journal_commit_acknowledges_nothing(run: Run) -> None:
     run.stop_without_snapshots()
     c = run.start()
     assert receipt(c, fresh).state == "idle" and receipt(c, fresh).n_seen > 0
+
+
+def _stream(c: Client, h: pb.Handle, n: int, into: list[Any]) -> None:
+    for ev in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=n), metadata=ALICE):
+        into.append(ev)
+
+
+@pytest.mark.model
+def test_replies_wait_for_the_journals_fsync_and_the_engine_does_not(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = run.start()
+    h = c.create().handle
+    c.append(h, TEXT[:200])
+    assert run.d is not None
+    metrics = run.d.service.metrics
+    real_fsync, synced = os.fsync, list[tuple[str, int]]()
+
+    def recording_fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), len(events)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    held, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        assert go.wait(60)
+
+    events: list[Any] = []
+    t = threading.Thread(target=_stream, args=(c, h, 6, events))
+    with failpoints.armed("before-sync", hold):
+        try:
+            steps0 = metrics.steps._value.get()
+            t.start()
+            assert held.wait(60)  # the first token's reply waits for its fsync
+            deadline = time.monotonic() + 60
+            while metrics.steps._value.get() < steps0 + 6 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert metrics.steps._value.get() >= steps0 + 6  # all six decoded meanwhile
+            assert events == []  # and not one acknowledged
+        finally:
+            go.set()
+            t.join(60)
+    tokens = [ev.token.index for ev in events if ev.HasField("token")]
+    assert tokens == list(range(6)) and events[-1].HasField("done")
+    assert ("journal.db-wal", 0) in [(p.rsplit("/", 1)[1], n) for p, n in synced]
+
+
+@pytest.mark.model
+def test_a_failed_fsync_fails_the_waiting_replies_and_stops_the_daemon(run: Run) -> None:
+    c = run.start()
+    h = c.create().handle
+    c.append(h, TEXT[:200])
+    assert run.d is not None
+
+    def eio() -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with failpoints.armed("before-sync", eio), pytest.raises(grpc.RpcError) as err:
+        c.generate(h, n=4)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "could not be made durable" in err.value.details()
+    assert not run.d.service.scheduler.alive()  # no zombie: nothing more is acknowledged
+    assert run.d.died.wait(30)
+    assert code_of(lambda: c.append(h, "more")) != grpc.StatusCode.OK
 
 
 @pytest.mark.model

@@ -165,10 +165,17 @@ class Durability:
         assert self.journal is not None, "durability is not open"
         return self.journal
 
-    def commit(self) -> None:
+    def commit(self, defer_sync: bool = False) -> bool:
         """Commit the journal, then delete the snapshot files it no longer references (never
-        before: a crash in between must find every file the committed journal names)."""
-        self.j.commit()
+        before: a crash in between must find every file the committed journal names).
+
+        With sync=full the commit is fsynced here, unless `defer_sync`: then True says the caller
+        owes a `sync_journal()` before it acknowledges what was committed (the reply gate does that off
+        the engine thread). A commit that deletes files is always synced here first."""
+        owed = self.j.commit()
+        if owed and (not defer_sync or self._purge or self._doomed):
+            self.j.sync()
+            owed = False
         if self._purge and self.memory is not None:
             self._purge = False
             try:
@@ -181,6 +188,11 @@ class Durability:
                 (self.dir / p).unlink()
             with contextlib.suppress(OSError):
                 (self.dir / p).parent.rmdir()  # a closed session's folder, once empty
+        return owed
+
+    def sync_journal(self) -> None:
+        """Make every commit so far durable (any thread; JournalError if the fsync fails)."""
+        self.j.sync()
 
     def rollback(self) -> None:
         """Undo what was written since the last commit; the files it would have deleted stay."""

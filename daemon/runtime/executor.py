@@ -170,7 +170,7 @@ class Executor:
 
     def run(self, slots: list[tuple[Job, Slot]]) -> None:
         self._place([job.session for job, _ in slots])
-        items = self._build([(job, slot) for job, slot in slots if not job.done.is_set()])
+        items = self._build([(job, slot) for job, slot in slots if not job.answered])
         if not items:
             return
         try:

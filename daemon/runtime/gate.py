@@ -2,7 +2,9 @@
 
 Replies wait here until `release` commits the journal (one commit per phase of a step, for every
 session in it: group commit). A failed commit acknowledges nothing: the waiting replies fail with
-RESOURCE_EXHAUSTED and the sessions ahead of their journal fail until they are reset.
+RESOURCE_EXHAUSTED and the sessions ahead of their journal fail until they are reset. With
+sync=full the commit's fsync runs on the syncer thread (see syncer.py), which sends the replies once
+it is done: the engine thread goes on to the next step meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.durability import Durability
 from sinkd.daemon.runtime.jobs import Job
 from sinkd.daemon.runtime.sessions import Session, SessionState
+from sinkd.daemon.runtime.syncer import Syncer
 
 log = logging.getLogger("sinkd.gate")
 
@@ -33,6 +36,18 @@ class ReplyGate:
         self.metrics = metrics
         self.fail_session = fail_session
         self._replies: list[tuple[Job, Callable[[], None]]] = []
+        self.syncer: Syncer | None = None  # started at the first deferred fsync
+        self._defer = durability is not None and durability.sync == "full"
+
+    @property
+    def sync_error(self) -> BaseException | None:
+        """Why acknowledgements stopped (an fsync failed), or None."""
+        return self.syncer.error if self.syncer is not None else None
+
+    def close(self) -> None:
+        """Send what waits for an fsync (engine thread, at shutdown, before the journal closes)."""
+        if self.syncer is not None:
+            self.syncer.close()
 
     def reply(self, job: Job, fn: Callable[[], None]) -> None:
         """Queue a reply; what the session decoded so far joins the journal before it is sent."""
@@ -46,9 +61,11 @@ class ReplyGate:
         self._replies.append((job, functools.partial(job.events.put, (kind, payload))))
 
     def finish(self, job: Job, result: Any) -> None:
+        job.answered = True
         self.reply(job, functools.partial(job.finish, result))
 
     def fail(self, job: Job, error: SinkdError) -> None:
+        job.answered = True
         self.reply(job, functools.partial(job.fail, error))
 
     def release(self) -> None:
@@ -57,7 +74,7 @@ class ReplyGate:
         if self.durability is not None and replies:
             try:
                 with self.metrics.journal_commit_seconds.time():
-                    self.durability.commit()
+                    self.durability.commit(defer_sync=self._defer)
             except (sqlite3.Error, JournalError) as e:
                 log.error("journal commit failed: %s", e)
                 self.metrics.journal_failures.inc()
@@ -68,6 +85,12 @@ class ReplyGate:
                         self.fail_session(job.session, f"the journal could not record it: {e}")
                     job.fail(error)
                 return
+        if self._defer and replies:
+            assert self.durability is not None
+            if self.syncer is None:
+                self.syncer = Syncer(self.durability.sync_journal, self.metrics)
+            self.syncer.submit(replies)  # after the fsync, and after the replies before them
+            return
         for _, fn in replies:
             fn()
 

@@ -53,6 +53,9 @@ class Job:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.cancelled = threading.Event()
         self.done = threading.Event()
+        # its final reply is decided (the engine thread's view: the reply itself may still wait
+        # for the journal's fsync, and `done` with it)
+        self.answered = False
         self.error: SinkdError | None = None
         self.result: Any = None
         self.recall: Any = None  # sinkd.daemon.runtime.recall.RecallAsk: passages go in first
@@ -67,6 +70,7 @@ class Job:
         self.cancelled.set()
 
     def finish(self, result: Any) -> None:
+        self.answered = True
         self.result = result
         self.events.put(("done", result))
         self.done.set()
@@ -74,6 +78,7 @@ class Job:
     def fail(self, error: SinkdError) -> None:
         if self.done.is_set():
             return
+        self.answered = True
         self.error = error
         self.events.put(("error", error))
         self.done.set()

@@ -28,6 +28,7 @@ from sinkd.daemon.errors import (
     Cancelled,
     DeadlineExceeded,
     EngineError,
+    JournalError,
     ShuttingDown,
     SinkdError,
 )
@@ -106,7 +107,7 @@ class Scheduler:
         self._thread.join(timeout)
 
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.died is None
+        return self._thread.is_alive() and self.died is None and self.gate.sync_error is None
 
     def _enqueue(self, kind: str, payload: Any) -> None:
         with self._gate_lock:
@@ -150,6 +151,8 @@ class Scheduler:
         clean = False
         try:
             while self._drain(block=not self.queues):
+                if self.gate.sync_error is not None:  # nothing more may be acknowledged
+                    raise JournalError(f"the journal's fsync failed: {self.gate.sync_error}")
                 self._expire_idle()
                 if self.queues:
                     self._guarded_step()
@@ -173,7 +176,7 @@ class Scheduler:
             log.exception("scheduler step failed; failing the requests in it")
             self.gate.drop(heads)
             for job in heads:
-                if job.done.is_set():
+                if job.answered:
                     continue
                 self.queues.pop(job)
                 job.fail(EngineError("internal error in the scheduler (see the daemon log)"))
@@ -192,7 +195,7 @@ class Scheduler:
         for job in heads:
             self.executor.prepare(job)
         self.gate.release()  # tokens sampled above are journalled before they are sent
-        live = [j for j in heads if not j.done.is_set() and self.queues.busy(j.session.id)]
+        live = [j for j in heads if not j.answered and self.queues.busy(j.session.id)]
         plan = plan_step(
             [Candidate(i, j.pending is not None, self._next_take(j)) for i, j in enumerate(live)],
             self.step_tokens,
@@ -263,6 +266,10 @@ class Scheduler:
         except Exception:
             log.exception("snapshots at stop failed; resume will replay the journal")
         finally:
+            try:
+                self.gate.close()  # replies that wait for an fsync go out before the rest fail
+            except Exception:
+                log.exception("the journal's syncer did not stop")
             self.queues.drain(err)
             while True:
                 try:
