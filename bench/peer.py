@@ -313,11 +313,13 @@ def perplexities() -> list[dict[str, Any]]:
     with open_engine(None, EngineConfig(n_ctx_seq=BUDGET, n_seq_max=1)) as engine:
         tokens = engine.tokenize(body, add_bos=False)[:n]
         for name, policy in schemes.items():
+            # fed in the daemon's sub-batches past the budget: the ingest chunk, where set
+            chunk = max(policy.ingest_chunk, 64)
             rows.append(
                 {
                     "scheme": name,
                     "tokens": n,
-                    "perplexity": score_policy(engine, tokens, policy).perplexity,
+                    "perplexity": score_policy(engine, tokens, policy, chunk=chunk).perplexity,
                 }
             )
     return rows
