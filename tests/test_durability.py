@@ -518,6 +518,45 @@ def test_replies_wait_for_the_journals_fsync_and_the_engine_does_not(
 
 
 @pytest.mark.model
+def test_a_reset_while_replies_wait_for_the_fsync_ends_the_stream_and_keeps_nothing(
+    run: Run,
+) -> None:
+    c = run.start()
+    h = c.create().handle
+    c.append(h, TEXT[:200])
+    held, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        assert go.wait(60)
+
+    errors: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            _stream(c, h, 64, [])
+        except BaseException as e:  # re-raised below unless it is the reset's status
+            errors.append(e)
+
+    t = threading.Thread(target=stream)
+    with failpoints.armed("before-sync", hold):
+        try:
+            t.start()
+            assert held.wait(60)  # tokens decoded, their replies waiting for the fsync
+            # the reset does not wait for the held fsync (a deadline fails the test if it does)
+            fresh = c.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE, timeout=30)
+        finally:
+            go.set()
+            t.join(60)
+    assert not t.is_alive()  # the stream ended: no wait outlives the reset
+    for e in errors:
+        if not isinstance(e, grpc.RpcError):
+            raise e
+    assert fresh.receipt.retained == 0 and receipt(c, fresh.handle).n_seen == 0
+    assert code_of(lambda: c.generate(h, 1)) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.model
 def test_a_failed_fsync_fails_the_waiting_replies_and_stops_the_daemon(run: Run) -> None:
     c = run.start()
     h = c.create().handle
