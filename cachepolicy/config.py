@@ -12,7 +12,7 @@ Named policies fix the position mode so that a control cannot be misconfigured i
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sinkd.cachepolicy.errors import ConfigError
@@ -155,6 +155,23 @@ class PolicyConfig:
         if self.policy is PolicyName.FULL:
             return self.budget
         return None
+
+    def with_deferred_shift(
+        self, evictions_per_shift: int, position_limit: int | None
+    ) -> PolicyConfig:
+        """This policy with K set to close the gaps of `evictions_per_shift` evictions at once.
+
+        llama.cpp re-rotates every cell of the context at each shift, whichever sequence moved, so
+        a shift costs in proportion to the whole context (bench/README.md, row 3): fewer shifts buy
+        throughput. K never takes cache positions past `position_limit`; a policy that keeps its
+        positions is returned as it is.
+        """
+        if self.position_mode is not PositionMode.SHIFT or evictions_per_shift <= 1:
+            return self
+        k = evictions_per_shift * self.evict_chunk  # the gap reaches K at the n-th eviction
+        if position_limit is not None:
+            k = min(k, max(0, position_limit - self.budget))
+        return replace(self, compact_interval=k)
 
     def check_context(self, n_ctx_seq: int) -> None:
         """Raise unless a sequence given `n_ctx_seq` cells by the engine can hold this budget."""

@@ -306,7 +306,7 @@ class EmbeddedBackend:
             sinks=policy.get("sinks"),
             window=policy.get("window"),
             evict_chunk=policy.get("evict_chunk") or None,
-            compact_interval=policy.get("compact_interval", 0),
+            compact_interval=policy.get("compact_interval"),
             pin_system_prompt=policy.get("pin_system_prompt", False),
         )
         session = self.service.create(

@@ -59,9 +59,12 @@ EvictOpt = Annotated[
     typer.Option("--evict", "-e", min=1, help="E: window cells evicted at once (default: 16)."),
 ]
 CompactOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
-        "--compact", "-k", min=0, help="K: defer the position shift until the gap reaches K."
+        "--compact",
+        "-k",
+        min=0,
+        help="K: defer the position shift until the gap reaches K (a session's default: 3 x E).",
     ),
 ]
 ThreadsOpt = Annotated[
@@ -89,14 +92,14 @@ def _policy(
     sinks: int | None,
     window: int | None,
     evict: int | None,
-    compact: int,
+    compact: int | None,
 ) -> PolicyConfig:
     return PolicyConfig.resolve(
         policy,
         sinks=sinks,
         window=window,
         evict_chunk=evict,
-        compact_interval=compact,
+        compact_interval=compact or 0,  # the offline tools shift at every eviction unless told
         default_sinks=entry_sinks,
         default_window=entry_window,
         default_evict_chunk=DEFAULT_EVICT,
@@ -347,9 +350,11 @@ def _backend(
 
 
 def _policy_dict(
-    policy: str, sinks: int | None, window: int | None, evict: int | None, compact: int
+    policy: str, sinks: int | None, window: int | None, evict: int | None, compact: int | None
 ) -> dict[str, Any]:
-    d: dict[str, Any] = {"name": policy, "compact_interval": compact}
+    d: dict[str, Any] = {"name": policy}
+    if compact is not None:  # unset: the daemon's default
+        d["compact_interval"] = compact
     if sinks is not None:
         d["sinks"] = sinks
     if window is not None:
@@ -395,7 +400,7 @@ def chat(
     sinks: SinksOpt = None,
     window: WindowOpt = None,
     evict: EvictOpt = None,
-    compact: CompactOpt = 0,
+    compact: CompactOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest reply.")] = 256,
     recall: Annotated[
         RecallModeOpt | None,

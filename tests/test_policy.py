@@ -173,6 +173,37 @@ def test_compaction_interval_defers_the_shift() -> None:
     assert [p for p, _ in mem.sorted_cells()] == list(range(6))
 
 
+def test_a_deferred_shift_closes_the_gaps_of_n_evictions_at_once() -> None:
+    cfg = PolicyConfig.named("sink", sinks=2, window=8, evict_chunk=2)
+    deferred = cfg.with_deferred_shift(3, position_limit=None)
+    assert deferred.compact_interval == 6  # 3 x E
+    seq, mem = CacheSequence(deferred), RecordingMemory()
+    mem.apply(seq.append(10))
+    shifts_at = []
+    for i in range(12):  # six evictions of E=2: the gap reaches K=6 at the 3rd and the 6th
+        plan = seq.append(1)
+        mem.apply(plan)
+        if any(isinstance(op, Shift) for op in plan.ops):
+            shifts_at.append(i)
+        assert seq.receipt().retained <= cfg.budget
+        assert max(p for p, _ in mem.sorted_cells()) < deferred.budget + deferred.compact_interval
+    assert shifts_at == [4, 10]
+    assert seq.cache_positions() == list(range(seq.receipt().retained))
+
+
+def test_a_deferred_shift_stays_within_the_models_positions_and_spares_the_controls() -> None:
+    sink = PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=16)
+    assert sink.with_deferred_shift(3, position_limit=8192).compact_interval == 48
+    assert sink.with_deferred_shift(3, position_limit=280).compact_interval == 24  # 280 - 256
+    assert sink.with_deferred_shift(3, position_limit=256).compact_interval == 0
+    assert sink.with_deferred_shift(1, position_limit=None).compact_interval == 0
+    window = PolicyConfig.named("window", window=64, evict_chunk=4)
+    assert window.with_deferred_shift(3, position_limit=None).compact_interval == 12
+    for name in ("sink-noshift", "full"):  # they keep positions: K stays 0 (it is refused there)
+        control = PolicyConfig.named(name, sinks=4, window=60, evict_chunk=4)
+        assert control.with_deferred_shift(3, position_limit=None) == control
+
+
 def test_full_policy_raises_cache_full_and_changes_nothing() -> None:
     seq = CacheSequence(PolicyConfig.named("full", sinks=0, window=8))
     seq.append(6)

@@ -246,6 +246,12 @@ class Engine(VocabularyOps, SequenceOps):
     def kv_bytes_per_token(self) -> float:
         return kv_bytes_per_token(self.n_layer, self.n_head_kv, self.head_dim, self.config.kv_type)
 
+    @property
+    def position_limit(self) -> int:
+        """The most cache positions a shifting policy may use: the trained context, and the
+        sliding window where the model has one (`compat.check_policy` refuses beyond it)."""
+        return min(self.n_ctx_train, self.n_swa) if self.n_swa else self.n_ctx_train
+
     # --- validation ---
 
     def check_policy(self, policy: PolicyConfig) -> None:

@@ -163,7 +163,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             sinks=p.sinks if p.HasField("sinks") else None,
             window=p.window if p.HasField("window") else None,
             evict_chunk=p.evict_chunk or None,
-            compact_interval=p.compact_interval,
+            compact_interval=p.compact_interval if p.HasField("compact_interval") else None,
             pin_system_prompt=p.pin_system_prompt,
             ingest_chunk=p.ingest_chunk if p.HasField("ingest_chunk") else None,
         )

@@ -29,7 +29,7 @@ class PolicyRequest:
     sinks: int | None = None
     window: int | None = None
     evict_chunk: int | None = None
-    compact_interval: int = 0
+    compact_interval: int | None = None  # None: the daemon's default (Settings.evictions_per_shift)
     pin_system_prompt: bool = False
     ingest_chunk: int | None = None  # None: the daemon's default
 
@@ -77,15 +77,20 @@ def system_tokens(engine: Engine, system_prompt: str) -> list[int]:
 
 
 def resolve_policy(
-    req: PolicyRequest, n_system: int, entry: ModelEntry, settings: Settings
+    req: PolicyRequest,
+    n_system: int,
+    entry: ModelEntry,
+    settings: Settings,
+    position_limit: int | None = None,
 ) -> tuple[PolicyConfig, int]:
-    """The session's policy and how many system prompt tokens are sinks."""
+    """The session's policy and how many system prompt tokens are sinks. An unset K defers the
+    shift over `settings.evictions_per_shift` evictions, within `position_limit` (the model's)."""
     config = PolicyConfig.resolve(
         req.name,
         sinks=req.sinks,
         window=req.window,
         evict_chunk=req.evict_chunk,
-        compact_interval=req.compact_interval,
+        compact_interval=req.compact_interval or 0,
         ingest_chunk=req.ingest_chunk,
         default_sinks=entry.default_sinks,
         default_window=entry.default_window,
@@ -106,6 +111,8 @@ def resolve_policy(
         pinned = n_system
     if config.policy is PolicyName.WINDOW:
         pinned = 0
+    if req.compact_interval is None:
+        config = config.with_deferred_shift(settings.evictions_per_shift, position_limit)
     return config, pinned
 
 

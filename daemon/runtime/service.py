@@ -171,7 +171,7 @@ class SinkdService:
         engine = self.engine
         system_tokens = requests.system_tokens(engine, system_prompt)
         config, pinned = requests.resolve_policy(
-            policy, len(system_tokens), self.entry, self.settings
+            policy, len(system_tokens), self.entry, self.settings, engine.position_limit
         )
         engine.check_policy(config)
         recall_config = requests.resolve_recall(recall or RecallRequest(), config, self.settings)
