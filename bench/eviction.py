@@ -1,6 +1,8 @@
 """3. What eviction costs: decode speed and one shift's cost for E = 1, 4, 16, 64, W/2 and K = 0, 16,
-64, 256, beside the perplexity each gives. E=1/K=0 is the paper's per-token eviction; E=W/2 is what
-llama.cpp's own server does (discard half the window at once).
+64, 256, and E=16 K=48 (a session's default: one shift per 3 evictions), beside the perplexity each
+gives. E=1/K=0 is the paper's per-token eviction; E=W/2 is what llama.cpp's own server does (discard
+half the window at once). Decoding runs in a context of 1 x 256 cells and in the daemon's default
+of 4 x 1,024: llama.cpp re-rotates every cell of the context at each shift.
 
     python bench/eviction.py [--decode 768] [--ppl-tokens 2048]   -> bench/results/eviction.json
 """
@@ -25,9 +27,14 @@ from sinkd.evaluation.ppl import score_policy
 S, W = 4, 252
 
 
-def decode_cost(policy: PolicyConfig, tokens: int) -> dict[str, float]:
+CONTEXTS = ((1, 256), (4, 1024))  # (sequences, cells each): the smallest, and the daemon's default
+
+
+def decode_cost(
+    policy: PolicyConfig, tokens: int, n_seq_max: int = 1, n_ctx_seq: int = 256
+) -> dict[str, float]:
     """Decode past the budget one token per step; split step times by whether a shift preceded them."""
-    with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
+    with open_engine(None, EngineConfig(n_ctx_seq=n_ctx_seq, n_seq_max=n_seq_max)) as engine:
         seq = CacheSequence(policy)
         logits = engine.feed(0, seq, engine.tokenize(TEXT * 2)[:256])
         sampler = Sampler(SamplingParams(temperature=0.8, seed=3))
@@ -65,19 +72,24 @@ def main() -> None:
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
         ids = engine.tokenize(text)[: a.ppl_tokens]
     settings = [(e, 0) for e in (1, 4, 16, 64, W // 2)] + [(1, k) for k in (16, 64, 256)]
+    settings.append((16, 48))
     rows, results = [], []
     for e, k in settings:
         policy = PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=e, compact_interval=k)
         cost = decode_cost(policy, a.decode)
+        seqs, cells = CONTEXTS[1]
+        wide = decode_cost(policy, a.decode, seqs, cells)
         with open_engine(None, EngineConfig(n_ctx_seq=policy.budget, n_seq_max=1)) as engine:
             run = score_policy(engine, ids, policy)
         ppl_after = math.exp(float(run.nll[S + W :].mean()))
-        label = {(1, 0): " (paper)", (W // 2, 0): " (llama.cpp server)"}.get((e, k), "")
+        label = {(1, 0): " (paper)", (W // 2, 0): " (llama.cpp server)",
+                 (16, 48): " (session default)"}.get((e, k), "")  # fmt: skip
         results.append(
             {
                 "evict_chunk": e,
                 "compact_interval": k,
                 **cost,
+                "context_4x1024": wide,
                 "ppl": run.perplexity,
                 "ppl_after_budget": ppl_after,
                 "prefill_tok_s": run.tokens_per_s,
@@ -90,12 +102,15 @@ def main() -> None:
                 cost["step_ms"],
                 cost["shift_cost_ms"],
                 cost["shifts"],
+                wide["tok_s"],
+                wide["shift_cost_ms"],
                 ppl_after,
                 run.tokens_per_s,
             ]
         )
     table(f"sink S={S} W={W}: decode ({a.decode} tokens past the budget) and perplexity ({a.ppl_tokens} tokens of the KJV)",
-          ["setting", "decode tok/s", "step ms", "shift cost ms", "shifts", "ppl", "prefill tok/s"], rows)  # fmt: skip
+          ["setting", "decode tok/s", "step ms", "shift cost ms", "shifts", "tok/s 4x1024",
+           "shift cost ms 4x1024", "ppl", "prefill tok/s"], rows)  # fmt: skip
     write(
         "eviction",
         {

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -288,9 +289,10 @@ def batched_bench(binary: Path) -> list[dict[str, Any]]:
 
 
 def perplexities() -> list[dict[str, Any]]:
-    """The two eviction schemes on the same text through the same llama.cpp: sinkd's (evict E=16,
-    shift; long appends in ingest chunks) and llama-server's context shift (keep n_keep, discard
-    half of the rest, shift), which is the sink policy with E = W/2."""
+    """The eviction schemes on the same text through the same llama.cpp: sinkd's session default
+    (evict E=16, shift once per 3 evictions; long appends in ingest chunks), the same shifting at
+    every eviction (K=0, the default before), and llama-server's context shift (keep n_keep,
+    discard half of the rest, shift), which is the sink policy with E = W/2."""
     from sinkd.cachepolicy import PolicyConfig
     from sinkd.daemon.config import Settings
     from sinkd.daemon.engine.llama import EngineConfig
@@ -302,9 +304,13 @@ def perplexities() -> list[dict[str, Any]]:
     body = kjv.read_text()[:400_000] if kjv.exists() else SAMPLE_TEXT * 200
     window = BUDGET - SINKS
     ingest = Settings.model_fields["default_ingest_chunk"].default
+    per_shift = Settings.model_fields["evictions_per_shift"].default
+    eager = PolicyConfig.named("sink", sinks=SINKS, window=window, evict_chunk=16,
+                               ingest_chunk=ingest)  # fmt: skip
+    default = eager.with_deferred_shift(per_shift, position_limit=None)
     schemes = {
-        "sinkd sink (E=16)": PolicyConfig.named("sink", sinks=SINKS, window=window,
-                                                evict_chunk=16, ingest_chunk=ingest),
+        f"sinkd sink (E=16, K={default.compact_interval}: the default)": default,
+        "sinkd sink (E=16, K=0)": eager,
         "llama-server context shift": PolicyConfig.named("sink", sinks=SINKS, window=window,
                                                          evict_chunk=window // 2),
     }  # fmt: skip
@@ -329,12 +335,13 @@ def main() -> None:
     bins = build()
     work = prompts(SESSIONS)
     runs: list[dict[str, Any]] = []
-    for rnd in range(ROUNDS):
-        for name, make in (
-            ("llama-server", lambda k: Server(bins["llama-server"], k)),
-            ("sinkd", lambda k: Sinkd(k)),
-        ):
-            for k, n in ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS)):
+    servers = [
+        ("llama-server", lambda k: Server(bins["llama-server"], k)),
+        ("sinkd", lambda k: Sinkd(k)),
+    ]
+    for rnd in range(ROUNDS):  # each pair back to back, who goes first alternating by round
+        for k, n in ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS)):
+            for name, make in servers if rnd % 2 == 0 else servers[::-1]:
                 server = make(k)
                 try:
                     r = measure(server, work[:k], n)
@@ -367,13 +374,30 @@ def main() -> None:
          "ITL p50 ms", "ITL p99 ms"],
         rows,
     )  # fmt: skip
+    ratios = []
+    for k in (1, SESSIONS):
+        mine = {(r["server"], r["round"]): r for r in runs if r["sessions"] == k}
+        pairs = [(mine["sinkd", i], mine["llama-server", i]) for i in range(ROUNDS)]
+        per = sorted(a["per_session_tok_s"] / b["per_session_tok_s"] for a, b in pairs)
+        agg = sorted(a["aggregate_tok_s"] / b["aggregate_tok_s"] for a, b in pairs)
+        ratios.append({"sessions": k, "per_session": per, "aggregate": agg,
+                       "per_session_median": statistics.median(per),
+                       "aggregate_median": statistics.median(agg)})  # fmt: skip
+    table(
+        "sinkd / llama-server, each round's pair run back to back",
+        ["sessions", "per session (rounds)", "median", "aggregate (rounds)", "median"],
+        [[r["sessions"], " ".join(f"{x:.2f}" for x in r["per_session"]), r["per_session_median"],
+          " ".join(f"{x:.2f}" for x in r["aggregate"]), r["aggregate_median"]] for r in ratios],
+    )  # fmt: skip
     table("llama-batched-bench (raw ceiling): 100-token prompts, 128 generated",
           ["sequences", "generation tok/s (aggregate)", "prompt tok/s"],
           [[r["sequences"], r["tg_aggregate_tok_s"], r["pp_tok_s"]] for r in ceiling])  # fmt: skip
     table("perplexity of each eviction scheme (same text, same llama.cpp)",
           ["scheme", "tokens", "perplexity"],
           [[r["scheme"], r["tokens"], r["perplexity"]] for r in ppl])  # fmt: skip
-    print(f"wrote {write('peer', {'runs': runs, 'batched_bench': ceiling, 'perplexity': ppl})}")
+    print(
+        f"wrote {write('peer', {'runs': runs, 'ratios': ratios, 'batched_bench': ceiling, 'perplexity': ppl})}"
+    )
 
 
 if __name__ == "__main__":
