@@ -198,6 +198,13 @@ def test_g_gemma_refuses_what_it_cannot_stream(make_engine: MakeEngine) -> None:
         gemma.check_policy(PolicyConfig.named("sink-noshift", sinks=4, window=252))
     with pytest.raises(Unsupported, match="sliding window of 512"):
         gemma.check_policy(PolicyConfig.named("sink", sinks=4, window=500, compact_interval=64))
+    # a session's default K is cut to what the sliding window leaves: 8 here, not 3 x 16
+    assert gemma.position_limit == 512
+    deferred = PolicyConfig.named("sink", sinks=4, window=500, evict_chunk=16).with_deferred_shift(
+        3, gemma.position_limit
+    )
+    assert deferred.compact_interval == 8
+    gemma.check_policy(deferred)
     assert gemma.tokenize("hello", add_bos=True)[0] == gemma.bos  # the BOS is the first sink
 
 
