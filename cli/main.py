@@ -64,7 +64,8 @@ CompactOpt = Annotated[
         "--compact",
         "-k",
         min=0,
-        help="K: defer the position shift until the gap reaches K (a session's default: 3 x E).",
+        help="K: defer the position shift until the gap reaches K (unset: 3 x E for a daemon"
+        " session, 0 for the offline tools).",
     ),
 ]
 ThreadsOpt = Annotated[
