@@ -31,7 +31,7 @@ CONTEXTS = ((1, 256), (4, 1024))  # (sequences, cells each): the smallest, and t
 
 
 def decode_cost(
-    policy: PolicyConfig, tokens: int, n_seq_max: int = 1, n_ctx_seq: int = 256
+    policy: PolicyConfig, tokens: int, n_seq_max: int, n_ctx_seq: int
 ) -> dict[str, float]:
     """Decode past the budget one token per step; split step times by whether a shift preceded them."""
     with open_engine(None, EngineConfig(n_ctx_seq=n_ctx_seq, n_seq_max=n_seq_max)) as engine:
@@ -76,9 +76,8 @@ def main() -> None:
     rows, results = [], []
     for e, k in settings:
         policy = PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=e, compact_interval=k)
-        cost = decode_cost(policy, a.decode)
-        seqs, cells = CONTEXTS[1]
-        wide = decode_cost(policy, a.decode, seqs, cells)
+        cost = decode_cost(policy, a.decode, *CONTEXTS[0])
+        wide = decode_cost(policy, a.decode, *CONTEXTS[1])
         with open_engine(None, EngineConfig(n_ctx_seq=policy.budget, n_seq_max=1)) as engine:
             run = score_policy(engine, ids, policy)
         ppl_after = math.exp(float(run.nll[S + W :].mean()))

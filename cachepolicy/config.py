@@ -122,7 +122,8 @@ class PolicyConfig:
         default_ingest_chunk: int = 0,
     ) -> PolicyConfig:
         """The one place defaults fill what a caller left unset: S and W from the model's entry,
-        E and the ingest chunk from the daemon's defaults (never above W)."""
+        E and the ingest chunk from the daemon's defaults (never above W). K's default depends on
+        the final budget (a pinned system prompt grows S): `with_deferred_shift`, after."""
         w = default_window if window is None else window
         return cls.named(
             policy,

@@ -81,7 +81,7 @@ def resolve_policy(
     n_system: int,
     entry: ModelEntry,
     settings: Settings,
-    position_limit: int | None = None,
+    position_limit: int | None,
 ) -> tuple[PolicyConfig, int]:
     """The session's policy and how many system prompt tokens are sinks. An unset K defers the
     shift over `settings.evictions_per_shift` evictions, within `position_limit` (the model's)."""
