@@ -1,10 +1,13 @@
 """3. What eviction costs: decode speed and one shift's cost for E = 1, 4, 16, 64, W/2 and K = 0, 16,
-64, 256, and E=16 K=48 (a session's default: one shift per 3 evictions), beside the perplexity each
-gives. E=1/K=0 is the paper's per-token eviction; E=W/2 is what llama.cpp's own server does (discard
-half the window at once). Decoding runs in a context of 1 x 256 cells and in the daemon's default
-of 4 x 1,024: llama.cpp re-rotates every cell of the context at each shift.
+64, 256, and E=16 with K = 48 (the default until 2026-11-30) and a session's default K (the daemon's
+`evictions_per_shift` x E, at most W), beside the perplexity each gives. E=1/K=0 is the paper's
+per-token eviction; E=W/2 is what llama.cpp's own server does (discard half the window at once).
+Decoding runs in a context of 1 x 256 cells and in the daemon's default of 4 x 1,024: llama.cpp
+re-rotates every cell of the context at each shift. `--k-sweep` adds what K costs in perplexity at
+E=16 for a chat's W=1,020 and for W=252 (the data behind the default K).
 
-    python bench/eviction.py [--decode 768] [--ppl-tokens 2048]   -> bench/results/eviction.json
+    python bench/eviction.py [--decode 768] [--ppl-tokens 2048] [--k-sweep]
+        -> bench/results/eviction.json
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from common import ROOT, table, write
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig, Shift
+from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
@@ -62,6 +66,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--decode", type=int, default=768)
     p.add_argument("--ppl-tokens", type=int, default=2048)
+    p.add_argument("--k-sweep", action="store_true", help="perplexity by K at W=1,020 and 252")
     a = p.parse_args()
     text_path = ROOT / "bench" / "texts" / "kjv.txt"
     text = (
@@ -72,7 +77,11 @@ def main() -> None:
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
         ids = engine.tokenize(text)[: a.ppl_tokens]
     settings = [(e, 0) for e in (1, 4, 16, 64, W // 2)] + [(1, k) for k in (16, 64, 256)]
-    settings.append((16, 48))
+    per_shift = Settings.model_fields["evictions_per_shift"].default
+    default_k = PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=16).with_deferred_shift(
+        per_shift, position_limit=None
+    )
+    settings += [(16, 48), (16, default_k.compact_interval)]
     rows, results = [], []
     for e, k in settings:
         policy = PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=e, compact_interval=k)
@@ -82,7 +91,8 @@ def main() -> None:
             run = score_policy(engine, ids, policy)
         ppl_after = math.exp(float(run.nll[S + W :].mean()))
         label = {(1, 0): " (paper)", (W // 2, 0): " (llama.cpp server)",
-                 (16, 48): " (session default)"}.get((e, k), "")  # fmt: skip
+                 (16, 48): " (the default until 2026-11-30)",
+                 (16, default_k.compact_interval): " (session default)"}.get((e, k), "")  # fmt: skip
         results.append(
             {
                 "evict_chunk": e,
@@ -110,6 +120,7 @@ def main() -> None:
     table(f"sink S={S} W={W}: decode ({a.decode} tokens past the budget) and perplexity ({a.ppl_tokens} tokens of the KJV)",
           ["setting", "decode tok/s", "step ms", "shift cost ms", "shifts", "tok/s 4x1024",
            "shift cost ms 4x1024", "ppl", "prefill tok/s"], rows)  # fmt: skip
+    sweep = k_sweep(text, 2 * a.ppl_tokens) if a.k_sweep else []
     write(
         "eviction",
         {
@@ -118,8 +129,33 @@ def main() -> None:
             "decode_tokens": a.decode,
             "ppl_tokens": len(ids),
             "results": results,
+            "k_sweep": sweep,
         },
     )
+
+
+def k_sweep(text: str, n_tokens: int) -> list[dict[str, float]]:
+    """Perplexity by K at E=16: a gap of K positions between the sinks and the window while it
+    waits for its shift (a chat's W=1,020 in 1,024 cells, and W=252)."""
+    out = []
+    for window, ks in ((1020, (0, 48, 256, 512, 1020, 2048)), (252, (0, 48, 252, 1024))):
+        with open_engine(None, EngineConfig(n_ctx_seq=S + window, n_seq_max=1)) as engine:
+            ids = engine.tokenize(text)[:n_tokens]
+            for k in ks:
+                policy = PolicyConfig.named(
+                    "sink", sinks=S, window=window, evict_chunk=16, compact_interval=k
+                )
+                run = score_policy(engine, ids, policy)
+                out.append({"window": window, "compact_interval": k, "ppl": run.perplexity,
+                            "shifts": run.receipt.get("shifts", -1)})  # fmt: skip
+    base = {r["window"]: r["ppl"] for r in out if r["compact_interval"] == 0}
+    table(
+        f"perplexity by K (sink S={S} E=16, {n_tokens:,} tokens of the KJV)",
+        ["W", "K", "ppl", "vs K=0", "shifts"],
+        [[r["window"], r["compact_interval"], r["ppl"], r["ppl"] / base[r["window"]], r["shifts"]]
+         for r in out],
+    )  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ CompactOpt = Annotated[
         "--compact",
         "-k",
         min=0,
-        help="K: defer the position shift until the gap reaches K (unset: 3 x E for a daemon"
-        " session, 0 for the offline tools).",
+        help="K: defer the position shift until the gap reaches K (unset: the daemon's default,"
+        " 32 x E at most W, for a daemon session; 0 for the offline tools).",
     ),
 ]
 ThreadsOpt = Annotated[

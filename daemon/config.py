@@ -58,9 +58,10 @@ class Settings(BaseSettings):
     n_gpu_layers: int = Field(default=0, ge=0)
     kv_type: str = "f16"
     default_evict_chunk: int = Field(default=16, ge=1)
-    # a session that leaves K unset shifts once per this many evictions (K = n x E, within the
-    # model's positions): each shift re-rotates the whole context (bench/eviction.py); 1: every one
-    evictions_per_shift: int = Field(default=3, ge=1)
+    # a session that leaves K unset shifts once per this many evictions (K = n x E, at most W and
+    # within the model's positions): each shift re-rotates the whole context (bench/eviction.py);
+    # 1: every one. 32 x E=16 is K=512 for a chat's W=1,020
+    evictions_per_shift: int = Field(default=32, ge=1)
     # past the budget a long append decodes this many tokens per sub-batch, not E: prompt-processing
     # speed for a small perplexity cost (bench/ingest.py); 0: E at a time
     default_ingest_chunk: int = Field(default=128, ge=0)

@@ -313,18 +313,21 @@ def test_invalid_utf8_on_the_wire(client: Client, daemon: Daemon) -> None:
     assert client.inspect(h).receipt.n_seen == 0
 
 
-def test_a_session_that_leaves_k_unset_shifts_once_per_three_evictions(client: Client) -> None:
-    """The daemon's default K (3 x E, since each shift re-rotates the whole context): the first two
-    overflows leave a gap behind the sinks and the third closes all of it in one shift; a session
-    that asks for K=0 shifts at every eviction."""
+def test_a_session_that_leaves_k_unset_defers_its_shift_until_the_gap_reaches_w(
+    client: Client,
+) -> None:
+    """The daemon's default K (32 x E, at most W, since each shift re-rotates the whole context):
+    here W=60, so three overflows of E=16 leave a gap behind the sinks and the fourth (gap 64)
+    closes all of it in one shift; a session that asks for K=0 shifts at every eviction."""
     deferred, eager = fresh(client), fresh(client, compact_interval=0)
     seen = {}
     for name, h in (("deferred", deferred), ("eager", eager)):
         client.s.Append(tokens_request(h, list(range(100, 100 + BUDGET))), metadata=ALICE)
         rows = []
-        for _ in range(3):  # 16 more tokens each: one eviction of E=16
+        for _ in range(4):  # 16 more tokens each: one eviction of E=16
             r = client.s.Append(tokens_request(h, list(range(300, 316))), metadata=ALICE).receipt
             rows.append((r.evictions, r.shifts, r.pending_gap, r.retained))
         seen[name] = rows
-    assert seen["deferred"] == [(1, 0, 16, BUDGET), (2, 0, 32, BUDGET), (3, 1, 0, BUDGET)]
-    assert seen["eager"] == [(1, 1, 0, BUDGET), (2, 2, 0, BUDGET), (3, 3, 0, BUDGET)]
+    assert seen["deferred"] == [(1, 0, 16, BUDGET), (2, 0, 32, BUDGET), (3, 0, 48, BUDGET),
+                                (4, 1, 0, BUDGET)]  # fmt: skip
+    assert seen["eager"] == [(i, i, 0, BUDGET) for i in (1, 2, 3, 4)]

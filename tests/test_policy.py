@@ -194,6 +194,7 @@ def test_a_deferred_shift_closes_the_gaps_of_n_evictions_at_once() -> None:
 def test_a_deferred_shift_stays_within_the_models_positions_and_spares_the_controls() -> None:
     sink = PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=16)
     assert sink.with_deferred_shift(3, position_limit=8192).compact_interval == 48
+    assert sink.with_deferred_shift(32, position_limit=8192).compact_interval == 252  # at most W
     assert sink.with_deferred_shift(3, position_limit=280).compact_interval == 24  # 280 - 256
     assert sink.with_deferred_shift(3, position_limit=256).compact_interval == 0
     assert sink.with_deferred_shift(1, position_limit=None).compact_interval == 0
