@@ -125,11 +125,15 @@ def decoding_beside(svc: SinkdService, tokens: list[int], ingest: int | None) ->
 
 def perplexities(tokens: list[int]) -> list[float]:
     """Each ingest chunk's perplexity, fed in pieces of that chunk (the daemon's prefill
-    sub-batches past the budget), 64 for E at a time."""
+    sub-batches past the budget), 64 for E at a time, with the K a daemon session gets when it
+    leaves K unset (`evictions_per_shift` x E, at most W)."""
     out = []
+    per_shift = Settings.model_fields["evictions_per_shift"].default
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1, n_batch=256)) as engine:
         for c in CHUNKS:
-            policy = PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=16, ingest_chunk=c)
+            policy = PolicyConfig.named(
+                "sink", sinks=4, window=252, evict_chunk=16, ingest_chunk=c
+            ).with_deferred_shift(per_shift, position_limit=None)
             out.append(score_policy(engine, tokens[:N_PPL], policy, chunk=max(c, 64)).perplexity)
     return out
 
