@@ -165,7 +165,7 @@ class PolicyConfig:
         llama.cpp re-rotates every cell of the context at each shift, whichever sequence moved, so
         a shift costs in proportion to the whole context (bench/README.md, row 3): fewer shifts buy
         throughput. K is at most W, so cache positions stay below twice the budget (a gap up to W
-        measured within 0.3% of K=0 in perplexity, bench/README.md), and never past
+        measured within 0.4% of K=0 in perplexity, bench/README.md), and never past
         `position_limit`; a policy that keeps its positions is returned as it is.
         """
         if self.position_mode is not PositionMode.SHIFT or evictions_per_shift <= 1:
