@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -19,6 +20,7 @@ from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cli import models, sessions
 from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
+from sinkd.daemon.config import THREADS_ENV, default_threads
 from sinkd.daemon.errors import InvalidInput
 
 app = typer.Typer(
@@ -31,14 +33,30 @@ app.add_typer(models.app, name="models")
 app.add_typer(sessions.app, name="sessions")
 
 
+@contextlib.contextmanager
+def embedded_threads() -> Iterator[None]:
+    """A command that runs the model in this process (every one but `serve`, the one meant to own
+    the cores) gives llama.cpp half the cores unless told otherwise ($SINKD_N_THREADS, `--threads`):
+    two such processes then share the machine instead of fighting over it. llama.cpp's OpenMP
+    threads spin at every barrier; a spinning thread holds a core another process's partner needs.
+    Measured by bench/two_processes.py on 2 cores (2026-12-01): 1 thread each keeps 0.94x of its
+    alone speed beside another (2 each, spinning: 0.22x), and alone decodes at 113 tok/s against 136
+    with both cores; sleeping at barriers instead (OMP_WAIT_POLICY=passive, the earlier choice)
+    decodes alone at 46. Set for the command's duration, then put back."""
+    before = os.environ.get(THREADS_ENV)
+    if before is None:
+        os.environ[THREADS_ENV] = str(max(1, default_threads() // 2))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(THREADS_ENV, None)
+
+
 @app.callback()
 def _every_command(ctx: typer.Context) -> None:
-    """A command that runs the model in this process (not `serve`, the one meant to own the
-    cores) lets its llama.cpp threads sleep at a barrier instead of spinning: beside another sinkd
-    process each then keeps ~0.69x of its alone speed instead of ~0.29x, for ~5% alone
-    (bench/two_processes.py). Set before llama.cpp loads; a value the user set is kept."""
     if ctx.invoked_subcommand != "serve":
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+        ctx.with_resource(embedded_threads())
 
 
 out = console()

@@ -18,6 +18,25 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from sinkd.daemon.errors import InvalidInput
+
+THREADS_ENV = "SINKD_N_THREADS"  # what the daemon's setting `n_threads` reads too
+
+
+def default_threads() -> int:
+    """llama.cpp threads where none are given: $SINKD_N_THREADS (the CLI sets it to half the cores
+    for a model run in its own process, see cli/main.py), else the cores, at most 8."""
+    given = os.environ.get(THREADS_ENV)
+    if given is None:
+        return max(1, min(os.cpu_count() or 1, 8))
+    try:
+        n = int(given)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InvalidInput(f"{THREADS_ENV}={given!r}: threads must be a whole number >= 1")
+    return n
+
 
 def default_socket() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/sinkd-{os.getuid()}"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -201,3 +205,49 @@ def test_eval_ppl_writes_json_and_a_plot(tmp_path: Path) -> None:
     assert (tmp_path / "t.json").is_file() and (tmp_path / "t.png").stat().st_size > 10_000
     code, _, err = run("eval", "ppl", "--text", str(text), "--policies", "lru")
     assert code == 2 and "--policies" in err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("given", [None, "2"])
+def test_a_model_run_in_the_cli_process_takes_half_the_cores_unless_told(
+    given: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes that each spin on every core slow each other ~5x (bench/two_processes.py);
+    the CLI gives llama.cpp half the cores, keeps a value the user set, and puts the variable back."""
+    from sinkd.daemon.config import THREADS_ENV, default_threads
+    from sinkd.evaluation import offline
+
+    if given is None:
+        monkeypatch.delenv(THREADS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(THREADS_ENV, given)
+    all_cores = default_threads()
+    seen: list[int] = []
+    real = offline.open_engine
+
+    @contextlib.contextmanager
+    def spy(*args: Any, **kw: Any) -> Iterator[Any]:
+        with real(*args, **kw) as engine:
+            seen.append(engine.threads)  # what llama.cpp's context says it runs with
+            yield engine
+
+    monkeypatch.setattr(offline, "open_engine", spy)
+    code, _, _ = run("receipt", "--sinks", "4", "--window", "252", "--json")
+    assert code == 0
+    assert seen == [max(1, all_cores // 2) if given is None else int(given)]
+    assert os.environ.get(THREADS_ENV) == given  # nothing left behind for what runs next
+
+
+@pytest.mark.unit
+def test_a_thread_count_in_the_environment_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sinkd.daemon.config import THREADS_ENV, default_threads
+    from sinkd.daemon.errors import InvalidInput
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert 1 <= default_threads() <= 8
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert default_threads() == 3
+    for bad in ("0", "-2", "two", ""):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(InvalidInput, match=THREADS_ENV):
+            default_threads()

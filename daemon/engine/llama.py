@@ -31,6 +31,7 @@ from sinkd.cachepolicy import (
     CacheSequence,
     PolicyConfig,
 )
+from sinkd.daemon.config import default_threads
 from sinkd.daemon.engine import compat
 from sinkd.daemon.engine.memory import SequenceOps
 from sinkd.daemon.engine.models import ModelEntry, kv_bytes_per_token
@@ -63,7 +64,7 @@ class EngineConfig(BaseModel):
     n_ctx_seq: int = Field(default=512, ge=1)
     n_seq_max: int = Field(default=4, ge=1, le=MAX_SEQUENCES)
     n_batch: int = Field(default=256, ge=1)
-    n_threads: int = Field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)), ge=1)
+    n_threads: int = Field(default_factory=default_threads, ge=1)
     n_gpu_layers: int = Field(
         default_factory=lambda: int(os.environ.get("SINKD_GPU_LAYERS", "0")), ge=0
     )
@@ -241,6 +242,11 @@ class Engine(VocabularyOps, SequenceOps):
         buf = ctypes.create_string_buffer(256)
         n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads llama.cpp decodes with, as the context reports them."""
+        return int(llama.llama_n_threads(self._ctx))
 
     @property
     def kv_bytes_per_token(self) -> float:
