@@ -15,6 +15,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
 
+def session_default_k(policy: Any) -> Any:
+    """`policy` with the K a daemon session gets when it leaves K unset: `evictions_per_shift` x E,
+    at most W (no position limit: every bench context is inside the model's)."""
+    from sinkd.daemon.config import Settings
+
+    per_shift = Settings.model_fields["evictions_per_shift"].default
+    return policy.with_deferred_shift(per_shift, position_limit=None)
+
+
 def daemon_settings(tmp: Path, **kw: Any) -> Any:
     """A daemon on a temporary Unix socket and state directory, no tenants (the socket's user)."""
     from sinkd.daemon.config import Settings

@@ -18,10 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ROOT, table, write
+from common import ROOT, session_default_k, table, write
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig, Shift
-from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
@@ -77,10 +76,7 @@ def main() -> None:
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
         ids = engine.tokenize(text)[: a.ppl_tokens]
     settings = [(e, 0) for e in (1, 4, 16, 64, W // 2)] + [(1, k) for k in (16, 64, 256)]
-    per_shift = Settings.model_fields["evictions_per_shift"].default
-    default_k = PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=16).with_deferred_shift(
-        per_shift, position_limit=None
-    )
+    default_k = session_default_k(PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=16))
     settings += [(16, 48), (16, default_k.compact_interval)]
     rows, results = [], []
     for e, k in settings:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, percentile, table, write
+from common import ROOT, percentile, session_default_k, table, write
 
 from sinkd.cachepolicy import PolicyConfig
 from sinkd.daemon.config import Settings
@@ -128,12 +128,11 @@ def perplexities(tokens: list[int]) -> list[float]:
     sub-batches past the budget), 64 for E at a time, with the K a daemon session gets when it
     leaves K unset (`evictions_per_shift` x E, at most W)."""
     out = []
-    per_shift = Settings.model_fields["evictions_per_shift"].default
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1, n_batch=256)) as engine:
         for c in CHUNKS:
-            policy = PolicyConfig.named(
-                "sink", sinks=4, window=252, evict_chunk=16, ingest_chunk=c
-            ).with_deferred_shift(per_shift, position_limit=None)
+            policy = session_default_k(
+                PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=16, ingest_chunk=c)
+            )
             out.append(score_policy(engine, tokens[:N_PPL], policy, chunk=max(c, 64)).perplexity)
     return out
 

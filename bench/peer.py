@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import percentile, table, together, write
+from common import percentile, session_default_k, table, together, write
 
 TARGETS = ("llama-server", "llama-batched-bench")
 
@@ -304,10 +304,9 @@ def perplexities() -> list[dict[str, Any]]:
     body = kjv.read_text()[:400_000] if kjv.exists() else SAMPLE_TEXT * 200
     window = BUDGET - SINKS
     ingest = Settings.model_fields["default_ingest_chunk"].default
-    per_shift = Settings.model_fields["evictions_per_shift"].default
     eager = PolicyConfig.named("sink", sinks=SINKS, window=window, evict_chunk=16,
                                ingest_chunk=ingest)  # fmt: skip
-    default = eager.with_deferred_shift(per_shift, position_limit=None)
+    default = session_default_k(eager)
     schemes = {
         f"sinkd sink (E=16, K={default.compact_interval}: the default)": default,
         "sinkd sink (E=16, K=0)": eager,
