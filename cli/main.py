@@ -39,8 +39,8 @@ def embedded_threads() -> Iterator[None]:
     the cores) gives llama.cpp half the cores unless told otherwise ($SINKD_N_THREADS, `--threads`):
     two such processes then share the machine instead of fighting over it. llama.cpp's OpenMP
     threads spin at every barrier; a spinning thread holds a core another process's partner needs.
-    Measured by bench/two_processes.py on 2 cores (2026-12-01): 1 thread each keeps 0.94x of its
-    alone speed beside another (2 each, spinning: 0.22x), and alone decodes at 113 tok/s against 136
+    Measured by bench/two_processes.py on 2 cores (2026-12-01): 1 thread each keeps 0.95x of its
+    alone speed beside another (2 each, spinning: 0.25x), and alone decodes at 111 tok/s against 137
     with both cores; sleeping at barriers instead (OMP_WAIT_POLICY=passive, the earlier choice)
     decodes alone at 46. Set for the command's duration, then put back."""
     before = os.environ.get(THREADS_ENV)
