@@ -15,7 +15,7 @@ from pathlib import Path
 import llama_cpp as llama
 from common import daemon_settings, table, write
 
-from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.config import default_threads
 from sinkd.daemon.engine.models import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    threads = EngineConfig().n_threads
+    threads = default_threads()  # the daemon's engine, alone here, takes as many
 
     d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
     d.start()

@@ -20,17 +20,16 @@ from common import table, write
 
 from sinkd.daemon.config import default_threads
 
-HALF = max(1, default_threads() // 2)  # what the CLI gives a model run in its own process
+CORES = default_threads()
+HALF = max(1, CORES // 2)
 SETTINGS: list[tuple[str, dict[str, str], int | None]] = [
-    (f"all the cores ({default_threads()}), OpenMP spins (serve's default)", {}, None),
-    (
-        "OMP_WAIT_POLICY=passive (the CLI's choice until 2026-12-01)",
-        {"OMP_WAIT_POLICY": "passive"},
-        None,
-    ),
-    ("GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT": "10000"}, None),
-    (f"half the cores each ({HALF}: the CLI's default now)", {}, HALF),
-]
+    (f"all the cores each ({CORES}), fixed: OpenMP spins", {}, CORES),
+    ("OMP_WAIT_POLICY=passive, all the cores (the CLI's choice until 2026-12-01)",
+     {"OMP_WAIT_POLICY": "passive"}, CORES),
+    ("GOMP_SPINCOUNT=10000, all the cores", {"GOMP_SPINCOUNT": "10000"}, CORES),
+    (f"half the cores each ({HALF}), fixed", {}, HALF),
+    ("shared (the default: the cores split between the engines decoding)", {}, None),
+]  # fmt: skip
 
 
 def worker(threads: int | None) -> None:

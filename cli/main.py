@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import os
@@ -20,7 +19,6 @@ from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cli import models, sessions
 from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
-from sinkd.daemon.config import THREADS_ENV, default_threads
 from sinkd.daemon.errors import InvalidInput
 
 app = typer.Typer(
@@ -31,32 +29,6 @@ app = typer.Typer(
 )
 app.add_typer(models.app, name="models")
 app.add_typer(sessions.app, name="sessions")
-
-
-@contextlib.contextmanager
-def embedded_threads() -> Iterator[None]:
-    """A command that runs the model in this process (every one but `serve`, the one meant to own
-    the cores) gives llama.cpp half the cores unless told otherwise ($SINKD_N_THREADS, `--threads`):
-    two such processes then share the machine instead of fighting over it. llama.cpp's OpenMP
-    threads spin at every barrier; a spinning thread holds a core another process's partner needs.
-    Measured by bench/two_processes.py on 2 cores (2026-12-01): 1 thread each keeps 0.95x of its
-    alone speed beside another (2 each, spinning: 0.25x), and alone decodes at 111 tok/s against 137
-    with both cores; sleeping at barriers instead (OMP_WAIT_POLICY=passive, the earlier choice)
-    decodes alone at 46. Set for the command's duration, then put back."""
-    before = os.environ.get(THREADS_ENV)
-    if before is None:
-        os.environ[THREADS_ENV] = str(max(1, default_threads() // 2))
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(THREADS_ENV, None)
-
-
-@app.callback()
-def _every_command(ctx: typer.Context) -> None:
-    if ctx.invoked_subcommand != "serve":
-        ctx.with_resource(embedded_threads())
 
 
 out = console()

@@ -23,12 +23,16 @@ from sinkd.daemon.errors import InvalidInput
 THREADS_ENV = "SINKD_N_THREADS"  # what the daemon's setting `n_threads` reads too
 
 
-def default_threads() -> int:
-    """llama.cpp threads where none are given: $SINKD_N_THREADS (the CLI sets it to half the cores
-    for a model run in its own process, see cli/main.py), else the cores, at most 8."""
+def machine_threads() -> int:
+    """llama.cpp threads for one engine alone on this machine: its cores, at most 8."""
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def threads_given() -> int | None:
+    """The thread count $SINKD_N_THREADS fixes (checked), or None: the engine shares the cores."""
     given = os.environ.get(THREADS_ENV)
     if given is None:
-        return max(1, min(os.cpu_count() or 1, 8))
+        return None
     try:
         n = int(given)
     except ValueError:
@@ -36,6 +40,11 @@ def default_threads() -> int:
     if n < 1:
         raise InvalidInput(f"{THREADS_ENV}={given!r}: threads must be a whole number >= 1")
     return n
+
+
+def default_threads() -> int:
+    """The threads an engine starts with when none are given, alone on the machine."""
+    return threads_given() or machine_threads()
 
 
 def default_socket() -> Path:
@@ -73,6 +82,7 @@ class Settings(BaseSettings):
     # a session's prefill per step, whatever the load: 128 tokens (~0.8 s here) bound what a long
     # append adds to the other sessions' steps, and past the budget ingest at prompt speed
     prefill_chunk: int = Field(default=128, ge=1)
+    # None: the cores (at most 8), shared with the other sinkd engines decoding on this machine
     n_threads: int | None = Field(default=None, ge=1)
     n_gpu_layers: int = Field(default=0, ge=0)
     kv_type: str = "f16"

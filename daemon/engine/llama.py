@@ -31,8 +31,9 @@ from sinkd.cachepolicy import (
     CacheSequence,
     PolicyConfig,
 )
-from sinkd.daemon.config import default_threads
+from sinkd.daemon.config import machine_threads, threads_given
 from sinkd.daemon.engine import compat
+from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.memory import SequenceOps
 from sinkd.daemon.engine.models import ModelEntry, kv_bytes_per_token
 from sinkd.daemon.engine.sampler import Sampler
@@ -64,7 +65,10 @@ class EngineConfig(BaseModel):
     n_ctx_seq: int = Field(default=512, ge=1)
     n_seq_max: int = Field(default=4, ge=1, le=MAX_SEQUENCES)
     n_batch: int = Field(default=256, ge=1)
-    n_threads: int = Field(default_factory=default_threads, ge=1)
+    # None: this machine's cores (at most 8), shared with the other engines decoding on it (see
+    # cores.py) unless $SINKD_N_THREADS fixes a count; a number: that many, whatever else runs
+    n_threads: int | None = Field(default=None, ge=1)
+    cores_dir: Path | None = None  # where engines register to share the cores (None: the default)
     n_gpu_layers: int = Field(
         default_factory=lambda: int(os.environ.get("SINKD_GPU_LAYERS", "0")), ge=0
     )
@@ -200,8 +204,16 @@ class Engine(VocabularyOps, SequenceOps):
             cfg.n_batch
         )  # one ubatch per decode: a failed decode leaves no partial batch
         cparams.n_seq_max = cfg.n_seq_max
-        cparams.n_threads = cfg.n_threads
-        cparams.n_threads_batch = cfg.n_threads
+        fixed = cfg.n_threads or threads_given()
+        self._cores: CoreShare | None = None
+        if fixed:
+            self._n_threads = fixed
+        else:  # counted by the other engines while it decodes
+            self._cores = CoreShare(machine_threads(), cfg.cores_dir)
+            self._stack.callback(self._cores.close)
+            self._n_threads = self._cores.cores
+        cparams.n_threads = self._n_threads
+        cparams.n_threads_batch = self._n_threads
         cparams.kv_unified = cfg.kv_unified
         cparams.swa_full = cfg.swa_full
         cparams.type_k = KV_TYPES[cfg.kv_type]
@@ -247,6 +259,21 @@ class Engine(VocabularyOps, SequenceOps):
     def threads(self) -> int:
         """The CPU threads llama.cpp decodes with, as the context reports them."""
         return int(llama.llama_n_threads(self._ctx))
+
+    def idle(self) -> None:
+        """Nothing to decode now (the scheduler's idle loop): stop counting for the shared cores
+        after a second of it."""
+        if self._cores is not None:
+            self._cores.idle()
+
+    def _share_cores(self) -> None:
+        """Before a decode: follow this engine's share of the cores (re-read every second)."""
+        if self._cores is None:
+            return
+        n = self._cores.threads()
+        if n != self._n_threads:
+            llama.llama_set_n_threads(self._ctx, n, n)
+            self._n_threads = n
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -320,6 +347,7 @@ class Engine(VocabularyOps, SequenceOps):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = seq_id
             b.logits[i] = outputs == "all" or (outputs == "last" and i == n - 1)
+        self._share_cores()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
@@ -354,6 +382,7 @@ class Engine(VocabularyOps, SequenceOps):
                 i += 1
             out_index[k] = i - 1 if item.logits else None
         b.n_tokens = total
+        self._share_cores()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")

@@ -156,6 +156,8 @@ class Scheduler:
                 self._expire_idle()
                 if self.queues:
                     self._guarded_step()
+                elif self.engine is not None:
+                    self.engine.idle()  # an idle daemon leaves the cores to other engines
                 if self.snapshotter is not None:
                     self.snapshotter.due(busy=bool(self.queues))
             clean = True
