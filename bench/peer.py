@@ -206,12 +206,13 @@ class Server:
 class Sinkd:
     """`sinkd serve` in its own process, as llama-server runs; sessions S=4 W=252 over gRPC."""
 
-    def __init__(self, sessions: int, durable: bool = True) -> None:
+    def __init__(self, sessions: int, durable: bool = True, threads: int | None = 2) -> None:
         self.tmp = Path(tempfile.mkdtemp())
         sock = self.tmp / "sinkd.sock"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sinkd.cli.main", "serve", "--socket", str(sock),
-             "--max-sessions", str(sessions), "--ctx", str(BUDGET), "--threads", "2",
+             "--max-sessions", str(sessions), "--ctx", str(BUDGET),
+             *(["--threads", str(threads)] if threads else []),
              "--state-dir", str(self.tmp / "state"), "--durable" if durable else "--no-durable"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip

@@ -4,7 +4,9 @@ llama.cpp's CPU threads (OpenMP here) spin at every barrier while they wait for 
 processes on the same cores a spinning thread holds a core its peer's partner needs. Each setting
 runs one worker alone, then two at once, each worker a real engine doing a prefill and a decode.
 
-    python bench/two_processes.py          -> bench/results/two_processes.json
+    python bench/two_processes.py                  -> bench/results/two_processes.json
+    python bench/two_processes.py --beside-daemon  -> bench/results/two_processes_daemon.json
+        (`sinkd serve` generating over gRPC while `sinkd stream` runs a text in its own process)
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from common import table, write
@@ -113,8 +117,92 @@ def main() -> None:
     print(f"wrote {write('two_processes', {'rows': rows})}")
 
 
+def beside_daemon(fixed: int | None) -> dict[str, Any]:
+    """A daemon generating (one session, 300 tokens a request, over and over) while `sinkd stream`
+    runs 20,000 characters of text embedded, each against itself alone. `fixed`: both processes
+    on that many threads ($SINKD_N_THREADS); None: the default, shared."""
+    import tempfile
+    import threading
+
+    from peer import Sinkd, prompts
+
+    from sinkd.daemon.config import THREADS_ENV
+    from sinkd.evaluation import SAMPLE_TEXT
+
+    root = Path(__file__).resolve().parent
+    kjv = root / "texts" / "kjv.txt"
+    text_file = Path(tempfile.mkdtemp()) / "text.txt"
+    text_file.write_text(kjv.read_text()[:20_000] if kjv.exists() else SAMPLE_TEXT * 20)
+    env = {**os.environ}
+    env.pop(THREADS_ENV, None)
+    if fixed:
+        env[THREADS_ENV] = str(fixed)
+
+    def stream_seconds() -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "sinkd.cli.main", "stream", str(text_file), "--json"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+        return time.perf_counter() - t0
+
+    prompt = prompts(1)[0]
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)  # `sinkd serve` inherits it
+    try:
+        daemon = Sinkd(1, threads=None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+
+        def generate(until: Callable[[], bool]) -> float:
+            tokens, t0 = 0, time.perf_counter()
+            while not until():
+                tokens += daemon.stream(prompt, 300).tokens
+            return tokens / (time.perf_counter() - t0)
+
+        daemon.stream(prompt, 50)
+        time.sleep(1.5)  # idle for a second: the daemon stops counting
+        t_end = time.perf_counter() + 10
+        alone_gen = generate(lambda: time.perf_counter() > t_end)
+        time.sleep(1.5)
+        alone_stream = stream_seconds()
+        time.sleep(1.5)
+        done = threading.Event()
+        rate: list[float] = []
+        gen = threading.Thread(target=lambda: rate.append(generate(done.is_set)))
+        gen.start()
+        both_stream = stream_seconds()
+        done.set()
+        gen.join()
+    finally:
+        daemon.stop()
+    return {
+        "threads": fixed or "shared",
+        "generate_alone_tok_s": alone_gen,
+        "generate_beside_tok_s": rate[0],
+        "generate_ratio": rate[0] / alone_gen,
+        "stream_alone_s": alone_stream,
+        "stream_beside_s": both_stream,
+        "stream_ratio": alone_stream / both_stream,
+    }
+
+
+def main_beside_daemon() -> None:
+    rows = [beside_daemon(None), beside_daemon(default_threads())]
+    table(
+        "`sinkd serve` generating beside `sinkd stream` (embedded), each against itself alone",
+        ["threads", "generate alone tok/s", "beside", "ratio", "stream alone s", "beside s", "ratio"],
+        [[r["threads"], r["generate_alone_tok_s"], r["generate_beside_tok_s"], r["generate_ratio"],
+          r["stream_alone_s"], r["stream_beside_s"], r["stream_ratio"]] for r in rows],
+    )  # fmt: skip
+    print(f"wrote {write('two_processes_daemon', {'rows': rows})}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    elif sys.argv[1:] == ["--beside-daemon"]:
+        main_beside_daemon()
     else:
         main()
