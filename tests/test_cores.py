@@ -88,11 +88,13 @@ def test_an_engine_follows_its_share_and_computes_the_same_bits(
     }
     rows: dict[Engine, list[np.ndarray]] = {shared: [], fixed: []}
     seen: list[int] = []
+    seen_fixed: set[int] = set()
 
     def step(chunk: list[int]) -> None:
         for e in (shared, fixed):
             rows[e].append(e.feed(0, seqs[e], chunk, outputs="all"))  # type: ignore[arg-type]
         seen.append(shared.threads)
+        seen_fixed.add(fixed.threads)
 
     step(tokens[:60])
     other = CoreShare(cores_now, tmp_path, refresh_s=0.0)
@@ -103,6 +105,7 @@ def test_an_engine_follows_its_share_and_computes_the_same_bits(
     for t in tokens[75:90]:
         step([t])
     assert seen == [cores_now] + [cores_now // 2] * 15 + [cores_now] * 15
+    assert seen_fixed == {cores_now}  # a count given is kept, whatever else decodes
     assert all(np.array_equal(a, b) for a, b in zip(rows[shared], rows[fixed], strict=True))
 
 
