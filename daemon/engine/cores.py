@@ -4,9 +4,9 @@ llama.cpp's CPU threads spin at every barrier while they wait for each other. Tw
 each use every core keep taking the core the other's threads are waiting for, and each runs at a
 quarter of its alone speed; with the cores split between them each keeps ~0.95 of what its share
 gives (bench/two_processes.py). So an engine whose thread count was not given registers here while
-it runs and decodes with its cores divided by the engines registered, re-read every second:
+it decodes and runs with its cores divided by the engines registered, re-read every second:
 llama.cpp takes a new thread count between two decodes, and its results do not depend on it
-(tests/test_engine.py).
+(tests/test_cores.py).
 
 A registration is a file in a per-user folder, held under an exclusive flock: a process that dies
 drops its lock with it, and the next reader removes the file. Engines of other users are not seen.
@@ -22,13 +22,15 @@ import secrets
 import time
 from pathlib import Path
 
+from sinkd.daemon.config import default_socket
+
 log = logging.getLogger("sinkd.cores")
 REFRESH_S = 1.0
 
 
 def default_folder() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/sinkd-{os.getuid()}"
-    return Path(runtime) / "sinkd" / "engines"
+    """Beside the daemon's default socket: per user, in the runtime directory."""
+    return default_socket().parent / "engines"
 
 
 class CoreShare:
