@@ -324,8 +324,9 @@ def _backend(
     embedded: bool, connect: str | None, token: str | None, model: str | None, budget: int
 ) -> Any:
     """--embedded: this process; --connect: that daemon; neither: the daemon at the default
-    address if one answers (two llama.cpp processes on the same cores slow each other far more than
-    sharing them costs: bench/two_processes.py), else this process. The first line says which."""
+    address if one answers (one model in memory, and the daemon keeps every core instead of
+    splitting them with a second engine: bench/two_processes.py), else this process. The first line
+    says which."""
     from sinkd.cli.backend import EmbeddedBackend, RemoteBackend, daemon_answers, default_address
 
     if embedded:
