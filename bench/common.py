@@ -15,6 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
 
+def default_threads() -> int:
+    """The threads an engine starts with when none are given, alone on this machine."""
+    from sinkd.daemon.config import machine_threads, threads_given
+
+    return threads_given() or machine_threads()
+
+
 def session_default_k(policy: Any) -> Any:
     """`policy` with the K a daemon session gets when it leaves K unset: `evictions_per_shift` x E,
     at most W (no position limit: every bench context is inside the model's)."""

@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import llama_cpp as llama
-from common import daemon_settings, table, write
+from common import daemon_settings, default_threads, table, write
 
-from sinkd.daemon.config import default_threads
 from sinkd.daemon.engine.models import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon

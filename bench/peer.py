@@ -206,7 +206,13 @@ class Server:
 class Sinkd:
     """`sinkd serve` in its own process, as llama-server runs; sessions S=4 W=252 over gRPC."""
 
-    def __init__(self, sessions: int, durable: bool = True, threads: int | None = 2) -> None:
+    def __init__(
+        self,
+        sessions: int,
+        durable: bool = True,
+        threads: int | None = 2,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = Path(tempfile.mkdtemp())
         sock = self.tmp / "sinkd.sock"
         self.proc = subprocess.Popen(
@@ -214,7 +220,7 @@ class Sinkd:
              "--max-sessions", str(sessions), "--ctx", str(BUDGET),
              *(["--threads", str(threads)] if threads else []),
              "--state-dir", str(self.tmp / "state"), "--durable" if durable else "--no-durable"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
         from sinkd.cli.backend import daemon_answers
         from sinkd.daemon.rpc.client import Client

@@ -20,9 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import table, write
-
-from sinkd.daemon.config import default_threads
+from common import default_threads, table, write
 
 CORES = default_threads()
 HALF = max(1, CORES // 2)
@@ -145,14 +143,7 @@ def beside_daemon(fixed: int | None) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     prompt = prompts(1)[0]
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)  # `sinkd serve` inherits it
-    try:
-        daemon = Sinkd(1, threads=None)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    daemon = Sinkd(1, threads=None, env=env)
     try:
 
         def generate(until: Callable[[], bool]) -> float:

@@ -42,11 +42,6 @@ def threads_given() -> int | None:
     return n
 
 
-def default_threads() -> int:
-    """The threads an engine starts with when none are given, alone on the machine."""
-    return threads_given() or machine_threads()
-
-
 def default_socket() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/sinkd-{os.getuid()}"
     return Path(runtime) / "sinkd" / "sinkd.sock"
