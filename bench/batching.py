@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import default_threads
 
 from sinkd.daemon.engine.llama import BatchItem, EngineConfig
 from sinkd.daemon.engine.loading import open_engine
@@ -21,7 +22,15 @@ from sinkd.evaluation import SAMPLE_TEXT as TEXT
 
 
 def run(unified: bool, sessions: int, steps: int) -> dict[str, float | bool]:
-    cfg = EngineConfig(n_ctx_seq=256, n_seq_max=sessions, n_batch=256, kv_unified=unified)
+    # both engines stay open: with no thread count given they would count each other for the
+    # shared cores (daemon/engine/cores.py) and run on half of them
+    cfg = EngineConfig(
+        n_ctx_seq=256,
+        n_seq_max=sessions,
+        n_batch=256,
+        kv_unified=unified,
+        n_threads=default_threads(),
+    )
     batched, solo = open_engine(None, cfg), open_engine(None, cfg)
     tokens = batched.tokenize(TEXT * 2)
     for k in range(sessions):

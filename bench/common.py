@@ -9,10 +9,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+T = TypeVar("T")
 
 
 def default_threads() -> int:
@@ -57,6 +58,23 @@ def start_service(tmp: Path, **kw: Any) -> Any:
     svc.start()
     svc.wait_ready(120)
     return svc
+
+
+def in_child(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a fresh process; its result.
+
+    For a raw llama.cpp measurement beside a daemon. Every thread that runs a llama.cpp decode
+    keeps an OpenMP team for as long as it lives, and once the teams of one process hold more
+    threads than there are cores, libgomp cuts the spin at every barrier from 300,000 turns to 100
+    (`gomp_throttled_spin_count_var`) before it sleeps: one-token decodes then run about 1.5x
+    slower (bench/README.md, row 2), in both teams. A raw loop on the main thread beside a daemon's engine thread (or before it: the team
+    outlives the loop) slows both, which is not what a daemon alone, or llama.cpp alone, does.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def together(jobs: list[Callable[[], None]]) -> float:

@@ -1,7 +1,8 @@
 """4. 1, 2, 4 and 8 concurrent sessions through the daemon: aggregate tokens/s, per-session
 inter-token latency p50/p99, batched against one at a time; time to first token while another
 session prefills a long append. In the same run, the raw ceiling: llama-cpp-python decoding the
-same number of sequences batched against solo steps (bench/batching.py's measure), before and after.
+same number of sequences batched against solo steps (bench/batching.py's measure), before and
+after, each in a child process (`common.in_child`: beside the engine thread, both would be throttled).
 
     python bench/concurrency.py [--tokens 48]   -> bench/results/concurrency.json
 """
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from batching import run as raw_batching
-from common import daemon_settings, percentile, table, together, write
+from common import daemon_settings, in_child, percentile, table, together, write
 
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
@@ -44,7 +45,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tokens", type=int, default=48)
     a = p.parse_args()
-    raw = [raw_batching(False, 8, 20)]
+    raw = [in_child(raw_batching, False, 8, 20)]
     d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=9, n_ctx_seq=256))
     d.start()
     d.wait_ready(60)
@@ -113,7 +114,7 @@ def main() -> None:
         client.s.Close(pb.HandleRequest(handle=h), metadata=MD)
     table("time to first token", ["situation", "ms"], [[k, v] for k, v in ttft.items()])
     d.stop()
-    raw.append(raw_batching(False, 8, 20))
+    raw.append(in_child(raw_batching, False, 8, 20))
     raw_speedup = sum(float(r["speedup"]) for r in raw) / len(raw)
     raw_step_ms = sum(float(r["batched_step_ms"]) for r in raw) / len(raw)
     eight = next(r for r in results if r["sessions"] == 8)

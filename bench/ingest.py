@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, percentile, session_default_k, table, write
+from common import ROOT, in_child, percentile, session_default_k, table, write
 
 from sinkd.cachepolicy import PolicyConfig
 from sinkd.daemon.config import Settings
@@ -149,13 +149,13 @@ def main() -> None:
     raws: list[float] = []
     for rnd in range(ROUNDS):
         for c in CHUNKS:
-            before = raw_prompt_processing(tokens, 512, 2)
+            before = in_child(raw_prompt_processing, tokens, 512, 2)
             svc = daemon(tmp / f"r{rnd}-{c}")
             try:
                 r = append_rate(svc, tokens, c)
             finally:
                 svc.stop()
-            after = raw_prompt_processing(tokens, 512, 2)
+            after = in_child(raw_prompt_processing, tokens, 512, 2)
             r["raw_pp512_tok_s"] = (before + after) / 2
             r["vs_raw_pp512"] = r["tokens_per_s"] / r["raw_pp512_tok_s"]
             runs[c].append(r)
@@ -164,7 +164,7 @@ def main() -> None:
     for c in CHUNKS:
         mine = sorted(runs[c], key=lambda r: r["vs_raw_pp512"])
         rows.append({**mine[len(mine) // 2], "ratios": [r["vs_raw_pp512"] for r in runs[c]]})
-    raw = {512: statistics.median(raws), 64: raw_prompt_processing(tokens, 64)}
+    raw = {512: statistics.median(raws), 64: in_child(raw_prompt_processing, tokens, 64)}
     svc = daemon(tmp / "beside")
     try:
         defaults = svc.settings.default_ingest_chunk

@@ -1,6 +1,7 @@
 """2. A session decoding through the daemon (gRPC, scheduler, policy) against a bare llama-cpp-python
 loop on the same model, threads and budget, in the same run; and the same daemon with the journal's
-fsync back on the engine thread (what the syncer thread saves).
+fsync back on the engine thread (what the syncer thread saves). The bare loop runs in a child
+process: beside the daemon's engine thread in this one, libgomp would throttle both (`in_child`).
 
     python bench/overhead.py [--tokens 200] [--rounds 3]   -> bench/results/overhead.json
 """
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 import llama_cpp as llama
-from common import daemon_settings, default_threads, table, write
+from common import daemon_settings, default_threads, in_child, table, write
 
 from sinkd.daemon.engine.models import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
@@ -89,7 +90,7 @@ def main() -> None:
     gate = d.service.scheduler.gate
     rows, results = [], []
     for r in range(a.rounds):  # interleaved: the machine's noise hits all alike
-        b = bare(prompt, a.tokens, threads)
+        b = in_child(bare, prompt, a.tokens, threads)
         s = daemon_run(client, prompt, a.tokens)
         gate._defer = False  # the journal's fsync on the engine thread, as before the syncer
         inline = daemon_run(client, prompt, a.tokens)
