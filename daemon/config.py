@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     durable: bool = True
     state_dir: Path = Field(default_factory=default_state_dir)
     sync: Literal["full", "normal"] = "full"  # full: fsync per commit (power loss); normal: crash
+    # sync=full: start an fsync no sooner than this after the previous one; the commits meanwhile
+    # join it (fewer fsyncs beside the decode, replies up to this much later; 0: each at once)
+    sync_interval_ms: float = Field(default=0.0, ge=0, le=1000)
     snapshot_every_tokens: int = Field(default=256, ge=1)
     snapshot_every_s: float = Field(default=300.0, gt=0)
     snapshots_kept: int = Field(default=2, ge=2, le=16)

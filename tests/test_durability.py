@@ -518,6 +518,37 @@ def test_replies_wait_for_the_journals_fsync_and_the_engine_does_not(
 
 
 @pytest.mark.model
+def test_with_an_fsync_interval_a_stream_is_acknowledged_after_fewer_fsyncs(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sync_interval_ms=1000: the syncer starts at most one fsync a second, so a 24-token stream
+    that takes T seconds sees at most 2 + T of them (one per token without the interval), and
+    every token still arrives, in order, after the journal holds it."""
+    c = run.start(sync_interval_ms=1000)
+    h = c.create().handle
+    c.append(h, TEXT[:200])
+    real_fsync, wal_syncs = os.fsync, list[float]()
+
+    def counting_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("journal.db-wal"):
+            wal_syncs.append(time.monotonic())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    events: list[Any] = []
+    t0 = time.monotonic()
+    _stream(c, h, 24, events)
+    took = time.monotonic() - t0
+    assert [ev.token.index for ev in events if ev.HasField("token")] == list(range(24))
+    assert 1 <= len(wal_syncs) <= 2 + took
+    seen = receipt(c, h).n_seen
+    run.stop_without_snapshots()  # what a crash leaves: the journal alone
+    c = run.start()
+    r = receipt(c, h)
+    assert r.n_seen == seen and "+ 0 chunks" not in r.resume  # replayed from the journal
+
+
+@pytest.mark.model
 def test_a_reset_while_replies_wait_for_the_fsync_ends_the_stream_and_keeps_nothing(
     run: Run,
 ) -> None:

@@ -4,6 +4,8 @@ error hierarchy's edges, and the call limits."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -19,6 +21,7 @@ from sinkd.daemon.errors import (
     StaleGeneration,
     Unsupported,
 )
+from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.placement import runs, swaps_for_one_run
 from sinkd.daemon.runtime.sessions import (
@@ -28,6 +31,7 @@ from sinkd.daemon.runtime.sessions import (
     SessionState,
 )
 from sinkd.daemon.runtime.stepplan import Candidate, plan_step
+from sinkd.daemon.runtime.syncer import Syncer
 
 pytestmark = pytest.mark.unit
 S = SessionState
@@ -279,3 +283,53 @@ def test_placement_refuses_ids_it_cannot_place() -> None:
         swaps_for_one_run([1, 1], 4)
     with pytest.raises(ValueError):
         swaps_for_one_run([4], 4)
+
+
+# --- the journal's syncer ---
+
+
+def test_an_fsync_interval_lets_the_commits_meanwhile_share_one_fsync() -> None:
+    """A commit soon after an fsync waits out the interval, what is committed meanwhile rides on
+    the same fsync, and no reply goes out before the fsync that covers it; a commit after the
+    interval does not wait. Driven by a fake clock and a sleep that blocks on an event."""
+    now = [100.0]
+    sent: list[str] = []
+    sent_at_sync: list[list[str]] = []
+    asked: list[float] = []
+    sleeping, wake = threading.Event(), threading.Event()
+    delivered = {name: threading.Event() for name in "abcd"}
+
+    def sleep(seconds: float) -> None:
+        asked.append(seconds)
+        sleeping.set()
+        assert wake.wait(30), "the test never woke the syncer"
+
+    def reply(name: str) -> list[tuple[Any, Callable[[], None]]]:
+        def send() -> None:
+            sent.append(name)
+            delivered[name].set()
+
+        return [(None, send)]
+
+    syncer = Syncer(lambda: sent_at_sync.append(list(sent)), Metrics(), 0.02, lambda: now[0], sleep)
+    try:
+        syncer.submit(reply("a"))
+        assert delivered["a"].wait(30)
+        now[0] = 100.005  # 5 ms after the first fsync began: 15 ms to wait
+        syncer.submit(reply("b"))
+        assert sleeping.wait(30)
+        assert asked == [pytest.approx(0.015)]
+        syncer.submit(reply("c"))
+        assert sent == ["a"]  # b waits for its fsync
+        wake.set()
+        assert delivered["c"].wait(30)
+        assert sent_at_sync == [[], ["a"]]  # one fsync for b and c
+        assert sent == ["a", "b", "c"]
+        now[0] = 200.0  # long after: no wait
+        syncer.submit(reply("d"))
+        assert delivered["d"].wait(30)
+        assert len(asked) == 1 and len(sent_at_sync) == 3
+        assert syncer.error is None
+    finally:
+        wake.set()
+        syncer.close()

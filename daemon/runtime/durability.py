@@ -116,6 +116,7 @@ class Durability:
         self,
         state_dir: Path,
         sync: str = "full",
+        sync_interval_s: float = 0.0,
         every_tokens: int = 256,
         every_s: float = 300.0,
         keep: int = 2,
@@ -124,6 +125,7 @@ class Durability:
         self.dir = state_dir
         self.segmenting = segmenting
         self.sync = sync
+        self.sync_interval_s = sync_interval_s  # the syncer's least time between two fsyncs
         self.every_tokens = every_tokens
         self.every_s = every_s
         self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest

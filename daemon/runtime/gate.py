@@ -88,7 +88,9 @@ class ReplyGate:
         if self._defer and replies:
             assert self.durability is not None
             if self.syncer is None:
-                self.syncer = Syncer(self.durability.sync_journal, self.metrics)
+                self.syncer = Syncer(
+                    self.durability.sync_journal, self.metrics, self.durability.sync_interval_s
+                )
             self.syncer.submit(replies)  # after the fsync, and after the replies before them
             return
         for _, fn in replies:

@@ -59,6 +59,7 @@ class SinkdService:
             self.durability = Durability(
                 settings.state_dir,
                 sync=settings.sync,
+                sync_interval_s=settings.sync_interval_ms / 1000,
                 every_tokens=settings.snapshot_every_tokens,
                 every_s=settings.snapshot_every_s,
                 keep=settings.snapshots_kept,

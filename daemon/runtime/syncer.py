@@ -5,6 +5,12 @@ here, more on a busy disk). Done on the engine thread it adds that to every step
 beside the next `llama_decode`, and the replies that waited for it go out, in commit order, as soon
 as the log is on disk. One fsync covers every commit queued before it (group commit).
 
+Each fsync also slows the decode it runs beside (on two cores, ~0.6 ms a token here: the kernel's
+journal and the disk's completions take a core from llama.cpp's threads; bench/README.md, row 2).
+With an interval the syncer starts an fsync no sooner than that long after the previous one began,
+and every commit made meanwhile rides on it: fewer fsyncs, and replies that wait up to the
+interval. Nothing is acknowledged before it is on disk either way.
+
 An fsync that fails leaves the journal's durability unknown (the kernel may have dropped the pages):
 the replies waiting for it fail, and the daemon stops rather than acknowledge anything more.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from sinkd.daemon import failpoints
@@ -27,9 +34,20 @@ Replies = list[tuple[Job, Callable[[], None]]]
 
 
 class Syncer:
-    def __init__(self, sync: Callable[[], None], metrics: Metrics) -> None:
+    def __init__(
+        self,
+        sync: Callable[[], None],
+        metrics: Metrics,
+        interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._sync = sync
         self._metrics = metrics
+        self._interval_s = interval_s
+        self._clock = clock
+        self._sleep = sleep
+        self._last_sync: float | None = None
         self._queue: queue.Queue[Replies | None] = queue.Queue()
         self.error: BaseException | None = None  # set once; the engine thread then stops
         self._thread = threading.Thread(target=self._run, name="sinkd-sync", daemon=True)
@@ -50,6 +68,10 @@ class Syncer:
             first = self._queue.get()
             if first is None:
                 return
+            if self._interval_s > 0 and self._last_sync is not None:
+                wait = self._last_sync + self._interval_s - self._clock()
+                if wait > 0:
+                    self._sleep(wait)  # the commits of the steps meanwhile join this fsync
             batches = [first]
             while True:  # everything queued meanwhile rides on the same fsync
                 try:
@@ -62,6 +84,7 @@ class Syncer:
                 batches.append(more)
             try:
                 failpoints.hit("before-sync")
+                self._last_sync = self._clock()
                 with self._metrics.journal_sync_seconds.time():
                     self._sync()
             except BaseException as e:
