@@ -1,24 +1,30 @@
-"""2. A session decoding through the daemon (gRPC, scheduler, policy) against a bare llama-cpp-python
-loop on the same model, threads and budget, in the same run; and the same daemon with the journal's
-fsync back on the engine thread (what the syncer thread saves). The bare loop runs in a child
-process: beside the daemon's engine thread in this one, libgomp would throttle both (`in_child`).
+"""2. One session decoding through the daemon against a bare llama-cpp-python loop on the same model,
+threads and budget, in the same run, layer by layer: the daemon's service called in process (no
+gRPC, no journal), the same over gRPC, and over gRPC with the journal (durable, sync=full: the
+default and the headline ratio). The bare loop runs in a child process: beside the daemon's engine
+thread in this one, libgomp would throttle both (`common.in_child`); the daemons run one at a time.
 
-    python bench/overhead.py [--tokens 200] [--rounds 3]   -> bench/results/overhead.json
+    python bench/overhead.py [--tokens 200] [--rounds 5]   -> bench/results/overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as llama
 from common import daemon_settings, default_threads, in_child, table, write
 
+from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.models import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
@@ -75,49 +81,83 @@ def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
     return tokens / (stamps[-1] - stamps[0])  # from the first token on: decode steps only
 
 
+def service_run(svc: Any, prompt: list[int], tokens: int) -> float:
+    """The same session through the daemon's service in process: its scheduler, no gRPC."""
+    me = Principal("local")
+    session = svc.create(me, PolicyRequest("sink", sinks=4, window=252), None)
+    h = (session.id, session.generation)
+    svc.append(me, h, None, prompt)
+    stamps = [time.perf_counter() for kind, _ in svc.generate(me, h, tokens + 1, [], None)
+              if kind == "token"]  # fmt: skip
+    svc.close(me, h)
+    return tokens / (stamps[-1] - stamps[0])
+
+
+def daemon_round(durable: bool, prompt: list[int], tokens: int) -> dict[str, float]:
+    """One daemon (durable or not), started for the round and stopped after it."""
+    d = Daemon(
+        daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256, durable=durable)
+    )
+    d.start()
+    d.wait_ready(60)
+    try:
+        out = {"grpc": daemon_run(Client(d.addresses[0]), prompt, tokens)}
+        if not durable:
+            out["service"] = service_run(d.service, prompt, tokens)
+        return out
+    finally:
+        d.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tokens", type=int, default=200)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     threads = default_threads()  # the daemon's engine, alone here, takes as many
-
-    d = Daemon(daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256))
-    d.start()
-    d.wait_ready(60)
-    client = Client(d.addresses[0])
-    prompt = d.service.engine.tokenize(TEXT)[:40]
-    gate = d.service.scheduler.gate
+    prompt = in_child(sample_prompt, 40)
+    layers = ["service", "grpc", "grpc_durable"]
     rows, results = [], []
     for r in range(a.rounds):  # interleaved: the machine's noise hits all alike
         b = in_child(bare, prompt, a.tokens, threads)
-        s = daemon_run(client, prompt, a.tokens)
-        gate._defer = False  # the journal's fsync on the engine thread, as before the syncer
-        inline = daemon_run(client, prompt, a.tokens)
-        gate._defer = True
-        results.append({"bare_tok_s": b, "daemon_tok_s": s, "ratio": s / b,
-                         "fsync_inline_tok_s": inline, "fsync_inline_ratio": inline / b})  # fmt: skip
-        rows.append([r + 1, b, s, s / b, inline / b])
-    d.stop()
-    ratios = sorted(x["ratio"] for x in results)
-    inline_ratios = sorted(x["fsync_inline_ratio"] for x in results)
-    rows.append(["median", "", "", ratios[len(ratios) // 2], inline_ratios[len(ratios) // 2]])
+        plain, durable = daemon_round(False, prompt, a.tokens), daemon_round(True, prompt, a.tokens)
+        tok_s = {
+            "service": plain["service"],
+            "grpc": plain["grpc"],
+            "grpc_durable": durable["grpc"],
+        }
+        results.append({"bare_tok_s": b, **{f"{k}_tok_s": v for k, v in tok_s.items()},
+                        **{f"{k}_ratio": v / b for k, v in tok_s.items()},
+                        "ratio": tok_s["grpc_durable"] / b})  # fmt: skip
+        rows.append([r + 1, b, *(tok_s[k] for k in layers), *(tok_s[k] / b for k in layers)])
+    medians = {k: statistics.median(x[f"{k}_ratio"] for x in results) for k in layers}
+    rows.append(["median", "", "", "", "", *(medians[k] for k in layers)])
     table(
-        f"decode tokens/s, {a.tokens} tokens after a 40-token prompt, {threads} threads (durable"
-        " daemon, sync=full)",
-        ["round", "bare loop", "daemon", "daemon/bare", "fsync on the engine thread/bare"],
+        f"decode tokens/s, {a.tokens} tokens after a 40-token prompt, {threads} threads: bare loop,"
+        " the daemon's service in process, over gRPC, over gRPC durable (sync=full)",
+        ["round", "bare", "service", "gRPC", "gRPC durable", "service/bare", "gRPC/bare",
+         "durable/bare"],
         rows,
-    )
+    )  # fmt: skip
     write(
         "overhead",
         {
             "tokens": a.tokens,
             "threads": threads,
             "rounds": results,
-            "median_ratio": ratios[len(ratios) // 2],
-            "median_ratio_fsync_inline": inline_ratios[len(ratios) // 2],
+            "median_ratio": medians["grpc_durable"],
+            "median_ratio_by_layer": medians,
         },
     )
+
+
+def sample_prompt(n: int) -> list[int]:
+    """The first n tokens of the sample text (tokenized in a child: an engine opened here would
+    keep an OpenMP team beside the daemons')."""
+    from sinkd.daemon.engine.loading import open_engine
+
+    with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
+        return engine.tokenize(TEXT)[:n]
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, daemon_settings, machine, table
+from common import RESULTS, ROOT, daemon_settings, in_child, machine, table
 
 OUT = RESULTS / "recall"
 SCALE = float(os.environ.get("SINKD_BENCH_SCALE", "1"))
@@ -33,6 +33,14 @@ JARGON = ROOT / "bench" / "texts" / "jargon.txt"
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def retrieval_with_engine(tmp: Path) -> list[dict[str, Any]]:
+    from sinkd.daemon.engine.llama import EngineConfig
+    from sinkd.daemon.engine.loading import open_engine
+
+    with open_engine(None, EngineConfig(n_ctx_seq=64, n_seq_max=1)) as engine:
+        return retrieval(engine, tmp)
 
 
 def retrieval(engine: Any, tmp: Path) -> list[dict[str, Any]]:
@@ -222,16 +230,12 @@ def perplexity() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from sinkd.daemon.engine.llama import EngineConfig
-    from sinkd.daemon.engine.loading import open_engine
-
     OUT.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"machine": machine()}
     parts = os.environ.get("SINKD_COST_PARTS", "retrieval,decode,ttft,ppl").split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        if "retrieval" in parts:
-            with open_engine(None, EngineConfig(n_ctx_seq=64, n_seq_max=1)) as engine:
-                data["retrieval"] = retrieval(engine, Path(tmp))
+        if "retrieval" in parts:  # its engine in a child: no OpenMP team beside the daemons here
+            data["retrieval"] = in_child(retrieval_with_engine, Path(tmp))
         else:  # kept from the last run
             data["retrieval"] = json.loads((OUT / "cost.json").read_text())["retrieval"]
         table(
