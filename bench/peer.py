@@ -109,6 +109,7 @@ def build() -> dict[str, Path]:
 BUDGET, SINKS, SESSIONS = 256, 4, 8
 ROUNDS = int(os.environ.get("SINKD_PEER_ROUNDS", "2"))
 SOLO_TOKENS, EACH_TOKENS = 600, 300
+INTERVAL_ENV = "SINKD_SYNC_INTERVAL_MS"  # the daemon's setting sync_interval_ms
 
 
 def model_file() -> Path:
@@ -347,6 +348,8 @@ def main() -> None:
         # what durability costs (a journal commit per step, its fsync on a thread of its own):
         # llama-server keeps nothing across a restart
         ("sinkd --no-durable", lambda k: Sinkd(k, durable=False)),
+        # durable, one journal fsync per 20 ms at most (each fsync slows the decode beside it)
+        ("sinkd sync_interval_ms=20", lambda k: Sinkd(k, env={**os.environ, INTERVAL_ENV: "20"})),
     ]
     for rnd in range(ROUNDS):  # each set back to back, who goes first alternating by round
         for k, n in ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS)):
