@@ -66,9 +66,9 @@ def in_child(fn: Callable[..., T], *args: Any) -> T:
     For a raw llama.cpp measurement beside a daemon. Every thread that runs a llama.cpp decode
     keeps an OpenMP team for as long as it lives, and once the teams of one process hold more
     threads than there are cores, libgomp cuts the spin at every barrier from 300,000 turns to 100
-    (`gomp_throttled_spin_count_var`) before it sleeps: one-token decodes then run about 1.5x
-    slower (bench/README.md, row 2), in both teams. A raw loop on the main thread beside a daemon's engine thread (or before it: the team
-    outlives the loop) slows both, which is not what a daemon alone, or llama.cpp alone, does.
+    (`gomp_throttled_spin_count_var`) before it sleeps: one-token decodes then run 1.4-1.7x slower
+    in both teams (bench/README.md, row 2). A raw loop on the main thread beside a daemon's engine
+    thread (or before it: the team outlives the loop) slows both, which neither does alone.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

@@ -2,7 +2,7 @@
 inter-token latency p50/p99, batched against one at a time; time to first token while another
 session prefills a long append. In the same run, the raw ceiling: llama-cpp-python decoding the
 same number of sequences batched against solo steps (bench/batching.py's measure), before and
-after, each in a child process (`common.in_child`: beside the engine thread, both would be throttled).
+after, each in a child process (`common.in_child`: beside the engine thread both run throttled).
 
     python bench/concurrency.py [--tokens 48]   -> bench/results/concurrency.json
 """

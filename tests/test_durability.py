@@ -522,8 +522,8 @@ def test_with_an_fsync_interval_a_stream_is_acknowledged_after_fewer_fsyncs(
     run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """sync_interval_ms=1000: the syncer starts at most one fsync a second, so a 24-token stream
-    that takes T seconds sees at most 2 + T of them (one per token without the interval), and
-    every token still arrives, in order, after the journal holds it."""
+    that takes T seconds sees at most 2 + T of them (one per token without the interval); every
+    token still arrives, in order, and a crash right after resumes them all from the journal."""
     c = run.start(sync_interval_ms=1000)
     h = c.create().handle
     c.append(h, TEXT[:200])
