@@ -3,8 +3,10 @@ decoding, follows that share between decodes, and computes the same bits whateve
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +16,9 @@ import pytest
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.config import THREADS_ENV, machine_threads
-from sinkd.daemon.engine import cores
+from sinkd.daemon.engine import cores, teams
 from sinkd.daemon.engine.cores import CoreShare
-from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.engine.llama import BatchItem, Engine
 from tests.conftest import TEXT
 
 MakeEngine = Callable[..., Engine]
@@ -150,3 +152,92 @@ def test_a_daemon_counts_while_it_decodes_and_leaves_the_cores_when_idle(
         until_idle()
     finally:
         d.stop()
+
+
+# --- OpenMP teams of one process (teams.py) ---
+
+
+def _decode_on_a_thread(decode: Callable[[], None], hold: threading.Event) -> threading.Thread:
+    """Run `decode` on a new thread that then stays alive until `hold` is set."""
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def body() -> None:
+        try:
+            decode()
+        except BaseException as e:  # re-raised on the test's thread
+            errors.append(e)
+        done.set()
+        hold.wait(60)
+
+    t = threading.Thread(target=body)
+    t.start()
+    assert done.wait(60), "the decode on the other thread did not finish"
+    if errors:
+        raise errors[0]
+    return t
+
+
+@pytest.fixture
+def fresh_teams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detector as in a new process (the suite decodes on many threads before this)."""
+    monkeypatch.setattr(teams, "_teams", {})
+    monkeypatch.setattr(teams, "_warned", False)
+    monkeypatch.setattr(teams, "uses_openmp", lambda: True)
+
+
+@pytest.mark.unit
+@pytest.mark.usefixtures("fresh_teams")
+def test_two_live_threads_with_more_team_threads_than_cores_warn_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cpus = teams.available_cpus()
+    hold = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="sinkd.teams"):
+        t = _decode_on_a_thread(lambda: teams.decoding(cpus), hold)
+        assert not caplog.records  # one team: nothing to say
+        teams.decoding(cpus)  # a second thread's team, the first still alive
+        teams.decoding(cpus)
+        _decode_on_a_thread(lambda: teams.decoding(cpus), hold)
+        hold.set()
+        t.join(60)
+    assert len(caplog.records) == 1  # once per process
+    assert f"{2 * cpus} OpenMP threads" in caplog.records[0].getMessage()
+
+
+@pytest.mark.unit
+@pytest.mark.usefixtures("fresh_teams")
+def test_a_thread_that_has_ended_or_decodes_alone_counts_no_team(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cpus = teams.available_cpus()
+    with caplog.at_level(logging.WARNING, logger="sinkd.teams"):
+        hold = threading.Event()
+        hold.set()  # the thread ends right after its decode, and its team with it
+        _decode_on_a_thread(lambda: teams.decoding(cpus), hold).join(60)
+        teams.decoding(cpus)
+        _decode_on_a_thread(lambda: teams.decoding(1), hold).join(60)
+        assert not caplog.records  # one live team; a one-thread decode makes none
+    assert list(teams._teams) == [threading.get_ident()]
+
+
+@pytest.mark.model
+@pytest.mark.usefixtures("fresh_teams")
+def test_an_engine_decoding_beside_another_threads_engine_is_reported(
+    make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real engines on two live threads, each with every core: the second one's decode warns."""
+    cpus = teams.available_cpus()
+    if cpus < 2:
+        pytest.skip("one core: no team")
+    a = make_engine(n_ctx_seq=128, n_seq_max=1, n_threads=cpus)
+    b = make_engine(n_ctx_seq=128, n_seq_max=1, n_threads=cpus)
+    tokens = a.tokenize(TEXT)[:8]
+    hold = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="sinkd.teams"):
+        a.decode_batch([BatchItem(0, tokens, 0)])  # this thread's team
+        assert not caplog.records
+        t = _decode_on_a_thread(lambda: b.decode_batch([BatchItem(0, tokens, 0)]), hold)
+        hold.set()
+        t.join(60)
+    assert len(caplog.records) == 1 and "2 threads of this process" in caplog.messages[0]

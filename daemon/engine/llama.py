@@ -32,7 +32,7 @@ from sinkd.cachepolicy import (
     PolicyConfig,
 )
 from sinkd.daemon.config import machine_threads, threads_given
-from sinkd.daemon.engine import compat
+from sinkd.daemon.engine import compat, teams
 from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.memory import SequenceOps
 from sinkd.daemon.engine.models import ModelEntry, kv_bytes_per_token
@@ -267,13 +267,14 @@ class Engine(VocabularyOps, SequenceOps):
             self._cores.idle()
 
     def _share_cores(self) -> None:
-        """Before a decode: follow this engine's share of the cores (re-read every second)."""
-        if self._cores is None:
-            return
-        n = self._cores.threads()
-        if n != self._n_threads:
-            llama.llama_set_n_threads(self._ctx, n, n)
-            self._n_threads = n
+        """Before a decode: follow this engine's share of the cores (re-read every second), and
+        note the calling thread's OpenMP team (see teams.py)."""
+        if self._cores is not None:
+            n = self._cores.threads()
+            if n != self._n_threads:
+                llama.llama_set_n_threads(self._ctx, n, n)
+                self._n_threads = n
+        teams.decoding(self._n_threads)
 
     @property
     def kv_bytes_per_token(self) -> float:
