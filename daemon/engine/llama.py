@@ -266,9 +266,9 @@ class Engine(VocabularyOps, SequenceOps):
         if self._cores is not None:
             self._cores.idle()
 
-    def _share_cores(self) -> None:
-        """Before a decode: follow this engine's share of the cores (re-read every second), and
-        note the calling thread's OpenMP team (see teams.py)."""
+    def _before_decode(self) -> None:
+        """Follow this engine's share of the cores (re-read every second; cores.py) and note the
+        calling thread's OpenMP team (teams.py)."""
         if self._cores is not None:
             n = self._cores.threads()
             if n != self._n_threads:
@@ -348,7 +348,7 @@ class Engine(VocabularyOps, SequenceOps):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = seq_id
             b.logits[i] = outputs == "all" or (outputs == "last" and i == n - 1)
-        self._share_cores()
+        self._before_decode()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
@@ -383,7 +383,7 @@ class Engine(VocabularyOps, SequenceOps):
                 i += 1
             out_index[k] = i - 1 if item.logits else None
         b.n_tokens = total
-        self._share_cores()
+        self._before_decode()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
