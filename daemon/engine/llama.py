@@ -45,6 +45,12 @@ Outputs = Literal["none", "last", "all"]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 
+# llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
+# pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value
+)
+
 
 @dataclass(frozen=True)
 class BatchItem:
@@ -233,6 +239,7 @@ class Engine(VocabularyOps, SequenceOps):
         batch = llama.llama_batch_init(self.n_batch, 0, 1)
         self._stack.callback(llama.llama_batch_free, batch)
         self._batch = batch
+        self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
         self._free_seqs = list(range(cfg.n_seq_max - 1, -1, -1))
         self._scratch = (ctypes.c_uint8 * 0)()  # sequence images: read, packed, copied in place
         self._state_base, self._state_per_cell = self._calibrate_cell_size()
@@ -356,48 +363,81 @@ class Engine(VocabularyOps, SequenceOps):
     def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
         """One llama_decode over several sequences (continuous batching); validated first.
 
-        Returns, per item, a copy of its last token's logits (or None where not asked).
+        Returns, per item, a copy of its last token's logits (or None where not asked). It runs once
+        per token on the engine thread, right after a decode has swept the caches: plain loops, one
+        pass (bench/README.md, row 2).
         """
-        total = sum(len(item.tokens) for item in items)
+        n_vocab, n_seq_max = self.n_vocab, self.config.n_seq_max
+        total = 0
+        seen: set[int] = set()
+        for item in items:
+            q, tokens = item.seq_id, item.tokens
+            if q in seen or not 0 <= q < n_seq_max:
+                seqs = [it.seq_id for it in items]
+                raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
+            seen.add(q)
+            if not tokens:
+                raise InvalidInput(f"empty batch item for sequence {q}")
+            for tok in tokens:
+                if not 0 <= tok < n_vocab:
+                    raise InvalidInput(
+                        f"token id {tok} is outside the vocabulary (0..{n_vocab - 1})"
+                    )
+            total += len(tokens)
         if not 0 < total <= self.n_batch:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
-        seqs = [item.seq_id for item in items]
-        if len(set(seqs)) != len(seqs) or not all(0 <= q < self.config.n_seq_max for q in seqs):
-            raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
-        for item in items:
-            if not item.tokens:
-                raise InvalidInput(f"empty batch item for sequence {item.seq_id}")
-            self.check_tokens(item.tokens)
         b = self._batch
         i = 0
         out_index: list[int | None] = [None] * len(items)
         # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
-        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
+        order = (
+            range(len(items))
+            if len(items) == 1
+            else sorted(range(len(items)), key=lambda k: items[k].seq_id)
+        )
+        for k in order:
             item = items[k]
+            q, pos0, last = item.seq_id, item.pos0, len(item.tokens) - 1
             for j, tok in enumerate(item.tokens):
                 b.token[i] = tok
-                b.pos[i] = item.pos0 + j
+                b.pos[i] = pos0 + j
                 b.n_seq_id[i] = 1
-                b.seq_id[i][0] = item.seq_id
-                b.logits[i] = item.logits and j == len(item.tokens) - 1
+                b.seq_id[i][0] = q
+                b.logits[i] = item.logits and j == last
                 i += 1
-            out_index[k] = i - 1 if item.logits else None
+            if item.logits:
+                out_index[k] = i - 1
         b.n_tokens = total
         self._before_decode()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
+            seqs = [it.seq_id for it in items]
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
         # the output rows are in batch order: one copy of them all, each item's row a view of it
-        n_out = sum(1 for idx in out_index if idx is not None)
+        n_out = len(items) - out_index.count(None)
         if n_out == 0:
             return [None] * len(items)
-        ptr = llama.llama_get_logits(self._ctx)
-        if not ptr:
-            raise EngineError("llama.cpp returned no logits")
-        rows = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
-        order = sorted(idx for idx in out_index if idx is not None)
-        row_of = {idx: r for r, idx in enumerate(order)}
+        rows = self._logits_rows_view(n_out).copy()
+        if n_out == len(items) == 1:
+            return [rows[0]]
+        row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
         return [None if idx is None else rows[row_of[idx]] for idx in out_index]
+
+    def _logits_rows_view(self, n_out: int) -> np.ndarray:
+        """The last decode's `n_out` output rows, as a view of llama.cpp's buffer (valid until the
+        next decode). Views are kept per row count while the buffer stays where it is."""
+        address = _logits_address(self._ctx)
+        if not address:
+            raise EngineError("llama.cpp returned no logits")
+        at, views = self._logits_views
+        if at != address:
+            views = {}
+            self._logits_views = (address, views)
+        view = views.get(n_out)
+        if view is None:
+            buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(address)
+            view = views[n_out] = np.frombuffer(buf, np.float32).reshape(n_out, self.n_vocab)
+        return view
 
     def logits(self, index: int) -> np.ndarray:
         ptr = llama.llama_get_logits_ith(self._ctx, index)
