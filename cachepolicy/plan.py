@@ -29,6 +29,18 @@ class SeqState:
     def empty(cls, config: PolicyConfig) -> SeqState:
         return cls(window_start=config.sinks)
 
+    def seen(self, n: int) -> SeqState:
+        """This state after `n` more tokens are decoded (as `replace` would, without its
+        introspection: a decode step plans once per token)."""
+        return SeqState(
+            self.n_seen + n,
+            self.window_start,
+            self.shift,
+            self.evictions,
+            self.evicted_tokens,
+            self.shifts,
+        )
+
     def sink_count(self, config: PolicyConfig) -> int:
         return min(config.sinks, self.n_seen)
 
@@ -130,7 +142,7 @@ def plan_append(
             free = budget - state.retained(config)
         after_ops = state
         take = min(n_tokens - offset, free, max_batch or free)
-        after = replace(state, n_seen=state.n_seen + take)
+        after = state.seen(take)
         sub_batches.append(
             SubBatch(ops, offset, take, state.next_cache_pos(), state.n_seen, after_ops, after)
         )

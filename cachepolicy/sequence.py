@@ -126,7 +126,8 @@ class CacheSequence:
 
     def adopt_ops(self, sub_batch: SubBatch) -> None:
         """Record that `sub_batch.ops` were applied to the cache."""
-        self.trace.extend(_events(self.state, sub_batch))
+        if sub_batch.ops:
+            self.trace.extend(_events(self.state, sub_batch))
         self.state = sub_batch.after_ops
 
     def adopt_tokens(self, sub_batch: SubBatch) -> None:
@@ -183,6 +184,16 @@ class CacheSequence:
 
     def cache_positions(self) -> list[int]:
         return [c.cache_pos for c in self.cells()]
+
+    def cache_span(self) -> tuple[int, int]:
+        """The first and last cache position the retained cells hold; (-1, -1) when none (what
+        llama.cpp's seq_pos_min/max report). Cheap: an audit asks after every step."""
+        s, sinks = self.state, self.config.sinks
+        n_sinks = sinks if s.n_seen > sinks else s.n_seen
+        start = s.window_start if s.window_start > n_sinks else n_sinks
+        if s.n_seen > start:  # the window holds cells
+            return (0 if n_sinks else start - s.shift), s.n_seen - s.shift - 1
+        return (0, n_sinks - 1) if n_sinks else (-1, -1)
 
     def receipt(self) -> Receipt:
         s = self.state

@@ -381,6 +381,9 @@ def test_invariants_for_any_chunk(
             # the fake applied exactly what the policy says the cache now holds
             seq.adopt_tokens(sb)  # type: ignore[arg-type]
             assert mem.sorted_cells() == [(c.cache_pos, c.logical_pos) for c in seq.cells()]
+            # the audit's cheap span is llama.cpp's seq_pos_min/max of those cells
+            held = [pos for pos, _ in mem.sorted_cells()]
+            assert seq.cache_span() == ((held[0], held[-1]) if held else (-1, -1))
 
         for sb in plan.sub_batches:
             seq.adopt_ops(sb)

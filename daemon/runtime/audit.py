@@ -24,26 +24,18 @@ log = logging.getLogger("sinkd.audit")
 
 def problems(engine: Engine, registry: Registry, session: Session) -> list[str]:
     """Where the cache and the session's policy state disagree (engine thread)."""
-    r = session.seq.receipt()
+    seq = session.seq
+    retained = seq.state.retained(seq.config)
+    expected = seq.cache_span()
     lo, hi = engine.pos_range(session.seq_id)
-    if r.retained == 0:
-        expected = (-1, -1)
-    else:
-        first = 0 if r.anchors_cache[1] > 0 else r.recent_cache[0]
-        last = (
-            r.recent_cache[1] - 1
-            if r.recent_cache[1] > r.recent_cache[0]
-            else r.anchors_cache[1] - 1
-        )
-        expected = (first, last)
     found = []
     cells = engine.cell_count(session.seq_id)
-    if cells != r.retained:
-        found.append(f"llama.cpp holds {cells} cells, the policy retains {r.retained}")
+    if cells != retained:
+        found.append(f"llama.cpp holds {cells} cells, the policy retains {retained}")
     if (lo, hi) != expected:
         found.append(f"cache positions {lo}..{hi}, policy expects {expected[0]}..{expected[1]}")
-    if len(session.retained) != r.retained:
-        found.append(f"{len(session.retained)} token ids for {r.retained} retained cells")
+    if len(session.retained) != retained:
+        found.append(f"{len(session.retained)} token ids for {retained} retained cells")
     owners = [
         s.id
         for s in registry.all()
