@@ -50,7 +50,7 @@ class Job:
         self.reason = ""
         self.generated = 0
         self.assembler = TextAssembler(gen.stops if gen else [])
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()  # put in C: per token
         self.cancelled = threading.Event()
         self.done = threading.Event()
         # its final reply is decided (the engine thread's view: the reply itself may still wait

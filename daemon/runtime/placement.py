@@ -21,6 +21,8 @@ def swaps_for_one_run(ids: list[int], n_seq: int) -> list[tuple[int, int]]:
     ids, distinct, in 0..n_seq-1) form one run: the run is the window of len(ids) ids that already
     holds most of them (the lowest such window), and each id outside it is exchanged with a slot
     of the window that holds none of them (a free sequence, or an idle session's)."""
+    if len(ids) == 1 and 0 <= ids[0] < n_seq:
+        return []  # one session: the common step, and always one run
     if len(set(ids)) != len(ids) or not all(0 <= q < n_seq for q in ids):
         raise ValueError(f"sequence ids must be distinct and in 0..{n_seq - 1}: {ids}")
     k = len(ids)

@@ -220,6 +220,8 @@ class Scheduler:
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False once stopping."""
         while True:
+            if not block and not self._inbox.queue:  # between two steps: no lock, no exception
+                return not self._closed
             try:
                 msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             except queue.Empty:

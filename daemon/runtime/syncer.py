@@ -48,7 +48,7 @@ class Syncer:
         self._clock = clock
         self._sleep = sleep
         self._last_sync: float | None = None
-        self._queue: queue.Queue[Replies | None] = queue.Queue()
+        self._queue: queue.SimpleQueue[Replies | None] = queue.SimpleQueue()
         self.error: BaseException | None = None  # set once; the engine thread then stops
         self._thread = threading.Thread(target=self._run, name="sinkd-sync", daemon=True)
         self._thread.start()

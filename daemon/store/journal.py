@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import struct
 import threading
 import zlib
 from collections.abc import Iterator
@@ -100,7 +101,8 @@ class SnapshotRow:
 
 
 def _tokens_blob(tokens: tuple[int, ...] | list[int]) -> bytes:
-    return np.asarray(tokens, dtype="<i4").tobytes()
+    """Little-endian int32s (struct, not numpy: a decode step journals one token)."""
+    return struct.pack(f"<{len(tokens)}i", *tokens)
 
 
 def _chunk_crc(
