@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -75,6 +75,49 @@ def in_child(fn: Callable[..., T], *args: Any) -> T:
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
+
+
+class DecodeClock:
+    """Every `llama_decode` of this process, timed: how long each ran and the gap before the next
+    (on the decoding thread: sampling, bookkeeping, the daemon's Python). Installed by wrapping
+    `llama_cpp.llama_decode`, which the engine and the bare loops call through the module; the
+    wrapper adds ~1 us per call. `install()` in each process that decodes (a spawned child too)."""
+
+    calls: ClassVar[list[tuple[int, int]]] = []
+
+    @classmethod
+    def install(cls) -> None:
+        import llama_cpp
+
+        if getattr(llama_cpp.llama_decode, "_timed", False):
+            return
+        decode, clock, calls = llama_cpp.llama_decode, time.perf_counter_ns, cls.calls
+
+        def timed(ctx: Any, batch: Any) -> int:
+            t0 = clock()
+            rc: int = decode(ctx, batch)
+            calls.append((t0, clock()))
+            return rc
+
+        timed._timed = True  # type: ignore[attr-defined]
+        llama_cpp.llama_decode = timed
+
+    @classmethod
+    def mark(cls) -> int:
+        return len(cls.calls)
+
+    @classmethod
+    def since(cls, mark: int, last: int) -> dict[str, float]:
+        """Median decode and gap (ms) of the last `last` decodes after `mark` (steady state: the
+        prompt's and the first tokens' decodes left out)."""
+        import statistics
+
+        calls = cls.calls[mark:][-last:]
+        gaps = [calls[i + 1][0] - calls[i][1] for i in range(len(calls) - 1)]
+        return {
+            "decode_ms": statistics.median(b - a for a, b in calls) / 1e6,
+            "gap_ms": statistics.median(gaps) / 1e6,
+        }
 
 
 def together(jobs: list[Callable[[], None]]) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp as llama
-from common import daemon_settings, default_threads, in_child, table, write
+from common import DecodeClock, daemon_settings, default_threads, in_child, table, write
 
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.models import load_lock, model_path
@@ -28,8 +28,10 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
+DecodeClock.install()  # here and in the bare loop's child (it imports this module)
 
-def bare(prompt: list[int], tokens: int, threads: int) -> float:
+
+def bare(prompt: list[int], tokens: int, threads: int) -> tuple[float, dict[str, float]]:
     """The minimal loop: one context, one sequence, greedy sampler, one token per llama_decode."""
     model = llama.llama_model_load_from_file(
         str(model_path(load_lock().get(None))).encode(), llama.llama_model_default_params()
@@ -52,6 +54,7 @@ def bare(prompt: list[int], tokens: int, threads: int) -> float:
 
     decode(prompt, 0)
     tok = llama.llama_sampler_sample(smpl, ctx, -1)
+    mark = DecodeClock.mark()
     t0 = time.perf_counter()
     for i in range(tokens):
         decode([tok], len(prompt) + i)
@@ -61,7 +64,12 @@ def bare(prompt: list[int], tokens: int, threads: int) -> float:
     llama.llama_sampler_free(smpl)
     llama.llama_free(ctx)
     llama.llama_model_free(model)
-    return tokens / seconds
+    return tokens / seconds, DecodeClock.since(mark, STEADY(tokens))
+
+
+def STEADY(tokens: int) -> int:
+    """The decodes a layer's decode and gap times are taken from: the last three quarters."""
+    return tokens * 3 // 4
 
 
 def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
@@ -93,18 +101,25 @@ def service_run(svc: Any, prompt: list[int], tokens: int) -> float:
     return tokens / (stamps[-1] - stamps[0])
 
 
-def daemon_round(durable: bool, prompt: list[int], tokens: int) -> dict[str, float]:
-    """One daemon (durable or not), started for the round and stopped after it."""
+def daemon_round(
+    durable: bool, prompt: list[int], tokens: int
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """One daemon (durable or not), started for the round and stopped after it: tokens/s by layer,
+    and the layer's median decode and gap between decodes (ms)."""
     d = Daemon(
         daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256, durable=durable)
     )
     d.start()
     d.wait_ready(60)
     try:
+        mark = DecodeClock.mark()
         out = {"grpc": daemon_run(Client(d.addresses[0]), prompt, tokens)}
+        clocks = {"grpc": DecodeClock.since(mark, STEADY(tokens))}
         if not durable:
+            mark = DecodeClock.mark()
             out["service"] = service_run(d.service, prompt, tokens)
-        return out
+            clocks["service"] = DecodeClock.since(mark, STEADY(tokens))
+        return out, clocks
     finally:
         d.stop()
 
@@ -119,16 +134,19 @@ def main() -> None:
     layers = ["service", "grpc", "grpc_durable"]
     rows, results = [], []
     for r in range(a.rounds):  # interleaved: the machine's noise hits all alike
-        b = in_child(bare, prompt, a.tokens, threads)
-        plain, durable = daemon_round(False, prompt, a.tokens), daemon_round(True, prompt, a.tokens)
+        b, bare_clock = in_child(bare, prompt, a.tokens, threads)
+        (plain, plain_clock) = daemon_round(False, prompt, a.tokens)
+        (durable, durable_clock) = daemon_round(True, prompt, a.tokens)
         tok_s = {
             "service": plain["service"],
             "grpc": plain["grpc"],
             "grpc_durable": durable["grpc"],
         }
+        clocks = {"bare": bare_clock, "service": plain_clock["service"],
+                  "grpc": plain_clock["grpc"], "grpc_durable": durable_clock["grpc"]}  # fmt: skip
         results.append({"bare_tok_s": b, **{f"{k}_tok_s": v for k, v in tok_s.items()},
                         **{f"{k}_ratio": v / b for k, v in tok_s.items()},
-                        "ratio": tok_s["grpc_durable"] / b})  # fmt: skip
+                        "ratio": tok_s["grpc_durable"] / b, "decode_and_gap_ms": clocks})  # fmt: skip
         rows.append([r + 1, b, *(tok_s[k] for k in layers), *(tok_s[k] / b for k in layers)])
     medians = {k: statistics.median(x[f"{k}_ratio"] for x in results) for k in layers}
     rows.append(["median", "", "", "", "", *(medians[k] for k in layers)])
@@ -139,6 +157,17 @@ def main() -> None:
          "durable/bare"],
         rows,
     )  # fmt: skip
+    timing = {
+        k: {f: statistics.median(x["decode_and_gap_ms"][k][f] for x in results)
+            for f in ("decode_ms", "gap_ms")}
+        for k in ["bare", *layers]
+    }  # fmt: skip
+    table(
+        "where a token's time goes (medians over the rounds, ms): llama_decode, and the gap between"
+        " two decodes on the decoding thread (sampling, bookkeeping, the daemon's Python)",
+        ["layer", "decode", "gap", "decode + gap"],
+        [[k, t["decode_ms"], t["gap_ms"], t["decode_ms"] + t["gap_ms"]] for k, t in timing.items()],
+    )
     write(
         "overhead",
         {
@@ -147,6 +176,7 @@ def main() -> None:
             "rounds": results,
             "median_ratio": medians["grpc_durable"],
             "median_ratio_by_layer": medians,
+            "median_decode_and_gap_ms": timing,
         },
     )
 
