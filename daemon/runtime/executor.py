@@ -160,7 +160,8 @@ class Executor:
         session.transition(SessionState.GENERATING)
         if self.durability is not None:  # the token is the session's before the client sees it
             self.durability.flush(session)
-            at = session.seq.plan(1, max_batch=1).sub_batches[0]
+            job.pending_plan = session.seq.plan(1, max_batch=1)  # the step decodes it as planned
+            at = job.pending_plan.sub_batches[0]
             draws = session.sampler.draws if job.gen.sampler is session.sampler else None
             self.durability.log(session, at.logical_pos, at.cache_pos, [token], draws)
         event = {"id": token, "text": text, "index": job.generated - 1, "latency_ms": latency_ms}
@@ -213,8 +214,12 @@ class Executor:
         items: list[_Item] = []
         for job, slot in slots:
             session = job.session
+            planned, job.pending_plan = job.pending_plan, None
             try:
-                plan = session.seq.plan(slot.n_tokens, max_batch=slot.n_tokens)
+                if slot.decoding and planned is not None and planned.before is session.seq.state:
+                    plan = planned  # a pure function of the same state: the same plan
+                else:
+                    plan = session.seq.plan(slot.n_tokens, max_batch=slot.n_tokens)
             except CacheFull as e:
                 self.end(job, ResourceExhausted(str(e)))
                 continue

@@ -46,6 +46,7 @@ class Job:
         self.offset = 0
         self.started = False
         self.pending: int | None = None  # sampled, emitted, not yet decoded
+        self.pending_plan: Any = None  # its journalled placement (cachepolicy.AppendPlan)
         self.final = False  # the pending token is the last one
         self.reason = ""
         self.generated = 0
