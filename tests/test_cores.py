@@ -221,6 +221,32 @@ def test_a_thread_that_has_ended_or_decodes_alone_counts_no_team(
     assert list(teams._teams) == [threading.get_ident()]
 
 
+@pytest.mark.unit
+@pytest.mark.usefixtures("fresh_teams")
+def test_a_dead_threads_team_is_not_revived_by_a_new_thread_with_its_ident(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Thread idents are reused: a dead decoder's entry under the ident a live thread now holds
+    is still a dead team (the case is made by hand: which ident the OS hands out is its choice)."""
+    cpus = teams.available_cpus()
+    hold = threading.Event()
+    hold.set()
+    dead = _decode_on_a_thread(lambda: teams.decoding(cpus), hold)
+    dead.join(60)
+    live_hold = threading.Event()
+    live = _decode_on_a_thread(lambda: None, live_hold)  # alive, decodes nothing
+    assert live.ident is not None
+    teams._teams = {live.ident: (dead, cpus)}  # as if `live` had reused the dead thread's ident
+    try:
+        with caplog.at_level(logging.WARNING, logger="sinkd.teams"):
+            teams.decoding(cpus)
+        assert not caplog.records  # one live team: this thread's
+        assert list(teams._teams) == [threading.get_ident()]
+    finally:
+        live_hold.set()
+        live.join(60)
+
+
 @pytest.mark.model
 @pytest.mark.usefixtures("fresh_teams")
 def test_an_engine_decoding_beside_another_threads_engine_is_reported(

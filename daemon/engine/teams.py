@@ -20,7 +20,9 @@ import llama_cpp as llama
 log = logging.getLogger("sinkd.teams")
 
 _lock = threading.Lock()
-_teams: dict[int, int] = {}  # thread ident -> the most threads it decoded with
+# thread ident -> (that thread, the most threads it decoded with). The thread itself, not only its
+# ident: a new thread may reuse a dead one's ident, and a dead thread's team is gone with it
+_teams: dict[int, tuple[threading.Thread, int]] = {}
 _warned = False
 
 
@@ -42,16 +44,19 @@ def available_cpus() -> int:
 def decoding(threads: int) -> None:
     """Before a decode with `threads` threads on the calling thread: note its team, and warn once
     per process when live threads' teams hold more threads than there are cores."""
-    if threads <= 1 or _teams.get(threading.get_ident(), 0) >= threads:
-        return  # no team, or this thread's team is known already: the common case, no lock
+    if threads <= 1:
+        return  # no team
+    me = threading.current_thread()
+    known = _teams.get(threading.get_ident())
+    if known is not None and known[0] is me and known[1] >= threads:
+        return  # this thread's team is known already: the common case, no lock
     global _warned
     with _lock:
-        me = threading.get_ident()
-        _teams[me] = max(threads, _teams.get(me, 0))
-        alive = {t.ident for t in threading.enumerate()}
-        for ident in [i for i in _teams if i not in alive]:
+        before = known[1] if known is not None and known[0] is me else 0
+        _teams[threading.get_ident()] = (me, max(threads, before))
+        for ident in [i for i, (t, _) in _teams.items() if not t.is_alive()]:
             del _teams[ident]  # a thread's team goes with it
-        total, cpus = sum(_teams.values()), available_cpus()
+        total, cpus = sum(n for _, n in _teams.values()), available_cpus()
         if len(_teams) > 1 and total > cpus and not _warned and uses_openmp():
             _warned = True
             log.warning(
