@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
-from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.engine.llama import BatchItem, Engine, EngineConfig
 from sinkd.daemon.errors import InvalidInput, Unsupported, validated
 from tests.conftest import TEXT
 
@@ -229,6 +230,46 @@ def test_budget_and_tokens_are_validated_before_llama(make_engine: MakeEngine) -
     assert engine.pos_range(0) == (-1, -1) and cseq.retained == 0
     engine.feed(0, cseq, engine.tokenize(TEXT)[:100])  # 100 > n_batch: split, never asserted
     assert cseq.retained == 64 and engine.pos_range(0) == (0, 63)
+
+
+def test_a_batch_is_validated_whole_before_llama(make_engine: MakeEngine) -> None:
+    engine = make_engine(n_ctx_seq=64, n_seq_max=2, n_batch=16)
+    bad = [
+        ("invalid or repeated sequence ids", [BatchItem(0, [1], 0), BatchItem(0, [2], 0)]),
+        ("invalid or repeated sequence ids", [BatchItem(2, [1], 0)]),
+        ("empty batch item for sequence 1", [BatchItem(0, [1], 0), BatchItem(1, [], 0)]),
+        ("outside the vocabulary", [BatchItem(0, [1], 0), BatchItem(1, [2, engine.n_vocab], 0)]),
+        ("outside 1..n_batch", [BatchItem(0, [1] * 9, 0), BatchItem(1, [1] * 8, 0)]),
+    ]
+    for why, items in bad:
+        with pytest.raises(InvalidInput, match=re.escape(why)):
+            engine.decode_batch(items)
+    assert engine.pos_range(0) == engine.pos_range(1) == (-1, -1)  # nothing reached llama.cpp
+
+
+def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
+    make_engine: MakeEngine,
+) -> None:
+    """decode_batch reads llama.cpp's output buffer through a cached view: each item gets its own
+    row (batch order is by sequence id), as a copy, also after the buffer grew for a longer read."""
+    engine = make_engine(n_ctx_seq=128, n_seq_max=4, n_batch=64)
+    toks = engine.tokenize(TEXT)
+    first = engine.decode_batch([BatchItem(3, toks[:2], 0)])  # a one-row view, cached
+    assert first[0] is not None and np.array_equal(first[0], engine.logits(1))
+    items = [BatchItem(2, toks[:5], 0), BatchItem(0, toks[5:12], 0, logits=False),
+             BatchItem(1, toks[12:15], 0)]  # fmt: skip
+    rows = engine.decode_batch(items)
+    # in the batch: sequence 0 (7 tokens), 1 (3), 2 (5); outputs at the last of 1 and of 2
+    assert rows[1] is None
+    assert rows[2] is not None and np.array_equal(rows[2], engine.logits(9))
+    assert rows[0] is not None and np.array_equal(rows[0], engine.logits(14))
+    kept = [rows[0].copy(), rows[2].copy()]
+    engine.clear(3)
+    many = engine.feed(3, seq("sink", sinks=4, window=100), toks[:60], outputs="all")
+    assert many is not None and many.shape == (60, engine.n_vocab)
+    again = engine.decode_batch([BatchItem(2, toks[5:6], 5)])
+    assert again[0] is not None and np.array_equal(again[0], engine.logits(0))
+    assert np.array_equal(rows[0], kept[0]) and np.array_equal(rows[2], kept[1])  # copies
 
 
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:

@@ -48,7 +48,7 @@ MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 # llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
 # pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value
+    ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value or 0
 )
 
 
@@ -436,7 +436,7 @@ class Engine(VocabularyOps, SequenceOps):
         view = views.get(n_out)
         if view is None:
             buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(address)
-            view = views[n_out] = np.frombuffer(buf, np.float32).reshape(n_out, self.n_vocab)
+            view = views[n_out] = np.ctypeslib.as_array(buf).reshape(n_out, self.n_vocab)
         return view
 
     def logits(self, index: int) -> np.ndarray:
