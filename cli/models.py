@@ -129,11 +129,12 @@ def verify_model(
     """Check the file's size and sha256, then load it and check vocabulary and template hashes."""
     from sinkd.evaluation import offline  # loads llama.cpp: only here
 
-    result = offline.verify(load_lock().get(name))
+    entry = load_lock().get(name)
+    result = offline.verify(entry)
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({**result, "lock": entry.lock_name}, indent=2))
     else:
-        out.print(f"{result['name']}: file, tokenizer and chat template match models.lock")
+        out.print(f"{result['name']}: file, tokenizer and chat template match {entry.lock_name}")
 
 
 NameOpt = Annotated[

@@ -240,6 +240,20 @@ def test_an_imported_copy_of_a_pinned_model_equals_its_shipped_entry(
 
 
 @pytest.mark.model
+def test_verify_names_the_lock_an_entry_comes_from(
+    imported: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock, _ = imported
+    monkeypatch.setenv("SINKD_USER_LOCK", str(lock))
+    mine = runner.invoke(app, ["models", "verify", "smollm2-135m"])
+    assert mine.exit_code == 0, mine.output
+    assert "match its user entry (user-models.lock)" in mine.output
+    shipped = runner.invoke(app, ["models", "verify", "smollm2-135m-instruct"])
+    assert shipped.exit_code == 0, shipped.output
+    assert "match models.lock" in shipped.output
+
+
+@pytest.mark.model
 def test_a_qualified_gemma_copy_equals_its_shipped_entry_and_proposes_its_template(
     tmp_path: Path,
 ) -> None:
