@@ -272,6 +272,38 @@ def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
     assert np.array_equal(rows[0], kept[0]) and np.array_equal(rows[2], kept[1])  # copies
 
 
+def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
+    make_engine: MakeEngine,
+) -> None:
+    """Past 512 cache positions llama.cpp's CPU flash attention split a lone token's sums by thread,
+    and a prefill chunk beside a shorter item was split over two ubatches: the bits depended on
+    both. With the plain attention path a sequence's rows are the same alone, batched with others
+    of any length, and on one thread or two (what resume and batched == solo rest on)."""
+    toks = make_engine(n_ctx_seq=64, n_seq_max=1).tokenize(TEXT * 6)
+    one, chunk = [toks[1000]], toks[1001:1065]
+    rows: dict[tuple[str, int], np.ndarray] = {}
+    for threads in (2, 1):
+        engine = make_engine(n_ctx_seq=1024, n_seq_max=2, n_batch=256, n_threads=threads)
+        for at in range(0, 600, 200):  # 600 cells: llama.cpp looks at 1,024 positions
+            engine.decode_batch([BatchItem(0, toks[at : at + 200], at)])
+        engine.decode_batch([BatchItem(1, toks[:40], 0)])
+        history = engine.save_seq(0), engine.save_seq(1)
+        cases = {
+            "alone": [BatchItem(0, one, 600)],
+            "beside a token": [BatchItem(0, one, 600), BatchItem(1, [toks[40]], 40)],
+            "chunk alone": [BatchItem(0, chunk, 600)],
+            "chunk beside a token": [BatchItem(0, chunk, 600), BatchItem(1, [toks[40]], 40)],
+        }
+        for name, items in cases.items():
+            engine.restore_seq(0, history[0])
+            engine.restore_seq(1, history[1])
+            rows[name, threads] = engine.decode_batch(items)[0]
+    for name, reference in (("alone", "alone"), ("beside a token", "alone"),
+                            ("chunk alone", "chunk alone"), ("chunk beside a token", "chunk alone")):  # fmt: skip
+        for threads in (2, 1):
+            assert np.array_equal(rows[name, threads], rows[reference, 2]), (name, threads)
+
+
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:
     from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 

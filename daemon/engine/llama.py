@@ -9,6 +9,13 @@ NOTE: the context uses per-sequence KV streams (``kv_unified = false``). In a un
 ``llama_memory_seq_cp`` shares cells between parent and child, so a child's ``seq_rm`` + ``seq_add``
 would move the parent's positions too; with one stream per sequence the copy is physical and every
 fork is safe. The price: each sequence gets ``n_ctx / n_seq_max`` cells, fixed at start.
+
+NOTE: flash attention is off. llama.cpp's CPU flash-attention kernel splits the cache across threads
+when a decode holds one token of one sequence and the cache 512 positions or more, and its sums then
+depend on the thread count; a sequence's tokens split over two ubatches (a prefill chunk beside a
+shorter item) are summed differently again. A token's logits would then depend on the threads and on
+what else shared its batch, and a resumed session, or a batched one, would not match its own history
+bit for bit. The plain attention path computes each sequence's rows alike in any batch (tested).
 """
 
 from __future__ import annotations
@@ -225,6 +232,8 @@ class Engine(VocabularyOps, SequenceOps):
         cparams.type_k = KV_TYPES[cfg.kv_type]
         cparams.type_v = KV_TYPES[cfg.kv_type]
         cparams.no_perf = True
+        cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED  # see the NOTE above
+        self.flash_attn = False  # what sessions are computed under (a resume gate)
         log.take_kv()
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:

@@ -61,6 +61,7 @@ def resume(
             "kv_type": engine.config.kv_type,
             "llama_cpp": engine.llama_cpp_version,
             "n_ctx_seq": engine.n_ctx_seq,
+            "flash_attn": engine.flash_attn,
         }
     )
     Resumer(

@@ -41,6 +41,7 @@ GATES = (
     "kv_type",
     "llama_cpp",
     "n_ctx_seq",
+    "flash_attn",  # another attention kernel sums differently (and lays V out otherwise)
 )
 
 
