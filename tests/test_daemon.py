@@ -694,6 +694,57 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
     assert tokens(handles[1]) == alone[1]  # the idle session moved too, intact
 
 
+def test_sessions_of_different_lengths_in_one_step_each_end_as_alone(tmp_path: Path) -> None:
+    """One step with appends of 2, 64 and 5 tokens and a decoding session: in one batch llama.cpp
+    would cut the longer items into pieces (1, 1, 3, 59) and their sums would differ from the items
+    alone; the executor decodes each length apart (`by_length`), so every session's next-token
+    logits, and the generated tokens, are bit for bit what the session makes alone."""
+    svc = SinkdService(settings(tmp_path, durable=False, step_tokens=256, prefill_chunk=128))
+    svc.start()
+    svc.wait_ready(120)
+    me = Principal("local")
+    policy = PolicyRequest("sink", sinks=4, window=124)
+    ids = svc.engine.tokenize(TEXT * 2, add_bos=False)
+    histories = [ids[:35], ids[40:141], ids[150:154], ids[160:283]]  # at sequences 0..3
+    appends = [ids[300:302], ids[310:374], ids[380:385]]  # then 2, 64 and 5 more; 3 generates
+
+    def opened(history: list[int]) -> tuple[str, str]:
+        s = svc.create(me, policy, None)
+        svc.append(me, (s.id, s.generation), None, history)
+        return (s.id, s.generation)
+
+    def tokens(handle: tuple[str, str]) -> list[int]:
+        return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
+
+    def logits(handle: tuple[str, str]) -> np.ndarray:
+        session = svc.registry.get(handle[0])
+        assert session is not None and session.last_logits is not None
+        return session.last_logits.copy()
+
+    try:
+        alone: list[Any] = []
+        for i, history in enumerate(histories):
+            h = opened(history)
+            if i < 3:
+                svc.append(me, h, None, appends[i])
+                alone.append(logits(h))
+            else:
+                alone.append(tokens(h))
+            svc.close(me, h)
+        handles = [opened(history) for history in histories]
+        assert [svc.registry.get(h[0]).seq_id for h in handles] == [0, 1, 2, 3]  # type: ignore[union-attr]
+        calls: list[Any] = [
+            functools.partial(svc.append, me, handles[i], None, appends[i]) for i in range(3)
+        ]
+        futures = in_one_step(svc, [*calls, functools.partial(tokens, handles[3])])
+        assert futures[3].result(120) == alone[3]
+        for i in range(3):
+            futures[i].result(120)
+            assert np.array_equal(logits(handles[i]), alone[i]), i
+    finally:
+        svc.stop()
+
+
 def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
     local_service: SinkdService,
 ) -> None:

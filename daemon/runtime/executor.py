@@ -14,7 +14,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sinkd.cachepolicy import CacheFull, SubBatch
 from sinkd.daemon import failpoints
@@ -38,6 +38,25 @@ from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.runtime.stepplan import Slot
 
 log = logging.getLogger("sinkd.executor")
+
+
+T = TypeVar("T")
+
+
+def by_length(items: list[T], length: Callable[[T], int]) -> list[list[T]]:
+    """The items grouped by how many tokens each decodes, shortest first: one `llama_decode` each.
+
+    llama.cpp splits a batch into ubatches that take as many tokens from each sequence, so in a
+    batch of unequal items the longer ones are decoded in pieces (a 64-token chunk beside a decoding
+    token: 1, then 63), and on the CPU a piece's sums differ from the whole's. Within a group every
+    item stays whole, and its logits are those of the same tokens decoded alone, in any company:
+    what a batched session and a resumed one need to match their history bit for bit (tested).
+    The pieces were as many llama.cpp passes as the groups are, so this costs no pass.
+    """
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(length(item), []).append(item)
+    return [groups[n] for n in sorted(groups)]
 
 
 @dataclass
@@ -170,27 +189,31 @@ class Executor:
     # --- the plan: evict, decode, record ---
 
     def run(self, slots: list[tuple[Job, Slot]]) -> None:
-        self._place([job.session for job, _ in slots])
+        """Carry out the step: one `llama_decode` per sub-batch length (see `by_length`)."""
+        lengths: dict[int, list[Session]] = {}
+        for job, slot in slots:
+            lengths.setdefault(slot.n_tokens, []).append(job.session)
+        self._place(max(lengths.values(), key=len, default=[]))
         items = self._build([(job, slot) for job, slot in slots if not job.answered])
-        if not items:
-            return
-        try:
-            rows = self.engine.decode_batch(
-                [
-                    BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos, logits=True)
-                    for it in items
-                ]
-            )
-        except EngineError as e:
-            self._decode_failed(items, e)
-            return
-        self.metrics.steps.inc()
-        for it, row in zip(items, rows, strict=True):
-            self._after_decode(it, row)
+        for group in by_length(items, lambda it: len(it.tokens)):
+            try:
+                rows = self.engine.decode_batch(
+                    [
+                        BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos)
+                        for it in group
+                    ]
+                )
+            except EngineError as e:
+                self._decode_failed(group, e)
+                continue
+            self.metrics.steps.inc()
+            for it, row in zip(group, rows, strict=True):
+                self._after_decode(it, row)
 
     def _place(self, sessions: list[Session]) -> None:
-        """Exchange sequences until the step's sessions hold one run of ids (see placement): one
-        pass of llama.cpp rather than one per run. A failed exchange fails the sessions involved."""
+        """Exchange sequences until these sessions (the step's largest group of one sub-batch
+        length, usually its decoding sessions) hold one run of ids (see placement): one pass of
+        llama.cpp rather than one per run. A failed exchange fails the sessions involved."""
         engine = self.engine
         for a, b in swaps_for_one_run([s.seq_id for s in sessions], engine.config.n_seq_max):
             holders = [
@@ -304,10 +327,11 @@ class Executor:
     # --- resume ---
 
     def replay(self, chunks: list[tuple[Session, list[int], int]]) -> list[tuple[Session, str]]:
-        """Decode journalled chunks of different sessions in one batch, each exactly as its live
-        step did: the same plan, the same ops, the same sub-batch (per-sequence streams make the
-        batch's other members irrelevant to each one's bits). Returns the sessions whose chunk the
-        policy would not place where the journal says, with why."""
+        """Decode journalled chunks of different sessions together, each exactly as its live
+        step did: the same plan, the same ops, the same sub-batch, whole (one decode per chunk
+        length, `by_length`: per-sequence streams and whole items make the batch's other members
+        irrelevant to each one's bits). Returns the sessions whose chunk the policy would not place
+        where the journal says, with why."""
         refused: list[tuple[Session, str]] = []
         items: list[tuple[Session, list[int], SubBatch]] = []
         for session, tokens, cache_pos in chunks:
@@ -327,10 +351,10 @@ class Executor:
                 refused.append((session, str(e)))
                 continue
             items.append((session, tokens, sb))
-        if items:
+        for group in by_length(items, lambda item: len(item[1])):
             rows = self.engine.decode_batch(
-                [BatchItem(s.seq_id, t, sb.cache_pos, logits=True) for s, t, sb in items]
+                [BatchItem(s.seq_id, t, sb.cache_pos) for s, t, sb in group]
             )
-            for (session, tokens, sb), row in zip(items, rows, strict=True):
+            for (session, tokens, sb), row in zip(group, rows, strict=True):
                 self.absorb(session, sb, tokens, row)
         return refused
