@@ -293,25 +293,30 @@ def test_memory_and_recalled_copies_survive_a_crash_and_resume_bit_identical(
     before = client.inspect(h).receipt
     logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
     texts = [(p.logical.start, p.text) for p in client.memory(h, limit=1000).passages]
+    assert before.recalled  # the copies are in the window: a later eviction must skip them
     client.close()
     d.stop(snapshot=False)  # what a kill -9 leaves: nothing written at the stop
 
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
-    try:
-        after = client.inspect(h).receipt
-        assert after.n_seen == before.n_seen
-        assert list(after.recalled) == list(before.recalled)
-        assert [(p.logical.start, p.text) for p in client.memory(h, limit=1000).passages] == texts
-        again = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
-        assert np.array_equal(
-            np.frombuffer(again.logits, dtype="<f4"), np.frombuffer(logits.logits, dtype="<f4")
-        )
-    finally:
-        client.close()
-        d.stop()
+    for restart in (1, 2):  # a second crash after the first resume finds the copies recorded too
+        d = Daemon(settings(tmp_path))
+        d.start()
+        d.wait_ready(120)
+        client = Client(d.addresses[0])
+        try:
+            after = client.inspect(h).receipt
+            assert after.n_seen == before.n_seen
+            assert list(after.recalled) == list(before.recalled), restart
+            stored = [(p.logical.start, p.text) for p in client.memory(h, limit=1000).passages]
+            assert stored == texts
+            again = client.s.Inspect(
+                pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE
+            )
+            assert np.array_equal(
+                np.frombuffer(again.logits, dtype="<f4"), np.frombuffer(logits.logits, dtype="<f4")
+            )
+        finally:
+            client.close()
+            d.stop(snapshot=False)
 
 
 def test_the_store_is_bounded_oldest_first(tmp_path: Path) -> None:

@@ -152,6 +152,9 @@ class Recall:
     def abandoned(self, session: Session) -> None:
         """A recall's job ended before all its tokens went in: its copies end where the stream
         does (positions past it will hold other tokens)."""
+        self._end_copies_at_the_stream(session)
+
+    def _end_copies_at_the_stream(self, session: Session) -> None:
         n_seen = session.seq.state.n_seen
         session.recalled = [
             dataclasses.replace(r, stream=(r.stream[0], min(r.stream[1], n_seen)))
@@ -217,5 +220,7 @@ class Recall:
         self.store.trim(
             session.id, session.reset_count, max(s.window_start, session.policy.sinks), engine.piece
         )
-        session.recalled = [r for r in session.recalled if r.stream[0] < s.n_seen]
+        # copies still in the window stay recorded (a later eviction must skip them, after the next
+        # restart too); only those past the journal's history go
+        self._end_copies_at_the_stream(session)
         self.refresh(session)

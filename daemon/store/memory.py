@@ -491,9 +491,10 @@ class MemoryStore:
         logical_end: int,
         piece: Callable[[int], bytes],
     ) -> int:
-        """At resume: drop what lies at or beyond `logical_end` (committed ahead of the chunk that
-        evicted it, which never was); a passage that straddles it keeps its head. Returns tokens
-        dropped."""
+        """At resume: drop evicted text at or beyond `logical_end` (committed ahead of the chunk
+        that evicted it, which never was); a passage that straddles it keeps its head. Returns
+        tokens dropped. The recalled copies are not evicted text: `cut_recalls` ends them where the
+        resumed stream does."""
         dropped = 0
         for p in self.passages(session, reset_count):
             if p.logical[1] <= logical_end:
@@ -511,10 +512,6 @@ class MemoryStore:
                 "UPDATE memory_marks SET evicted_end=? WHERE session=? AND reset_count=?",
                 (logical_end, session, reset_count),
             )
-        self.db.execute(
-            "DELETE FROM recalls WHERE session=? AND reset_count=? AND stream_start>=?",
-            (session, reset_count, logical_end),
-        )
         return dropped
 
     def prune(self, session: str, reset_count: int, max_tokens: int) -> int:
