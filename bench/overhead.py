@@ -31,14 +31,19 @@ from sinkd.proto.v1 import sinkd_pb2 as pb
 DecodeClock.install()  # here and in the bare loop's child (it imports this module)
 
 
-def bare(prompt: list[int], tokens: int, threads: int) -> tuple[float, dict[str, float]]:
-    """The minimal loop: one context, one sequence, greedy sampler, one token per llama_decode."""
+def bare(
+    prompt: list[int], tokens: int, threads: int, flash: bool = False
+) -> tuple[float, dict[str, float]]:
+    """The minimal loop: one context, one sequence, greedy sampler, one token per llama_decode;
+    without flash attention, as the daemon's engine runs (`flash`: llama.cpp's default instead)."""
     model = llama.llama_model_load_from_file(
         str(model_path(load_lock().get(None))).encode(), llama.llama_model_default_params()
     )
     cp = llama.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 256, 256, 256, 1
     cp.n_threads = cp.n_threads_batch = threads
+    if not flash:
+        cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
     ctx = llama.llama_init_from_model(model, cp)
     smpl = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
     llama.llama_sampler_chain_add(smpl, llama.llama_sampler_init_greedy())
@@ -135,6 +140,7 @@ def main() -> None:
     rows, results = [], []
     for r in range(a.rounds):  # interleaved: the machine's noise hits all alike
         b, bare_clock = in_child(bare, prompt, a.tokens, threads)
+        flash, _ = in_child(bare, prompt, a.tokens, threads, True)
         (plain, plain_clock) = daemon_round(False, prompt, a.tokens)
         (durable, durable_clock) = daemon_round(True, prompt, a.tokens)
         tok_s = {
@@ -146,7 +152,8 @@ def main() -> None:
                   "grpc": plain_clock["grpc"], "grpc_durable": durable_clock["grpc"]}  # fmt: skip
         results.append({"bare_tok_s": b, **{f"{k}_tok_s": v for k, v in tok_s.items()},
                         **{f"{k}_ratio": v / b for k, v in tok_s.items()},
-                        "ratio": tok_s["grpc_durable"] / b, "decode_and_gap_ms": clocks})  # fmt: skip
+                        "ratio": tok_s["grpc_durable"] / b, "decode_and_gap_ms": clocks,
+                        "bare_flash_attn_tok_s": flash})  # fmt: skip
         rows.append([r + 1, b, *(tok_s[k] for k in layers), *(tok_s[k] / b for k in layers)])
     medians = {k: statistics.median(x[f"{k}_ratio"] for x in results) for k in layers}
     rows.append(["median", "", "", "", "", *(medians[k] for k in layers)])
@@ -168,6 +175,8 @@ def main() -> None:
         ["layer", "decode", "gap", "decode + gap"],
         [[k, t["decode_ms"], t["gap_ms"], t["decode_ms"] + t["gap_ms"]] for k, t in timing.items()],
     )
+    flash_ratio = statistics.median(x["bare_flash_attn_tok_s"] / x["bare_tok_s"] for x in results)
+    print(f"bare loop with flash attention (llama.cpp's default) / without: {flash_ratio:.3f}")
     write(
         "overhead",
         {
@@ -177,6 +186,7 @@ def main() -> None:
             "median_ratio": medians["grpc_durable"],
             "median_ratio_by_layer": medians,
             "median_decode_and_gap_ms": timing,
+            "bare_flash_attn_over_bare": flash_ratio,
         },
     )
 
