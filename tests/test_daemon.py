@@ -656,6 +656,19 @@ def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
     return futures
 
 
+def opened(svc: SinkdService, policy: PolicyRequest, prompt: list[int]) -> tuple[str, str]:
+    """A new session of the local user with `prompt` appended; its handle."""
+    s = svc.create(Principal("local"), policy, None)
+    svc.append(Principal("local"), (s.id, s.generation), None, prompt)
+    return (s.id, s.generation)
+
+
+def generated(svc: SinkdService, handle: tuple[str, str], n: int) -> list[int]:
+    """The ids of `n` greedy tokens generated in process."""
+    events = svc.generate(Principal("local"), handle, n, [], None)
+    return [p["id"] for kind, p in events if kind == "token"]
+
+
 def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
     local_service: SinkdService,
 ) -> None:
@@ -666,21 +679,13 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
     policy = PolicyRequest("sink", sinks=4, window=124)
     ids = svc.engine.tokenize(TEXT, add_bos=False)
     prompts = [ids[i * 30 : i * 30 + 40] for i in range(3)]
-
-    def opened(prompt: list[int]) -> tuple[str, str]:
-        s = svc.create(me, policy, None)
-        svc.append(me, (s.id, s.generation), None, prompt)
-        return (s.id, s.generation)
-
-    def tokens(handle: tuple[str, str]) -> list[int]:
-        return [p["id"] for kind, p in svc.generate(me, handle, 8, [], None) if kind == "token"]
-
+    tokens = functools.partial(generated, svc, n=8)
     alone = []
     for prompt in prompts:
-        h = opened(prompt)
+        h = opened(svc, policy, prompt)
         alone.append(tokens(h))
         svc.close(me, h)
-    handles = [opened(p) for p in prompts]
+    handles = [opened(svc, policy, p) for p in prompts]
     sessions = [svc.registry.get(h[0]) for h in handles]
     assert [s.seq_id for s in sessions] == [0, 1, 2]  # the lowest free ids
     first, third = in_one_step(
@@ -707,14 +712,7 @@ def test_sessions_of_different_lengths_in_one_step_each_end_as_alone(tmp_path: P
     ids = svc.engine.tokenize(TEXT * 2, add_bos=False)
     histories = [ids[:35], ids[40:141], ids[150:154], ids[160:283]]  # at sequences 0..3
     appends = [ids[300:302], ids[310:374], ids[380:385]]  # then 2, 64 and 5 more; 3 generates
-
-    def opened(history: list[int]) -> tuple[str, str]:
-        s = svc.create(me, policy, None)
-        svc.append(me, (s.id, s.generation), None, history)
-        return (s.id, s.generation)
-
-    def tokens(handle: tuple[str, str]) -> list[int]:
-        return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
+    tokens = functools.partial(generated, svc, n=4)
 
     def logits(handle: tuple[str, str]) -> np.ndarray:
         session = svc.registry.get(handle[0])
@@ -724,14 +722,14 @@ def test_sessions_of_different_lengths_in_one_step_each_end_as_alone(tmp_path: P
     try:
         alone: list[Any] = []
         for i, history in enumerate(histories):
-            h = opened(history)
+            h = opened(svc, policy, history)
             if i < 3:
                 svc.append(me, h, None, appends[i])
                 alone.append(logits(h))
             else:
                 alone.append(tokens(h))
             svc.close(me, h)
-        handles = [opened(history) for history in histories]
+        handles = [opened(svc, policy, history) for history in histories]
         assert [svc.registry.get(h[0]).seq_id for h in handles] == [0, 1, 2, 3]  # type: ignore[union-attr]
         calls: list[Any] = [
             functools.partial(svc.append, me, handles[i], None, appends[i]) for i in range(3)

@@ -376,7 +376,7 @@ class Engine(VocabularyOps, SequenceOps):
         per token on the engine thread, right after a decode has swept the caches: plain loops, one
         pass (bench/README.md, row 2).
         """
-        n_vocab, n_seq_max = self.n_vocab, self.config.n_seq_max
+        n_seq_max = self.config.n_seq_max
         total = 0
         seen: set[int] = set()
         for item in items:
@@ -387,11 +387,7 @@ class Engine(VocabularyOps, SequenceOps):
             seen.add(q)
             if not tokens:
                 raise InvalidInput(f"empty batch item for sequence {q}")
-            for tok in tokens:
-                if not 0 <= tok < n_vocab:
-                    raise InvalidInput(
-                        f"token id {tok} is outside the vocabulary (0..{n_vocab - 1})"
-                    )
+            self.check_tokens(tokens)
             total += len(tokens)
         if not 0 < total <= self.n_batch:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
@@ -399,12 +395,7 @@ class Engine(VocabularyOps, SequenceOps):
         i = 0
         out_index: list[int | None] = [None] * len(items)
         # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
-        order = (
-            range(len(items))
-            if len(items) == 1
-            else sorted(range(len(items)), key=lambda k: items[k].seq_id)
-        )
-        for k in order:
+        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
             item = items[k]
             q, pos0, last = item.seq_id, item.pos0, len(item.tokens) - 1
             for j, tok in enumerate(item.tokens):
@@ -427,8 +418,6 @@ class Engine(VocabularyOps, SequenceOps):
         if n_out == 0:
             return [None] * len(items)
         rows = self._logits_rows_view(n_out).copy()
-        if n_out == len(items) == 1:
-            return [rows[0]]
         row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
         return [None if idx is None else rows[row_of[idx]] for idx in out_index]
 

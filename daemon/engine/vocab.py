@@ -70,9 +70,10 @@ class VocabularyOps:
         return h.hexdigest()
 
     def check_tokens(self, tokens: list[int]) -> None:
-        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
-        if bad is not None:
-            raise InvalidInput(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+        n_vocab = self.n_vocab
+        for tok in tokens:  # a plain loop: every decode step checks its tokens
+            if not 0 <= tok < n_vocab:
+                raise InvalidInput(f"token id {tok} is outside the vocabulary (0..{n_vocab - 1})")
 
     def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
         """Tokenize with special tokens parsed; BOS only when asked and the model adds one."""

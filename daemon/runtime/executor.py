@@ -190,10 +190,8 @@ class Executor:
 
     def run(self, slots: list[tuple[Job, Slot]]) -> None:
         """Carry out the step: one `llama_decode` per sub-batch length (see `by_length`)."""
-        lengths: dict[int, list[Session]] = {}
-        for job, slot in slots:
-            lengths.setdefault(slot.n_tokens, []).append(job.session)
-        self._place(max(lengths.values(), key=len, default=[]))
+        largest = max(by_length(slots, lambda js: js[1].n_tokens), key=len, default=[])
+        self._place([job.session for job, _ in largest])
         items = self._build([(job, slot) for job, slot in slots if not job.answered])
         for group in by_length(items, lambda it: len(it.tokens)):
             try:
