@@ -397,24 +397,31 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
 
 
 @pytest.mark.model
-def test_a_session_made_under_flash_attention_goes_stale(run: Run) -> None:
-    """A record from before flash attention was turned off has no such gate: it is stale (its V
-    rows are laid out for the other kernel, and its sums were made by it), and says why."""
+def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) -> None:
+    """At 256 cells the daemon runs flash attention (exact there, see the engine's NOTE). A record
+    made without it (as every record before that change, or one with no such gate at all) is stale:
+    its V rows are laid out for the other kernel and its sums were made by it. It says why."""
     c = run.start()
     h = c.create().handle
     workload(c, h, 0)
     run.stop()
     j = Journal(run.state / "journal.db")
-    (stored,) = j.sessions()
-    assert stored.record["config"]["flash_attn"] is False
-    config = {k: v for k, v in stored.record["config"].items() if k != "flash_attn"}
-    j.put_session(stored.id, stored.tenant, dict(stored.record, config=config))
-    j.commit()
+    assert j.sessions()[0].record["config"]["flash_attn"] is True
     j.close()
-    c = run.start()
-    (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
-    assert listed.state == "stale"
-    assert "flash_attn was None, the daemon runs False" in listed.stale_reason
+    for made_under, words in ((False, "flash_attn was False"), (None, "flash_attn was None")):
+        j = Journal(run.state / "journal.db")
+        (stored,) = j.sessions()
+        config = {k: v for k, v in stored.record["config"].items() if k != "flash_attn"}
+        if made_under is not None:
+            config["flash_attn"] = made_under
+        j.put_session(stored.id, stored.tenant, dict(stored.record, config=config))
+        j.commit()
+        j.close()
+        c = run.start()
+        (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+        assert listed.state == "stale"
+        assert f"{words}, the daemon runs True" in listed.stale_reason
+        run.stop()
 
 
 @pytest.mark.model

@@ -272,36 +272,79 @@ def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
     assert np.array_equal(rows[0], kept[0]) and np.array_equal(rows[2], kept[1])  # copies
 
 
-def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
-    make_engine: MakeEngine,
-) -> None:
-    """Past 512 cache positions llama.cpp's CPU flash attention split a lone token's sums by thread,
-    and a prefill chunk beside a shorter item was split over two ubatches: the bits depended on
-    both. With the plain attention path a sequence's rows are the same alone, batched with others
-    of any length, and on one thread or two (what resume and batched == solo rest on)."""
+def _rows_by_company(
+    make_engine: MakeEngine, cells: int, flash: str
+) -> tuple[dict[tuple[str, int], np.ndarray], bool]:
+    """One token and one 64-token chunk after a history filling 600 of 1,024 cells (or 180 of
+    256), decoded alone, beside another sequence's token and (the chunk) beside another 64-token
+    chunk, on two threads and on one: each case's logits row, and whether flash attention ran."""
     toks = make_engine(n_ctx_seq=64, n_seq_max=1).tokenize(TEXT * 6)
+    filled = 600 if cells > 256 else 180
     one, chunk = [toks[1000]], toks[1001:1065]
     rows: dict[tuple[str, int], np.ndarray] = {}
     for threads in (2, 1):
-        engine = make_engine(n_ctx_seq=1024, n_seq_max=2, n_batch=256, n_threads=threads)
-        for at in range(0, 600, 200):  # 600 cells: llama.cpp looks at 1,024 positions
-            engine.decode_batch([BatchItem(0, toks[at : at + 200], at)])
+        engine = make_engine(
+            n_ctx_seq=cells, n_seq_max=2, n_batch=256, n_threads=threads, flash_attn=flash
+        )
+        for at in range(0, filled, 200):
+            engine.decode_batch([BatchItem(0, toks[at : min(at + 200, filled)], at)])
         engine.decode_batch([BatchItem(1, toks[:40], 0)])
         history = engine.save_seq(0), engine.save_seq(1)
         cases = {
-            "alone": [BatchItem(0, one, 600)],
-            "beside a token": [BatchItem(0, one, 600), BatchItem(1, [toks[40]], 40)],
-            "chunk alone": [BatchItem(0, chunk, 600)],
-            "chunk beside a token": [BatchItem(0, chunk, 600), BatchItem(1, [toks[40]], 40)],
+            "alone": [BatchItem(0, one, filled)],
+            "beside a token": [BatchItem(0, one, filled), BatchItem(1, [toks[40]], 40)],
+            "chunk alone": [BatchItem(0, chunk, filled)],
+            "chunk beside a token": [BatchItem(0, chunk, filled), BatchItem(1, [toks[40]], 40)],
+            "chunk beside a chunk": [BatchItem(0, chunk, filled), BatchItem(1, toks[40:104], 40)],
         }
         for name, items in cases.items():
             engine.restore_seq(0, history[0])
             engine.restore_seq(1, history[1])
             rows[name, threads] = engine.decode_batch(items)[0]
-    for name, reference in (("alone", "alone"), ("beside a token", "alone"),
-                            ("chunk alone", "chunk alone"), ("chunk beside a token", "chunk alone")):  # fmt: skip
+    return rows, engine.flash_attn
+
+
+SAME_BITS = (("alone", "alone"), ("beside a token", "alone"), ("chunk alone", "chunk alone"),
+             ("chunk beside a chunk", "chunk alone"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("cells", "flash"), [(1024, False), (256, True)])
+def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
+    make_engine: MakeEngine, cells: int, flash: bool
+) -> None:
+    """Past 512 cache positions llama.cpp's CPU flash attention split a lone token's sums by thread:
+    the bits depended on the threads and on the batch. The engine runs flash attention only below
+    512 cells per stream, where that kernel sums every row whole, and the plain path above: either
+    way a sequence's rows are the same alone, beside others of its length, and on one thread or two
+    (what resume and batched == solo rest on). Items of unequal length are cut into pieces by
+    llama.cpp's split, which flash attention sums otherwise (its tiled path takes 64 rows or more):
+    the executor decodes each length apart (`by_length`); the plain path happens to match here."""
+    rows, flash_attn = _rows_by_company(make_engine, cells, "auto")
+    assert flash_attn is flash
+    same = [*SAME_BITS, *([] if flash else [("chunk beside a token", "chunk alone")])]
+    for name, reference in same:
         for threads in (2, 1):
             assert np.array_equal(rows[name, threads], rows[reference, 2]), (name, threads)
+
+
+def test_flash_attention_past_512_cells_would_make_a_tokens_bits_depend_on_its_company(
+    make_engine: MakeEngine,
+) -> None:
+    """Why "auto" stops at 512 cells: forced on there, a lone token's logits differ from the same
+    token's beside another sequence (llama.cpp splits the lone row's sums over the threads)."""
+    rows, flash_attn = _rows_by_company(make_engine, 1024, "on")
+    assert flash_attn
+    assert not np.array_equal(rows["beside a token", 2], rows["alone", 2])
+
+
+def test_the_engine_computes_llamas_cells_per_stream_and_the_flash_rule() -> None:
+    from sinkd.daemon.engine.llama import cells_per_stream, flash_attention_exact
+
+    assert cells_per_stream(256, 8) == 256 and cells_per_stream(1024, 4) == 1024
+    assert cells_per_stream(100, 3) == 256  # 300 -> 512 in all, 170 each -> 256
+    assert cells_per_stream(300, 1) == 512 and cells_per_stream(256, 4, kv_unified=True) == 1024
+    assert flash_attention_exact(256, 0) and flash_attention_exact(511, 0)
+    assert not flash_attention_exact(512, 0) and not flash_attention_exact(256, 1)
 
 
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:
