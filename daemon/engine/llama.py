@@ -74,6 +74,7 @@ def flash_attention_exact(cells: int, n_gpu_layers: int) -> bool:
     thread count: on the CPU backend with every stream below `FLASH_SPLIT_CELLS` (the NOTE above)."""
     return n_gpu_layers == 0 and cells < FLASH_SPLIT_CELLS
 
+
 # llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
 # pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
