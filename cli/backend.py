@@ -113,7 +113,9 @@ class RemoteBackend:
         self.address = address or default_address()
         token = token if token is not None else os.environ.get("SINKD_TOKEN")
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
-        self.channel = grpc.insecure_channel(self.address)
+        from sinkd.daemon.rpc.client import CHANNEL_OPTIONS
+
+        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
