@@ -320,8 +320,9 @@ def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
     llama.cpp's split, which flash attention sums otherwise (its tiled path takes 64 rows or more):
     the executor decodes each length apart (`by_length`); the plain path happens to match here."""
     rows, flash_attn = _rows_by_company(make_engine, cells, "auto")
-    assert flash_attn is flash
-    same = [*SAME_BITS, *([] if flash else [("chunk beside a token", "chunk alone")])]
+    on_cpu = EngineConfig().n_gpu_layers == 0  # flash attention is unverified on a GPU: off there
+    assert flash_attn is (flash and on_cpu)
+    same = [*SAME_BITS, *([] if flash_attn else [("chunk beside a token", "chunk alone")])]
     for name, reference in same:
         for threads in (2, 1):
             assert np.array_equal(rows[name, threads], rows[reference, 2]), (name, threads)
@@ -331,7 +332,10 @@ def test_flash_attention_past_512_cells_would_make_a_tokens_bits_depend_on_its_c
     make_engine: MakeEngine,
 ) -> None:
     """Why "auto" stops at 512 cells: forced on there, a lone token's logits differ from the same
-    token's beside another sequence (llama.cpp splits the lone row's sums over the threads)."""
+    token's beside another sequence (llama.cpp's CPU kernel splits the lone row's sums over the
+    threads)."""
+    if EngineConfig().n_gpu_layers:
+        pytest.skip("a claim about llama.cpp's CPU kernel")
     rows, flash_attn = _rows_by_company(make_engine, 1024, "on")
     assert flash_attn
     assert not np.array_equal(rows["beside a token", 2], rows["alone", 2])
