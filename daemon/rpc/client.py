@@ -14,7 +14,6 @@ import grpc.experimental
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
-
 # a stream's messages are read on the thread that iterates it, without grpc's polling thread: a
 # wake-up less per token, 0.21 -> 0.17 ms of the client's CPU a token (bench/README.md, row 15),
 # which on two busy cores is taken from the decode. Such a stream is iterated on one thread only.
