@@ -53,9 +53,9 @@ def raw_prompt_processing(
 ) -> float:
     """llama.cpp's prompt processing alone: `batch` tokens per llama_decode into an empty
     sequence, as llama-bench's pp test does; tokens/s over `repeats` decodes. Without flash
-    attention, as the daemon's default 1,024-cell sessions run; `flash`: llama.cpp's default."""
+    attention, as the daemon's engine runs; `flash`: llama.cpp's default."""
     config = EngineConfig(
-        n_ctx_seq=512, n_seq_max=1, n_batch=512, flash_attn="on" if flash else "auto"
+        n_ctx_seq=512, n_seq_max=1, n_batch=512, flash_attn="on" if flash else "off"
     )
     engine = open_engine(None, config)
     try:

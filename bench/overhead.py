@@ -1,9 +1,10 @@
 """2. One session decoding through the daemon against a bare llama-cpp-python loop on the same model,
 threads and budget, in the same run, layer by layer: the daemon's service called in process (no
 gRPC, no journal), the same over gRPC, and over gRPC with the journal (durable, sync=full: the
-default and the headline ratio). The bare loop runs attention as the engine does (flash at these
-256 cells), in a child process: beside the daemon's engine thread in this one, libgomp would
-throttle both (`common.in_child`); the daemons run one at a time.
+default and the headline ratio). The bare loop runs attention as the engine does (without flash
+attention; llama.cpp's default, with it, is timed beside it), in a child process: beside the
+daemon's engine thread in this one, libgomp would throttle both (`common.in_child`); the daemons
+run one at a time.
 
     python bench/overhead.py [--tokens 200] [--rounds 5]   -> bench/results/overhead.json
 """
@@ -20,7 +21,7 @@ from typing import Any
 import llama_cpp as llama
 from common import DecodeClock, daemon_settings, default_threads, in_child, table, write
 
-from sinkd.daemon.engine.llama import EngineConfig, cells_per_stream, flash_attention_exact
+from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.models import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
@@ -30,16 +31,14 @@ from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
 DecodeClock.install()  # here and in the bare loop's child (it imports this module)
-# the attention kernel the daemon's engine runs for one 256-cell sequence (engine NOTE): the bare
-# loop runs the same
-FLASH = flash_attention_exact(cells_per_stream(256, 1), n_gpu_layers=0)
+FLASH = False  # the daemon's engine runs without flash attention (its NOTE); the bare loop too
 
 
 def bare(
     prompt: list[int], tokens: int, threads: int, flash: bool
 ) -> tuple[float, dict[str, float]]:
     """The minimal loop: one context, one sequence, greedy sampler, one token per llama_decode;
-    with or without flash attention (the daemon's engine runs it at these 256 cells)."""
+    with or without flash attention (the daemon's engine runs without it)."""
     model = llama.llama_model_load_from_file(
         str(model_path(load_lock().get(None))).encode(), llama.llama_model_default_params()
     )

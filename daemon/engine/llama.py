@@ -10,16 +10,15 @@ NOTE: the context uses per-sequence KV streams (``kv_unified = false``). In a un
 would move the parent's positions too; with one stream per sequence the copy is physical and every
 fork is safe. The price: each sequence gets ``n_ctx / n_seq_max`` cells, fixed at start.
 
-NOTE: flash attention runs only where its sums are exact in any company (`flash_attention_exact`).
-llama.cpp's CPU flash-attention kernel splits the cache across threads when a ubatch holds one token
-of one sequence and the attention spans 512 cells or more (ggml-cpu ops.cpp, `use_split_kv_path`),
-and its sums then depend on the thread count and on whether the token was decoded alone or beside
-others. A token's logits would depend on the threads and on what else shared its batch, and a
-resumed session, or a batched one, would not match its own history bit for bit. Below 512 cells
-per stream the kernel sums every row whole, over the whole span, in any batch (tested: 256 cells,
-alone, batched, one thread or two), so the engine turns it on there (bench/README.md, row 15:
-~5% at eight sessions); above, and on a GPU backend (unverified), it stays off, and the plain path
-computes each sequence's rows alike in any batch (tested).
+NOTE: flash attention is off. llama.cpp's CPU flash-attention kernel (ggml-cpu ops.cpp) splits the
+cache across threads when a ubatch holds one token of one stream and the attention spans 512 cells
+or more (`use_split_kv_path`), and it tiles 64 rows or more of one stream (`GGML_FA_TILE_Q`): a
+token's logits would then depend on the thread count, on what else shared its batch and on how a
+prompt chunk was cut into sub-batches (tested: forced on, each differs), and a resumed session, or a
+batched one, would not match its own history bit for bit. Below 512 cells and in pieces under 64
+rows those cases sum alike, yet a concurrent workload of three 256-cell sessions with recall still
+drifted from its sequential run under it (bench/README.md, row 15). The plain path computes each
+sequence's rows alike in any batch, however cut (tested).
 """
 
 from __future__ import annotations
@@ -55,25 +54,6 @@ Outputs = Literal["none", "last", "all"]
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
-FLASH_SPLIT_CELLS = 512  # from this attention span on, llama.cpp's CPU kernel splits a row's sums
-
-
-def cells_per_stream(n_ctx_seq: int, n_seq_max: int, kv_unified: bool = False) -> int:
-    """The cells each KV stream gets, as llama-context.cpp computes them: the context rounded up to
-    a multiple of 256, then (per-sequence streams) its share rounded up to a multiple of 256."""
-
-    def pad(n: int) -> int:
-        return -(-n // 256) * 256
-
-    n_ctx = pad(n_ctx_seq * n_seq_max)
-    return n_ctx if kv_unified else pad(n_ctx // n_seq_max)
-
-
-def flash_attention_exact(cells: int, n_gpu_layers: int) -> bool:
-    """Whether llama.cpp's flash attention gives a row the same bits alone, batched and on any
-    thread count: on the CPU backend with every stream below `FLASH_SPLIT_CELLS` (the NOTE above)."""
-    return n_gpu_layers == 0 and cells < FLASH_SPLIT_CELLS
-
 
 # llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
 # pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
@@ -111,9 +91,7 @@ class EngineConfig(BaseModel):
     kv_type: Literal["f32", "f16", "q8_0", "q4_0", "bf16"] = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
     kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
-    # "auto": on where its sums are exact in any batch and on any thread count (the NOTE above);
-    # "on" for tests and benches only: past 512 cells a token's bits then depend on its batch
-    flash_attn: Literal["auto", "off", "on"] = "auto"
+    flash_attn: Literal["off", "on"] = "off"  # "on": tests and benches only (the NOTE above)
 
 
 def template_name_sha256(name: str) -> str:
@@ -258,12 +236,8 @@ class Engine(VocabularyOps, SequenceOps):
         cparams.type_k = KV_TYPES[cfg.kv_type]
         cparams.type_v = KV_TYPES[cfg.kv_type]
         cparams.no_perf = True
-        cells = cells_per_stream(cfg.n_ctx_seq, cfg.n_seq_max, cfg.kv_unified)
-        # what sessions are computed under (a resume gate); see the NOTE above
-        self.flash_attn = cfg.flash_attn == "on" or (
-            cfg.flash_attn == "auto" and flash_attention_exact(cells, cfg.n_gpu_layers)
-        )
-        cparams.flash_attn_type = (
+        self.flash_attn = cfg.flash_attn == "on"  # what sessions are computed under (a resume gate)
+        cparams.flash_attn_type = (  # see the NOTE above
             llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if self.flash_attn
             else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -277,10 +251,6 @@ class Engine(VocabularyOps, SequenceOps):
         self.kv_allocations = log.take_kv()  # (MiB, cells) per KV cache llama.cpp allocated
         self._mem = llama.llama_get_memory(ctx)
         self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx))
-        if self.n_ctx_seq != cells:
-            raise EngineError(  # the flash-attention choice rests on this count
-                f"llama.cpp gave {self.n_ctx_seq} cells per sequence where {cells} were computed"
-            )
         self.n_batch = int(llama.llama_n_batch(ctx))
         self.can_shift = bool(llama.llama_memory_can_shift(self._mem))
         batch = llama.llama_batch_init(self.n_batch, 0, 1)
