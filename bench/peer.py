@@ -387,9 +387,9 @@ def main() -> None:
         ("sinkd --no-durable", lambda k: Sinkd(k, durable=False)),
         # durable, one journal fsync per 20 ms at most (each fsync slows the decode beside it)
         ("sinkd sync_interval_ms=20", lambda k: Sinkd(k, env={**os.environ, INTERVAL_ENV: "20"})),
-        # llama-server's eviction scheme in sinkd (discard half the window, shift at once): its
-        # cache holds 130-256 cells, sinkd's default 240-256, and flash attention skips the empty
-        # ones, so this row parts the scheme's speed from the serving layer's
+        # llama-server's eviction scheme in sinkd (discard half the window, shift at once; its
+        # cache holds 130-256 cells, sinkd's default 240-256): this row parts the scheme's speed
+        # from the serving layer's
         (
             "sinkd --no-durable, llama-server's scheme",
             lambda k: Sinkd(k, durable=False, scheme=SERVER_SCHEME),
