@@ -5,6 +5,7 @@ equal to a fresh count after any mix of writes and deletes."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import sqlite3
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sinkd.daemon.store.journal import Journal
-from sinkd.daemon.store.memory import MemoryStore, Segmenting, query_terms
+from sinkd.daemon.store.memory import MemoryStore, Passage, Segmenting, query_terms
 
 pytestmark = pytest.mark.unit
 
@@ -151,3 +152,71 @@ def test_a_temporary_store_is_deleted_at_close() -> None:
     assert not folder.exists()
     with pytest.raises(sqlite3.ProgrammingError):
         store.db.execute("SELECT 1")
+
+
+def zipf_piece(token: int) -> bytes:
+    return b" ." if token == 0 else f" w{token}".encode()
+
+
+def zipf_stream(n: int, seed: int) -> list[int]:
+    """Words w1..w199 drawn by Zipf's law (w1 the commonest), a full stop now and then."""
+    rng = random.Random(seed)
+    return rng.choices(range(200), weights=[3.0] + [1 / r for r in range(1, 200)], k=n)
+
+
+def bm25_by_hand(passages: list[Passage], words: list[str]) -> dict[tuple[int, int], float]:
+    """BM25 (k1 1.2, b 0.75, FTS5's idf) over these passages alone; a passage's length in tokens."""
+    n, avgdl = len(passages), sum(len(p.tokens) for p in passages) / len(passages)
+    texts = {p.logical: p.text.split() for p in passages}
+    score = dict.fromkeys(texts, 0.0)
+    for w in words:
+        hits = {k: t.count(w) for k, t in texts.items() if w in t}
+        idf = math.log((n - len(hits) + 0.5) / (len(hits) + 0.5))
+        idf = idf if idf > 0 else 1e-6
+        for k, tf in hits.items():
+            score[k] += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * (k[1] - k[0]) / avgdl))
+    return {k: s for k, s in score.items() if s}
+
+
+def test_a_sessions_scores_are_its_own_whatever_else_the_store_holds(tmp_path: Path) -> None:
+    """BM25 over the session's own passages: another session's text (another tenant's, or the
+    same session's older generation) moves neither its scores nor its ranking, so a recall is the
+    same alone and in company, and scores leak nothing of what others stored."""
+    words = ["w2", "w9", "w40", "w150"]
+
+    def fill(store: MemoryStore, session: str, reset: int, tokens: list[int]) -> None:
+        for i in range(0, len(tokens), 16):
+            part = tokens[i : i + 16]
+            store.add_evicted(session, reset, i, part, [False] * len(part), zipf_piece)
+
+    alone = store_in(tmp_path)
+    fill(alone, "s", 0, zipf_stream(1500, seed=1))
+    got = [(c.source, c.score) for c in alone.search("s", 0, " ".join(words), 1000)]
+    expected = bm25_by_hand(alone.passages("s", 0), words)
+    assert len(expected) > 20 and len({round(v, 3) for v in expected.values()}) > 10
+    assert dict(got) == pytest.approx(expected, rel=1e-9)
+    assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+    (tmp_path / "crowd").mkdir()
+    crowd = store_in(tmp_path / "crowd")
+    for who, seed in (("t", 2), ("u", 3)):  # others first: the ids and the index differ too
+        fill(crowd, who, 0, zipf_stream(3000, seed))
+    fill(crowd, "s", 1, zipf_stream(600, seed=4))  # the session's next generation
+    fill(crowd, "s", 0, zipf_stream(1500, seed=1))
+    assert [(c.source, c.score) for c in crowd.search("s", 0, " ".join(words), 1000)] == got
+
+
+def test_a_search_leaves_no_transaction_open_and_joins_one_unchanged(tmp_path: Path) -> None:
+    """Stemming a query writes a temp table: outside a transaction it must not open one (the
+    journal would then sync for nothing), inside one it must leave it as it was."""
+    store = store_in(tmp_path)
+    fill_text = stream(200, seed=5)
+    evict(store, fill_text)
+    store.db.commit()
+    assert store.search("s", 0, "whale ships", 10)
+    assert not store.db.in_transaction
+    evict(store, stream(40, seed=6), start=200)
+    assert store.db.in_transaction
+    found = store.search("s", 0, "whale ships", 10)
+    assert store.db.in_transaction and found
+    store.db.rollback()
+    assert store.passages("s", 0)[-1].logical[1] == 200

@@ -1,4 +1,4 @@
-"""The memory of evicted text: passages in SQLite, searched with FTS5's BM25.
+"""The memory of evicted text: passages in SQLite, found with FTS5, ranked by BM25 per session.
 
 Every token the policy evicts joins its session's open passage; a passage is sealed at a boundary
 that follows the text (an end of line, of sentence or of turn) once it holds `min_tokens`, or at
@@ -12,6 +12,7 @@ and the write-ahead log truncated after a forget, a reset or a close), and never
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sqlite3
@@ -61,6 +62,14 @@ CREATE TABLE IF NOT EXISTS recalls (
 );
 CREATE INDEX IF NOT EXISTS recalls_by_session ON recalls (session, reset_count, stream_start);
 """
+
+# this connection's: the index's terms by passage, and a one-row table that stems a query
+_SEARCH_SCHEMA = """
+CREATE VIRTUAL TABLE IF NOT EXISTS temp.passage_terms USING fts5vocab(main, passages_fts, instance);
+CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_text USING fts5(text, tokenize='porter unicode61');
+CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_terms USING fts5vocab(temp, query_text, instance);
+"""
+_K1, _B = 1.2, 0.75  # FTS5's BM25 weights
 
 # words too common to say what a query is about
 _STOPWORDS = frozenset(
@@ -141,6 +150,7 @@ class MemoryStore:
         db.execute("PRAGMA secure_delete=ON")
         db.executescript(_SCHEMA)
         db.commit()
+        db.executescript(_SEARCH_SCHEMA)
 
     @classmethod
     def temporary(cls, segmenting: Segmenting | None = None) -> MemoryStore:
@@ -284,21 +294,66 @@ class MemoryStore:
     # --- reading ---
 
     def search(self, session: str, reset_count: int, query: str, limit: int) -> list[Candidate]:
-        """BM25 over the session's passages, best first; score = -bm25 (higher is better)."""
-        terms = query_terms(query)
+        """BM25 over this session generation's passages alone, best first (higher is better).
+
+        Not FTS5's `bm25()`: it takes its statistics (passage count, lengths, how many passages
+        hold a word) from the whole index, every session and tenant, so another's text would move
+        a session's scores, and which passages it recalls, and the scores would tell of it. Here
+        they come from the session's own passages: FTS5 finds a word's occurrences (its porter
+        stems, as a MATCH would), the length of a passage is its tokens, and the weights are
+        FTS5's (k1 1.2, b 0.75, idf log((N - n + 0.5) / (n + 0.5)), at least 1e-6).
+        """
+        stems = self._stems(query_terms(query))
+        lengths = {
+            int(i): int(b) - int(a)
+            for i, a, b in self.db.execute(
+                "SELECT id, logical_start, logical_end FROM passages"
+                " WHERE session=? AND reset_count=?",
+                (session, reset_count),
+            )
+        }
+        if not stems or not lengths:
+            return []
+        n, avgdl = len(lengths), max(sum(lengths.values()) / len(lengths), 1.0)
+        score: dict[int, float] = {}
+        for stem in stems:
+            hits = self.db.execute(
+                "SELECT v.doc, COUNT(*) FROM temp.passage_terms v JOIN passages p ON p.id = v.doc"
+                " WHERE v.term=? AND p.session=? AND p.reset_count=? GROUP BY v.doc",
+                (stem, session, reset_count),
+            ).fetchall()
+            idf = math.log((n - len(hits) + 0.5) / (len(hits) + 0.5))
+            idf = idf if idf > 0 else 1e-6
+            for doc, tf in hits:
+                norm = _K1 * (1 - _B + _B * lengths[doc] / avgdl)
+                score[doc] = score.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
+        spans = dict(
+            (int(i), (int(a), int(b)))
+            for i, a, b in self.db.execute(
+                f"SELECT id, logical_start, logical_end FROM passages"
+                f" WHERE id IN ({','.join('?' * len(score))})",
+                list(score),
+            )
+        )
+        ranked = sorted(score, key=lambda d: (-score[d], spans[d]))[:limit]
+        return [Candidate(d, spans[d], lengths[d], score[d]) for d in ranked]
+
+    def _stems(self, terms: list[str]) -> list[str]:
+        """The index's forms of the query's words (porter, unicode61), in order, without repeats:
+        FTS5's own tokenizer, over a one-row table of this connection's."""
         if not terms:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        rows = self.db.execute(
-            "SELECT p.id, p.logical_start, p.logical_end, -bm25(passages_fts) AS score"
-            " FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid"
-            " WHERE passages_fts MATCH ? AND p.session=? AND p.reset_count=?"
-            " ORDER BY score DESC LIMIT ?",
-            (match, session, reset_count, limit),
+        opened = not self.db.in_transaction  # then the temp write must not leave one open
+        self.db.execute(
+            "INSERT INTO temp.query_text (rowid, text) VALUES (1, ?)", (" ".join(terms),)
         )
-        return [
-            Candidate(int(i), (int(a), int(b)), int(b) - int(a), float(s)) for i, a, b, s in rows
-        ]
+        try:
+            rows = self.db.execute("SELECT term FROM temp.query_terms ORDER BY offset").fetchall()
+        finally:
+            self.db.execute("DELETE FROM temp.query_text")
+            if opened:
+                self.db.commit()  # the temp database only: nothing of the journal's
+        return list(dict.fromkeys(str(r[0]) for r in rows))
 
     def passages(
         self, session: str, reset_count: int, ids: Sequence[int] | None = None
