@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     n_threads: int | None = Field(default=None, ge=1)
     n_gpu_layers: int = Field(default=0, ge=0)
     kv_type: str = "f16"
+    # "auto": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
+    # 63 rows of a sequence per decode: the engine's NOTE); "off": the plain kernel everywhere
+    # (resumes sessions made under it)
+    flash_attn: Literal["auto", "off"] = "auto"
     default_evict_chunk: int = Field(default=16, ge=1)
     # a session that leaves K unset shifts once per this many evictions (K = n x E, at most W and
     # within the model's positions): each shift re-rotates the whole context (bench/eviction.py);

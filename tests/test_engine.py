@@ -272,44 +272,50 @@ def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
     assert np.array_equal(rows[0], kept[0]) and np.array_equal(rows[2], kept[1])  # copies
 
 
-def _rows_by_company(make_engine: MakeEngine, flash: str) -> dict[tuple[str, int], np.ndarray]:
-    """One token and one 64-token chunk after a history filling 600 of 1,024 cells, decoded alone,
-    beside another sequence's token and (the chunk) beside another 64-token chunk, on two threads
-    and on one: each case's logits row."""
+def _rows_by_company(
+    make_engine: MakeEngine, cells: int, flash: str
+) -> tuple[dict[tuple[str, int], np.ndarray], bool]:
+    """One token and one 64-token chunk after a history filling 600 of 1,024 cells (or 180 of
+    256), decoded alone, beside another sequence's token and (the chunk) beside another 64-token
+    chunk, on two threads and on one: each case's logits row, and whether flash attention ran."""
     toks = make_engine(n_ctx_seq=64, n_seq_max=1).tokenize(TEXT * 6)
+    filled = 600 if cells > 256 else 180
     one, chunk = [toks[1000]], toks[1001:1065]
     rows: dict[tuple[str, int], np.ndarray] = {}
     for threads in (2, 1):
         engine = make_engine(
-            n_ctx_seq=1024, n_seq_max=2, n_batch=256, n_threads=threads, flash_attn=flash
+            n_ctx_seq=cells, n_seq_max=2, n_batch=256, n_threads=threads, flash_attn=flash
         )
-        assert engine.flash_attn is (flash == "on")
-        for at in range(0, 600, 200):  # 600 cells: llama.cpp looks at 1,024 positions
-            engine.decode_batch([BatchItem(0, toks[at : at + 200], at)])
+        for at in range(0, filled, 200):
+            engine.decode_batch([BatchItem(0, toks[at : min(at + 200, filled)], at)])
         engine.decode_batch([BatchItem(1, toks[:40], 0)])
         history = engine.save_seq(0), engine.save_seq(1)
         cases = {
-            "alone": [BatchItem(0, one, 600)],
-            "beside a token": [BatchItem(0, one, 600), BatchItem(1, [toks[40]], 40)],
-            "chunk alone": [BatchItem(0, chunk, 600)],
-            "chunk beside a token": [BatchItem(0, chunk, 600), BatchItem(1, [toks[40]], 40)],
-            "chunk beside a chunk": [BatchItem(0, chunk, 600), BatchItem(1, toks[40:104], 40)],
+            "alone": [BatchItem(0, one, filled)],
+            "beside a token": [BatchItem(0, one, filled), BatchItem(1, [toks[40]], 40)],
+            "chunk alone": [BatchItem(0, chunk, filled)],
+            "chunk beside a token": [BatchItem(0, chunk, filled), BatchItem(1, [toks[40]], 40)],
+            "chunk beside a chunk": [BatchItem(0, chunk, filled), BatchItem(1, toks[40:104], 40)],
         }
         for name, items in cases.items():
             engine.restore_seq(0, history[0])
             engine.restore_seq(1, history[1])
             rows[name, threads] = engine.decode_batch(items)[0]
-    return rows
+    return rows, engine.flash_attn
 
 
+@pytest.mark.parametrize(("cells", "flash"), [(1024, False), (256, True)])
 def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
-    make_engine: MakeEngine,
+    make_engine: MakeEngine, cells: int, flash: bool
 ) -> None:
-    """Past 512 cache positions llama.cpp's CPU flash attention split a lone token's sums by thread,
-    and a prefill chunk beside a shorter item was split over two ubatches: the bits depended on
-    both. With the plain attention path a sequence's rows are the same alone, batched with others
-    of any length, and on one thread or two (what resume and batched == solo rest on)."""
-    rows = _rows_by_company(make_engine, "off")
+    """Past 512 cache positions llama.cpp's CPU flash attention splits a lone token's sums by
+    thread: the bits would depend on the threads and on the batch. The engine runs flash attention
+    only below 512 cells per stream, in pieces under 64 rows, and the plain path above: either way
+    a sequence's rows are the same alone, beside others of any length, and on one thread or two
+    (what resume and batched == solo rest on)."""
+    rows, flash_attn = _rows_by_company(make_engine, cells, "auto")
+    on_cpu = EngineConfig().n_gpu_layers == 0  # flash attention is unverified on a GPU: off there
+    assert flash_attn is (flash and on_cpu)
     for name in ("beside a token", "chunk beside a token", "chunk beside a chunk"):
         reference = "chunk alone" if name.startswith("chunk") else "alone"
         for threads in (2, 1):
@@ -321,30 +327,42 @@ def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
 def test_flash_attention_would_make_a_tokens_bits_depend_on_its_company(
     make_engine: MakeEngine,
 ) -> None:
-    """Why the engine runs without flash attention: forced on, past 512 cells a lone token's logits
-    differ from the same token's beside another sequence (llama.cpp's CPU kernel splits the lone
-    row's sums over the threads)."""
+    """Why "auto" stops at 512 cells: forced on at 1,024, a lone token's logits differ from the
+    same token's beside another sequence (llama.cpp's CPU kernel splits the lone row's sums over
+    the threads)."""
     if EngineConfig().n_gpu_layers:
         pytest.skip("a claim about llama.cpp's CPU kernel")
-    rows = _rows_by_company(make_engine, "on")
+    rows, flash_attn = _rows_by_company(make_engine, 1024, "on")
+    assert flash_attn
     assert not np.array_equal(rows["beside a token", 2], rows["alone", 2])
 
 
-@pytest.mark.parametrize("flash", ["off", "on"])
+def test_the_engine_computes_llamas_cells_per_stream_and_the_flash_rule() -> None:
+    from sinkd.daemon.engine.llama import cells_per_stream, flash_attention_exact
+
+    assert cells_per_stream(256, 8) == 256 and cells_per_stream(1024, 4) == 1024
+    assert cells_per_stream(100, 3) == 256  # 300 -> 512 in all, 170 each -> 256
+    assert cells_per_stream(300, 1) == 512 and cells_per_stream(256, 4, kv_unified=True) == 1024
+    assert flash_attention_exact(256, 0) and flash_attention_exact(511, 0)
+    assert not flash_attention_exact(512, 0) and not flash_attention_exact(256, 1)
+
+
+@pytest.mark.parametrize("flash", ["off", "auto", "on"])
 def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
     make_engine: MakeEngine, flash: str
 ) -> None:
     """A step's sub-batches follow what else shares it (the prefill budget is split between the
-    sessions), so a chunk must compute the same bits however it is cut: whole, 50 + 50, 64 + 36 or
-    10 + 30 + 60, and the token after it too. The plain path does. Flash attention (forced on here)
-    tiles 64 rows or more of a stream and sums them otherwise: a whole chunk of 100 differs from
-    its pieces."""
-    if flash == "on" and EngineConfig().n_gpu_layers:
+    sessions), so a chunk must compute the same bits however it is cut: whole, 50 + 50, 64 + 36,
+    10 + 30 + 60 or 1 + 99, and the token after it too. The plain path does; so does flash
+    attention as "auto" runs it, in pieces of at most 63 rows. Forced on as llama.cpp has it, it
+    tiles 64 rows or more of a stream and sums them otherwise: a whole chunk of 100 differs."""
+    if flash != "off" and EngineConfig().n_gpu_layers:
         pytest.skip("a claim about llama.cpp's CPU kernel")
     engine = make_engine(n_ctx_seq=256, n_seq_max=1, n_batch=256, n_threads=2, flash_attn=flash)
+    assert engine.flash_attn is (flash != "off")
     toks = engine.tokenize(TEXT * 3)
 
-    def cut(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def cut(sizes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         engine.clear(0)
         engine.decode_batch([BatchItem(0, toks[:50], 0, logits=False)])
         pos, row = 50, None
@@ -352,14 +370,21 @@ def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
             row = engine.decode_batch([BatchItem(0, toks[pos : pos + n], pos)])[0]
             pos += n
         after = engine.decode_batch([BatchItem(0, [toks[pos]], pos)])[0]
+        engine.clear(0)  # and through feed's path, every row
+        seq = CacheSequence(PolicyConfig.named("full", sinks=0, window=200))
+        engine.feed(0, seq, toks[:50], outputs="none")
+        rows = [
+            engine.feed(0, seq, toks[50 + sum(sizes[:i]) :][:n], "all") for i, n in enumerate(sizes)
+        ]
         assert row is not None and after is not None
-        return row, after
+        return row, after, np.concatenate([r for r in rows if r is not None])
 
     whole = cut([100])
+    assert whole[2].shape == (100, engine.n_vocab)
     for sizes in ([50, 50], [64, 36], [10, 30, 60], [1, 99]):
         got = cut(sizes)
-        same = np.array_equal(got[0], whole[0]) and np.array_equal(got[1], whole[1])
-        assert same is (flash == "off"), sizes
+        same = all(np.array_equal(g, w) for g, w in zip(got, whole, strict=True))
+        assert same is (flash != "on"), sizes
 
 
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:

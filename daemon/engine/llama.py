@@ -10,15 +10,19 @@ NOTE: the context uses per-sequence KV streams (``kv_unified = false``). In a un
 would move the parent's positions too; with one stream per sequence the copy is physical and every
 fork is safe. The price: each sequence gets ``n_ctx / n_seq_max`` cells, fixed at start.
 
-NOTE: flash attention is off. llama.cpp's CPU flash-attention kernel (ggml-cpu ops.cpp) splits the
-cache across threads when a ubatch holds one token of one stream and the attention spans 512 cells
-or more (`use_split_kv_path`), and it tiles 64 rows or more of one stream (`GGML_FA_TILE_Q`): a
-token's logits would then depend on the thread count, on what else shared its batch and on how a
-prompt chunk was cut into sub-batches (tested: forced on, each differs), and a resumed session, or a
-batched one, would not match its own history bit for bit. Below 512 cells and in pieces under 64
-rows those cases sum alike, yet a concurrent workload of three 256-cell sessions with recall still
-drifted from its sequential run under it (bench/README.md, row 15). The plain path computes each
-sequence's rows alike in any batch, however cut (tested).
+NOTE: flash attention runs only where its sums are exact in any company (`flash_attention_exact`),
+and there each llama_decode carries at most `FLASH_MAX_ROWS` tokens of a sequence. llama.cpp's CPU
+flash-attention kernel (ggml-cpu ops.cpp) splits the cache across threads when a ubatch holds one
+token of one stream and the attention spans 512 cells or more (`use_split_kv_path`), and it tiles
+64 rows or more of one stream (`GGML_FA_TILE_Q`): a token's logits would then depend on the thread
+count and on what else shared its batch, and a prompt chunk's on how the step cut it, and a resumed
+session, or a batched one, would not match its own history bit for bit (tested, forced on). Below
+512 cells per stream and in pieces under 64 rows the kernel sums every row whole, in order, over
+the cells it may see, alike alone, batched, on any thread count and however a chunk is cut
+(tested), so the engine turns it on there (bench/README.md, row 15); above, and on a GPU backend
+(unverified), the plain path runs, which computes each sequence's rows alike in any batch and any
+cut (tested). (A concurrent workload once seemed to drift under it: that was recall's BM25, whose
+statistics then spanned every session's text; see store/memory.py.)
 """
 
 from __future__ import annotations
@@ -54,6 +58,27 @@ Outputs = Literal["none", "last", "all"]
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+FLASH_SPLIT_CELLS = 512  # from this attention span on, llama.cpp's CPU kernel splits a row's sums
+FLASH_MAX_ROWS = 63  # from 64 rows of a stream on, it tiles them (GGML_FA_TILE_Q)
+
+
+def cells_per_stream(n_ctx_seq: int, n_seq_max: int, kv_unified: bool = False) -> int:
+    """The cells each KV stream gets, as llama-context.cpp computes them: the context rounded up to
+    a multiple of 256, then (per-sequence streams) its share rounded up to a multiple of 256."""
+
+    def pad(n: int) -> int:
+        return -(-n // 256) * 256
+
+    n_ctx = pad(n_ctx_seq * n_seq_max)
+    return n_ctx if kv_unified else pad(n_ctx // n_seq_max)
+
+
+def flash_attention_exact(cells: int, n_gpu_layers: int) -> bool:
+    """Whether llama.cpp's flash attention gives a row the same bits alone, batched and on any
+    thread count (in pieces of at most FLASH_MAX_ROWS): on the CPU backend with every stream below
+    `FLASH_SPLIT_CELLS` (the NOTE above)."""
+    return n_gpu_layers == 0 and cells < FLASH_SPLIT_CELLS
+
 
 # llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
 # pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
@@ -91,7 +116,9 @@ class EngineConfig(BaseModel):
     kv_type: Literal["f32", "f16", "q8_0", "q4_0", "bf16"] = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
     kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
-    flash_attn: Literal["off", "on"] = "off"  # "on": tests and benches only (the NOTE above)
+    # "auto": on where its sums are exact, in pieces of at most FLASH_MAX_ROWS (the NOTE above);
+    # "on", tests and benches only: llama.cpp's kernel as it is, in any span and any piece
+    flash_attn: Literal["auto", "off", "on"] = "auto"
 
 
 def template_name_sha256(name: str) -> str:
@@ -236,8 +263,12 @@ class Engine(VocabularyOps, SequenceOps):
         cparams.type_k = KV_TYPES[cfg.kv_type]
         cparams.type_v = KV_TYPES[cfg.kv_type]
         cparams.no_perf = True
-        self.flash_attn = cfg.flash_attn == "on"  # what sessions are computed under (a resume gate)
-        cparams.flash_attn_type = (  # see the NOTE above
+        cells = cells_per_stream(cfg.n_ctx_seq, cfg.n_seq_max, cfg.kv_unified)
+        exact = cfg.flash_attn == "auto" and flash_attention_exact(cells, cfg.n_gpu_layers)
+        # what sessions are computed under (a resume gate); see the NOTE above
+        self.flash_attn = cfg.flash_attn == "on" or exact
+        self.max_rows = FLASH_MAX_ROWS if exact else cfg.n_batch  # of a sequence, per decode
+        cparams.flash_attn_type = (
             llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if self.flash_attn
             else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -251,6 +282,10 @@ class Engine(VocabularyOps, SequenceOps):
         self.kv_allocations = log.take_kv()  # (MiB, cells) per KV cache llama.cpp allocated
         self._mem = llama.llama_get_memory(ctx)
         self.n_ctx_seq = int(llama.llama_n_ctx_seq(ctx))
+        if self.n_ctx_seq != cells:
+            raise EngineError(  # the flash-attention choice rests on this count
+                f"llama.cpp gave {self.n_ctx_seq} cells per sequence where {cells} were computed"
+            )
         self.n_batch = int(llama.llama_n_batch(ctx))
         self.can_shift = bool(llama.llama_memory_can_shift(self._mem))
         batch = llama.llama_batch_init(self.n_batch, 0, 1)
@@ -350,15 +385,31 @@ class Engine(VocabularyOps, SequenceOps):
             if outputs == "all" or (outputs == "last" and is_last):
                 want = outputs
             chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
-            self._decode_one(seq_id, chunk, sb.cache_pos + pos_offset, want)
+            pos = sb.cache_pos + pos_offset
+            for at in range(0, len(chunk), self.max_rows):  # in pieces: see the NOTE above
+                piece = chunk[at : at + self.max_rows]
+                final = at + len(piece) == len(chunk)
+                try:
+                    self._decode_one(
+                        seq_id, piece, pos + at, want if want == "all" or final else "none"
+                    )
+                except EngineError:
+                    self._drop_pieces(seq_id, pos, at)
+                    raise
+                if want == "all":
+                    rows.append(self._logits_rows(len(piece)))
+                elif want == "last" and final:
+                    last = self.logits(len(piece) - 1)
             seq.adopt_tokens(sb)
-            if want == "all":
-                rows.append(self._logits_rows(sb.n_tokens))
-            elif want == "last":
-                last = self.logits(sb.n_tokens - 1)
         if outputs == "all":
             return np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
         return last
+
+    def _drop_pieces(self, seq_id: int, pos0: int, n: int) -> None:
+        """A later piece failed: remove the `n` tokens the earlier ones put in from `pos0`, so the
+        cache again holds what the policy says (a whole sub-batch or none of it)."""
+        if n and not llama.llama_memory_seq_rm(self._mem, seq_id, pos0, pos0 + n):
+            raise EngineError(f"llama_memory_seq_rm({seq_id}, {pos0}, {pos0 + n}) refused")
 
     def _decode_one(self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs) -> None:
         n = len(tokens)
@@ -399,6 +450,35 @@ class Engine(VocabularyOps, SequenceOps):
             total += len(tokens)
         if not 0 < total <= self.n_batch:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
+        longest = max(len(item.tokens) for item in items)
+        if longest <= self.max_rows:
+            return self._decode_items(items)
+        out: list[np.ndarray | None] = [None] * len(items)
+        r = self.max_rows
+        for at in range(0, longest, r):  # in pieces: see the NOTE above
+            ks = [k for k, item in enumerate(items) if len(item.tokens) > at]
+            piece = [
+                BatchItem(
+                    items[k].seq_id,
+                    items[k].tokens[at : at + r],
+                    items[k].pos0 + at,
+                    items[k].logits and len(items[k].tokens) <= at + r,
+                )
+                for k in ks
+            ]
+            try:
+                rows = self._decode_items(piece)
+            except EngineError:
+                for k in ks:
+                    self._drop_pieces(items[k].seq_id, items[k].pos0, at)
+                raise
+            for k, row in zip(ks, rows, strict=True):
+                if row is not None:
+                    out[k] = row
+        return out
+
+    def _decode_items(self, items: list[BatchItem]) -> list[np.ndarray | None]:
+        """One llama_decode of validated items: a copy of each asked row."""
         b = self._batch
         i = 0
         out_index: list[int | None] = [None] * len(items)
@@ -415,7 +495,7 @@ class Engine(VocabularyOps, SequenceOps):
                 i += 1
             if item.logits:
                 out_index[k] = i - 1
-        b.n_tokens = total
+        b.n_tokens = i
         self._before_decode()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:

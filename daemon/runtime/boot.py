@@ -26,6 +26,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         n_batch=settings.n_batch,
         n_gpu_layers=settings.n_gpu_layers,
         kv_type=settings.kv_type,
+        flash_attn=settings.flash_attn,
     )
     if settings.n_threads:
         config = config.model_copy(update={"n_threads": settings.n_threads})
