@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
+from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import BatchItem, Engine, EngineConfig
-from sinkd.daemon.errors import InvalidInput, Unsupported, validated
+from sinkd.daemon.errors import EngineError, InvalidInput, Unsupported, validated
 from tests.conftest import TEXT
 
 pytestmark = pytest.mark.model
@@ -441,3 +442,37 @@ def test_unlisted_model_runs_full_only(make_engine: MakeEngine) -> None:
             engine.check_policy(PolicyConfig.named("sink", sinks=4, window=60))
     finally:
         engine.close()
+
+
+def test_a_failed_piece_leaves_the_cache_as_the_policy_says(make_engine: MakeEngine) -> None:
+    """Under flash attention a long item is decoded in pieces of 63 rows. When a later piece fails,
+    the earlier pieces' cells are removed again: the sequence holds what it held before, both
+    through `decode_batch` and through `feed` (whose policy state then has not moved), and the
+    next decode computes what it would have."""
+    if EngineConfig().n_gpu_layers:
+        pytest.skip("the pieces are the CPU rule's")
+    engine = make_engine(n_ctx_seq=256, n_seq_max=1, n_batch=256, n_threads=2)
+    assert engine.flash_attn and engine.max_rows == 63
+    toks = engine.tokenize(TEXT * 3)
+
+    def refuse() -> None:
+        raise EngineError("refused for the test")
+
+    engine.decode_batch([BatchItem(0, toks[:40], 0, logits=False)])
+    with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):
+        engine.decode_batch([BatchItem(0, toks[40:140], 40)])
+    assert engine.pos_range(0) == (0, 39) and engine.cell_count(0) == 40
+    row = engine.decode_batch([BatchItem(0, toks[40:140], 40)])[0]
+    engine.clear(0)
+    engine.decode_batch([BatchItem(0, toks[:40], 0, logits=False)])
+    assert np.array_equal(engine.decode_batch([BatchItem(0, toks[40:140], 40)])[0], row)
+
+    engine.clear(0)
+    seq = CacheSequence(PolicyConfig.named("full", sinks=0, window=200))
+    engine.feed(0, seq, toks[:40], outputs="none")
+    before = seq.state
+    with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):
+        engine.feed(0, seq, toks[40:140])
+    assert seq.state == before and engine.pos_range(0) == (0, 39)
+    last = engine.feed(0, seq, toks[40:140])
+    assert last is not None and np.array_equal(last, row)

@@ -45,6 +45,7 @@ from sinkd.cachepolicy import (
     CacheSequence,
     PolicyConfig,
 )
+from sinkd.daemon import failpoints
 from sinkd.daemon.config import machine_threads, threads_given
 from sinkd.daemon.engine import compat, teams
 from sinkd.daemon.engine.cores import CoreShare
@@ -390,6 +391,8 @@ class Engine(VocabularyOps, SequenceOps):
                 piece = chunk[at : at + self.max_rows]
                 final = at + len(piece) == len(chunk)
                 try:
+                    if at:
+                        failpoints.hit("decode-piece")
                     self._decode_one(
                         seq_id, piece, pos + at, want if want == "all" or final else "none"
                     )
@@ -467,6 +470,8 @@ class Engine(VocabularyOps, SequenceOps):
                 for k in ks
             ]
             try:
+                if at:
+                    failpoints.hit("decode-piece")
                 rows = self._decode_items(piece)
             except EngineError:
                 for k in ks:
