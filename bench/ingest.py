@@ -53,7 +53,8 @@ def raw_prompt_processing(
 ) -> float:
     """llama.cpp's prompt processing alone: `batch` tokens per llama_decode into an empty
     sequence, as llama-bench's pp test does; tokens/s over `repeats` decodes. Without flash
-    attention, as the daemon's engine runs; `flash`: llama.cpp's default."""
+    attention (the plain kernel); `flash`: llama.cpp's default, in one 512-row piece (the daemon's
+    256-cell session runs it in pieces of 63 rows, the engine's NOTE)."""
     config = EngineConfig(
         n_ctx_seq=512, n_seq_max=1, n_batch=512, flash_attn="on" if flash else "off"
     )
