@@ -451,7 +451,7 @@ def test_a_failed_piece_leaves_the_cache_as_the_policy_says(make_engine: MakeEng
     next decode computes what it would have."""
     if EngineConfig().n_gpu_layers:
         pytest.skip("the pieces are the CPU rule's")
-    engine = make_engine(n_ctx_seq=256, n_seq_max=1, n_batch=256, n_threads=2)
+    engine = make_engine(n_ctx_seq=256, n_seq_max=2, n_batch=256, n_threads=2)
     assert engine.flash_attn and engine.max_rows == 63
     toks = engine.tokenize(TEXT * 3)
 
@@ -462,6 +462,9 @@ def test_a_failed_piece_leaves_the_cache_as_the_policy_says(make_engine: MakeEng
     with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):
         engine.decode_batch([BatchItem(0, toks[40:140], 40)])
     assert engine.pos_range(0) == (0, 39) and engine.cell_count(0) == 40
+    with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):  # one ended first
+        engine.decode_batch([BatchItem(0, toks[40:140], 40), BatchItem(1, toks[:30], 0)])
+    assert engine.pos_range(0) == (0, 39) and engine.pos_range(1) == (-1, -1)
     row = engine.decode_batch([BatchItem(0, toks[40:140], 40)])[0]
     engine.clear(0)
     engine.decode_batch([BatchItem(0, toks[:40], 0, logits=False)])

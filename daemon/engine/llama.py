@@ -473,9 +473,9 @@ class Engine(VocabularyOps, SequenceOps):
                 if at:
                     failpoints.hit("decode-piece")
                 rows = self._decode_items(piece)
-            except EngineError:
-                for k in ks:
-                    self._drop_pieces(items[k].seq_id, items[k].pos0, at)
+            except EngineError:  # the whole batch or none of it, as one llama_decode would
+                for item in items:
+                    self._drop_pieces(item.seq_id, item.pos0, min(at, len(item.tokens)))
                 raise
             for k, row in zip(ks, rows, strict=True):
                 if row is not None:

@@ -150,6 +150,7 @@ class MemoryStore:
         db.execute("PRAGMA secure_delete=ON")
         db.executescript(_SCHEMA)
         db.commit()
+        db.execute("PRAGMA temp_store=MEMORY")  # a query's words never reach a temporary file
         db.executescript(_SEARCH_SCHEMA)
 
     @classmethod
@@ -304,17 +305,18 @@ class MemoryStore:
         FTS5's (k1 1.2, b 0.75, idf log((N - n + 0.5) / (n + 0.5)), at least 1e-6).
         """
         stems = self._stems(query_terms(query))
-        lengths = {
-            int(i): int(b) - int(a)
+        spans = {
+            int(i): (int(a), int(b))
             for i, a, b in self.db.execute(
                 "SELECT id, logical_start, logical_end FROM passages"
                 " WHERE session=? AND reset_count=?",
                 (session, reset_count),
             )
         }
-        if not stems or not lengths:
+        if not stems or not spans:
             return []
-        n, avgdl = len(lengths), max(sum(lengths.values()) / len(lengths), 1.0)
+        length = {i: b - a for i, (a, b) in spans.items()}
+        n, avgdl = len(spans), max(sum(length.values()) / len(spans), 1.0)
         score: dict[int, float] = {}
         for stem in stems:
             hits = self.db.execute(
@@ -325,18 +327,10 @@ class MemoryStore:
             idf = math.log((n - len(hits) + 0.5) / (len(hits) + 0.5))
             idf = idf if idf > 0 else 1e-6
             for doc, tf in hits:
-                norm = _K1 * (1 - _B + _B * lengths[doc] / avgdl)
+                norm = _K1 * (1 - _B + _B * length[doc] / avgdl)
                 score[doc] = score.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
-        spans = dict(
-            (int(i), (int(a), int(b)))
-            for i, a, b in self.db.execute(
-                f"SELECT id, logical_start, logical_end FROM passages"
-                f" WHERE id IN ({','.join('?' * len(score))})",
-                list(score),
-            )
-        )
         ranked = sorted(score, key=lambda d: (-score[d], spans[d]))[:limit]
-        return [Candidate(d, spans[d], lengths[d], score[d]) for d in ranked]
+        return [Candidate(d, spans[d], length[d], score[d]) for d in ranked]
 
     def _stems(self, terms: list[str]) -> list[str]:
         """The index's forms of the query's words (porter, unicode61), in order, without repeats:
