@@ -2,9 +2,9 @@
 threads and budget, in the same run, layer by layer: the daemon's service called in process (no
 gRPC, no journal), the same over gRPC, and over gRPC with the journal (durable, sync=full: the
 default and the headline ratio). The bare loop runs attention as the engine does (at these 256
-cells, flash attention: the engine's NOTE; the other kernel is timed beside it), in a child process: beside the
-daemon's engine thread in this one, libgomp would throttle both (`common.in_child`); the daemons
-run one at a time.
+cells, flash attention: the engine's NOTE; the other kernel is timed beside it), in a child
+process: beside the daemon's engine thread in this one, libgomp would throttle both
+(`common.in_child`); the daemons run one at a time.
 
     python bench/overhead.py [--tokens 200] [--rounds 5]   -> bench/results/overhead.json
 """

@@ -386,27 +386,41 @@ class Engine(VocabularyOps, SequenceOps):
             if outputs == "all" or (outputs == "last" and is_last):
                 want = outputs
             chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
-            pos = sb.cache_pos + pos_offset
-            for at in range(0, len(chunk), self.max_rows):  # in pieces: see the NOTE above
-                piece = chunk[at : at + self.max_rows]
-                final = at + len(piece) == len(chunk)
-                try:
-                    if at:
-                        failpoints.hit("decode-piece")
-                    self._decode_one(
-                        seq_id, piece, pos + at, want if want == "all" or final else "none"
-                    )
-                except EngineError:
-                    self._drop_pieces(seq_id, pos, at)
-                    raise
-                if want == "all":
-                    rows.append(self._logits_rows(len(piece)))
-                elif want == "last" and final:
-                    last = self.logits(len(piece) - 1)
+            got = self._decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want)
             seq.adopt_tokens(sb)
+            if want == "all" and got is not None:
+                rows.append(got)
+            elif want == "last":
+                last = got
         if outputs == "all":
             return np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
         return last
+
+    def _decode_chunk(
+        self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs
+    ) -> np.ndarray | None:
+        """One sequence's tokens in pieces of at most `max_rows` (the NOTE above), each one
+        llama_decode; the logits as `outputs` asks ("all": a row per token). A failed piece removes
+        the earlier pieces' cells: the chunk is in the cache whole or not at all."""
+        rows: list[np.ndarray] = []
+        last: np.ndarray | None = None
+        for at in range(0, len(tokens), self.max_rows):
+            piece = tokens[at : at + self.max_rows]
+            final = at + len(piece) == len(tokens)
+            try:
+                if at:
+                    failpoints.hit("decode-piece")
+                self._decode_one(
+                    seq_id, piece, pos0 + at, outputs if outputs == "all" or final else "none"
+                )
+            except EngineError:
+                self._drop_pieces(seq_id, pos0, at)
+                raise
+            if outputs == "all":
+                rows.append(self._logits_rows(len(piece)))
+            elif outputs == "last" and final:
+                last = self.logits(len(piece) - 1)
+        return np.concatenate(rows) if rows else last
 
     def _drop_pieces(self, seq_id: int, pos0: int, n: int) -> None:
         """A later piece failed: remove the `n` tokens the earlier ones put in from `pos0`, so the
