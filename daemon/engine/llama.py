@@ -376,7 +376,9 @@ class Engine(VocabularyOps, SequenceOps):
             self.n_ctx_seq
         )  # a budget above the stream: llama.cpp finds no slot
         plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
-        rows: list[np.ndarray] = []
+        # "all": one array for every row, filled in place (no copy per piece, no concatenation:
+        # a 128-token chunk's rows are 24 MiB, and copies of that size move the resident memory)
+        rows = np.empty((len(tokens), self.n_vocab), np.float32) if outputs == "all" else None
         last: np.ndarray | None = None
         for i, sb in enumerate(plan.sub_batches):
             self.apply_ops(seq_id, sb, pos_offset)
@@ -386,23 +388,25 @@ class Engine(VocabularyOps, SequenceOps):
             if outputs == "all" or (outputs == "last" and is_last):
                 want = outputs
             chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
-            got = self._decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want)
+            into = None if rows is None else rows[sb.offset : sb.offset + sb.n_tokens]
+            got = self._decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want, into)
             seq.adopt_tokens(sb)
-            if want == "all" and got is not None:
-                rows.append(got)
-            elif want == "last":
+            if want == "last":
                 last = got
-        if outputs == "all":
-            return np.concatenate(rows) if rows else np.empty((0, self.n_vocab), np.float32)
-        return last
+        return rows if rows is not None else last
 
     def _decode_chunk(
-        self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs
+        self,
+        seq_id: int,
+        tokens: list[int],
+        pos0: int,
+        outputs: Outputs,
+        into: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """One sequence's tokens in pieces of at most `max_rows` (the NOTE above), each one
-        llama_decode; the logits as `outputs` asks ("all": a row per token). A failed piece removes
-        the earlier pieces' cells: the chunk is in the cache whole or not at all."""
-        rows: list[np.ndarray] = []
+        llama_decode. "last": returns a copy of the last token's logits; "all": writes a row per
+        token into `into`. A failed piece removes the earlier pieces' cells: the chunk is in the
+        cache whole or not at all."""
         last: np.ndarray | None = None
         for at in range(0, len(tokens), self.max_rows):
             piece = tokens[at : at + self.max_rows]
@@ -416,11 +420,11 @@ class Engine(VocabularyOps, SequenceOps):
             except EngineError:
                 self._drop_pieces(seq_id, pos0, at)
                 raise
-            if outputs == "all":
-                rows.append(self._logits_rows(len(piece)))
+            if outputs == "all" and into is not None:
+                into[at : at + len(piece)] = self._logits_rows_view(len(piece))
             elif outputs == "last" and final:
                 last = self.logits(len(piece) - 1)
-        return np.concatenate(rows) if rows else last
+        return last
 
     def _drop_pieces(self, seq_id: int, pos0: int, n: int) -> None:
         """A later piece failed: remove the `n` tokens the earlier ones put in from `pos0`, so the
@@ -550,11 +554,6 @@ class Engine(VocabularyOps, SequenceOps):
             raise EngineError(f"no logits at batch index {index}")
         row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
         return row
-
-    def _logits_rows(self, n: int) -> np.ndarray:
-        ptr = llama.llama_get_logits(self._ctx)
-        rows: np.ndarray = np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
-        return rows
 
     def sample(self, sampler: Sampler, index: int = -1) -> int:
         """Sample (and accept) the next token from the logits of the last decode's `index`."""
