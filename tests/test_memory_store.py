@@ -220,3 +220,87 @@ def test_a_search_leaves_no_transaction_open_and_joins_one_unchanged(tmp_path: P
     assert store.db.in_transaction and found
     store.db.rollback()
     assert store.passages("s", 0)[-1].logical[1] == 200
+
+
+def evict_into(store: MemoryStore, session: str, reset_count: int, tokens: list[int]) -> None:
+    start = store.mark(session, reset_count)
+    store.add_evicted(session, reset_count, start, tokens, [False] * len(tokens), piece)
+
+
+def test_passages_are_numbered_within_their_session_generation(tmp_path: Path) -> None:
+    """A passage's number counts its own session generation's passages only: with other sessions
+    evicting in between, a session still sees 1, 2, 3, ..., so its numbers tell nothing of what
+    others stored (the row ids under them count every session's). A forgotten number is not
+    given again, a fork keeps its parent's, a trimmed passage keeps its own."""
+    store = store_in(tmp_path)
+    rng = random.Random(5)
+    for i in range(30):  # three sessions and a later generation, interleaved
+        session, rc = rng.choice([("a", 0), ("b", 0), ("c", 0), ("a", 1)])
+        evict_into(store, session, rc, stream(rng.randrange(20, 90), i))
+    for key in (("a", 0), ("b", 0), ("c", 0), ("a", 1)):
+        numbers = sorted(p.id for p in store.passages(*key))
+        assert numbers == list(range(1, len(numbers) + 1)), key
+        rowids = [int(r[0]) for r in store.db.execute(
+            "SELECT id FROM passages WHERE session=? AND reset_count=? ORDER BY id", key
+        )]  # fmt: skip
+        assert rowids != list(range(rowids[0], rowids[0] + len(rowids))), key  # others' between
+    before = {p.id for p in store.passages("b", 0)}
+    newest = max(before)
+    assert store.forget("b", 0, passage_id=newest) == 1
+    assert store.forget("b", 0, passage_id=newest) == 0
+    evict_into(store, "b", 0, stream(60, 99))
+    added = {p.id for p in store.passages("b", 0)} - before
+    assert added and min(added) == newest + 1  # a forgotten number is never given again
+    store.copy("a", 0, "f", 0)
+    assert [(p.id, p.logical) for p in store.passages("f", 0)] == [
+        (p.id, p.logical) for p in store.passages("a", 0)
+    ]
+    evict_into(store, "f", 0, stream(60, 7))  # the fork numbers on from its parent's
+    assert sorted(p.id for p in store.passages("f", 0)) == list(
+        range(1, len(store.passages("f", 0)) + 1)
+    )
+    passages = store.passages("c", 0)
+    cut = next(p for p in passages if len(p.tokens) > 1)
+    store.trim("c", 0, cut.logical[0] + 1, piece)
+    assert store.passages("c", 0)[-1].id == cut.id
+    assert store.passages("c", 0)[-1].created == cut.created
+    found = store.search("a", 0, "whale zebraquartz", 50)
+    assert found and {c.passage_id for c in found} <= {p.id for p in store.passages("a", 0)}
+    assert store.passages("a", 0, [found[0].passage_id])[0].id == found[0].passage_id
+
+
+def test_a_store_from_before_numbers_keeps_its_passages_ids(tmp_path: Path) -> None:
+    """Opened on a file whose passages had only the shared row id: each keeps that id as its
+    number (receipts and listings made before stay right), and its session generation numbers on
+    from there."""
+    path = tmp_path / "journal.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
+        reset_count INTEGER NOT NULL, logical_start INTEGER NOT NULL, logical_end INTEGER NOT
+        NULL, tokens BLOB NOT NULL, text TEXT NOT NULL, sealed INTEGER NOT NULL, created REAL NOT
+        NULL);
+        CREATE VIRTUAL TABLE passages_fts USING fts5(text, tokenize='porter unicode61');"""
+    )
+    old = []  # row ids 1 and 3 for session a, 2 and 4 for b
+    for i, session in enumerate("abab"):
+        cur = db.execute(
+            "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens, text,"
+            " sealed, created) VALUES (?, 0, ?, ?, ?, 'whale', 1, 0)",
+            (session, 10 * i, 10 * i + 1, (7).to_bytes(4, "little")),
+        )
+        db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, 'whale')", (cur.lastrowid,))
+        old.append((session, cur.lastrowid))
+    db.commit()
+    db.close()
+    store = store_in(tmp_path)
+    assert sorted(p.id for p in store.passages("a", 0)) == [i for s, i in old if s == "a"]
+    assert {c.passage_id for c in store.search("b", 0, "whale", 10)} == {
+        i for s, i in old if s == "b"
+    }
+    store.add_evicted("a", 0, 100, stream(30), [False] * 30, piece)
+    numbers = sorted(p.id for p in store.passages("a", 0))
+    assert numbers[:2] == [1, 3] and numbers[2] == 4  # after its highest old id, 3
+    store.db.commit()
+    store = store_in(tmp_path)  # opened again: nothing renumbered
+    assert sorted(p.id for p in store.passages("a", 0)) == numbers

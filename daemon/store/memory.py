@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS passages (
     tokens BLOB NOT NULL,
     text TEXT NOT NULL,
     sealed INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    number INTEGER
 );
 CREATE INDEX IF NOT EXISTS passages_by_session ON passages (session, reset_count, logical_start);
 CREATE INDEX IF NOT EXISTS passages_open ON passages (session, reset_count) WHERE sealed=0;
@@ -46,6 +47,12 @@ CREATE TABLE IF NOT EXISTS memory_marks (
     session TEXT NOT NULL,
     reset_count INTEGER NOT NULL,
     evicted_end INTEGER NOT NULL,
+    PRIMARY KEY (session, reset_count)
+);
+CREATE TABLE IF NOT EXISTS passage_numbers (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    last INTEGER NOT NULL,
     PRIMARY KEY (session, reset_count)
 );
 CREATE TABLE IF NOT EXISTS recalls (
@@ -137,8 +144,36 @@ def _unblob(blob: bytes) -> tuple[int, ...]:
     return tuple(int(t) for t in np.frombuffer(blob, dtype="<i4"))
 
 
+def _number_old_passages(db: sqlite3.Connection) -> None:
+    """A store written before passages had numbers of their own: each keeps its old id as its
+    number (what receipts and listings showed stays valid), and its session generation numbers on
+    from its highest."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
+    if "number" not in columns:
+        db.execute("ALTER TABLE passages ADD COLUMN number INTEGER")
+    if db.execute("SELECT 1 FROM passages WHERE number IS NULL LIMIT 1").fetchone():
+        db.execute("UPDATE passages SET number=id WHERE number IS NULL")
+        for session, reset_count, top in db.execute(
+            "SELECT session, reset_count, MAX(number) FROM passages GROUP BY session, reset_count"
+        ).fetchall():
+            db.execute(
+                "INSERT INTO passage_numbers VALUES (?, ?, ?) ON CONFLICT (session, reset_count)"
+                " DO UPDATE SET last=MAX(last, excluded.last)",
+                (session, reset_count, top),
+            )
+    db.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS passages_by_number ON passages"
+        " (session, reset_count, number)"
+    )
+
+
 class MemoryStore:
-    """Passages of every session, on one SQLite connection (the journal's, or its own)."""
+    """Passages of every session, on one SQLite connection (the journal's, or its own).
+
+    A passage is named by its number within its session generation (1, 2, ... in the order they
+    were made, never reused): the number is what receipts, listings and `forget` show and take.
+    The row id under it counts every session's passages, so it would tell one tenant how much
+    another's sessions evicted; it stays inside this class (the full-text index's row id)."""
 
     def __init__(self, db: sqlite3.Connection, segmenting: Segmenting | None = None) -> None:
         self.db = db
@@ -149,6 +184,7 @@ class MemoryStore:
         self._stats: dict[tuple[str, int], list[int]] = {}
         db.execute("PRAGMA secure_delete=ON")
         db.executescript(_SCHEMA)
+        _number_old_passages(db)
         db.commit()
         db.execute("PRAGMA temp_store=MEMORY")  # a query's words never reach a temporary file
         db.executescript(_SEARCH_SCHEMA)
@@ -269,7 +305,11 @@ class MemoryStore:
         toks: list[int],
         text: str,
         sealed: bool,
+        number: int | None = None,
+        created: float | None = None,
     ) -> None:
+        """Rewrite passage `pid`, or add one (numbered next, or `number` kept from the passage it
+        replaces)."""
         end = start + len(toks)
         blob = _blob(toks)
         size = len(blob) + len(text.encode("utf-8"))
@@ -277,9 +317,11 @@ class MemoryStore:
             self._bump(session, reset_count, 1, len(toks), size)
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
-                " tokens, text, sealed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (session, reset_count, start, end, blob, text, int(sealed), time.time()),
-            )
+                " tokens, text, sealed, created, number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session, reset_count, start, end, blob, text, int(sealed),
+                 time.time() if created is None else created,
+                 self._next_number(session, reset_count) if number is None else number),
+            )  # fmt: skip
             pid = int(cur.lastrowid or 0)
         else:
             old = self._size_of(pid)
@@ -291,6 +333,18 @@ class MemoryStore:
             )
             self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
         self.db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (pid, text))
+
+    def _next_number(self, session: str, reset_count: int) -> int:
+        row = self.db.execute(
+            "SELECT last FROM passage_numbers WHERE session=? AND reset_count=?",
+            (session, reset_count),
+        ).fetchone()
+        number = (int(row[0]) if row else 0) + 1
+        self.db.execute(
+            "INSERT OR REPLACE INTO passage_numbers VALUES (?, ?, ?)",
+            (session, reset_count, number),
+        )
+        return number
 
     # --- reading ---
 
@@ -305,14 +359,13 @@ class MemoryStore:
         FTS5's (k1 1.2, b 0.75, idf log((N - n + 0.5) / (n + 0.5)), at least 1e-6).
         """
         stems = self._stems(query_terms(query))
-        spans = {
-            int(i): (int(a), int(b))
-            for i, a, b in self.db.execute(
-                "SELECT id, logical_start, logical_end FROM passages"
-                " WHERE session=? AND reset_count=?",
-                (session, reset_count),
-            )
-        }
+        spans, numbers = {}, {}
+        for i, a, b, number in self.db.execute(
+            "SELECT id, logical_start, logical_end, number FROM passages"
+            " WHERE session=? AND reset_count=?",
+            (session, reset_count),
+        ):
+            spans[int(i)], numbers[int(i)] = (int(a), int(b)), int(number)
         if not stems or not spans:
             return []
         length = {i: b - a for i, (a, b) in spans.items()}
@@ -330,7 +383,7 @@ class MemoryStore:
                 norm = _K1 * (1 - _B + _B * length[doc] / avgdl)
                 score[doc] = score.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
         ranked = sorted(score, key=lambda d: (-score[d], spans[d]))[:limit]
-        return [Candidate(d, spans[d], length[d], score[d]) for d in ranked]
+        return [Candidate(numbers[d], spans[d], length[d], score[d]) for d in ranked]
 
     def _stems(self, terms: list[str]) -> list[str]:
         """The index's forms of the query's words (porter, unicode61), in order, without repeats:
@@ -352,18 +405,25 @@ class MemoryStore:
     def passages(
         self, session: str, reset_count: int, ids: Sequence[int] | None = None
     ) -> list[Passage]:
+        """The session generation's passages (those numbered `ids`, if given), oldest first."""
+        return [p for _, p in self._rows(session, reset_count, ids)]
+
+    def _rows(
+        self, session: str, reset_count: int, numbers: Sequence[int] | None = None
+    ) -> list[tuple[int, Passage]]:
+        """(row id, passage) of the session generation's passages, by logical start."""
         sql = (
-            "SELECT id, logical_start, logical_end, tokens, text, created, sealed FROM passages"
-            " WHERE session=? AND reset_count=?"
+            "SELECT id, number, logical_start, logical_end, tokens, text, created, sealed"
+            " FROM passages WHERE session=? AND reset_count=?"
         )
         args: list[object] = [session, reset_count]
-        if ids is not None:
-            sql += f" AND id IN ({','.join('?' * len(ids))})"
-            args += list(ids)
+        if numbers is not None:
+            sql += f" AND number IN ({','.join('?' * len(numbers))})"
+            args += list(numbers)
         rows = self.db.execute(sql + " ORDER BY logical_start", args)
         return [
-            Passage(int(i), (int(a), int(b)), _unblob(t), x, float(c), bool(s))
-            for i, a, b, t, x, c, s in rows
+            (int(i), Passage(int(n), (int(a), int(b)), _unblob(t), x, float(c), bool(s)))
+            for i, n, a, b, t, x, c, s in rows
         ]
 
     def stats(self, session: str, reset_count: int) -> tuple[int, int, int]:
@@ -462,7 +522,7 @@ class MemoryStore:
         A passage that overlaps the range is deleted whole (its text is not cut)."""
         if passage_id is not None:
             rows = self.db.execute(
-                "SELECT id FROM passages WHERE session=? AND reset_count=? AND id=?",
+                "SELECT id FROM passages WHERE session=? AND reset_count=? AND number=?",
                 (session, reset_count, passage_id),
             )
         else:
@@ -494,6 +554,7 @@ class MemoryStore:
         ids = [int(r[0]) for r in self.db.execute(f"SELECT id FROM passages WHERE {where}", args)]
         self._delete(ids)
         self.db.execute(f"DELETE FROM memory_marks WHERE {where}", args)
+        self.db.execute(f"DELETE FROM passage_numbers WHERE {where}", args)
         self.db.execute(f"DELETE FROM recalls WHERE {where}", args)
         return len(ids)
 
@@ -508,21 +569,26 @@ class MemoryStore:
         """A fork's child starts with the parent's memory as it is now."""
         self._stats.pop((child, child_reset), None)
         rows = self.db.execute(
-            "SELECT logical_start, logical_end, tokens, text, sealed, created FROM passages"
+            "SELECT logical_start, logical_end, tokens, text, sealed, created, number FROM passages"
             " WHERE session=? AND reset_count=? ORDER BY id",
             (parent, parent_reset),
         ).fetchall()
-        for a, b, t, x, s, c in rows:
+        for a, b, t, x, s, c, number in rows:  # the same numbers: its recalls name them
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens,"
-                " text, sealed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (child, child_reset, a, b, t, x, s, c),
+                " text, sealed, created, number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (child, child_reset, a, b, t, x, s, c, number),
             )
             self.db.execute(
                 "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, x)
             )
         self.db.execute(
             "INSERT OR REPLACE INTO memory_marks SELECT ?, ?, evicted_end FROM memory_marks"
+            " WHERE session=? AND reset_count=?",
+            (child, child_reset, parent, parent_reset),
+        )
+        self.db.execute(
+            "INSERT OR REPLACE INTO passage_numbers SELECT ?, ?, last FROM passage_numbers"
             " WHERE session=? AND reset_count=?",
             (child, child_reset, parent, parent_reset),
         )
@@ -545,16 +611,17 @@ class MemoryStore:
         tokens dropped. The recalled copies are not evicted text: `cut_recalls` ends them where the
         resumed stream does."""
         dropped = 0
-        for p in self.passages(session, reset_count):
+        for pid, p in self._rows(session, reset_count):
             if p.logical[1] <= logical_end:
                 continue
-            self._delete([p.id])
+            self._delete([pid])
             keep = max(0, logical_end - p.logical[0])
             dropped += len(p.tokens) - keep
-            if keep:
+            if keep:  # the same passage, shortened: its number stays
                 head = list(p.tokens[:keep])
+                text = _text(head, piece)
                 self._write(
-                    session, reset_count, None, p.logical[0], head, _text(head, piece), False
+                    session, reset_count, None, p.logical[0], head, text, False, p.id, p.created
                 )
         if self.mark(session, reset_count) > logical_end:
             self.db.execute(
