@@ -2,6 +2,7 @@
 
     python bench/peer.py --build-only     # once: ~25 min on 2 cores; never part of .ci/run
     python bench/peer.py                  -> bench/results/peer.json
+    python bench/peer.py --perplexity-only -> bench/results/peer_perplexity.json (the schemes alone)
 
 The peer is built from the llama.cpp sources vendored in the llama-cpp-python sdist of the
 installed version (downloaded from PyPI, or taken from SINKD_PEER_SDIST), into a cache directory
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import signal
 import socket
@@ -333,11 +335,19 @@ def batched_bench(binary: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# where the perplexity runs read: (text, first character), 4,096 tokens from each. One stretch
+# decides little: the schemes' order changes from one to the next (bench/README.md, row 15)
+STRETCHES = (("kjv", 0), ("kjv", 1_000_000), ("kjv", 2_200_000), ("kjv", 3_400_000),
+             ("jargon", 300_000))  # fmt: skip
+
+
 def perplexities() -> list[dict[str, Any]]:
-    """The eviction schemes on the same text through the same llama.cpp: sinkd's session default
+    """The eviction schemes on the same texts through the same llama.cpp: sinkd's session default
     (evict E=16, shift once per 32 evictions, at most W; long appends in ingest chunks), shifting at
     every eviction (K=0, the default before), and llama-server's context shift (keep n_keep,
-    discard half of the rest, shift), which is the sink policy with E = W/2."""
+    discard half of the rest, shift), which is the sink policy with E = W/2. One row per scheme
+    and stretch of text (SINKD_PEER_STRETCHES of them, default all), and one with the geometric
+    mean of its stretches."""
     from sinkd.cachepolicy import PolicyConfig
     from sinkd.daemon.config import Settings
     from sinkd.daemon.engine.llama import EngineConfig
@@ -345,8 +355,7 @@ def perplexities() -> list[dict[str, Any]]:
     from sinkd.evaluation import SAMPLE_TEXT
     from sinkd.evaluation.ppl import score_policy
 
-    kjv = Path(__file__).resolve().parent / "texts" / "kjv.txt"
-    body = kjv.read_text()[:400_000] if kjv.exists() else SAMPLE_TEXT * 200
+    texts = Path(__file__).resolve().parent / "texts"
     window = BUDGET - SINKS
     ingest = Settings.model_fields["default_ingest_chunk"].default
     eager = PolicyConfig.named("sink", sinks=SINKS, window=window, evict_chunk=16,
@@ -359,20 +368,40 @@ def perplexities() -> list[dict[str, Any]]:
                                                          evict_chunk=window // 2),
     }  # fmt: skip
     n = int(4096 * float(os.environ.get("SINKD_BENCH_SCALE", "1")))
+    stretches = STRETCHES[: int(os.environ.get("SINKD_PEER_STRETCHES", len(STRETCHES)))]
     rows = []
     with open_engine(None, EngineConfig(n_ctx_seq=BUDGET, n_seq_max=1)) as engine:
-        tokens = engine.tokenize(body, add_bos=False)[:n]
-        for name, policy in schemes.items():
-            # fed in the daemon's sub-batches past the budget: the ingest chunk, where set
-            chunk = max(policy.ingest_chunk, 64)
-            rows.append(
-                {
-                    "scheme": name,
-                    "tokens": n,
-                    "perplexity": score_policy(engine, tokens, policy, chunk=chunk).perplexity,
-                }
-            )
+        for name, start in stretches:
+            path = texts / f"{name}.txt"
+            body = path.read_text()[start : start + 400_000] if path.exists() else ""
+            if not body:  # bench/texts.sh not run: the sample text, once
+                name, start, body = "sample", 0, SAMPLE_TEXT * 200
+            tokens = engine.tokenize(body, add_bos=False)[:n]
+            for scheme, policy in schemes.items():
+                # fed in the daemon's sub-batches past the budget: the ingest chunk, where set
+                chunk = max(policy.ingest_chunk, 64)
+                ppl = score_policy(engine, tokens, policy, chunk=chunk).perplexity
+                rows.append({"scheme": scheme, "text": f"{name}@{start:,}", "tokens": n,
+                             "perplexity": ppl})  # fmt: skip
+                print(f"{scheme}, {name}@{start:,}: perplexity {ppl:.4f}", flush=True)
+            if name == "sample":
+                break
+    for scheme in schemes:
+        mine = [r["perplexity"] for r in rows if r["scheme"] == scheme]
+        mean = math.exp(statistics.fmean(math.log(x) for x in mine))
+        rows.append({"scheme": scheme, "text": f"geometric mean of {len(mine)}", "tokens": n,
+                     "perplexity": mean})  # fmt: skip
     return rows
+
+
+def perplexity_table(rows: list[dict[str, Any]]) -> None:
+    server = {
+        r["text"]: r["perplexity"] for r in rows if r["scheme"] == "llama-server context shift"
+    }
+    table("perplexity of each eviction scheme (same texts, same llama.cpp; vs: over llama-server's)",
+          ["scheme", "text", "tokens", "perplexity", "vs llama-server"],
+          [[r["scheme"], r["text"], r["tokens"], f"{r['perplexity']:.4f}",
+            f"{r['perplexity'] / server[r['text']]:.4f}"] for r in rows])  # fmt: skip
 
 
 def main() -> None:
@@ -459,9 +488,7 @@ def main() -> None:
     table("llama-batched-bench (raw ceiling): 100-token prompts, 128 generated",
           ["sequences", "generation tok/s (aggregate)", "prompt tok/s"],
           [[r["sequences"], r["tg_aggregate_tok_s"], r["pp_tok_s"]] for r in ceiling])  # fmt: skip
-    table("perplexity of each eviction scheme (same text, same llama.cpp)",
-          ["scheme", "tokens", "perplexity"],
-          [[r["scheme"], r["tokens"], r["perplexity"]] for r in ppl])  # fmt: skip
+    perplexity_table(ppl)
     print(
         f"wrote {write('peer', {'runs': runs, 'ratios': ratios, 'batched_bench': ceiling, 'perplexity': ppl})}"
     )
@@ -470,5 +497,9 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--build-only"]:
         print(build())
+    elif sys.argv[1:] == ["--perplexity-only"]:  # the schemes' perplexity alone, no servers
+        rows = perplexities()
+        perplexity_table(rows)
+        print(f"wrote {write('peer_perplexity', {'perplexity': rows})}")
     else:
         main()
