@@ -149,18 +149,13 @@ def _number_old_passages(db: sqlite3.Connection) -> None:
     number (what receipts and listings showed stays valid), and its session generation numbers on
     from its highest."""
     columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
-    if "number" not in columns:
+    if "number" not in columns:  # once, at the first start on such a file: no scan after
         db.execute("ALTER TABLE passages ADD COLUMN number INTEGER")
-    if db.execute("SELECT 1 FROM passages WHERE number IS NULL LIMIT 1").fetchone():
-        db.execute("UPDATE passages SET number=id WHERE number IS NULL")
-        for session, reset_count, top in db.execute(
-            "SELECT session, reset_count, MAX(number) FROM passages GROUP BY session, reset_count"
-        ).fetchall():
-            db.execute(
-                "INSERT INTO passage_numbers VALUES (?, ?, ?) ON CONFLICT (session, reset_count)"
-                " DO UPDATE SET last=MAX(last, excluded.last)",
-                (session, reset_count, top),
-            )
+        db.execute("UPDATE passages SET number=id")
+        db.execute(
+            "INSERT OR REPLACE INTO passage_numbers SELECT session, reset_count, MAX(number)"
+            " FROM passages GROUP BY session, reset_count"
+        )
     db.execute(
         "CREATE UNIQUE INDEX IF NOT EXISTS passages_by_number ON passages"
         " (session, reset_count, number)"
@@ -305,11 +300,9 @@ class MemoryStore:
         toks: list[int],
         text: str,
         sealed: bool,
-        number: int | None = None,
-        created: float | None = None,
     ) -> None:
-        """Rewrite passage `pid`, or add one (numbered next, or `number` kept from the passage it
-        replaces)."""
+        """Rewrite passage `pid` (its start, number and creation time stay), or add one, numbered
+        next in its session generation."""
         end = start + len(toks)
         blob = _blob(toks)
         size = len(blob) + len(text.encode("utf-8"))
@@ -318,9 +311,8 @@ class MemoryStore:
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
                 " tokens, text, sealed, created, number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session, reset_count, start, end, blob, text, int(sealed),
-                 time.time() if created is None else created,
-                 self._next_number(session, reset_count) if number is None else number),
+                (session, reset_count, start, end, blob, text, int(sealed), time.time(),
+                 self._next_number(session, reset_count)),
             )  # fmt: skip
             pid = int(cur.lastrowid or 0)
         else:
@@ -614,15 +606,15 @@ class MemoryStore:
         for pid, p in self._rows(session, reset_count):
             if p.logical[1] <= logical_end:
                 continue
-            self._delete([pid])
             keep = max(0, logical_end - p.logical[0])
             dropped += len(p.tokens) - keep
-            if keep:  # the same passage, shortened: its number stays
+            if keep:  # the same passage, shortened in place: its number stays
                 head = list(p.tokens[:keep])
-                text = _text(head, piece)
                 self._write(
-                    session, reset_count, None, p.logical[0], head, text, False, p.id, p.created
+                    session, reset_count, pid, p.logical[0], head, _text(head, piece), False
                 )
+            else:
+                self._delete([pid])
         if self.mark(session, reset_count) > logical_end:
             self.db.execute(
                 "UPDATE memory_marks SET evicted_end=? WHERE session=? AND reset_count=?",
