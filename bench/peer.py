@@ -369,23 +369,23 @@ def perplexities() -> list[dict[str, Any]]:
     }  # fmt: skip
     n = int(4096 * float(os.environ.get("SINKD_BENCH_SCALE", "1")))
     stretches = STRETCHES[: int(os.environ.get("SINKD_PEER_STRETCHES", len(STRETCHES)))]
+    files = {n: (texts / f"{n}.txt") for n, _ in stretches}
+    whole = {n: path.read_text() for n, path in files.items() if path.exists()}  # each file once
+    bodies = {
+        f"{name}@{start:,}": whole[name][start : start + 400_000]
+        for name, start in stretches
+        if name in whole
+    } or {"sample": SAMPLE_TEXT * 200}  # bench/texts.sh not run: the sample text alone
     rows = []
     with open_engine(None, EngineConfig(n_ctx_seq=BUDGET, n_seq_max=1)) as engine:
-        for name, start in stretches:
-            path = texts / f"{name}.txt"
-            body = path.read_text()[start : start + 400_000] if path.exists() else ""
-            if not body:  # bench/texts.sh not run: the sample text, once
-                name, start, body = "sample", 0, SAMPLE_TEXT * 200
+        for text, body in bodies.items():
             tokens = engine.tokenize(body, add_bos=False)[:n]
             for scheme, policy in schemes.items():
                 # fed in the daemon's sub-batches past the budget: the ingest chunk, where set
                 chunk = max(policy.ingest_chunk, 64)
                 ppl = score_policy(engine, tokens, policy, chunk=chunk).perplexity
-                rows.append({"scheme": scheme, "text": f"{name}@{start:,}", "tokens": n,
-                             "perplexity": ppl})  # fmt: skip
-                print(f"{scheme}, {name}@{start:,}: perplexity {ppl:.4f}", flush=True)
-            if name == "sample":
-                break
+                rows.append({"scheme": scheme, "text": text, "tokens": n, "perplexity": ppl})
+                print(f"{scheme}, {text}: perplexity {ppl:.4f}", flush=True)
     for scheme in schemes:
         mine = [r["perplexity"] for r in rows if r["scheme"] == scheme]
         mean = math.exp(statistics.fmean(math.log(x) for x in mine))
