@@ -7,11 +7,17 @@ process: beside the daemon's engine thread in this one, libgomp would throttle b
 (`common.in_child`); the daemons run one at a time.
 
     python bench/overhead.py [--tokens 200] [--rounds 5]   -> bench/results/overhead.json
+    python bench/overhead.py --threads 1  -> bench/results/overhead_threads1.json
+
+`--threads N` fixes the engine's and the bare loop's thread count (SINKD_N_THREADS). With one
+decoding thread on this 2-core machine the other core is free for the transport and the journal:
+the run that parts what the daemon's threads cost the decode from what its engine thread adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -21,6 +27,7 @@ from typing import Any
 import llama_cpp as llama
 from common import DecodeClock, daemon_settings, default_threads, in_child, table, write
 
+from sinkd.daemon.config import THREADS_ENV
 from sinkd.daemon.engine.llama import EngineConfig, cells_per_stream, flash_attention_exact
 from sinkd.daemon.engine.models import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
@@ -137,7 +144,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="fixed, for the engine and bare loop")
     a = p.parse_args()
+    if a.threads is not None:
+        if a.threads < 1:
+            p.error("--threads must be at least 1")
+        os.environ[THREADS_ENV] = str(a.threads)  # the daemons here, and the children spawned
     threads = default_threads()  # the daemon's engine, alone here, takes as many
     prompt = in_child(sample_prompt, 40)
     layers = ["service", "grpc", "grpc_durable"]
@@ -183,7 +195,7 @@ def main() -> None:
     print(f"flash attention in the engine and the bare loop: {FLASH}; the bare loop with the other"
           f" kernel / with the engine's: {other_ratio:.3f}")  # fmt: skip
     write(
-        "overhead",
+        "overhead" if a.threads is None else f"overhead_threads{a.threads}",
         {
             "tokens": a.tokens,
             "threads": threads,

@@ -3,6 +3,11 @@
     python bench/peer.py --build-only     # once: ~25 min on 2 cores; never part of .ci/run
     python bench/peer.py                  -> bench/results/peer.json
     python bench/peer.py --perplexity-only -> bench/results/peer_perplexity.json (the schemes alone)
+    python bench/peer.py --solo-only      -> bench/results/peer_solo_threads{N}.json (one session:
+                                             llama-server, sinkd, sinkd --no-durable)
+
+SINKD_PEER_THREADS (default 2, every core here) sets both servers' decoding threads; with 1 on
+this 2-core machine the other core is free for each server's transport and its client.
 
 The peer is built from the llama.cpp sources vendored in the llama-cpp-python sdist of the
 installed version (downloaded from PyPI, or taken from SINKD_PEER_SDIST), into a cache directory
@@ -111,6 +116,7 @@ def build() -> dict[str, Path]:
 BUDGET, SINKS, SESSIONS = 256, 4, 8
 ROUNDS = int(os.environ.get("SINKD_PEER_ROUNDS", "2"))
 SOLO_TOKENS, EACH_TOKENS = 600, 300
+THREADS = int(os.environ.get("SINKD_PEER_THREADS", "2"))  # each server's decoding threads
 INTERVAL_ENV = "SINKD_SYNC_INTERVAL_MS"  # the daemon's setting sync_interval_ms
 # llama-server's context shift as a sink policy: E = W/2, the shift at every eviction
 SERVER_SCHEME = {"evict_chunk": (BUDGET - SINKS) // 2, "compact_interval": 0}
@@ -162,7 +168,7 @@ class Server:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(model_file()), "-c", str(BUDGET * slots), "-np", str(slots),
-             "--keep", str(SINKS), "--context-shift", "-t", "2", "-b", "256", "-ub", "256",
+             "--keep", str(SINKS), "--context-shift", "-t", str(THREADS), "-b", "256", "-ub", "256",
              "--port", str(self.port), "--host", "127.0.0.1", "--no-webui"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
@@ -215,7 +221,7 @@ class Sinkd:
         self,
         sessions: int,
         durable: bool = True,
-        threads: int | None = 2,
+        threads: int | None = THREADS,
         env: dict[str, str] | None = None,
         scheme: dict[str, int] | None = None,
     ) -> None:
@@ -279,10 +285,10 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 def cpu_split(before: dict[int, float], after: dict[int, float]) -> tuple[float, float]:
-    """The server's CPU seconds in its two busiest threads (llama.cpp's two decoding threads,
+    """The server's CPU seconds in its THREADS busiest threads (llama.cpp's decoding threads,
     spinning included) and in all the others (transport, journal, the rest)."""
     used = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
-    return sum(used[:2]), sum(used[2:])
+    return sum(used[:THREADS]), sum(used[THREADS:])
 
 
 def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, Any]:
@@ -322,7 +328,7 @@ def batched_bench(binary: Path) -> list[dict[str, Any]]:
     """llama-batched-bench: the raw ceiling, 100-token prompts, 128 tokens generated per sequence."""
     out = subprocess.run(
         [str(binary), "-m", str(model_file()), "-c", str(BUDGET * SESSIONS), "-b", "256",
-         "-ub", "256", "-npp", "100", "-ntg", "128", "-npl", "1,2,4,8", "-t", "2"],
+         "-ub", "256", "-npp", "100", "-ntg", "128", "-npl", "1,2,4,8", "-t", str(THREADS)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     rows = []
@@ -404,7 +410,9 @@ def perplexity_table(rows: list[dict[str, Any]]) -> None:
             f"{r['perplexity'] / server[r['text']]:.4f}"] for r in rows])  # fmt: skip
 
 
-def main() -> None:
+def main(solo_only: bool = False) -> None:
+    """Every server at one session and at SESSIONS, then the ceiling and the perplexities; with
+    `solo_only`, llama-server and sinkd (durable and not) at one session alone."""
     bins = build()
     work = prompts(SESSIONS)
     runs: list[dict[str, Any]] = []
@@ -424,8 +432,12 @@ def main() -> None:
             lambda k: Sinkd(k, durable=False, scheme=SERVER_SCHEME),
         ),
     ]
+    loads = ((1, SOLO_TOKENS),) if solo_only else ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS))
+    if solo_only:
+        servers = servers[:3]
+    counts = [k for k, _ in loads]
     for rnd in range(ROUNDS):  # each set back to back, who goes first alternating by round
-        for k, n in ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS)):
+        for k, n in loads:
             for name, make in servers if rnd % 2 == 0 else servers[::-1]:
                 server = make(k)
                 try:
@@ -437,19 +449,17 @@ def main() -> None:
                     f"{name} round {rnd}: {k} x {n}: {r['aggregate_tok_s']:.1f} tok/s", flush=True
                 )
     table(
-        "CPU per generated token, ms (medians over the rounds): the server's two decoding threads"
-        " (llama.cpp's, spinning included), its other threads, the clients in this process",
+        "CPU per generated token, ms (medians over the rounds): the server's decoding threads"
+        f" ({THREADS}, llama.cpp's, spinning included), its other threads, the clients here",
         ["server", "sessions", "decoding threads", "other server threads", "clients"],
         [[name, k, *(statistics.median(r["cpu_ms_per_token"][f] for r in runs
                                        if r["server"] == name and r["sessions"] == k)
                      for f in ("decoding_threads", "other_server_threads", "clients"))]
-         for name, _ in servers for k in (1, SESSIONS)],
+         for name, _ in servers for k in counts],
     )  # fmt: skip
-    ceiling = batched_bench(bins["llama-batched-bench"])
-    ppl = perplexities()
     rows = []
     for name, _ in servers:
-        for k in (1, SESSIONS):
+        for k in counts:
             mine = [r for r in runs if r["server"] == name and r["sessions"] == k]
             rows.append(
                 [
@@ -463,14 +473,15 @@ def main() -> None:
                 ]
             )
     table(
-        f"{BUDGET} cells per session, S={SINKS}, greedy, 100-token prompts ({ROUNDS} rounds)",
+        f"{BUDGET} cells per session, S={SINKS}, greedy, 100-token prompts ({ROUNDS} rounds,"
+        f" {THREADS} decoding threads)",
         ["server", "sessions", "tokens each", "tok/s per session", "aggregate tok/s",
          "ITL p50 ms", "ITL p99 ms"],
         rows,
     )  # fmt: skip
     ratios = []
     for name, _ in servers[1:]:
-        for k in (1, SESSIONS):
+        for k in counts:
             mine = {(r["server"], r["round"]): r for r in runs if r["sessions"] == k}
             pairs = [(mine[name, i], mine["llama-server", i]) for i in range(ROUNDS)]
             per = sorted(a["per_session_tok_s"] / b["per_session_tok_s"] for a, b in pairs)
@@ -485,6 +496,12 @@ def main() -> None:
           r["per_session_median"], " ".join(f"{x:.2f}" for x in r["aggregate"]),
           r["aggregate_median"]] for r in ratios],
     )  # fmt: skip
+    if solo_only:
+        out = {"threads": THREADS, "runs": runs, "ratios": ratios}
+        print(f"wrote {write(f'peer_solo_threads{THREADS}', out)}")
+        return
+    ceiling = batched_bench(bins["llama-batched-bench"])
+    ppl = perplexities()
     table("llama-batched-bench (raw ceiling): 100-token prompts, 128 generated",
           ["sequences", "generation tok/s (aggregate)", "prompt tok/s"],
           [[r["sequences"], r["tg_aggregate_tok_s"], r["pp_tok_s"]] for r in ceiling])  # fmt: skip
@@ -501,5 +518,9 @@ if __name__ == "__main__":
         rows = perplexities()
         perplexity_table(rows)
         print(f"wrote {write('peer_perplexity', {'perplexity': rows})}")
+    elif sys.argv[1:] == ["--solo-only"]:
+        main(solo_only=True)
+    elif sys.argv[1:]:
+        sys.exit(f"usage: {sys.argv[0]} [--build-only | --perplexity-only | --solo-only]")
     else:
         main()
