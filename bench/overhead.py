@@ -8,10 +8,13 @@ process: beside the daemon's engine thread in this one, libgomp would throttle b
 
     python bench/overhead.py [--tokens 200] [--rounds 5]   -> bench/results/overhead.json
     python bench/overhead.py --threads 1  -> bench/results/overhead_threads1.json
+    python bench/overhead.py --threads 1 --sync normal -> .../overhead_threads1_sync_normal.json
 
 `--threads N` fixes the engine's and the bare loop's thread count (SINKD_N_THREADS). With one
 decoding thread on this 2-core machine the other core is free for the transport and the journal:
 the run that parts what the daemon's threads cost the decode from what its engine thread adds.
+`--sync normal` journals without an fsync per commit (survives a crash, not a power loss): what the
+fsync costs, apart from the journal.
 """
 
 from __future__ import annotations
@@ -118,12 +121,14 @@ def service_run(svc: Any, prompt: list[int], tokens: int) -> float:
 
 
 def daemon_round(
-    durable: bool, prompt: list[int], tokens: int
+    durable: bool, prompt: list[int], tokens: int, sync: str = "full"
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """One daemon (durable or not), started for the round and stopped after it: tokens/s by layer,
     and the layer's median decode and gap between decodes (ms)."""
     d = Daemon(
-        daemon_settings(Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256, durable=durable)
+        daemon_settings(
+            Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256, durable=durable, sync=sync
+        )
     )
     d.start()
     d.wait_ready(60)
@@ -145,6 +150,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="fixed, for the engine and bare loop")
+    p.add_argument(
+        "--sync", choices=("full", "normal"), default="full", help="the durable daemon's"
+    )
     a = p.parse_args()
     if a.threads is not None:
         if a.threads < 1:
@@ -158,7 +166,7 @@ def main() -> None:
         b, bare_clock = in_child(bare, prompt, a.tokens, threads, FLASH)  # as the engine runs
         other, _ = in_child(bare, prompt, a.tokens, threads, not FLASH)
         (plain, plain_clock) = daemon_round(False, prompt, a.tokens)
-        (durable, durable_clock) = daemon_round(True, prompt, a.tokens)
+        (durable, durable_clock) = daemon_round(True, prompt, a.tokens, a.sync)
         tok_s = {
             "service": plain["service"],
             "grpc": plain["grpc"],
@@ -175,7 +183,7 @@ def main() -> None:
     rows.append(["median", "", "", "", "", *(medians[k] for k in layers)])
     table(
         f"decode tokens/s, {a.tokens} tokens after a 40-token prompt, {threads} threads: bare loop,"
-        " the daemon's service in process, over gRPC, over gRPC durable (sync=full)",
+        f" the daemon's service in process, over gRPC, over gRPC durable (sync={a.sync})",
         ["round", "bare", "service", "gRPC", "gRPC durable", "service/bare", "gRPC/bare",
          "durable/bare"],
         rows,
@@ -194,9 +202,11 @@ def main() -> None:
     other_ratio = statistics.median(x["bare_other_kernel_tok_s"] / x["bare_tok_s"] for x in results)
     print(f"flash attention in the engine and the bare loop: {FLASH}; the bare loop with the other"
           f" kernel / with the engine's: {other_ratio:.3f}")  # fmt: skip
+    name = "overhead" if a.threads is None else f"overhead_threads{a.threads}"
     write(
-        "overhead" if a.threads is None else f"overhead_threads{a.threads}",
+        name if a.sync == "full" else f"{name}_sync_{a.sync}",
         {
+            "sync": a.sync,
             "tokens": a.tokens,
             "threads": threads,
             "rounds": results,
