@@ -116,7 +116,17 @@ def build() -> dict[str, Path]:
 BUDGET, SINKS, SESSIONS = 256, 4, 8
 ROUNDS = int(os.environ.get("SINKD_PEER_ROUNDS", "2"))
 SOLO_TOKENS, EACH_TOKENS = 600, 300
-THREADS = int(os.environ.get("SINKD_PEER_THREADS", "2"))  # each server's decoding threads
+
+
+def env_threads() -> int:
+    """SINKD_PEER_THREADS: each server's decoding threads (default 2, every core here)."""
+    given = os.environ.get("SINKD_PEER_THREADS", "2")
+    if not given.isdigit() or int(given) < 1:
+        sys.exit(f"SINKD_PEER_THREADS={given!r}: must be a whole number >= 1")
+    return int(given)
+
+
+THREADS = env_threads()
 INTERVAL_ENV = "SINKD_SYNC_INTERVAL_MS"  # the daemon's setting sync_interval_ms
 # llama-server's context shift as a sink policy: E = W/2, the shift at every eviction
 SERVER_SCHEME = {"evict_chunk": (BUDGET - SINKS) // 2, "compact_interval": 0}
@@ -507,7 +517,7 @@ def main(solo_only: bool = False) -> None:
           [[r["sequences"], r["tg_aggregate_tok_s"], r["pp_tok_s"]] for r in ceiling])  # fmt: skip
     perplexity_table(ppl)
     print(
-        f"wrote {write('peer', {'runs': runs, 'ratios': ratios, 'batched_bench': ceiling, 'perplexity': ppl})}"
+        f"wrote {write('peer', {'threads': THREADS, 'runs': runs, 'ratios': ratios, 'batched_bench': ceiling, 'perplexity': ppl})}"
     )
 
 
