@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -160,6 +161,7 @@ class Stream:
     tokens: int = 0
     seconds: float = 0.0
     itl_ms: list[float] = field(default_factory=list)
+    first: threading.Event = field(default_factory=threading.Event)  # set at the first token
     _last: float | None = None
 
     def tick(self) -> None:
@@ -168,6 +170,8 @@ class Stream:
         self.tokens += 1
         if self._last is not None:
             self.itl_ms.append(1000 * (now - self._last))
+        else:
+            self.first.set()
         self._last = now
 
 
@@ -193,7 +197,7 @@ class Server:
         self.stop()
         raise RuntimeError("llama-server did not become healthy")
 
-    def stream(self, prompt: list[int], n: int) -> Stream:
+    def stream(self, prompt: list[int], n: int, out: Stream | None = None) -> Stream:
         body = json.dumps(
             {
                 "prompt": prompt,
@@ -207,7 +211,7 @@ class Server:
         ).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})  # fmt: skip
-        out, t0 = Stream(), time.perf_counter()
+        out, t0 = out or Stream(), time.perf_counter()
         with urllib.request.urlopen(req, timeout=600) as r:
             for line in r:
                 if not line.startswith(b"data: "):
@@ -257,11 +261,11 @@ class Sinkd:
         self.stop()
         raise RuntimeError("sinkd serve did not become healthy")
 
-    def stream(self, prompt: list[int], n: int) -> Stream:
+    def stream(self, prompt: list[int], n: int, out: Stream | None = None) -> Stream:
         from sinkd.proto.v1 import sinkd_pb2 as pb
 
         s = self.client.s
-        out, t0 = Stream(), time.perf_counter()
+        out, t0 = out or Stream(), time.perf_counter()
         h = s.Create(
             pb.CreateSessionRequest(
                 policy=pb.Policy(name="sink", sinks=SINKS, window=BUDGET - SINKS, **self.scheme)
@@ -304,18 +308,38 @@ def cpu_split(before: dict[int, float], after: dict[int, float]) -> tuple[float,
 def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, Any]:
     """Every prompt of `work` generating n tokens at once; tok/s per session and aggregate, and
     the CPU per generated token of the server's decoding threads, its other threads and the
-    clients (this process): on two busy cores any of it beside the decode lengthens the decode."""
+    clients (this process): on two busy cores any of it beside the decode lengthens the decode.
+    The CPU is counted from the moment every session has its first token to the end, so that
+    session setup and the prompts' prefill are not spread over the generated tokens."""
+    streams = [Stream() for _ in work]
     results: list[Stream | None] = [None] * len(work)
+    start: dict[str, Any] = {}  # the CPU and tokens when every session had its first token
 
     def run(i: int) -> None:
-        results[i] = server.stream(work[i], n)
+        results[i] = server.stream(work[i], n, streams[i])
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        for st in streams:
+            if not st.first.wait(max(0.0, deadline - time.monotonic())):
+                return  # a session never started: the whole run's CPU is used instead
+        start.update(threads=thread_cpu(server.proc.pid), client=os.times(),
+                     tokens=sum(st.tokens for st in streams))  # fmt: skip
 
     threads0, client0 = thread_cpu(server.proc.pid), os.times()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     wall = together([functools.partial(run, i) for i in range(len(work))])
     threads1, client1 = thread_cpu(server.proc.pid), os.times()
+    watcher.join(1)
     done = [r for r in results if r is not None]
     itl = [x for r in done for x in r.itl_ms]
     generated = sum(r.tokens for r in done)
+    if start:  # the decode alone
+        threads0, client0, counted = start["threads"], start["client"], generated - start["tokens"]
+    else:
+        counted = generated
+    counted = max(counted, 1)
     decoding, others = cpu_split(threads0, threads1)
     client = sum(client1[:2]) - sum(client0[:2])
     return {
@@ -327,10 +351,12 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
         "itl_p50_ms": percentile(itl, 50),
         "itl_p99_ms": percentile(itl, 99),
         "cpu_ms_per_token": {
-            "decoding_threads": 1000 * decoding / generated,
-            "other_server_threads": 1000 * others / generated,
-            "clients": 1000 * client / generated,
+            "decoding_threads": 1000 * decoding / counted,
+            "other_server_threads": 1000 * others / counted,
+            "clients": 1000 * client / counted,
         },
+        "cpu_counted_tokens": counted,
+        "cpu_from_first_tokens": bool(start),
     }
 
 
