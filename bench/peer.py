@@ -318,28 +318,32 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
     def run(i: int) -> None:
         results[i] = server.stream(work[i], n, streams[i])
 
+    finished = threading.Event()
+
     def watch() -> None:
-        deadline = time.monotonic() + 600
         for st in streams:
-            if not st.first.wait(max(0.0, deadline - time.monotonic())):
-                return  # a session never started: the whole run's CPU is used instead
-        start.update(threads=thread_cpu(server.proc.pid), client=os.times(),
-                     tokens=sum(st.tokens for st in streams))  # fmt: skip
+            st.first.wait()  # set at its first token, or by the run's end
+        if not finished.is_set():  # else a session never started: the whole run counts
+            start.update(threads=thread_cpu(server.proc.pid), client=os.times(),
+                         tokens=sum(st.tokens for st in streams))  # fmt: skip
 
     threads0, client0 = thread_cpu(server.proc.pid), os.times()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    wall = together([functools.partial(run, i) for i in range(len(work))])
+    try:
+        wall = together([functools.partial(run, i) for i in range(len(work))])
+    finally:
+        finished.set()
+        for st in streams:
+            st.first.set()  # the watcher's waits end with the run
+        watcher.join()
     threads1, client1 = thread_cpu(server.proc.pid), os.times()
-    watcher.join(1)
     done = [r for r in results if r is not None]
     itl = [x for r in done for x in r.itl_ms]
     generated = sum(r.tokens for r in done)
-    if start:  # the decode alone
+    counted = generated
+    if start and generated > start["tokens"]:  # the decode alone
         threads0, client0, counted = start["threads"], start["client"], generated - start["tokens"]
-    else:
-        counted = generated
-    counted = max(counted, 1)
     decoding, others = cpu_split(threads0, threads1)
     client = sum(client1[:2]) - sum(client0[:2])
     return {
@@ -356,7 +360,7 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
             "clients": 1000 * client / counted,
         },
         "cpu_counted_tokens": counted,
-        "cpu_from_first_tokens": bool(start),
+        "cpu_from_first_tokens": counted < generated,
     }
 
 
