@@ -30,7 +30,7 @@ POINTS = (
     "tokenize",  # engine: inside a text operation, off the engine thread
     "call-enqueued",  # scheduler: a call is in the inbox, its caller about to wait
     "swap-cleared",  # engine: two sequences being exchanged are both empty, their images in hand
-    "decode-piece",  # engine: a later piece of a long item (flash attention's 63 rows) is next
+    "decode-piece",  # engine: a later llama_decode of one decode_batch (a length group, a piece) is next
     "before-sync",  # syncer: replies wait for the journal's fsync, which is about to run
 )
 

@@ -278,7 +278,10 @@ def _rows_by_company(
 ) -> tuple[dict[tuple[str, int], np.ndarray], bool]:
     """One token and one 64-token chunk after a history filling 600 of 1,024 cells (or 180 of
     256), decoded alone, beside another sequence's token and (the chunk) beside another 64-token
-    chunk, on two threads and on one: each case's logits row, and whether flash attention ran."""
+    chunk, on two threads and on one: each case's logits row, and whether flash attention ran.
+    Beside a lone token llama.cpp would cut the chunk 1 + 1, then 63, and on the plain path a
+    lone row's attention takes ggml's vec_dot where 2 rows or more take llamafile's sgemm (found
+    on an AMD EPYC, AVX2: 2.795 against 2.831 in the first logit)."""
     toks = make_engine(n_ctx_seq=64, n_seq_max=1).tokenize(TEXT * 6)
     filled = 600 if cells > 256 else 180
     one, chunk = [toks[1000]], toks[1001:1065]
@@ -297,6 +300,7 @@ def _rows_by_company(
             "chunk alone": [BatchItem(0, chunk, filled)],
             "chunk beside a token": [BatchItem(0, chunk, filled), BatchItem(1, [toks[40]], 40)],
             "chunk beside a chunk": [BatchItem(0, chunk, filled), BatchItem(1, toks[40:104], 40)],
+            "chunk beside 8": [BatchItem(0, chunk, filled), BatchItem(1, toks[40:48], 40)],
         }
         for name, items in cases.items():
             engine.restore_seq(0, history[0])
@@ -311,18 +315,55 @@ def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
 ) -> None:
     """Past 512 cache positions llama.cpp's CPU flash attention splits a lone token's sums by
     thread: the bits would depend on the threads and on the batch. The engine runs flash attention
-    only below 512 cells per stream, in pieces under 64 rows, and the plain path above: either way
-    a sequence's rows are the same alone, beside others of any length, and on one thread or two
-    (what resume and batched == solo rest on)."""
+    only below 512 cells per stream, in pieces under 64 rows, and the plain path above, and it
+    decodes each item length apart: either way a sequence's rows are the same alone, beside others
+    of any length, and on one thread or two (what resume and batched == solo rest on)."""
     rows, flash_attn = _rows_by_company(make_engine, cells, "auto")
     on_cpu = EngineConfig().n_gpu_layers == 0  # flash attention is unverified on a GPU: off there
     assert flash_attn is (flash and on_cpu)
-    for name in ("beside a token", "chunk beside a token", "chunk beside a chunk"):
+    for name in (
+        "beside a token",
+        "chunk beside a token",
+        "chunk beside a chunk",
+        "chunk beside 8",
+    ):
         reference = "chunk alone" if name.startswith("chunk") else "alone"
         for threads in (2, 1):
             assert np.array_equal(rows[name, threads], rows[reference, 2]), (name, threads)
     assert np.array_equal(rows["alone", 1], rows["alone", 2])
     assert np.array_equal(rows["chunk alone", 1], rows["chunk alone", 2])
+
+
+@pytest.mark.parametrize("model", [None, "gemma3-270m"])
+def test_a_tokens_logits_do_not_depend_on_how_many_share_its_step(
+    make_engine: MakeEngine, model: str | None
+) -> None:
+    """Eight sequences; sequence 0's next-token logits after 1, 2, 3 or 16 tokens at three places
+    of a text, decoded alone and beside 1, 3 and 7 others of the same length, and beside a longer
+    one (more cells to attend). With llama.cpp's defaults Gemma's repacked Q4_K/Q6_K weights take a
+    gemm from 4 rows of the whole batch and a gemv below, and its tiled K-quant kernel 8 rows or
+    more: its logits moved with the number of decoding sessions (here at 26 of these 36 pairs of 1
+    to 3 tokens). The engine loads weights unrepacked, tiled off."""
+    engine = make_engine(model, n_ctx_seq=512, n_seq_max=8, n_batch=256, n_threads=2)
+    toks = engine.tokenize(TEXT * 6)
+    for q in range(8):
+        for at in range(0, 400 if q == 7 else 300, 100):
+            engine.decode_batch([BatchItem(q, toks[q * 40 + at :][:100], at, logits=False)])
+    history = [engine.save_seq(q) for q in range(8)]
+    for at in (600, 900, 1100):
+        for n in (1, 2, 3, 16):
+            rows = []
+            for company in ([], [1], [1, 2, 3], [1, 2, 3, 4, 5, 6, 7], [7]):
+                for q in range(8):
+                    engine.restore_seq(q, history[q])
+                items = [BatchItem(0, toks[at : at + n], 300)]
+                items += [
+                    BatchItem(q, toks[at + 100 + q * 20 :][:n], 400 if q == 7 else 300)
+                    for q in company
+                ]
+                rows.append(engine.decode_batch(items)[0])
+            for k, row in enumerate(rows[1:], 1):
+                assert np.array_equal(row, rows[0]), (model, at, n, k)
 
 
 def test_flash_attention_would_make_a_tokens_bits_depend_on_its_company(
@@ -352,11 +393,12 @@ def test_the_engine_computes_llamas_cells_per_stream_and_the_flash_rule() -> Non
 def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
     make_engine: MakeEngine, flash: str
 ) -> None:
-    """A step's sub-batches follow what else shares it (the prefill budget is split between the
-    sessions), so a chunk must compute the same bits however it is cut: whole, 50 + 50, 64 + 36,
-    10 + 30 + 60 or 1 + 99, and the token after it too. The plain path does; so does flash
-    attention as "auto" runs it, in pieces of at most 63 rows. Forced on as llama.cpp has it, it
-    tiles 64 rows or more of a stream and sums them otherwise: a whole chunk of 100 differs."""
+    """A chunk computes the same bits in pieces of 2 rows or more: whole, 50 + 50, 64 + 36,
+    10 + 30 + 60 or 2 + 98, and the token after it too (the plain path's sgemm sums each row alike
+    in any tile); under flash attention as "auto" runs it, in pieces of at most 63 rows, a lone
+    row too (1 + 99). Forced on as llama.cpp has it, flash attention tiles 64 rows or more of a
+    stream and sums them otherwise: a whole chunk of 100 differs. (A lone row on the plain path:
+    the next test.)"""
     if flash != "off" and EngineConfig().n_gpu_layers:
         pytest.skip("a claim about llama.cpp's CPU kernel")
     engine = make_engine(n_ctx_seq=256, n_seq_max=1, n_batch=256, n_threads=2, flash_attn=flash)
@@ -382,10 +424,50 @@ def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
 
     whole = cut([100])
     assert whole[2].shape == (100, engine.n_vocab)
-    for sizes in ([50, 50], [64, 36], [10, 30, 60], [1, 99]):
+    cuts = [[50, 50], [64, 36], [10, 30, 60], [2, 98]] + ([[1, 99]] if flash != "off" else [])
+    for sizes in cuts:
         got = cut(sizes)
         same = all(np.array_equal(g, w) for g, w in zip(got, whole, strict=True))
         assert same is (flash != "on"), sizes
+
+
+def test_a_lone_row_of_a_longer_text_may_sum_otherwise_on_the_plain_path(
+    make_engine: MakeEngine,
+) -> None:
+    """Why the step plan cuts a session's prefill by its own length alone, never by its company,
+    and resume replays each chunk with the cut it had: on the plain path (1,024 cells) a stream's
+    lone row in a ubatch takes ggml's vec_dot for its attention products and 2 rows or more take
+    llamafile's sgemm, which sums in another order. So a chunk decoded as one token, then the rest,
+    is not always the chunk decoded whole (on an AMD EPYC, AVX2: at 13 of 16 cut points), while
+    cuts into pieces of 2 or more are (the test above)."""
+    import llama_cpp
+
+    if EngineConfig().n_gpu_layers:
+        pytest.skip("a claim about llama.cpp's CPU kernels")
+    if b"LLAMAFILE = 1" not in llama_cpp.llama_print_system_info():
+        pytest.skip("this llama.cpp build has no llamafile sgemm: every row takes vec_dot")
+    engine = make_engine(n_ctx_seq=1024, n_seq_max=1, n_batch=256, n_threads=2, flash_attn="off")
+    toks = engine.tokenize(TEXT * 6)
+    for at in range(0, 600, 200):
+        engine.decode_batch([BatchItem(0, toks[at : at + 200], at, logits=False)])
+    history, chunk = engine.save_seq(0), toks[1001:1065]
+
+    def decoded(cut: list[int]) -> np.ndarray:
+        engine.restore_seq(0, history)
+        pos, row = 600, None
+        for n in cut:
+            row = engine.decode_batch([BatchItem(0, chunk[pos - 600 :][:n], pos)])[0]
+            pos += n
+        assert row is not None
+        return row
+
+    whole = decoded([64])
+    points = [0, 1, 2, 3, 4, 5, 8, 16, 31, 32, 33, 40, 48, 56, 60, 62]
+    lone = [not np.array_equal(decoded([k, 1, 63 - k] if k else [1, 63]), whole) for k in points]
+    assert any(lone), "a lone row summed as in a longer piece at every cut point"
+    assert all(
+        np.array_equal(decoded([k, 2, 62 - k] if k else [2, 62]), whole) for k in (0, 2, 8, 32)
+    )
 
 
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:

@@ -10,19 +10,35 @@ NOTE: the context uses per-sequence KV streams (``kv_unified = false``). In a un
 would move the parent's positions too; with one stream per sequence the copy is physical and every
 fork is safe. The price: each sequence gets ``n_ctx / n_seq_max`` cells, fixed at start.
 
+NOTE: a sequence's bits depend on its own tokens alone, never on what shares its llama_decode, on
+any x86-64 CPU (tested for both pinned models; docs/determinism.md). llama.cpp's CPU backend picks a
+matmul kernel by the shape it is handed, and each pick sums in another order:
+- the attention products (f16 K and V) go through llamafile's sgemm when a stream has 2 rows or more
+  in a ubatch and through ggml's vec_dot for 1 (`llamafile_sgemm` refuses n < 2), and llama.cpp cuts
+  a batch of unequal items into ubatches that take as many tokens from each stream (`split_equal`:
+  a 64-token chunk beside a lone token is decoded as 1 + 1, then 63). So `decode_batch` decodes
+  each length apart (`by_length`): every stream then has exactly its item's rows, alone or not;
+- repacked weights (Q4_0, Q4_K, Q6_K, Q8_0, IQ4_NL, ...: `REPACK`) take a gemm from 4 rows of the
+  whole batch and a gemv below, and the tiled K-quant kernel takes 8 rows or more: a token's bits
+  would follow how many other sessions' tokens share its step. The engine loads weights unrepacked
+  (`use_extra_bufts = false`) and turns the tiled kernel off (`GGML_CPU_TILED_MM=0`): every weight
+  product is then per row (vec_dot, or sgemm, whose sums per row do not depend on the tile);
+- what stays shape-dependent is a lone row against the same token inside a longer piece of its
+  own stream (vec_dot against sgemm): so the step plan cuts a session's prefill by its own length
+  alone, and resume replays each journalled chunk with the cut it had.
+The kernels themselves come from the build (GGML_NATIVE: the CPU it was built on), so the journal
+gates a session on them (`cpu_kernels`).
+
 NOTE: flash attention runs only where its sums are exact in any company (`flash_attention_exact`),
 and there each llama_decode carries at most `FLASH_MAX_ROWS` tokens of a sequence. llama.cpp's CPU
 flash-attention kernel (ggml-cpu ops.cpp) splits the cache across threads when a ubatch holds one
 token of one stream and the attention spans 512 cells or more (`use_split_kv_path`), and it tiles
 64 rows or more of one stream (`GGML_FA_TILE_Q`): a token's logits would then depend on the thread
-count and on what else shared its batch, and a prompt chunk's on how the step cut it, and a resumed
-session, or a batched one, would not match its own history bit for bit (tested, forced on). Below
-512 cells per stream and in pieces under 64 rows the kernel sums every row whole, in order, over
-the cells it may see, alike alone, batched, on any thread count and however a chunk is cut
-(tested), so the engine turns it on there (bench/README.md, row 15); above, and on a GPU backend
-(unverified), the plain path runs, which computes each sequence's rows alike in any batch and any
-cut (tested). (A concurrent workload once seemed to drift under it: that was recall's BM25, whose
-statistics then spanned every session's text; see store/memory.py.)
+count and on what else shared its batch, and a prompt chunk's on how the step cut it. Below 512
+cells per stream and in pieces under 64 rows the kernel sums every row whole, in order, over the
+cells it may see, alike alone, batched, on any thread count and however a chunk is cut (tested), so
+the engine turns it on there (bench/README.md, row 15); above, and on a GPU backend (unverified),
+the plain path runs.
 """
 
 from __future__ import annotations
@@ -33,9 +49,10 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import llama_cpp as llama
 import numpy as np
@@ -79,6 +96,33 @@ def flash_attention_exact(cells: int, n_gpu_layers: int) -> bool:
     thread count (in pieces of at most FLASH_MAX_ROWS): on the CPU backend with every stream below
     `FLASH_SPLIT_CELLS` (the NOTE above)."""
     return n_gpu_layers == 0 and cells < FLASH_SPLIT_CELLS
+
+
+T = TypeVar("T")
+
+
+def by_length(items: list[T], length: Callable[[T], int]) -> list[list[T]]:
+    """The items grouped by how many tokens each decodes, shortest first: one `llama_decode` each.
+
+    Within a group llama.cpp keeps every item whole in one ubatch (as many rows from each stream),
+    so each stream computes exactly its own rows, as alone (the NOTE above). The pieces llama.cpp
+    would cut a mixed batch into were as many passes as the groups are, so this costs no pass.
+    """
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(length(item), []).append(item)
+    return [groups[n] for n in sorted(groups)]
+
+
+def cpu_kernels() -> str:
+    """The CPU features llama.cpp's build compiled its kernels for (`llama_print_system_info`'s
+    CPU section, e.g. "AVX AVX2 F16C FMA LLAMAFILE ..."), and the weight layout the engine loads:
+    what else a journalled chunk's bits depend on. A state directory or an archive replayed where
+    this differs would compute other bits."""
+    info = (llama.llama_print_system_info() or b"").decode("utf-8", errors="replace")
+    cpu = info.split("CPU :", 1)[1] if "CPU :" in info else ""
+    on = [f.split("=")[0].strip() for f in cpu.split("|") if f.strip().endswith("= 1")]
+    return " ".join(on) + "; weights unrepacked, tiled off"
 
 
 # llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
@@ -173,6 +217,9 @@ def _init_backend() -> _LlamaLog:
     global _log
     with _backend_lock:
         if _log is None:
+            # the tiled K-quant kernel takes a batch of 8 rows or more: per-row kernels only (the
+            # NOTE above); ggml reads this once, at its first matmul
+            os.environ["GGML_CPU_TILED_MM"] = "0"
             _log = _LlamaLog()
             llama.llama_backend_init()
         return _log
@@ -198,6 +245,7 @@ class Engine(VocabularyOps, SequenceOps):
         self._stack = contextlib.ExitStack()
         self._init_text_guard()
         self.llama_cpp_version = str(llama.__version__)
+        self.cpu_kernels = cpu_kernels()
         try:
             self._load(log)
         except BaseException:
@@ -208,6 +256,7 @@ class Engine(VocabularyOps, SequenceOps):
         cfg = self.config
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers
+        mparams.use_extra_bufts = False  # no repacked weights: their gemm starts at 4 rows (NOTE)
         model = llama.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise EngineError(f"llama.cpp could not load {self.path.name} (not a valid GGUF?)")
@@ -450,11 +499,13 @@ class Engine(VocabularyOps, SequenceOps):
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
 
     def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
-        """One llama_decode over several sequences (continuous batching); validated first.
+        """Several sequences' tokens (continuous batching); validated first, then one llama_decode
+        per item length (`by_length`, the NOTE above), in pieces of at most `max_rows`.
 
-        Returns, per item, a copy of its last token's logits (or None where not asked). It runs once
-        per token on the engine thread, right after a decode has swept the caches: plain loops, one
-        pass (bench/README.md, row 2).
+        Returns, per item, a copy of its last token's logits (or None where not asked). All or
+        nothing, as one llama_decode: a failed decode removes the cells the earlier ones put in.
+        It runs once per token on the engine thread, right after a decode has swept the caches:
+        plain loops, one pass (bench/README.md, row 2).
         """
         n_seq_max = self.config.n_seq_max
         total = 0
@@ -471,34 +522,48 @@ class Engine(VocabularyOps, SequenceOps):
             total += len(tokens)
         if not 0 < total <= self.n_batch:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
-        longest = max(len(item.tokens) for item in items)
-        if longest <= self.max_rows:
-            return self._decode_items(items)
+        if len(items) == 1 or len({len(item.tokens) for item in items}) == 1:
+            return self._decode_same_length(items, first=True)
         out: list[np.ndarray | None] = [None] * len(items)
-        r = self.max_rows
-        for at in range(0, longest, r):  # in pieces: see the NOTE above
-            ks = [k for k, item in enumerate(items) if len(item.tokens) > at]
+        decoded: list[BatchItem] = []
+        for group in by_length(list(range(len(items))), lambda k: len(items[k].tokens)):
+            same = [items[k] for k in group]
+            try:
+                rows = self._decode_same_length(same, first=not decoded)
+            except EngineError:
+                for item in decoded:
+                    self._drop_pieces(item.seq_id, item.pos0, len(item.tokens))
+                raise
+            decoded += same
+            for k, row in zip(group, rows, strict=True):
+                out[k] = row
+        return out
+
+    def _decode_same_length(self, items: list[BatchItem], first: bool) -> list[np.ndarray | None]:
+        """Items of one length, in pieces of at most `max_rows` (flash attention's 63), each one
+        llama_decode; a failed piece removes the earlier pieces' cells. `first`: no decode of this
+        call came before (the failpoint marks every later one)."""
+        n, r = len(items[0].tokens), self.max_rows
+        if n <= r:
+            if not first:
+                failpoints.hit("decode-piece")
+            return self._decode_items(items)
+        rows: list[np.ndarray | None] = [None] * len(items)
+        for at in range(0, n, r):
+            final = at + r >= n
             piece = [
-                BatchItem(
-                    items[k].seq_id,
-                    items[k].tokens[at : at + r],
-                    items[k].pos0 + at,
-                    items[k].logits and len(items[k].tokens) <= at + r,
-                )
-                for k in ks
+                BatchItem(it.seq_id, it.tokens[at : at + r], it.pos0 + at, it.logits and final)
+                for it in items
             ]
             try:
-                if at:
+                if at or not first:
                     failpoints.hit("decode-piece")
                 rows = self._decode_items(piece)
-            except EngineError:  # the whole batch or none of it, as one llama_decode would
-                for item in items:
-                    self._drop_pieces(item.seq_id, item.pos0, min(at, len(item.tokens)))
+            except EngineError:
+                for it in items:
+                    self._drop_pieces(it.seq_id, it.pos0, at)
                 raise
-            for k, row in zip(ks, rows, strict=True):
-                if row is not None:
-                    out[k] = row
-        return out
+        return rows
 
     def _decode_items(self, items: list[BatchItem]) -> list[np.ndarray | None]:
         """One llama_decode of validated items: a copy of each asked row."""

@@ -63,6 +63,7 @@ def resume(
             "llama_cpp": engine.llama_cpp_version,
             "n_ctx_seq": engine.n_ctx_seq,
             "flash_attn": engine.flash_attn,
+            "cpu_kernels": engine.cpu_kernels,
         }
     )
     Resumer(

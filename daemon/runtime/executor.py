@@ -14,11 +14,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from sinkd.cachepolicy import CacheFull, SubBatch
 from sinkd.daemon import failpoints
-from sinkd.daemon.engine.llama import BatchItem, Engine
+from sinkd.daemon.engine.llama import BatchItem, Engine, by_length
 from sinkd.daemon.errors import (
     EngineError,
     InvalidInput,
@@ -38,25 +38,6 @@ from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.runtime.stepplan import Slot
 
 log = logging.getLogger("sinkd.executor")
-
-
-T = TypeVar("T")
-
-
-def by_length(items: list[T], length: Callable[[T], int]) -> list[list[T]]:
-    """The items grouped by how many tokens each decodes, shortest first: one `llama_decode` each.
-
-    llama.cpp splits a batch into ubatches that take as many tokens from each sequence, so in a
-    batch of unequal items the longer ones are decoded in pieces (a 64-token chunk beside a decoding
-    token: 1, then 63), and on the CPU a piece's sums differ from the whole's. Within a group every
-    item stays whole, and its logits are those of the same tokens decoded alone, in any company:
-    what a batched session and a resumed one need to match their history bit for bit (tested).
-    The pieces were as many llama.cpp passes as the groups are, so this costs no pass.
-    """
-    groups: dict[int, list[T]] = {}
-    for item in items:
-        groups.setdefault(length(item), []).append(item)
-    return [groups[n] for n in sorted(groups)]
 
 
 @dataclass
@@ -189,7 +170,8 @@ class Executor:
     # --- the plan: evict, decode, record ---
 
     def run(self, slots: list[tuple[Job, Slot]]) -> None:
-        """Carry out the step: one `llama_decode` per sub-batch length (see `by_length`)."""
+        """Carry out the step: one `llama_decode` per sub-batch length (`by_length`, as the engine
+        would cut them), each its own: a failed length fails its own sessions alone."""
         largest = max(by_length(slots, lambda js: js[1].n_tokens), key=len, default=[])
         self._place([job.session for job, _ in largest])
         items = self._build([(job, slot) for job, slot in slots if not job.answered])
