@@ -434,6 +434,42 @@ def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) ->
 
 
 @pytest.mark.model
+def test_a_session_journalled_under_other_cpu_kernels_goes_stale(run: Run) -> None:
+    """llama.cpp's build picks its CPU kernels (GGML_NATIVE: the machine it was built on), and
+    another build sums in another order: a state directory carried to a machine whose build
+    differs would replay other bits. The record names its kernels; another value is stale, with
+    why; a record from before the gate (no value) resumes, bit for bit."""
+    c = run.start()
+    h = c.create().handle
+    workload(c, h, 0)
+    seen, before = receipt(c, h).n_seen, logits(c, h)
+    run.stop()
+
+    def restamp(kernels: str | None) -> None:
+        j = Journal(run.state / "journal.db")
+        (stored,) = j.sessions()
+        config = dict(stored.record["config"])
+        assert "LLAMAFILE" in config["cpu_kernels"] or "AVX" in config["cpu_kernels"]
+        config.pop("cpu_kernels")
+        if kernels is not None:
+            config["cpu_kernels"] = kernels
+        j.put_session(stored.id, stored.tenant, dict(stored.record, config=config))
+        j.commit()
+        j.close()
+
+    restamp("AVX512F AVX512BW LLAMAFILE; weights unrepacked, tiled off")
+    c = run.start()
+    (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
+    assert listed.state == "stale" and "cpu_kernels was 'AVX512F" in listed.stale_reason
+    run.stop()
+    restamp(None)
+    c = run.start()
+    assert receipt(c, h).n_seen == seen and receipt(c, h).state == "idle"
+    assert np.array_equal(logits(c, h), before)
+    run.stop()
+
+
+@pytest.mark.model
 def test_a_stored_policy_that_changed_goes_stale(run: Run) -> None:
     c = run.start()
     h = c.create().handle

@@ -57,10 +57,13 @@ def test_b_window_shift_matches_noshift_within_the_translation_floor(
     """Relative positions are identical with and without the shift, so in exact arithmetic the
     next-token distributions are equal. llama.cpp re-rotates f16 keys, and its CPU kernels quantize
     activations to 8 bits, so even a pure translation of every position (no eviction, no shift) moves
-    the logits: measured here, SmolLM2's mean KL is about 0.008 nats and Gemma 3's about 0.03. The
-    tolerance is that floor, measured in the same run: the shifted cache may deviate from the
-    unshifted one at most twice as much as a pure translation does, and agree on the top token about
-    as often. A change of what the cache holds (sinks kept) lies two orders of magnitude above it."""
+    the logits: measured here, the median KL is about 0.005-0.01 nats for SmolLM2 and 0.01-0.02 for
+    Gemma 3. The tolerance is that floor, measured in the same run: the shifted cache may deviate
+    from the unshifted one at most twice as much as a pure translation does, by the median (in
+    both arms a few tokens near a tie carry most of the mean: Gemma's mean moved 2x between two
+    sets of CPU kernels, from a translation outlier of 0.62 to shift outliers of 0.3-0.58), and
+    agree on the top token about as often. A change of what the cache holds (sinks kept) lies
+    over an order of magnitude above it."""
     engine = make_engine(model, n_ctx_seq=256, n_seq_max=5, n_batch=64)
     tokens = engine.tokenize(TEXT, add_bos=True)[:230]
     runs = {
@@ -83,14 +86,14 @@ def test_b_window_shift_matches_noshift_within_the_translation_floor(
             kls[name].append(kl(logits, out["noshift"]))  # type: ignore[arg-type]
             top1[name] += int(logits.argmax() == out["noshift"].argmax())  # type: ignore[union-attr]
     n = len(tokens) - 64
-    floor = float(np.mean(kls["translated"]))
+    floor = float(np.median(kls["translated"]))
     assert runs["shift"][0].receipt().evictions == n and runs["shift"][0].receipt().shifts == n
     assert runs["shift_k16"][0].receipt().shifts == n // 16
     assert 0 < floor < 0.1, f"translation floor {floor} out of the expected range"
     for name in ("shift", "shift_k16"):
-        assert np.mean(kls[name]) <= 2 * floor, (name, np.mean(kls[name]), floor)
+        assert np.median(kls[name]) <= 2 * floor, (name, np.median(kls[name]), floor)
         assert top1[name] >= top1["translated"] - 0.05 * n, (name, top1)
-    assert np.mean(kls["other_content"]) > 10 * 2 * floor  # the metric sees real differences
+    assert np.median(kls["other_content"]) > 10 * 2 * floor  # the metric sees real differences
 
 
 @pytest.mark.parametrize(
