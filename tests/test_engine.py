@@ -260,10 +260,10 @@ def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
     toks = engine.tokenize(TEXT)
     first = engine.decode_batch([BatchItem(3, toks[:2], 0)])  # a one-row view, cached
     assert first[0] is not None and np.array_equal(first[0], engine.logits(1))
-    items = [BatchItem(2, toks[:5], 0), BatchItem(0, toks[5:12], 0, logits=False),
-             BatchItem(1, toks[12:15], 0)]  # fmt: skip
-    rows = engine.decode_batch(items)
-    # in the batch: sequence 0 (7 tokens), 1 (3), 2 (5); outputs at the last of 1 and of 2
+    items = [BatchItem(2, toks[:5], 0), BatchItem(0, toks[5:10], 0, logits=False),
+             BatchItem(1, toks[12:17], 0)]  # fmt: skip
+    rows = engine.decode_batch(items)  # one length: one llama_decode
+    # in the batch: sequence 0 (5 tokens), 1 (5), 2 (5); outputs at the last of 1 and of 2
     assert rows[1] is None
     assert rows[2] is not None and np.array_equal(rows[2], engine.logits(9))
     assert rows[0] is not None and np.array_equal(rows[0], engine.logits(14))

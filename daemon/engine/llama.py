@@ -10,9 +10,9 @@ NOTE: the context uses per-sequence KV streams (``kv_unified = false``). In a un
 would move the parent's positions too; with one stream per sequence the copy is physical and every
 fork is safe. The price: each sequence gets ``n_ctx / n_seq_max`` cells, fixed at start.
 
-NOTE: a sequence's bits depend on its own tokens alone, never on what shares its llama_decode, on
-any x86-64 CPU (tested for both pinned models; docs/determinism.md). llama.cpp's CPU backend picks a
-matmul kernel by the shape it is handed, and each pick sums in another order:
+NOTE: a sequence's bits depend on its own tokens alone, never on what shares its llama_decode,
+whichever x86-64 kernels the build has (tested for both pinned models; docs/determinism.md).
+llama.cpp's CPU backend picks a matmul kernel by the shape it is handed, and each sums otherwise:
 - the attention products (f16 K and V) go through llamafile's sgemm when a stream has 2 rows or more
   in a ubatch and through ggml's vec_dot for 1 (`llamafile_sgemm` refuses n < 2), and llama.cpp cuts
   a batch of unequal items into ubatches that take as many tokens from each stream (`split_equal`:
