@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -73,7 +72,6 @@ def main() -> None:
                 capture_output=True,
                 text=True,
                 check=True,
-                env=dict(os.environ),
             )
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}

@@ -522,7 +522,7 @@ class Engine(VocabularyOps, SequenceOps):
             total += len(tokens)
         if not 0 < total <= self.n_batch:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
-        if len(items) == 1 or len({len(item.tokens) for item in items}) == 1:
+        if len({len(item.tokens) for item in items}) == 1:
             return self._decode_same_length(items, first=True)
         out: list[np.ndarray | None] = [None] * len(items)
         decoded: list[BatchItem] = []

@@ -1,7 +1,8 @@
 """Carry out a step plan on the engine: sample, evict, decode, record. Engine thread only.
 
 For each slot of the plan the session's policy cuts the next sub-batch, its evictions and shift are
-applied to the cache and then to the policy state, and every sub-batch joins one `llama_decode`.
+applied to the cache and then to the policy state, and the sub-batches of one length join one
+`llama_decode` (`by_length`).
 After it the sub-batch is recorded (policy, token ledger, logits), the sequence is packed after an
 eviction (see `Engine.compact`), and the session is audited. A failure touches only the sessions it
 concerns. `replay` decodes journalled chunks the same way, for resume.
