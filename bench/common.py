@@ -67,7 +67,7 @@ def in_child(fn: Callable[..., T], *args: Any) -> T:
     keeps an OpenMP team for as long as it lives, and once the teams of one process hold more
     threads than there are cores, libgomp cuts the spin at every barrier from 300,000 turns to 100
     (`gomp_throttled_spin_count_var`) before it sleeps: one-token decodes then run 1.4-1.7x slower
-    in both teams (bench/README.md, row 2). A raw loop on the main thread beside a daemon's engine
+    in both teams (bench/README.md, "overhead.py"). A raw loop on the main thread beside a daemon's engine
     thread (or before it: the team outlives the loop) slows both, which neither does alone.
     """
     import multiprocessing

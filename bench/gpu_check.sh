@@ -2,7 +2,7 @@
 # GPU offload check, for a machine with an NVIDIA GPU (compute capability 9.0, e.g. H100/H200) and no
 # network. Give it the llama-cpp-python sdist; the pinned models must be in $SINKD_HOME/models (or
 # the user cache). Builds for CUDA sm_90 only, runs the engine tests with every layer offloaded,
-# benchmark 1 (latency vs session age) and the batched path (raw batching, then 1-8 sessions through
+# latency.py (latency vs session age) and the batched path (raw batching, then 1-8 sessions through
 # the daemon against the raw ceiling), and prints the figures. About 12 minutes, most of it the build.
 #
 #   bash bench/gpu_check.sh llama_cpp_python-0.3.36.tar.gz [OUT_DIR]

@@ -134,7 +134,7 @@ SERVER_SCHEME = {"evict_chunk": (BUDGET - SINKS) // 2, "compact_interval": 0}
 
 
 def model_file() -> Path:
-    from sinkd.daemon.engine.models import load_lock, locate
+    from sinkd.daemon.models.registry import load_lock, locate
 
     return locate(load_lock().get(None))
 
@@ -382,7 +382,7 @@ def batched_bench(binary: Path) -> list[dict[str, Any]]:
 
 
 # where the perplexity runs read: (text, first character), 4,096 tokens from each. One stretch
-# decides little: the schemes' order changes from one to the next (bench/README.md, row 15)
+# decides little: the schemes' order changes from one to the next (bench/README.md, "peer.py")
 STRETCHES = (("kjv", 0), ("kjv", 1_000_000), ("kjv", 2_200_000), ("kjv", 3_400_000),
              ("jargon", 300_000))  # fmt: skip
 

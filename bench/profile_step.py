@@ -22,7 +22,7 @@ from concurrency import MD, generate, session
 
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
-from sinkd.daemon.runtime.scheduler import Scheduler
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 

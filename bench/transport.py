@@ -8,7 +8,7 @@ producer thread at a decode's cadence, as the engine thread hands them to an RPC
 client here reads them as sinkd's client does (on the iterating thread). Each server's CPU is
 counted by thread from /proc, the producer's own thread left out: what is left is the transport's
 (the RPC thread, grpc's pollers). On two cores busy with a decode every such millisecond is taken
-from the decode (bench/README.md, rows 2 and 15), so this is the floor of what serving a stream
+from the decode (bench/README.md, "overhead.py" and "peer.py"), so this is the floor of what serving a stream
 over Python gRPC costs one session. Three servers: grpc's synchronous server (sinkd's: a thread
 pool, a generator per stream), its asyncio server yielding from an async generator, and the asyncio
 server writing with `context.write`.

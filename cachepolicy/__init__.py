@@ -4,9 +4,10 @@ No engine, no network: this package imports neither ``llama_cpp`` nor ``grpc``.
 """
 
 from sinkd.cachepolicy.config import PolicyConfig, PolicyName, PositionMode
-from sinkd.cachepolicy.errors import CacheFull, ConfigError, SinkdError
+from sinkd.cachepolicy.errors import CacheFull, ConfigError
 from sinkd.cachepolicy.plan import AppendPlan, Evict, Op, SeqState, Shift, SubBatch, plan_append
 from sinkd.cachepolicy.sequence import CacheSequence, Cell, Receipt, TraceEvent
+from sinkd.errors import SinkdError
 
 __all__ = [
     "AppendPlan",

@@ -163,7 +163,7 @@ class PolicyConfig:
         """This policy with K set to close the gaps of `evictions_per_shift` evictions at once.
 
         llama.cpp re-rotates every cell of the context at each shift, whichever sequence moved, so
-        a shift costs in proportion to the whole context (bench/README.md, row 3): fewer shifts buy
+        a shift costs in proportion to the whole context (bench/README.md, "eviction.py"): fewer shifts buy
         throughput. K is at most W, so cache positions stay below twice the budget (a gap up to W
         measured within 0.4% of K=0 in perplexity, bench/README.md), and never past
         `position_limit`; a policy that keeps its positions is returned as it is.

@@ -1,18 +1,15 @@
-"""Typed errors of the cache policy, the root of sinkd's one error hierarchy.
+"""Typed errors of the cache policy, in sinkd's one error hierarchy (rooted in `sinkd.errors`).
 
 Each class carries what the edges need, as plain data: `status` (a gRPC status name) and `exit_code`
 (the CLI's). The servicer and the CLI read them; nothing here imports either. The daemon's errors
-(`sinkd.daemon.errors`) derive from `SinkdError` too.
+(`sinkd.errors`) derive from the same `SinkdError`.
 """
 
 from __future__ import annotations
 
+from sinkd.errors import SinkdError
 
-class SinkdError(Exception):
-    """Base of every error sinkd means to show to a user."""
-
-    status = "INTERNAL"
-    exit_code = 14
+__all__ = ["CacheFull", "ConfigError", "SinkdError"]
 
 
 class ConfigError(SinkdError, ValueError):

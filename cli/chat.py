@@ -2,28 +2,55 @@
 
 from __future__ import annotations
 
+import enum
 import sys
-from typing import Any, TextIO
+from typing import Annotated, TextIO
 
+import typer
 from rich.console import Console
 
-from sinkd.cli.backend import Backend, Handle
+from sinkd.cachepolicy import PolicyName
+from sinkd.cli.backend import Backend
+from sinkd.cli.console import console
+from sinkd.cli.errors import handle_errors
+from sinkd.cli.options import (
+    CompactOpt,
+    ConnectOpt,
+    EvictOpt,
+    ModelOpt,
+    PolicyOpt,
+    SinksOpt,
+    TokenOpt,
+    WindowOpt,
+    policy_request,
+    session_backend,
+)
 from sinkd.cli.sessions import _span, receipt_table
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    Done,
+    Handle,
+    RecallReport,
+    RecallRequest,
+    Receipt,
+    SamplingRequest,
+    TokenEvent,
+)
+
+err = console(stderr=True)
 
 HELP = "/reset  /fork  /receipt  /trace  /help  /quit   (anything else is your message)"
 
 
-def recall_line(report: dict[str, Any]) -> str:
+def recall_line(report: RecallReport) -> str:
     """One line: what this turn's recall brought back into the cache (text, not the model's
     earlier state), or why nothing."""
-    spans = report.get("recalled") or []
-    if not spans:
-        return f"[recall: {report.get('note', 'nothing recalled')}]"
+    if not report.recalled:
+        return f"[recall: {report.note or 'nothing recalled'}]"
     where = ", ".join(
-        f"#{s['passage_id']} from {_span(s['source_logical'])} (score {s['score']:.1f})"
-        for s in spans
+        f"#{s.passage_id} from {_span(s.source)} (score {s.score:.1f})" for s in report.recalled
     )
-    return f"[recall: {len(spans)} passage(s) of earlier text back in the cache: {where}]"
+    return f"[recall: {len(report.recalled)} passage(s) of earlier text back in the cache: {where}]"
 
 
 class ChatLoop:
@@ -36,12 +63,12 @@ class ChatLoop:
         self.out = out
         self.err = err
 
-    def status(self, receipt: dict[str, Any]) -> None:
-        p = receipt["policy"]
+    def status(self, receipt: Receipt) -> None:
+        p = receipt.policy
         self.err.print(
-            f"[dim]\\[{receipt['session_id']} gen {receipt['generation'][:8]} | retained"
-            f" {receipt['retained']}/{p['sinks'] + p['window']} | seen {receipt['n_seen']} |"
-            f" evicted {receipt['evicted_tokens']} in {receipt['evictions']}][/dim]"
+            f"[dim]\\[{receipt.session_id} gen {receipt.generation[:8]} | retained"
+            f" {receipt.retained}/{p.sinks + p.window} | seen {receipt.n_seen} |"
+            f" evicted {receipt.evicted_tokens} in {receipt.evictions}][/dim]"
         )
 
     def command(self, line: str) -> bool:
@@ -50,32 +77,33 @@ class ChatLoop:
         if cmd in ("/quit", "/exit"):
             return False
         if cmd == "/reset":
-            self.handle, receipt = self.backend.reset(self.handle)
+            receipt = self.backend.reset(self.handle)
+            self.handle = receipt.handle
             self.err.print(
                 "reset: a new generation, every cell freed (evicted and earlier text is gone)"
             )
             self.status(receipt)
         elif cmd == "/fork":
-            self.handle, receipt = self.backend.fork(self.handle)
+            receipt = self.backend.fork(self.handle)
+            self.handle = receipt.handle
             self.err.print(
                 f"forked: now talking in {self.handle.session_id}; the parent is unchanged"
             )
             self.status(receipt)
         elif cmd == "/receipt":
-            receipt, _ = self.backend.inspect(self.handle)
-            self.err.print(receipt_table(receipt))
+            self.err.print(receipt_table(self.backend.inspect(self.handle).receipt))
         elif cmd == "/trace":
             events = self.backend.trace(self.handle)
             for e in events[-10:]:
-                if e.get("kind") == "recall":
+                if e.kind == "recall":
                     self.err.print(
-                        f"at token {e['at_token']}: recalled passage {e['passage_id']} (first seen"
-                        f" at {_span(e['recalled_source'])}) into {_span(e['recalled_logical'])}"
+                        f"at token {e.at_token}: recalled passage {e.passage_id} (first seen"
+                        f" at {_span(e.recalled_source)}) into {_span(e.recalled_logical)}"
                     )
                     continue
                 self.err.print(
-                    f"at token {e['at_token']}: evicted logical {_span(e['evicted_logical'])}"
-                    f" (cache {_span(e['evicted_cache'])}), shift {e['shift_delta']}"
+                    f"at token {e.at_token}: evicted logical {_span(e.evicted_logical)}"
+                    f" (cache {_span(e.evicted_cache)}), shift {e.shift_delta}"
                 )
             if not events:
                 self.err.print("no evictions yet")
@@ -84,19 +112,18 @@ class ChatLoop:
         return True
 
     def turn(self, message: str) -> None:
-        receipt: dict[str, Any] = {}
-        recall: dict[str, Any] | None = None
-        for kind, payload in self.backend.chat(self.handle, message, self.max_tokens, []):
-            if kind == "token":
-                self.out.write(payload["text"])
+        done: Done | None = None
+        for event in self.backend.chat(self.handle, ChatRequest(message, self.max_tokens)):
+            if isinstance(event, TokenEvent):
+                self.out.write(event.text)
                 self.out.flush()
             else:
-                receipt = payload["receipt"]
-                recall = payload.get("recall")
+                done = event
         self.out.write("\n")
-        if recall:
-            self.err.print(recall_line(recall), markup=False, highlight=False)
-        self.status(receipt)
+        assert done is not None  # a stream ends with Done or raises
+        if done.recall is not None:
+            self.err.print(recall_line(done.recall), markup=False, highlight=False)
+        self.status(done.receipt)
 
     def run(self, lines: TextIO = sys.stdin) -> None:
         interactive = lines.isatty()
@@ -115,3 +142,90 @@ class ChatLoop:
                     break
             else:
                 self.turn(line)
+
+
+CHAT_WINDOW = 1020  # S=4 + W=1,020: 1,024 cells (bench/chat_defaults.py: ITL and memory by window)
+
+
+PLAIN_SAMPLING = SamplingRequest(  # SamplingParams' defaults: a remote daemon gets the same
+    temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, seed=0, repeat_penalty=1.0
+)
+
+
+class RecallModeOpt(str, enum.Enum):
+    OFF = "off"
+    MANUAL = "manual"
+    AUTO = "auto"
+
+
+@handle_errors
+def chat(
+    embedded: Annotated[
+        bool, typer.Option("--embedded", help="Run the model in this process, no daemon.")
+    ] = False,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    model: ModelOpt = None,
+    system: Annotated[str, typer.Option("--system", help="System prompt.")] = "",
+    pin_system: Annotated[
+        bool, typer.Option("--pin-system", help="Keep the whole system prompt as sinks.")
+    ] = False,
+    policy: PolicyOpt = PolicyName.SINK,
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: EvictOpt = None,
+    compact: CompactOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest reply.")] = 256,
+    recall: Annotated[
+        RecallModeOpt | None,
+        typer.Option(
+            "--recall",
+            help="auto: before each turn, bring evicted text that matches your message back into"
+            " the cache (a line says what); manual: keep it, recall on request; off: keep"
+            " nothing. Default: auto for the sink policy.",
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="0: greedy.")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=0)] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p")] = None,
+    repeat_penalty: Annotated[
+        float | None,
+        typer.Option("--repeat-penalty", help="Over the last 64 tokens; 1: off."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
+) -> None:
+    """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit.
+
+    Sampling: the model's recommended settings (models.lock), unless any option below is given;
+    then the given ones, the others at their plain defaults (greedy, top-k 40, top-p 0.95, ...)."""
+    if window is None and policy in (PolicyName.SINK, PolicyName.SINK_NOSHIFT, PolicyName.WINDOW):
+        window = CHAT_WINDOW  # a conversation's worth: one long reply evicts no earlier turn
+    pol = policy_request(policy.value, sinks, window, evict, compact, pin_system)
+    given = (temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    sampling = None
+    if any(v is not None for v in given):
+        plain = PLAIN_SAMPLING
+        sampling = SamplingRequest(
+            temperature=plain.temperature if temperature is None else temperature,
+            top_k=plain.top_k if top_k is None else top_k,
+            top_p=plain.top_p if top_p is None else top_p,
+            min_p=plain.min_p if min_p is None else min_p,
+            seed=plain.seed if seed is None else seed,
+            repeat_penalty=plain.repeat_penalty if repeat_penalty is None else repeat_penalty,
+        )
+    backend = session_backend(embedded, address, token, model, CHAT_WINDOW + 4)
+    try:
+        receipt = backend.create(
+            pol,
+            system_prompt=system,
+            recall=RecallRequest(mode=recall.value) if recall else None,
+            sampling=sampling,
+        )
+        loop = ChatLoop(backend, receipt.handle, max_tokens, sys.stdout, err)
+        loop.status(receipt)
+        loop.run(sys.stdin)
+    finally:
+        backend.shutdown()

@@ -9,14 +9,13 @@ from typing import Any, TypeVar
 
 import typer
 
-from sinkd.cachepolicy.errors import SinkdError
-from sinkd.daemon.errors import message_of
+from sinkd.errors import SinkdError, message_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def exit_code(error: SinkdError) -> int:
-    """Each error class carries its exit code (documented in the README); 1 is left to Python
+    """Each error class carries its exit code (documented in docs/cli.md, "Exit codes"); 1 is left to Python
     itself, 2 to usage errors (typer's own too)."""
     return error.exit_code
 

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
-from sinkd.daemon.engine.models import (
+from sinkd.daemon.models.registry import (
     ModelEntry,
     load_lock,
     model_path,
@@ -21,7 +21,7 @@ from sinkd.daemon.engine.models import (
     user_lock_path,
     write_user_entry,
 )
-from sinkd.daemon.errors import Unsupported
+from sinkd.errors import Unsupported
 
 app = typer.Typer(
     help="List, pull and verify the allowed models; qualify and add your own.", no_args_is_help=True
@@ -127,7 +127,7 @@ def verify_model(
     as_json: JsonFlag = False,
 ) -> None:
     """Check the file's size and sha256, then load it and check vocabulary and template hashes."""
-    from sinkd.evaluation import offline  # loads llama.cpp: only here
+    from sinkd.cli import offline  # loads llama.cpp: only here
 
     entry = load_lock().get(name)
     result = offline.verify(entry)

@@ -8,21 +8,52 @@ policy decides: `drop-oldest` (default: the narration stays current, drops are c
 
 from __future__ import annotations
 
+import datetime
+import enum
+import json
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
-from sinkd.cli.backend import Backend, Handle
-from sinkd.daemon.errors import FailedPrecondition, Unsupported
+import typer
+
+from sinkd.cli.backend import Backend
+from sinkd.cli.console import console
+from sinkd.cli.errors import handle_errors
+from sinkd.cli.options import (
+    ConnectOpt,
+    EvictOpt,
+    JsonFlag,
+    ModelOpt,
+    SinksOpt,
+    TokenOpt,
+    WindowOpt,
+    policy_request,
+    session_backend,
+)
+from sinkd.daemon.metrics import rss_bytes
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    GenerateRequest,
+    Handle,
+    RecallRequest,
+    Receipt,
+    Stream,
+    TokenEvent,
+)
+from sinkd.errors import FailedPrecondition, Unsupported
 
 NARRATION_REQUEST = (
     "In one or two sentences, say what just happened in the log lines above. Be concrete and brief."
 )
 DROP_OLDEST, BLOCK = "drop-oldest", "block"
 MAX_QUERY_CHARS = 2000
+out = console()
+err = console(stderr=True)
 
 
 @dataclass
@@ -38,7 +69,7 @@ class NarrateConfig:
     recall: bool = True  # before each narration, recall earlier lines like the recent ones
 
     def validate(self) -> None:
-        from sinkd.daemon.errors import InvalidInput
+        from sinkd.errors import InvalidInput
 
         # the CLI's options check the integer bounds and the choices; a library caller gets these
         for name in ("chunk_lines", "every_lines", "max_line_bytes", "queue_lines", "max_tokens"):
@@ -173,7 +204,7 @@ class Narrator:
                 break
             if lines:
                 self._recent = (self._recent + lines)[-8:]
-                self._note(self.backend.append(self.handle, "\n".join(lines) + "\n"))
+                self._note(self.backend.append(self.handle, "\n".join(lines) + "\n").receipt)
                 self.counts.lines_appended += len(lines)
                 self._since += len(lines)
             due = (
@@ -201,39 +232,154 @@ class Narrator:
         if not query.strip():
             return
         try:
-            report, receipt = self.backend.recall(self.handle, query)
+            result = self.backend.recall(self.handle, query)
         except FailedPrecondition:  # a session that keeps no memory
             self.config.recall = False
             return
-        self._note(receipt)
-        if report.get("recalled"):
+        self._note(result.receipt)
+        if result.report.recalled:
             self.counts.recalls += 1
-            self.counts.recalled_passages += len(report["recalled"])
+            self.counts.recalled_passages += len(result.report.recalled)
 
-    def _ask(self) -> tuple[str, dict[str, Any]]:
-        stops = ["\n\n"]
+    def _ask(self) -> tuple[str, Receipt]:
+        stops = ("\n\n",)
         if self._chat:
             try:
-                return self._collect(
-                    self.backend.chat(self.handle, NARRATION_REQUEST, self.config.max_tokens, stops)
-                )
+                ask = ChatRequest(NARRATION_REQUEST, self.config.max_tokens, stops)
+                return self._collect(self.backend.chat(self.handle, ask))
             except Unsupported:  # embedded and remote raise the same class
                 self._chat = False  # a model without a chat template: plain continuation
         self.backend.append(self.handle, "\nWhat just happened, in one sentence:")
-        return self._collect(self.backend.generate(self.handle, self.config.max_tokens, stops))
+        request = GenerateRequest(self.config.max_tokens, stops)
+        return self._collect(self.backend.generate(self.handle, request))
 
-    def _collect(self, events: Any) -> tuple[str, dict[str, Any]]:
-        parts, receipt = [], {}
-        for kind, payload in events:
-            if kind == "token":
-                parts.append(payload["text"])
+    def _collect(self, events: Stream) -> tuple[str, Receipt]:
+        parts, receipt = [], None
+        for event in events:
+            if isinstance(event, TokenEvent):
+                parts.append(event.text)
             else:
-                receipt = payload["receipt"]
+                receipt = event.receipt
+        assert receipt is not None  # a stream ends with Done or raises
         return "".join(parts), receipt
 
-    def _note(self, receipt: dict[str, Any]) -> None:
-        if receipt:
-            self.counts.evictions = receipt["evictions"]
-            self.counts.evicted_tokens = receipt["evicted_tokens"]
-            self.counts.tokens_seen = receipt["n_seen"]
-            self.counts.retained = receipt["retained"]
+    def _note(self, receipt: Receipt) -> None:
+        self.counts.evictions = receipt.evictions
+        self.counts.evicted_tokens = receipt.evicted_tokens
+        self.counts.tokens_seen = receipt.n_seen
+        self.counts.retained = receipt.retained
+
+
+class OnFull(str, enum.Enum):
+    DROP_OLDEST = "drop-oldest"
+    BLOCK = "block"
+
+
+@handle_errors
+def narrate(
+    embedded: Annotated[
+        bool,
+        typer.Option("--embedded", help="Run the model in this process, even if a daemon runs."),
+    ] = False,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    model: ModelOpt = None,
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: EvictOpt = None,
+    chunk_lines: Annotated[
+        int, typer.Option("--chunk-lines", min=1, help="Append after this many lines...")
+    ] = 16,
+    chunk_seconds: Annotated[
+        float, typer.Option("--chunk-seconds", help="...or after this long.")
+    ] = 1.0,
+    every_lines: Annotated[
+        int, typer.Option("--every-lines", min=1, help="Narrate after this many appended lines...")
+    ] = 200,
+    every_seconds: Annotated[
+        float, typer.Option("--every-seconds", help="...or this many seconds.")
+    ] = 30.0,
+    max_line_bytes: Annotated[
+        int, typer.Option("--max-line-bytes", min=1, help="Longer lines are cut here.")
+    ] = 512,
+    queue_lines: Annotated[
+        int, typer.Option("--queue-lines", min=1, help="Lines waiting at most.")
+    ] = 1024,
+    on_full: Annotated[
+        OnFull,
+        typer.Option("--on-full", help="drop-oldest (stay current) or block (lose nothing)."),
+    ] = OnFull.DROP_OLDEST,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest narration.")] = 48,
+    recall: Annotated[
+        bool,
+        typer.Option(
+            "--recall/--no-recall",
+            help="Before each narration, bring back evicted lines like the latest ones.",
+        ),
+    ] = True,
+    as_json: JsonFlag = False,
+) -> None:
+    """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`): through the daemon
+    when one answers, else in this process."""
+    cfg = NarrateConfig(
+        chunk_lines,
+        chunk_seconds,
+        every_lines,
+        every_seconds,
+        max_line_bytes,
+        queue_lines,
+        on_full.value,
+        max_tokens,
+        recall,
+    )
+    cfg.validate()
+    counts = Counts()
+    backend = session_backend(embedded, address, token, model, 512)
+
+    def emit(text: str, snapshot: dict[str, Any]) -> None:
+        ts = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        if as_json:
+            print(
+                json.dumps(
+                    {
+                        "event": "narration",
+                        "ts": ts,
+                        "text": text,
+                        **snapshot,
+                        "rss_bytes": rss_bytes(),
+                    }
+                ),
+                flush=True,
+            )
+        else:
+            out.print(f"[dim]{ts}[/dim] {text}", highlight=False)
+
+    queue = LineQueue(cfg.queue_lines, cfg.on_full, counts)
+    reader = threading.Thread(
+        target=read_lines, args=(sys.stdin.buffer, queue, counts, cfg.max_line_bytes), daemon=True
+    )
+    interrupted = False
+    try:
+        # recall "manual": the narrator asks with the latest lines (see Narrator._recall)
+        receipt = backend.create(
+            policy_request("sink", sinks, window, evict, 0),
+            recall=RecallRequest(mode="manual" if recall else "off"),
+        )
+        reader.start()
+        Narrator(backend, receipt.handle, cfg, counts, emit).run(queue)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        backend.shutdown()
+    summary = {**counts.as_dict(), "interrupted": interrupted, "rss_bytes": rss_bytes()}
+    if as_json:
+        print(json.dumps({"event": "summary", **summary}), flush=True)
+    else:
+        err.print(
+            f"narrate: {summary['lines_read']} lines read, {summary['lines_appended']} appended,"
+            f" {summary['lines_dropped']} dropped, {summary['lines_truncated']} cut,"
+            f" {summary['narrations']} narrations ({summary['recalls']} with recalled lines),"
+            f" {summary['evicted_tokens']} tokens evicted"
+            f" in {summary['evictions']} evictions",
+            highlight=False,
+        )

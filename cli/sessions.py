@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from sinkd.cli.backend import Handle, RemoteBackend
 from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
+from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
+from sinkd.daemon.rpc.client import Client
+from sinkd.daemon.runtime.api import Handle, Receipt, to_json
 
 app = typer.Typer(
     help="List, inspect, trace, search the memory of, reset and close your sessions on a running"
@@ -25,69 +27,58 @@ app = typer.Typer(
 )
 out = console()
 
-ConnectOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--connect", help="Daemon address (default: the user's Unix socket; $SINKD_ADDRESS)."
-    ),
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option("--token", help="Bearer token (default: $SINKD_TOKEN).", envvar="SINKD_TOKEN"),
-]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 IdArg = Annotated[str, typer.Argument(help="Session id (from `sinkd sessions list`).")]
 GenOpt = Annotated[
     str | None, typer.Option("--generation", help="Pin this generation instead of the current one.")
 ]
 
 
-def _handle(backend: RemoteBackend, session_id: str, generation: str | None) -> Handle:
+def _handle(backend: Client, session_id: str, generation: str | None) -> Handle:
     return Handle(session_id, generation) if generation else backend.resolve(session_id)
 
 
-def _span(r: list[int]) -> str:
-    return f"[{r[0]}, {r[1]})" if r[1] > r[0] else "none"
+def _span(r: tuple[int, int] | None) -> str:
+    return f"[{r[0]}, {r[1]})" if r is not None and r[1] > r[0] else "none"
 
 
-def receipt_table(r: dict[str, Any], title: str = "receipt") -> Table:
-    p = r["policy"]
+def receipt_table(r: Receipt, title: str = "receipt") -> Table:
+    p = r.policy
     table = Table(title=title, show_header=False)
     rows = [
-        ("session", r["session_id"]),
-        ("generation", f"{r['generation'][:16]} (resets: {r['reset_count']})"),
-        ("state", r["state"]),
+        ("session", r.session_id),
+        ("generation", f"{r.generation[:16]} (resets: {r.reset_count})"),
+        ("state", r.state),
         (
             "policy",
-            f"{p['policy']} S={p['sinks']} W={p['window']} E={p['evict_chunk']}"
-            f" K={p['compact_interval']} ingest={p.get('ingest_chunk', 0)}",
+            f"{p.policy.value} S={p.sinks} W={p.window} E={p.evict_chunk}"
+            f" K={p.compact_interval} ingest={p.ingest_chunk}",
         ),
-        ("tokens seen", str(r["n_seen"])),
-        ("retained cells", f"{r['retained']} ({r['kv_payload_bytes']:,} bytes of KV)"),
-        ("anchors", f"logical {_span(r['anchors_logical'])}  cache {_span(r['anchors_cache'])}"),
-        ("recent", f"logical {_span(r['recent_logical'])}  cache {_span(r['recent_cache'])}"),
+        ("tokens seen", str(r.n_seen)),
+        ("retained cells", f"{r.retained} ({r.kv_payload_bytes:,} bytes of KV)"),
+        ("anchors", f"logical {_span(r.anchors_logical)}  cache {_span(r.anchors_cache)}"),
+        ("recent", f"logical {_span(r.recent_logical)}  cache {_span(r.recent_cache)}"),
         (
             "evicted",
-            f"{r['evicted_tokens']} tokens in {r['evictions']} evictions ({r['shifts']} shifts, gap {r['pending_gap']})",
+            f"{r.evicted_tokens} tokens in {r.evictions} evictions ({r.shifts} shifts, gap {r.pending_gap})",
         ),
         (
             "system prompt",
-            f"{r['system_prompt_tokens']} tokens, {r['system_prompt_tokens_pinned']} pinned as sinks",
+            f"{r.system_prompt_tokens} tokens, {r.system_prompt_tokens_pinned} pinned as sinks",
         ),
-        ("model", f"{r['model']} ({r['model_sha256'][:12]})"),
+        ("model", f"{r.model} ({r.model_sha256[:12]})"),
         ("recall", _recall_cell(r)),
         (
             "memory",
-            f"{r['memory_passages']} passages, {r['memory_tokens']} tokens, {r['memory_bytes']:,} bytes",
+            f"{r.memory_passages} passages, {r.memory_tokens} tokens, {r.memory_bytes:,} bytes",
         ),
     ]
-    for span in r.get("recalled") or []:
+    for span in r.recalled:
         rows.append(
             (
                 "recalled (in cache)",
-                f"#{span['passage_id']}: first seen {_span(span['source_logical'])}, now at"
-                f" {_span(span['stream_logical'])}, score {span['score']:.2f}, at"
-                f" {time.strftime('%H:%M:%S', time.localtime(span['recalled_unix_time']))}",
+                f"#{span.passage_id}: first seen {_span(span.source)}, now at"
+                f" {_span(span.stream)}, score {span.score:.2f}, at"
+                f" {time.strftime('%H:%M:%S', time.localtime(span.at))}",
             )
         )
     for key, value in rows:
@@ -98,52 +89,52 @@ def receipt_table(r: dict[str, Any], title: str = "receipt") -> Table:
 @app.command("list")
 @handle_errors
 def list_sessions(
-    connect: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFlag = False
+    address: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFlag = False
 ) -> None:
     """Your sessions: positions and counts, no text."""
-    backend = RemoteBackend(connect, token)
+    backend = connect(address, token)
     rows = backend.list()
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(to_json(rows), indent=2))
         return
     table = Table(title=f"sessions at {backend.address}")
     for col in ("id", "state", "policy", "seen", "kept", "snapshot", "journal", "resume"):
         table.add_column(col, no_wrap=col == "id")
     notes = []
     for r in rows:
-        p = r["policy"]
+        p = r.policy
         table.add_row(
-            r["session_id"], r["state"], f"{p['policy']} {p['sinks']}+{p['window']}",
-            str(r["n_seen"]), str(r["retained"]), _snapshot_cell(r),
-            f"{r['journal_tokens']} tok", _resume_label(r),
+            r.session_id, r.state, f"{p.policy.value} {p.sinks}+{p.window}",
+            str(r.n_seen), str(r.retained), _snapshot_cell(r),
+            f"{r.journal_tokens} tok", _resume_label(r),
         )  # fmt: skip
-        if r["state"] == "stale":
-            notes.append(f"{r['session_id']} is stale: {r['stale_reason']}")
-        elif r["resume"] != "new":
-            notes.append(f"{r['session_id']} resumed: {r['resume']}")
+        if r.state == "stale":
+            notes.append(f"{r.session_id} is stale: {r.stale_reason}")
+        elif r.resume != "new":
+            notes.append(f"{r.session_id} resumed: {r.resume}")
     out.print(table)
     for note in notes:
         out.print(note, markup=False, highlight=False)
 
 
-def _resume_label(r: dict[str, Any]) -> str:
-    if r["state"] == "stale":
+def _resume_label(r: Receipt) -> str:
+    if r.state == "stale":
         return "stale"
-    return "new" if r["resume"] == "new" else "resumed"
+    return "new" if r.resume == "new" else "resumed"
 
 
-def _snapshot_cell(r: dict[str, Any]) -> str:
-    if r["snapshot_n_seen"] < 0:
+def _snapshot_cell(r: Receipt) -> str:
+    if r.snapshot_n_seen < 0:
         return "none"
-    age = max(0.0, time.time() - r["snapshot_unix_time"])
-    return f"@{r['snapshot_n_seen']}, {age:.0f}s ago"
+    age = max(0.0, time.time() - r.snapshot_unix_time)
+    return f"@{r.snapshot_n_seen}, {age:.0f}s ago"
 
 
 @app.command("inspect")
 @handle_errors
 def inspect(
     session_id: IdArg,
-    connect: ConnectOpt = None,
+    address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     text: Annotated[
@@ -152,56 +143,51 @@ def inspect(
     as_json: JsonFlag = False,
 ) -> None:
     """The receipt: anchors and recent range, logical and cache positions, bytes, evictions."""
-    backend = RemoteBackend(connect, token)
-    receipt, retained = backend.inspect(_handle(backend, session_id, generation), include_text=text)
+    backend = connect(address, token)
+    seen = backend.inspect(_handle(backend, session_id, generation), include_text=text)
     if as_json:
+        shown = {"receipt": to_json(seen.receipt)}
         print(
             json.dumps(
-                {"receipt": receipt, **({"retained_text": retained} if text else {})}, indent=2
+                {**shown, **({"retained_text": seen.retained_text} if text else {})}, indent=2
             )
         )
         return
-    out.print(receipt_table(receipt))
+    out.print(receipt_table(seen.receipt))
     if text:
         out.rule("retained text (what the model still sees)")
-        out.print(retained, markup=False, highlight=False)
+        out.print(seen.retained_text, markup=False, highlight=False)
 
 
 @app.command("trace")
 @handle_errors
 def trace(
     session_id: IdArg,
-    connect: ConnectOpt = None,
+    address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """The eviction trace: what left the cache, when, and how the window moved."""
-    backend = RemoteBackend(connect, token)
+    backend = connect(address, token)
     events = backend.trace(_handle(backend, session_id, generation))
     if as_json:
-        print(json.dumps(events, indent=2))
+        print(json.dumps(to_json(events), indent=2))
         return
     table = Table(title=f"eviction trace of {session_id} (newest {len(events)})")
     for col in ("at token", "evicted logical", "evicted cache", "shift"):
         table.add_column(col, justify="right")
     for e in events:
-        if e.get("kind") == "recall":
+        if e.kind == "recall":
             table.add_row(
-                str(e["at_token"]),
-                f"recalled #{e['passage_id']} from {_span(e['recalled_source'])}",
-                f"into logical {_span(e['recalled_logical'])}",
+                str(e.at_token),
+                f"recalled #{e.passage_id} from {_span(e.recalled_source)}",
+                f"into logical {_span(e.recalled_logical)}",
                 "",
             )
             continue
-        shift = (
-            f"{e['shift_delta']} on {_span(e['shifted_cache'])}"
-            if e["shifted_cache"]
-            else "deferred"
-        )
-        table.add_row(
-            str(e["at_token"]), _span(e["evicted_logical"]), _span(e["evicted_cache"]), shift
-        )
+        shift = f"{e.shift_delta} on {_span(e.shifted_cache)}" if e.shifted_cache else "deferred"
+        table.add_row(str(e.at_token), _span(e.evicted_logical), _span(e.evicted_cache), shift)
     out.print(table)
 
 
@@ -209,27 +195,20 @@ def trace(
 @handle_errors
 def reset(
     session_id: IdArg,
-    connect: ConnectOpt = None,
+    address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a new generation: every cell freed, old handles refused from now on."""
-    backend = RemoteBackend(connect, token)
-    handle, receipt = backend.reset(_handle(backend, session_id, generation))
+    backend = connect(address, token)
+    receipt = backend.reset(_handle(backend, session_id, generation))
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "session_id": handle.session_id,
-                    "generation": handle.generation,
-                    "receipt": receipt,
-                }
-            )
-        )
+        shown = {"session_id": receipt.session_id, "generation": receipt.generation}
+        print(json.dumps({**shown, "receipt": to_json(receipt)}))
     else:
         out.print(
-            f"{session_id}: reset; new generation {handle.generation[:16]}, {receipt['retained']} cells held"
+            f"{session_id}: reset; new generation {receipt.generation[:16]}, {receipt.retained} cells held"
         )
 
 
@@ -237,24 +216,24 @@ def reset(
 @handle_errors
 def close(
     session_id: IdArg,
-    connect: ConnectOpt = None,
+    address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Close the session and free its sequence."""
-    backend = RemoteBackend(connect, token)
+    backend = connect(address, token)
     backend.close(_handle(backend, session_id, generation))
     print(json.dumps({"closed": session_id}) if as_json else f"{session_id}: closed")
 
 
-def _recall_cell(r: dict[str, Any]) -> str:
-    c = r.get("recall") or {}
-    if not c or c.get("mode") == "off":
+def _recall_cell(r: Receipt) -> str:
+    c = r.recall
+    if not c.mode.stores:
         return "off (evicted text is not kept)"
     return (
-        f"{c['mode']}: up to {c['budget']} tokens, {c['passages']} passage(s), score >="
-        f" {c['threshold']:g}"
+        f"{c.mode.value}: up to {c.budget} tokens, {c.passages} passage(s), score >="
+        f" {c.threshold:g}"
     )
 
 
@@ -291,26 +270,26 @@ def memory(
         str, typer.Option("--search", help="Show the passages that best match this text.")
     ] = "",
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 20,
-    connect: ConnectOpt = None,
+    address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """The session's memory: text the stream evicted, kept as passages (owner only)."""
-    backend = RemoteBackend(connect, token)
+    backend = connect(address, token)
     passages = backend.memory(_handle(backend, session_id, generation), search, limit)
     if as_json:
-        print(json.dumps(passages, indent=2))
+        print(json.dumps(to_json(passages), indent=2))
         return
     title = f"memory of {session_id}" + (" (best matches first)" if search else " (newest last)")
     table = Table(title=title)
     for col in ("passage", "logical", "tokens", "score", "text"):
         table.add_column(col, no_wrap=col != "text")
     for p in passages:
-        score = "" if p.get("score") is None else f"{p['score']:.2f}"
+        score = "" if p.score is None else f"{p.score:.2f}"
         table.add_row(
-            str(p["passage_id"]), _span(p["logical"]), str(p["n_tokens"]), score,
-            p["text"].replace("\n", " ")[:200],
+            str(p.passage_id), _span(p.logical), str(p.n_tokens), score,
+            p.text.replace("\n", " ")[:200],
         )  # fmt: skip
     out.print(table)
     if not passages:
@@ -322,7 +301,7 @@ def memory(
 def forget(
     session_id: IdArg,
     target: Annotated[str, typer.Argument(help="A passage id (12) or a logical range (100:200).")],
-    connect: ConnectOpt = None,
+    address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
@@ -330,6 +309,6 @@ def forget(
     """Delete passages from the session's memory, on disk (a range deletes every passage that
     overlaps it, whole). What the cache holds now is not touched."""
     passage_id, logical = parse_target(target)
-    backend = RemoteBackend(connect, token)
+    backend = connect(address, token)
     n = backend.forget(_handle(backend, session_id, generation), passage_id, logical)
     print(json.dumps({"forgotten": n}) if as_json else f"{session_id}: {n} passage(s) deleted")

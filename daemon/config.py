@@ -18,7 +18,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from sinkd.daemon.errors import InvalidInput
+from sinkd.errors import InvalidInput
 
 THREADS_ENV = "SINKD_N_THREADS"  # what the daemon's setting `n_threads` reads too
 

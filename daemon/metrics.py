@@ -6,6 +6,7 @@ Each daemon has its own registry, so several daemons (tests) can live in one pro
 from __future__ import annotations
 
 import contextlib
+import resource
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -139,3 +140,13 @@ class Metrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+def rss_bytes() -> int:
+    """Resident memory now (Linux /proc), else the peak from getrusage."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

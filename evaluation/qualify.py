@@ -22,11 +22,11 @@ import numpy as np
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.compat import check_policy
-from sinkd.daemon.engine.gguf import GGUFHeader, read_header
 from sinkd.daemon.engine.llama import Engine, EngineConfig, builtin_templates
-from sinkd.daemon.engine.models import ModelEntry, sha256_file
-from sinkd.daemon.engine.ollama import OllamaModel, find
-from sinkd.daemon.errors import InvalidInput, SinkdError
+from sinkd.daemon.models.gguf import GGUFHeader, read_header
+from sinkd.daemon.models.ollama import OllamaModel, find
+from sinkd.daemon.models.registry import ModelEntry, sha256_file
+from sinkd.errors import InvalidInput, SinkdError
 from sinkd.evaluation.ppl import score_policy
 
 # Architectures whose positions are not rotary (learned, ALiBi, relative bias): a shift cannot

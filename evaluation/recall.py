@@ -16,19 +16,29 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    Done,
+    GenerateRequest,
+    Handle,
+    PolicyRequest,
+    RecallRequest,
+    SamplingRequest,
+    Stream,
+    TokenEvent,
+)
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 
 PRINCIPAL = Principal("local")
 QUESTION = "\nWhat is the pass key?\n"
 ANSWER = "\nThe pass key is"
-GREEDY = {"temperature": 0.0}
+GREEDY = SamplingRequest(temperature=0.0)
 
 
 def key_sentence(key: int, door: int | None = None) -> str:
@@ -77,35 +87,36 @@ class Filler:
         return self.tokens[start : start + n]
 
 
-def _answer(service: SinkdService, handle: tuple[str, str], max_tokens: int = 8) -> str:
-    events = service.generate(PRINCIPAL, handle, max_tokens, [], GREEDY)
-    return "".join(e["text"] for kind, e in events if kind == "token")
+def _answer(service: SinkdService, handle: Handle, max_tokens: int = 8) -> str:
+    events = service.generate(PRINCIPAL, handle, GenerateRequest(max_tokens, sampling=GREEDY))
+    return "".join(e.text for e in events if isinstance(e, TokenEvent))
 
 
-def _append_tokens(service: SinkdService, handle: tuple[str, str], tokens: list[int]) -> None:
+def _chat(service: SinkdService, handle: Handle, message: str, max_tokens: int) -> Stream:
+    return service.chat(PRINCIPAL, handle, ChatRequest(message, max_tokens, sampling=GREEDY))
+
+
+def _append_tokens(service: SinkdService, handle: Handle, tokens: list[int]) -> None:
     for i in range(0, len(tokens), 1024):  # each call well within any deadline
         service.append(PRINCIPAL, handle, None, tokens[i : i + 1024])
 
 
 def ask(
     service: SinkdService,
-    handle: tuple[str, str],
+    handle: Handle,
     key: int,
     recall: bool,
     question: str = QUESTION,
     answer: str = ANSWER,
 ) -> tuple[bool, int]:
     """In a fork: the question, optionally a Recall of it, then the answer's start; greedy."""
-    child = service.fork(PRINCIPAL, handle)
-    h = (child.id, child.generation)
+    h = service.fork(PRINCIPAL, handle).handle
     try:
         service.append(PRINCIPAL, h, question, None)
         recalled = 0
         if recall:
-            report, _ = service.recall_into(PRINCIPAL, h, question.strip())
-            recalled = sum(
-                r["stream_logical"][1] - r["stream_logical"][0] for r in report["recalled"]
-            )
+            report = service.memory.recall_into(PRINCIPAL, h, question.strip()).report
+            recalled = sum(r.stream[1] - r.stream[0] for r in report.recalled)
         service.append(PRINCIPAL, h, answer, None)
         return str(key) in _answer(service, h), recalled
     finally:
@@ -126,8 +137,7 @@ def passkey_stream(
     `doors` > 0: the multi-key variant (that many keys, one asked)."""
     rng = random.Random(seed)
     recall = RecallRequest(mode="manual") if any(arms.values()) else RecallRequest(mode="off")
-    session = service.create(PRINCIPAL, policy, None, recall=recall)
-    h = (session.id, session.generation)
+    h = service.create(PRINCIPAL, policy, None, recall=recall).handle
     try:
         _append_tokens(service, h, filler.take(rng, 64))
         keys = [rng.randint(10000, 99999) for _ in range(max(doors, 1))]
@@ -203,60 +213,58 @@ def conversation(service: SinkdService, recall_mode: str, turns: int, seed: int)
         "What is the water cycle?",
         "Describe how a cake is decorated.",
     ]
-    session = service.create(
+    h = service.create(
         PRINCIPAL, PolicyRequest("sink"), None, recall=RecallRequest(recall_mode)
-    )
-    h = (session.id, session.generation)
+    ).handle
     try:
         first = f"Hi! My name is {name}, I live in {city} and my dog is called {pet}."
-        _drain(service.chat(PRINCIPAL, h, first, 40, [], GREEDY))
+        _drain(_chat(service, h, first, 40))
         for i in range(turns):
-            _drain(service.chat(PRINCIPAL, h, topics[i % len(topics)], 80, [], GREEDY))
+            _drain(_chat(service, h, topics[i % len(topics)], 80))
         results = []
         for question, fact in (
             ("What is my name?", name),
             ("Which city do I live in?", city),
             ("What is my dog called?", pet),
         ):
-            child = service.fork(PRINCIPAL, h)
-            ch = (child.id, child.generation)
+            ch = service.fork(PRINCIPAL, h).handle
             try:
-                done: dict[str, Any] = {}
+                done: Done | None = None
                 text = ""
-                for kind, e in service.chat(PRINCIPAL, ch, question, 24, [], GREEDY):
-                    if kind == "token":
-                        text += e["text"]
+                for e in _chat(service, ch, question, 24):
+                    if isinstance(e, TokenEvent):
+                        text += e.text
                     else:
                         done = e
-                recall = done.get("recall") or {}
+                recall = done.recall if done is not None else None
                 results.append(
                     {
                         "question": question,
                         "right": fact.lower() in text.lower(),
-                        "recalled_passages": len(recall.get("recalled", [])),
+                        "recalled_passages": len(recall.recalled) if recall else 0,
                     }
                 )
             finally:
                 service.close(PRINCIPAL, ch)
-        receipt = service.receipt(session)
+        receipt = service.reads.inspect(PRINCIPAL, h, include_text=False).receipt
         return {
             "recall": recall_mode,
             "turns": turns,
-            "evicted_tokens": receipt["evicted_tokens"],
-            "first_message_evicted": receipt["recent_logical"][0] > 60,
+            "evicted_tokens": receipt.evicted_tokens,
+            "first_message_evicted": receipt.recent_logical[0] > 60,
             "answers": results,
         }
     finally:
         service.close(PRINCIPAL, h)
 
 
-def _drain(events: Iterator[tuple[str, Any]]) -> None:
+def _drain(events: Stream) -> None:
     for _ in events:
         pass
 
 
 PLACEMENTS = {
-    # where a recalled fact can sit, relative to the question (see README, "Recall")
+    # where a recalled fact can sit, relative to the question (docs/recall.md)
     "before the question": "{fact}{question}{answer}",
     "between question and answer": "{question}{fact}{answer}",
     "a window back (a region after the sinks)": "{fact}{far}{question}{answer}",
@@ -273,19 +281,17 @@ def placement(
     for t in range(trials):
         rng = random.Random(seed * 1000 + t)
         key = rng.randint(10000, 99999)
-        session = service.create(
+        h = service.create(
             PRINCIPAL,
             PolicyRequest("sink", window=window),
             None,
             recall=RecallRequest(mode="off"),
-        )
-        h = (session.id, session.generation)
+        ).handle
         try:
             _append_tokens(service, h, filler.take(rng, window + 64))
             far = engine.detokenize(filler.take(rng, window - 40))
             for name, layout in PLACEMENTS.items():
-                child = service.fork(PRINCIPAL, h)
-                ch = (child.id, child.generation)
+                ch = service.fork(PRINCIPAL, h).handle
                 try:
                     text = layout.format(
                         fact=key_sentence(key), question=QUESTION, answer=ANSWER, far=far

@@ -7,7 +7,6 @@ at once, and the sequence holds at most S+W cells.
 from __future__ import annotations
 
 import math
-import resource
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.metrics import rss_bytes
 
 
 def token_nll(logits: np.ndarray, targets: list[int]) -> np.ndarray:
@@ -32,16 +32,6 @@ def chunk_nll(prev_last: np.ndarray | None, rows: np.ndarray, chunk: list[int]) 
     if prev_last is None:
         return token_nll(rows[:-1], chunk[1:]) if len(chunk) > 1 else np.zeros(0)
     return token_nll(np.vstack([prev_last[None, :], rows[:-1]]), chunk)
-
-
-def rss_bytes() -> int:
-    """Resident memory now (Linux /proc), else the peak from getrusage."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * resource.getpagesize()
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass(frozen=True)

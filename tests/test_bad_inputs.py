@@ -1,4 +1,4 @@
-"""The bad-input table of README.md ("Bad input"), each row sent to a live daemon.
+"""The bad-input table of docs/daemon.md ("Bad input"), each row sent to a live daemon.
 
 For every row: the documented status and message, the daemon still serves, and a bystander
 session is untouched (same receipt, bit-identical next-token logits).

@@ -19,10 +19,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkd.cli.main import app
-from sinkd.daemon.engine.gguf import read_header
-from sinkd.daemon.engine.models import load_lock, locate, read_user_entries
-from sinkd.daemon.engine.ollama import find
-from sinkd.daemon.errors import InvalidInput, ModelMismatch, ModelMissing
+from sinkd.daemon.models.gguf import read_header
+from sinkd.daemon.models.ollama import find
+from sinkd.daemon.models.registry import load_lock, locate, read_user_entries
+from sinkd.errors import InvalidInput, ModelMismatch, ModelMissing
 
 runner = CliRunner()
 TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
@@ -125,8 +125,8 @@ def test_a_truncated_or_foreign_file_is_refused(tmp_path: Path, user_lock: Path)
 def test_a_user_entry_round_trips_and_never_takes_a_shipped_name(
     tmp_path: Path, user_lock: Path
 ) -> None:
-    from sinkd.daemon.engine.models import write_user_entry
-    from sinkd.daemon.errors import ModelNotAllowed
+    from sinkd.daemon.models.registry import write_user_entry
+    from sinkd.errors import ModelNotAllowed
 
     shipped = load_lock().get("smollm2-135m-instruct")
     mine = shipped.model_copy(
@@ -345,8 +345,8 @@ def test_gemma_chats_with_its_named_template_embedded_and_through_the_daemon(
 def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Path) -> None:
     """`sinkd chat`'s default window holds the first message through a 256-token reply; the old
     default budget (the model's 4 + 252 cells) lost it."""
-    from sinkd.cli.main import CHAT_WINDOW
-    from sinkd.daemon.runtime.requests import PolicyRequest
+    from sinkd.cli.chat import CHAT_WINDOW
+    from sinkd.daemon.runtime.api import ChatRequest, PolicyRequest
     from sinkd.daemon.runtime.service import SinkdService
     from sinkd.daemon.runtime.sessions import Principal
     from tests.conftest import TEXT
@@ -360,14 +360,13 @@ def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Pat
         reply = svc.engine.tokenize(TEXT * 4, add_bos=False)[:256]  # a reply of 256 tokens
         kept = {}
         for window in (CHAT_WINDOW, None):
-            s = svc.create(me, PolicyRequest("sink", window=window), None)
-            h = (s.id, s.generation)
-            list(svc.chat(me, h, "Hi! My name is Ada and I live in Lisbon.", 4, [], None))
+            h = svc.create(me, PolicyRequest("sink", window=window), None).handle
+            list(svc.chat(me, h, ChatRequest("Hi! My name is Ada and I live in Lisbon.", 4)))
             svc.append(me, h, None, reply)
-            receipt, text, _ = svc.reads.inspect(me, h, include_text=True)
-            kept[window] = "Lisbon" in text
+            seen = svc.reads.inspect(me, h, include_text=True)
+            kept[window] = "Lisbon" in seen.retained_text
             if window is not None:
-                assert receipt["evicted_tokens"] == 0
+                assert seen.receipt.evicted_tokens == 0
         assert kept == {CHAT_WINDOW: True, None: False}
     finally:
         svc.stop()

@@ -137,7 +137,7 @@ def test_stream_from_a_pipe_keeps_memory_flat() -> None:
 
 @pytest.mark.model
 def test_models_pull_keeps_a_verified_file() -> None:
-    from sinkd.daemon.engine.models import load_lock, model_path
+    from sinkd.daemon.models.registry import load_lock, model_path
 
     path = model_path(load_lock().get(None))
     mtime = path.stat().st_mtime_ns
@@ -150,7 +150,7 @@ def test_models_pull_keeps_a_verified_file() -> None:
 def test_a_corrupt_model_file_is_refused_naming_the_field(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sinkd.daemon.engine.models import load_lock, model_path
+    from sinkd.daemon.models.registry import load_lock, model_path
 
     good = model_path(load_lock().get(None)).read_bytes()
     monkeypatch.setenv("SINKD_HOME", str(tmp_path))
@@ -167,7 +167,7 @@ def test_a_corrupt_model_file_is_refused_naming_the_field(
 
 @pytest.mark.model
 def test_an_unlisted_model_file_runs_full_only(tmp_path: Path) -> None:
-    from sinkd.daemon.engine.models import load_lock, model_path
+    from sinkd.daemon.models.registry import load_lock, model_path
 
     unlisted = tmp_path / "some-other.gguf"
     unlisted.symlink_to(model_path(load_lock().get(None)))
@@ -214,9 +214,9 @@ def test_a_model_run_in_the_cli_process_shares_the_cores_unless_told(
     """Two processes that each spin on every core slow each other ~4x (bench/two_processes.py):
     a command that runs the model here takes the cores divided by the engines decoding on this
     machine, or exactly what $SINKD_N_THREADS says."""
+    from sinkd.cli import offline
     from sinkd.daemon.config import THREADS_ENV, machine_threads
     from sinkd.daemon.engine.cores import CoreShare, default_folder
-    from sinkd.evaluation import offline
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # this test's engines alone
     if given is None:
@@ -249,7 +249,7 @@ def test_a_model_run_in_the_cli_process_shares_the_cores_unless_told(
 @pytest.mark.unit
 def test_a_thread_count_in_the_environment_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from sinkd.daemon.config import THREADS_ENV, threads_given
-    from sinkd.daemon.errors import InvalidInput
+    from sinkd.errors import InvalidInput
 
     monkeypatch.delenv(THREADS_ENV, raising=False)
     assert threads_given() is None

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
 from sinkd.daemon.rpc.server import Daemon
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.api import GenerateRequest, Handle, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -135,7 +135,7 @@ def test_tenants_cannot_see_or_touch_each_other(client: Client) -> None:
     # the admin sees every session content-free, and can read no text
     everyone = client.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
     assert h.session_id in [r.session_id for r in everyone]
-    # the admin inspects any session content-free (README), and never reads its text
+    # the admin inspects any session content-free (docs/security.md), and never reads its text
     assert client.inspect(h, md=ADMIN).receipt.n_seen == client.inspect(h).receipt.n_seen
     assert (
         code_of(lambda: client.inspect(h, md=ADMIN, text=True)) == grpc.StatusCode.PERMISSION_DENIED
@@ -592,8 +592,7 @@ def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
         policy = PolicyRequest("sink", sinks=4, window=60, evict_chunk=8, ingest_chunk=0)
         handles = []
         for _ in range(2):
-            s = svc.create(me, policy, None)
-            handles.append((s.id, s.generation))
+            handles.append(svc.create(me, policy, None).handle)
         ids = svc.engine.tokenize(TEXT, add_bos=False)[:200]
         for h in handles:
             svc.append(me, h, None, ids[:64])  # the budget is full from here on
@@ -656,17 +655,17 @@ def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
     return futures
 
 
-def opened(svc: SinkdService, policy: PolicyRequest, prompt: list[int]) -> tuple[str, str]:
+def opened(svc: SinkdService, policy: PolicyRequest, prompt: list[int]) -> Handle:
     """A new session of the local user with `prompt` appended; its handle."""
-    s = svc.create(Principal("local"), policy, None)
-    svc.append(Principal("local"), (s.id, s.generation), None, prompt)
-    return (s.id, s.generation)
+    h = svc.create(Principal("local"), policy, None).handle
+    svc.append(Principal("local"), h, None, prompt)
+    return h
 
 
-def generated(svc: SinkdService, handle: tuple[str, str], n: int) -> list[int]:
+def generated(svc: SinkdService, handle: Handle, n: int) -> list[int]:
     """The ids of `n` greedy tokens generated in process."""
-    events = svc.generate(Principal("local"), handle, n, [], None)
-    return [p["id"] for kind, p in events if kind == "token"]
+    events = svc.generate(Principal("local"), handle, GenerateRequest(n))
+    return [e.id for e in events if isinstance(e, TokenEvent)]
 
 
 def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
@@ -686,7 +685,7 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
         alone.append(tokens(h))
         svc.close(me, h)
     handles = [opened(svc, policy, p) for p in prompts]
-    sessions = [svc.registry.get(h[0]) for h in handles]
+    sessions = [svc.registry.get(h.session_id) for h in handles]
     assert [s.seq_id for s in sessions] == [0, 1, 2]  # the lowest free ids
     first, third = in_one_step(
         svc, [functools.partial(tokens, handles[0]), functools.partial(tokens, handles[2])]
@@ -714,8 +713,8 @@ def test_sessions_of_different_lengths_in_one_step_each_end_as_alone(tmp_path: P
     appends = [ids[300:302], ids[310:374], ids[380:385]]  # then 2, 64 and 5 more; 3 generates
     tokens = functools.partial(generated, svc, n=4)
 
-    def logits(handle: tuple[str, str]) -> np.ndarray:
-        session = svc.registry.get(handle[0])
+    def logits(handle: Handle) -> np.ndarray:
+        session = svc.registry.get(handle.session_id)
         assert session is not None and session.last_logits is not None
         return session.last_logits.copy()
 
@@ -730,7 +729,7 @@ def test_sessions_of_different_lengths_in_one_step_each_end_as_alone(tmp_path: P
                 alone.append(tokens(h))
             svc.close(me, h)
         handles = [opened(svc, policy, history) for history in histories]
-        assert [svc.registry.get(h[0]).seq_id for h in handles] == [0, 1, 2, 3]  # type: ignore[union-attr]
+        assert [svc.registry.get(h.session_id).seq_id for h in handles] == [0, 1, 2, 3]  # type: ignore[union-attr]
         calls: list[Any] = [
             functools.partial(svc.append, me, handles[i], None, appends[i]) for i in range(3)
         ]
@@ -749,23 +748,23 @@ def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
     """An exchange that fails after both sequences were emptied (llama.cpp refusing an image, say)
     leaves two caches unlike their histories: those two sessions fail, alone; the step goes on for
     the others and the daemon serves on."""
-    from sinkd.daemon.errors import EngineError
+    from sinkd.errors import EngineError
 
     svc, me = local_service, Principal("local")
     policy = PolicyRequest("sink", sinks=4, window=124)
     ids = svc.engine.tokenize(TEXT, add_bos=False)
     handles = []
     for i in range(3):
-        s = svc.create(me, policy, None)
-        handles.append((s.id, s.generation))
+        handles.append(svc.create(me, policy, None).handle)
         svc.append(me, handles[-1], None, ids[i * 30 : i * 30 + 40])
-    sessions = [svc.registry.get(h[0]) for h in handles]
+    sessions = [svc.registry.get(h.session_id) for h in handles]
 
     def refuse() -> None:
         raise EngineError("llama.cpp took 0 of the image's bytes (failpoint)")
 
-    def tokens(handle: tuple[str, str]) -> list[int]:
-        return [p["id"] for kind, p in svc.generate(me, handle, 4, [], None) if kind == "token"]
+    def tokens(handle: Handle) -> list[int]:
+        events = svc.generate(me, handle, GenerateRequest(4))
+        return [e.id for e in events if isinstance(e, TokenEvent)]
 
     with failpoints.armed("swap-cleared", refuse):
         first, third = in_one_step(

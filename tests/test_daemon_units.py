@@ -10,10 +10,10 @@ from pydantic import ValidationError
 
 from sinkd.cachepolicy import PolicyConfig
 from sinkd.daemon.config import Settings
-from sinkd.daemon.errors import Unauthenticated
 from sinkd.daemon.rpc.auth import Authenticator
+from sinkd.daemon.runtime.loop.textout import TextAssembler
 from sinkd.daemon.runtime.sessions import ModelIdentity, generation_hash
-from sinkd.daemon.runtime.textout import TextAssembler
+from sinkd.errors import Unauthenticated
 
 pytestmark = pytest.mark.unit
 

@@ -25,11 +25,11 @@ from typer.testing import CliRunner
 from sinkd.cli.main import app
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
-from sinkd.daemon.errors import JournalError
 from sinkd.daemon.rpc.server import Daemon
-from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Journal
+from sinkd.errors import JournalError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
 from tests.test_daemon import (

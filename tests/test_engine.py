@@ -11,7 +11,8 @@ import pytest
 from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import BatchItem, Engine, EngineConfig
-from sinkd.daemon.errors import EngineError, InvalidInput, Unsupported, validated
+from sinkd.daemon.validation import validated
+from sinkd.errors import EngineError, InvalidInput, Unsupported
 from tests.conftest import TEXT
 
 pytestmark = pytest.mark.model
@@ -516,7 +517,7 @@ def test_the_repetition_penalty_is_llama_cpps_rule_over_the_given_history() -> N
 
 def test_unlisted_model_runs_full_only(make_engine: MakeEngine) -> None:
     from sinkd.daemon.engine.loading import open_unlisted
-    from sinkd.daemon.engine.models import load_lock, model_path
+    from sinkd.daemon.models.registry import load_lock, model_path
 
     engine = open_unlisted(
         model_path(load_lock().get(None)), EngineConfig(n_ctx_seq=64, n_seq_max=1)

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from sinkd.cli.main import app
 from sinkd.daemon import failpoints
-from sinkd.daemon.errors import DeadlineExceeded, EngineError, ShuttingDown
 from sinkd.daemon.rpc.server import Daemon
+from sinkd.errors import DeadlineExceeded, EngineError, ShuttingDown
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.test_daemon import ADMIN, ALICE, BOB, Client, code_of, settings

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sinkd.daemon.engine.models import ModelEntry, load_lock, pull, verify_file
-from sinkd.daemon.errors import ModelMismatch, ModelNotAllowed, PullFailed
+from sinkd.daemon.models.registry import ModelEntry, load_lock, pull, verify_file
+from sinkd.errors import ModelMismatch, ModelNotAllowed, PullFailed
 
 pytestmark = pytest.mark.unit
 

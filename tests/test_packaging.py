@@ -16,9 +16,9 @@ import pytest
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = (
-    "import json, daemon, proto, sinkd, sinkd.cachepolicy, sinkd.daemon.engine.models,"
+    "import json, daemon, proto, sinkd, sinkd.cachepolicy, sinkd.daemon.models.registry,"
     " sinkd.proto.v1.sinkd_pb2, sinkd.proto.v1.sinkd_pb2_grpc;"
-    " from sinkd.daemon.engine.models import LOCK_PATH;"
+    " from sinkd.daemon.models.registry import LOCK_PATH;"
     " print(json.dumps({'daemon': daemon.__file__, 'proto': proto.__file__,"
     " 'sinkd': sinkd.__file__, 'lock': LOCK_PATH.is_file(),"
     " 'runner': hasattr(daemon, 'DaemonContext'), 'message': hasattr(proto, 'Message')}))"

@@ -11,9 +11,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sinkd import errors
 from sinkd.cachepolicy import CacheFull, ConfigError, PolicyConfig
-from sinkd.daemon import errors
-from sinkd.daemon.errors import (
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.runtime.loop.placement import runs, swaps_for_one_run
+from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
+from sinkd.daemon.runtime.loop.syncer import Syncer
+from sinkd.daemon.runtime.sessions import (
+    TRANSITIONS,
+    ModelIdentity,
+    Session,
+    SessionState,
+)
+from sinkd.errors import (
     IllegalTransition,
     ModelMismatch,
     ResourceExhausted,
@@ -21,17 +32,6 @@ from sinkd.daemon.errors import (
     StaleGeneration,
     Unsupported,
 )
-from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.rpc.limits import CallLimits
-from sinkd.daemon.runtime.placement import runs, swaps_for_one_run
-from sinkd.daemon.runtime.sessions import (
-    TRANSITIONS,
-    ModelIdentity,
-    Session,
-    SessionState,
-)
-from sinkd.daemon.runtime.stepplan import Candidate, plan_step
-from sinkd.daemon.runtime.syncer import Syncer
 
 pytestmark = pytest.mark.unit
 S = SessionState

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sinkd.cachepolicy import ConfigError, PolicyConfig, PositionMode
-from sinkd.daemon.engine.models import ModelEntry
-from sinkd.daemon.errors import ModelMismatch, Unsupported
+from sinkd.daemon.models.registry import ModelEntry
+from sinkd.errors import ModelMismatch, Unsupported
 
 if TYPE_CHECKING:
     from sinkd.daemon.engine.llama import Engine

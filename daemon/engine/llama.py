@@ -37,7 +37,7 @@ token of one stream and the attention spans 512 cells or more (`use_split_kv_pat
 count and on what else shared its batch, and a prompt chunk's on how the step cut it. Below 512
 cells per stream and in pieces under 64 rows the kernel sums every row whole, in order, over the
 cells it may see, alike alone, batched, on any thread count and however a chunk is cut (tested), so
-the engine turns it on there (bench/README.md, row 15); above, and on a GPU backend (unverified),
+the engine turns it on there (bench/README.md, "peer.py"); above, and on a GPU backend (unverified),
 the plain path runs.
 """
 
@@ -67,10 +67,10 @@ from sinkd.daemon.config import machine_threads, threads_given
 from sinkd.daemon.engine import compat, teams
 from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.memory import SequenceOps
-from sinkd.daemon.engine.models import ModelEntry, kv_bytes_per_token
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.engine.vocab import VocabularyOps
-from sinkd.daemon.errors import EngineError, InvalidInput
+from sinkd.daemon.models.registry import ModelEntry, kv_bytes_per_token
+from sinkd.errors import EngineError, InvalidInput
 
 Outputs = Literal["none", "last", "all"]
 
@@ -505,7 +505,7 @@ class Engine(VocabularyOps, SequenceOps):
         Returns, per item, a copy of its last token's logits (or None where not asked). All or
         nothing, as one llama_decode: a failed decode removes the cells the earlier ones put in.
         It runs once per token on the engine thread, right after a decode has swept the caches:
-        plain loops, one pass (bench/README.md, row 2).
+        plain loops, one pass (bench/README.md, "overhead.py").
         """
         n_seq_max = self.config.n_seq_max
         total = 0

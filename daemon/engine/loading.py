@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from sinkd.daemon.engine.llama import Engine, EngineConfig
-from sinkd.daemon.engine.models import ModelEntry, ModelLock, load_lock, locate, verify_file
-from sinkd.daemon.errors import ModelNotAllowed, Unsupported
+from sinkd.daemon.models.registry import ModelEntry, ModelLock, load_lock, locate, verify_file
+from sinkd.errors import ModelNotAllowed, Unsupported
 
 
 def check_combination(

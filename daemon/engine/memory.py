@@ -13,7 +13,7 @@ import llama_cpp as llama
 
 from sinkd.cachepolicy import Evict, Shift, SubBatch
 from sinkd.daemon import failpoints
-from sinkd.daemon.errors import EngineError, Unsupported
+from sinkd.errors import EngineError, Unsupported
 
 if TYPE_CHECKING:
     from sinkd.daemon.engine.llama import EngineConfig

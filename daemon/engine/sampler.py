@@ -12,7 +12,7 @@ import llama_cpp as llama
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from sinkd.daemon.errors import EngineError, InvalidInput
+from sinkd.errors import EngineError, InvalidInput
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 

@@ -4,7 +4,7 @@ llama.cpp's CPU build runs each multi-threaded decode as an OpenMP parallel regi
 that runs it keeps a team of workers for as long as it lives. Once the teams of one process hold
 more threads than there are cores, libgomp cuts the spin at every barrier from 300,000 turns to 100
 before a thread sleeps, in every team: one-token decodes then run 1.4-1.7x slower (bench/README.md,
-row 2). The daemon decodes on its engine thread alone; a program that also decodes on another
+"overhead.py"). The daemon decodes on its engine thread alone; a program that also decodes on another
 thread (a benchmark's raw loop, an application embedding engines) would be slowed without a word.
 """
 

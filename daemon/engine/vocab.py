@@ -18,7 +18,7 @@ from typing import Any
 import llama_cpp as llama
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.errors import EngineError, InvalidInput, ShuttingDown, Unsupported
+from sinkd.errors import EngineError, InvalidInput, ShuttingDown, Unsupported
 
 
 class VocabularyOps:

@@ -7,8 +7,8 @@ import hmac
 from collections.abc import Iterable
 
 from sinkd.daemon.config import Settings
-from sinkd.daemon.errors import Unauthenticated
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
+from sinkd.errors import Unauthenticated
 
 
 class Authenticator:

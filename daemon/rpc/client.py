@@ -1,96 +1,271 @@
-"""A small synchronous client for sinkd's gRPC API: the tests, the benchmarks, Python users.
+"""sinkd's one gRPC client: the CLI's remote backend, the benchmarks, Python users.
 
-Each call takes the bearer metadata of the client by default (`md=` overrides it per call), and
-streams come back collected: `generate` returns the token ids and the final `Done`.
+It speaks the runtime's typed objects (`sinkd.daemon.runtime.api`), as the embedded service does,
+so a caller does not care which it holds; a refusal comes back as the same typed error the daemon
+raised (named in the `sinkd-error` trailer), hence the same exit code. `sessions` and `admin` are
+the raw protobuf stubs, for callers that measure or test the wire itself.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
 import grpc.experimental
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sinkd.cachepolicy.sequence import TraceEvent
+from sinkd.daemon.runtime.api import (
+    AppendResult,
+    ChatRequest,
+    Done,
+    GenerateRequest,
+    Handle,
+    Inspection,
+    PassageView,
+    PolicyRequest,
+    RecallRequest,
+    RecallResult,
+    Receipt,
+    SamplingRequest,
+    Stream,
+    TokenEvent,
+)
+from sinkd.errors import (
+    ERROR_TRAILER,
+    DaemonUnavailable,
+    NotFound,
+    Refused,
+    SinkdError,
+    by_name,
+    echo,
+)
+from sinkd.proto import convert
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
 # a stream's messages are read on the thread that iterates it, without grpc's polling thread: a
-# wake-up less per token, 0.21 -> 0.17 ms of the client's CPU a token (bench/README.md, row 15),
-# which on two busy cores is taken from the decode. Such a stream is iterated on one thread only.
+# wake-up less per token, 0.21 -> 0.17 ms of the client's CPU a token (bench/README.md,
+# "transport.py"), which on two busy cores is taken from the decode. Such a stream is iterated on
+# one thread only.
 CHANNEL_OPTIONS = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+Metadata = Sequence[tuple[str, str]]
 
 
 def bearer(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
 
 
+def default_address() -> str:
+    from sinkd.daemon.config import default_socket
+
+    return os.environ.get("SINKD_ADDRESS") or f"unix:{default_socket()}"
+
+
+def daemon_answers(address: str, timeout: float = 1.0) -> bool:
+    """Whether a daemon serves at `address` now (a missing socket file answers at once)."""
+    if address.startswith("unix:") and not os.path.exists(address.removeprefix("unix:")):
+        return False
+    with grpc.insecure_channel(address) as channel:
+        try:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 class Client:
-    def __init__(self, address: str, md: Any = None) -> None:
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        md: Metadata | None = None,
+        wait_s: float | None = None,
+    ) -> None:
+        """`token` (or $SINKD_TOKEN) authenticates every call; `md` replaces the metadata whole.
+        With `wait_s` the channel must be ready within it (DaemonUnavailable otherwise)."""
+        self.address = address or default_address()
+        token = token if token is not None else os.environ.get("SINKD_TOKEN")
+        self.md: Metadata = md if md is not None else (bearer(token) if token else [])
+        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        if wait_s is not None:
+            try:
+                grpc.channel_ready_future(self.channel).result(timeout=wait_s)
+            except grpc.FutureTimeoutError:
+                self.channel.close()
+                raise DaemonUnavailable(
+                    f"no sinkd daemon answers at {self.address}; start one with `sinkd serve`"
+                    " (or use --embedded where the command offers it)"
+                ) from None
         self.s = pb_grpc.SessionsStub(self.channel)  # type: ignore[no-untyped-call]
         self.admin = pb_grpc.AdminStub(self.channel)  # type: ignore[no-untyped-call]
-        self.md = md or []
 
-    def _md(self, md: Any) -> Any:
-        return self.md if md is None else md
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.s, method)(request, metadata=self.md)
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
+
+    def _refused(self, e: Any) -> SinkdError:
+        """The error the daemon raised, rebuilt from the class it named (so the exit code is the
+        embedded run's); a refusal by gRPC itself keeps its status."""
+        status, details = e.code().name, e.details() or "refused"
+        named = dict(e.trailing_metadata() or ()).get(ERROR_TRAILER)
+        if named:
+            return by_name(named, status, details)
+        if status == "UNAVAILABLE":
+            return DaemonUnavailable(f"the daemon at {self.address} went away: {details}")
+        return Refused(status, details)
 
     def create(
-        self, md: Any = None, system: str = "", recall: Any = None, **policy: Any
-    ) -> pb.CreateSessionResponse:
-        policy.setdefault("name", "sink")
-        policy.setdefault("sinks", 4)
-        policy.setdefault("window", 60)
-        request = pb.CreateSessionRequest(
-            policy=pb.Policy(**policy), system_prompt=system, recall=recall
+        self,
+        policy: PolicyRequest,
+        system_prompt: str = "",
+        sampling: SamplingRequest | None = None,
+        recall: RecallRequest | None = None,
+    ) -> Receipt:
+        req = pb.CreateSessionRequest(policy=_policy(policy), system_prompt=system_prompt)
+        if sampling is not None:
+            req.sampling.CopyFrom(_sampling(sampling))
+        if recall is not None:
+            req.recall.CopyFrom(_recall(recall))
+        return convert.receipt_from_pb(self._call("Create", req).receipt)
+
+    def append(
+        self, handle: Handle, text: str | None = None, tokens: list[int] | None = None
+    ) -> AppendResult:
+        h = convert.handle_to_pb(handle)
+        req = (
+            pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=tokens))
+            if tokens is not None
+            else pb.AppendRequest(handle=h, text=text or "")
         )
-        response: pb.CreateSessionResponse = self.s.Create(request, metadata=self._md(md))
-        return response
+        r = self._call("Append", req)
+        return AppendResult(r.appended, convert.receipt_from_pb(r.receipt))
 
-    def append(self, h: pb.Handle, text: str, md: Any = None, **kw: Any) -> pb.AppendResponse:
-        request = pb.AppendRequest(handle=h, text=text)
-        response: pb.AppendResponse = self.s.Append(request, metadata=self._md(md), **kw)
-        return response
+    def _stream(self, method: str, request: Any) -> Iterator[TokenEvent | Done]:
+        try:
+            for ev in getattr(self.s, method)(request, metadata=self.md):
+                yield convert.event_from_pb(ev)
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
 
-    def append_tokens(self, h: pb.Handle, ids: list[int], md: Any = None) -> pb.AppendResponse:
-        request = pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids))
-        response: pb.AppendResponse = self.s.Append(request, metadata=self._md(md))
-        return response
+    def generate(self, handle: Handle, request: GenerateRequest) -> Stream:
+        req = pb.GenerateRequest(
+            handle=convert.handle_to_pb(handle),
+            max_tokens=request.max_tokens,
+            stop=list(request.stops),
+        )
+        if request.sampling is not None:
+            req.sampling.CopyFrom(_sampling(request.sampling))
+        return self._stream("Generate", req)
 
-    def generate(
-        self, h: pb.Handle, n: int = 12, md: Any = None, **kw: Any
-    ) -> tuple[list[int], pb.Done]:
-        ids, done = [], None
-        request = pb.GenerateRequest(handle=h, max_tokens=n)
-        for ev in self.s.Generate(request, metadata=self._md(md), **kw):
-            if ev.HasField("token"):
-                ids.append(ev.token.id)
-            else:
-                done = ev.done
-        if done is None:
-            raise RuntimeError("the stream ended without Done")
-        return ids, done
+    def chat(self, handle: Handle, request: ChatRequest) -> Stream:
+        req = pb.ChatRequest(
+            handle=convert.handle_to_pb(handle),
+            message=request.message,
+            max_tokens=request.max_tokens,
+            stop=list(request.stops),
+        )
+        if request.sampling is not None:
+            req.sampling.CopyFrom(_sampling(request.sampling))
+        return self._stream("Chat", req)
 
-    def inspect(self, h: pb.Handle, md: Any = None, text: bool = False) -> pb.InspectResponse:
-        request = pb.InspectRequest(handle=h, include_text=text)
-        response: pb.InspectResponse = self.s.Inspect(request, metadata=self._md(md))
-        return response
+    def reset(self, handle: Handle) -> Receipt:
+        r = self._call("Reset", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
+        return convert.receipt_from_pb(r.receipt)
 
-    def recall(self, h: pb.Handle, query: str, md: Any = None, **kw: Any) -> pb.RecallResponse:
-        request = pb.RecallRequest(handle=h, query=query, **kw)
-        response: pb.RecallResponse = self.s.Recall(request, metadata=self._md(md))
-        return response
+    def fork(self, handle: Handle) -> Receipt:
+        r = self._call("Fork", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
+        return convert.receipt_from_pb(r.receipt)
 
-    def memory(
-        self, h: pb.Handle, search: str = "", limit: int = 0, md: Any = None
-    ) -> pb.MemoryResponse:
-        request = pb.MemoryRequest(handle=h, search=search, limit=limit)
-        response: pb.MemoryResponse = self.s.Memory(request, metadata=self._md(md))
-        return response
+    def close(self, handle: Handle) -> None:
+        self._call("Close", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
 
-    def forget(self, h: pb.Handle, md: Any = None, **target: Any) -> pb.ForgetResponse:
-        request = pb.ForgetRequest(handle=h, **target)
-        response: pb.ForgetResponse = self.s.Forget(request, metadata=self._md(md))
-        return response
+    def inspect(
+        self, handle: Handle, include_text: bool = False, include_logits: bool = False
+    ) -> Inspection:
+        r = self._call(
+            "Inspect",
+            pb.InspectRequest(
+                handle=convert.handle_to_pb(handle),
+                include_text=include_text,
+                include_logits=include_logits,
+            ),
+        )
+        import numpy as np
 
-    def close(self) -> None:
+        logits = np.frombuffer(r.logits, dtype="<f4") if r.logits else None
+        return Inspection(convert.receipt_from_pb(r.receipt), r.retained_text, logits)
+
+    def trace(self, handle: Handle) -> list[TraceEvent]:
+        r = self._call("Trace", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
+        return [convert.trace_from_pb(e) for e in r.events]
+
+    def recall(self, handle: Handle, query: str) -> RecallResult:
+        r = self._call("Recall", pb.RecallRequest(handle=convert.handle_to_pb(handle), query=query))
+        return RecallResult(convert.report_from_pb(r.report), convert.receipt_from_pb(r.receipt))
+
+    def memory(self, handle: Handle, search: str = "", limit: int = 100) -> list[PassageView]:
+        req = pb.MemoryRequest(handle=convert.handle_to_pb(handle), search=search, limit=limit)
+        return [convert.passage_from_pb(p) for p in self._call("Memory", req).passages]
+
+    def forget(
+        self,
+        handle: Handle,
+        passage_id: int | None = None,
+        logical: tuple[int, int] | None = None,
+    ) -> int:
+        req = pb.ForgetRequest(handle=convert.handle_to_pb(handle))
+        if passage_id is not None:
+            req.passage_id = passage_id
+        elif logical is not None:
+            req.logical.CopyFrom(pb.Range(start=logical[0], end=logical[1]))
+        return int(self._call("Forget", req).forgotten)
+
+    def list(self) -> list[Receipt]:
+        sessions = self._call("List", pb.ListSessionsRequest()).sessions
+        return [convert.receipt_from_pb(r) for r in sessions]
+
+    def resolve(self, session_id: str) -> Handle:
+        """The owner's current handle for an id (the CLI names sessions by id alone)."""
+        for r in self.list():
+            if r.session_id == session_id:
+                return r.handle
+        raise NotFound(f"no session {echo(session_id)}")
+
+    def shutdown(self) -> None:
         self.channel.close()
+
+
+def _policy(p: PolicyRequest) -> pb.Policy:
+    return pb.Policy(
+        name=p.name,
+        sinks=p.sinks,
+        window=p.window,
+        evict_chunk=p.evict_chunk or 0,
+        compact_interval=p.compact_interval,
+        pin_system_prompt=p.pin_system_prompt,
+        ingest_chunk=p.ingest_chunk,
+    )
+
+
+def _recall(r: RecallRequest) -> pb.RecallSettings:
+    return pb.RecallSettings(
+        mode=r.mode or "", budget=r.budget, passages=r.passages, threshold=r.threshold
+    )
+
+
+def _sampling(s: SamplingRequest) -> pb.Sampling:
+    return pb.Sampling(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        min_p=s.min_p,
+        seed=s.seed,
+        repeat_penalty=s.repeat_penalty,
+        repeat_last_n=s.repeat_last_n,
+    )

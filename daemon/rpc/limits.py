@@ -14,7 +14,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from sinkd.daemon.errors import ResourceExhausted
+from sinkd.errors import ResourceExhausted
 
 
 class CallLimits:

@@ -20,12 +20,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sinkd.daemon.config import Settings
-from sinkd.daemon.errors import ListenError
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.rpc.servicer import AdminServicer, SessionsServicer
 from sinkd.daemon.runtime.service import SinkdService
+from sinkd.errors import ListenError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
 log = logging.getLogger("sinkd.server")

@@ -14,15 +14,31 @@ from typing import Any
 
 import grpc
 
-from sinkd.cachepolicy.errors import SinkdError
-from sinkd.daemon.errors import ERROR_TRAILER, InvalidInput, message_of
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
-from sinkd.daemon.runtime.jobs import Job
-from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    GenerateRequest,
+    Handle,
+    PolicyRequest,
+    RecallRequest,
+    SamplingRequest,
+)
+from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
-from sinkd.proto.convert import receipt_to_pb, to_pb, trace_to_pb
+from sinkd.errors import ERROR_TRAILER, InvalidInput, SinkdError, message_of
+from sinkd.proto.convert import (
+    event_to_pb,
+    handle_from_pb,
+    handle_to_pb,
+    model_to_pb,
+    passage_to_pb,
+    receipt_to_pb,
+    report_to_pb,
+    stats_to_pb,
+    trace_to_pb,
+)
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
@@ -89,27 +105,23 @@ class _Base:
         return self.limits.admit(principal.tenant or "(admin)", _session_of(request))
 
 
-def _handle(h: pb.Handle) -> tuple[str, str]:
+def _handle(h: pb.Handle) -> Handle:
     if not h.session_id:
         raise InvalidInput("handle.session_id is required")
-    return h.session_id, h.generation
+    return handle_from_pb(h)
 
 
-def _sampling(s: pb.Sampling | None) -> dict[str, Any] | None:
+def _sampling(s: pb.Sampling) -> SamplingRequest:
     """The request's sampling fields; the runtime validates them (INVALID_ARGUMENT by name)."""
-    if s is None:
-        return None
-    fields: dict[str, Any] = {
-        "temperature": s.temperature,
-        "top_k": s.top_k,
-        "top_p": s.top_p or 1.0,
-        "min_p": s.min_p,
-        "seed": s.seed,
-    }
-    for name in ("repeat_penalty", "repeat_last_n"):
-        if s.HasField(name):
-            fields[name] = getattr(s, name)
-    return fields
+    return SamplingRequest(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p or 1.0,
+        min_p=s.min_p,
+        seed=s.seed,
+        repeat_penalty=s.repeat_penalty if s.HasField("repeat_penalty") else None,
+        repeat_last_n=s.repeat_last_n if s.HasField("repeat_last_n") else None,
+    )
 
 
 def _timeout(context: grpc.ServicerContext) -> float | None:
@@ -129,30 +141,11 @@ def _cancel_with(context: grpc.ServicerContext) -> Callable[[Job], None]:
     return hook
 
 
-def _events(events: Iterator[tuple[str, Any]]) -> Iterator[pb.GenerateEvent]:
-    for kind, payload in events:
-        if kind == "token":
-            yield pb.GenerateEvent(token=pb.Token(**payload))
-        else:  # the receipt was taken on the engine thread when the generation finished
-            yield pb.GenerateEvent(
-                done=pb.Done(
-                    reason=payload["reason"],
-                    generated=payload["generated"],
-                    receipt=receipt_to_pb(payload["receipt"]),
-                    recall=to_pb(payload["recall"], pb.RecallReport)
-                    if payload.get("recall")
-                    else None,
-                )
-            )
+def _optional(message: Any, name: str) -> Any:
+    return getattr(message, name) if message.HasField(name) else None
 
 
 class SessionsServicer(_Base, pb_grpc.SessionsServicer):
-    def _handle_and_receipt(self, session: Any) -> dict[str, Any]:
-        return {
-            "handle": pb.Handle(session_id=session.id, generation=session.generation),
-            "receipt": receipt_to_pb(self.service.receipt(session)),
-        }
-
     @rpc
     def Create(
         self, request: pb.CreateSessionRequest, context: Any, principal: Principal
@@ -160,25 +153,27 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         p = request.policy
         policy = PolicyRequest(
             name=p.name or "sink",
-            sinks=p.sinks if p.HasField("sinks") else None,
-            window=p.window if p.HasField("window") else None,
+            sinks=_optional(p, "sinks"),
+            window=_optional(p, "window"),
             evict_chunk=p.evict_chunk or None,
-            compact_interval=p.compact_interval if p.HasField("compact_interval") else None,
+            compact_interval=_optional(p, "compact_interval"),
             pin_system_prompt=p.pin_system_prompt,
-            ingest_chunk=p.ingest_chunk if p.HasField("ingest_chunk") else None,
+            ingest_chunk=_optional(p, "ingest_chunk"),
         )
-        sampling = _sampling(request.sampling if request.HasField("sampling") else None)
+        sampling = _sampling(request.sampling) if request.HasField("sampling") else None
         r = request.recall
         recall = RecallRequest(
             mode=r.mode or None,
-            budget=r.budget if r.HasField("budget") else None,
-            passages=r.passages if r.HasField("passages") else None,
-            threshold=r.threshold if r.HasField("threshold") else None,
+            budget=_optional(r, "budget"),
+            passages=_optional(r, "passages"),
+            threshold=_optional(r, "threshold"),
         )
-        session = self.service.create(
+        receipt = self.service.create(
             principal, policy, sampling, request.system_prompt, recall=recall
         )
-        return pb.CreateSessionResponse(**self._handle_and_receipt(session))
+        return pb.CreateSessionResponse(
+            handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt)
+        )
 
     @rpc
     def Append(
@@ -187,7 +182,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         which = request.WhichOneof("content")
         tokens = list(request.tokens.ids) if which == "tokens" else None
         text = request.text if which == "text" else ""
-        appended, receipt = self.service.append(
+        result = self.service.append(
             principal,
             _handle(request.handle),
             text,
@@ -195,52 +190,60 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             job_hook=_cancel_with(context),
             timeout=_timeout(context),
         )
-        return pb.AppendResponse(appended=appended, receipt=receipt_to_pb(receipt))
+        return pb.AppendResponse(appended=result.appended, receipt=receipt_to_pb(result.receipt))
 
     @rpc_stream
     def Generate(
         self, request: pb.GenerateRequest, context: Any, principal: Principal
     ) -> Iterator[pb.GenerateEvent]:
+        generate = GenerateRequest(
+            max_tokens=request.max_tokens or 64,
+            stops=tuple(request.stop),
+            sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
+        )
         events = self.service.generate(
             principal,
             _handle(request.handle),
-            request.max_tokens or 64,
-            list(request.stop),
-            _sampling(request.sampling) if request.HasField("sampling") else None,
+            generate,
             job_hook=_cancel_with(context),
             timeout=_timeout(context),
         )
-        yield from _events(events)
+        for event in events:
+            yield event_to_pb(event)
 
     @rpc_stream
     def Chat(
         self, request: pb.ChatRequest, context: Any, principal: Principal
     ) -> Iterator[pb.GenerateEvent]:
+        chat = ChatRequest(
+            message=request.message,
+            max_tokens=request.max_tokens or 256,
+            stops=tuple(request.stop),
+            sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
+        )
         events = self.service.chat(
             principal,
             _handle(request.handle),
-            request.message,
-            request.max_tokens or 256,
-            list(request.stop),
-            _sampling(request.sampling) if request.HasField("sampling") else None,
+            chat,
             job_hook=_cancel_with(context),
             timeout=_timeout(context),
         )
-        yield from _events(events)
+        for event in events:
+            yield event_to_pb(event)
 
     @rpc
     def Reset(
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> pb.ResetResponse:
-        session = self.service.reset(principal, _handle(request.handle))
-        return pb.ResetResponse(**self._handle_and_receipt(session))
+        receipt = self.service.reset(principal, _handle(request.handle))
+        return pb.ResetResponse(handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt))
 
     @rpc
     def Fork(
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> pb.ForkResponse:
-        child = self.service.fork(principal, _handle(request.handle))
-        return pb.ForkResponse(**self._handle_and_receipt(child))
+        receipt = self.service.fork(principal, _handle(request.handle))
+        return pb.ForkResponse(handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt))
 
     @rpc
     def Close(
@@ -253,13 +256,13 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Inspect(
         self, request: pb.InspectRequest, context: Any, principal: Principal
     ) -> pb.InspectResponse:
-        receipt, text, logits = self.service.reads.inspect(
+        seen = self.service.reads.inspect(
             principal, _handle(request.handle), request.include_text, request.include_logits
         )
         return pb.InspectResponse(
-            receipt=receipt_to_pb(receipt),
-            retained_text=text,
-            logits=b"" if logits is None else logits.astype("<f4").tobytes(),
+            receipt=receipt_to_pb(seen.receipt),
+            retained_text=seen.retained_text,
+            logits=b"" if seen.logits is None else seen.logits.astype("<f4").tobytes(),
         )
 
     @rpc
@@ -281,27 +284,27 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Recall(
         self, request: pb.RecallRequest, context: Any, principal: Principal
     ) -> pb.RecallResponse:
-        report, receipt = self.service.recall_into(
+        result = self.service.memory.recall_into(
             principal,
             _handle(request.handle),
             request.query,
-            budget=request.budget if request.HasField("budget") else None,
-            passages=request.passages if request.HasField("passages") else None,
-            threshold=request.threshold if request.HasField("threshold") else None,
+            budget=_optional(request, "budget"),
+            passages=_optional(request, "passages"),
+            threshold=_optional(request, "threshold"),
             timeout=_timeout(context),
         )
         return pb.RecallResponse(
-            report=to_pb(report, pb.RecallReport), receipt=receipt_to_pb(receipt)
+            report=report_to_pb(result.report), receipt=receipt_to_pb(result.receipt)
         )
 
     @rpc
     def Memory(
         self, request: pb.MemoryRequest, context: Any, principal: Principal
     ) -> pb.MemoryResponse:
-        found = self.service.memory(
+        found = self.service.memory.memory(
             principal, _handle(request.handle), request.search, request.limit or 100
         )
-        return pb.MemoryResponse(passages=[to_pb(p, pb.Passage) for p in found])
+        return pb.MemoryResponse(passages=[passage_to_pb(p) for p in found])
 
     @rpc
     def Forget(
@@ -310,7 +313,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         which = request.WhichOneof("target")
         if which is None:
             raise InvalidInput("forget: name a passage_id or a logical range")
-        n = self.service.forget(
+        n = self.service.memory.forget(
             principal,
             _handle(request.handle),
             passage_id=request.passage_id if which == "passage_id" else None,
@@ -329,14 +332,14 @@ class AdminServicer(_Base, pb_grpc.AdminServicer):
     def Stats(
         self, request: pb.StatsRequest, context: Any, principal: Principal
     ) -> pb.StatsResponse:
-        return pb.StatsResponse(**self.service.reads.stats(principal))
+        return stats_to_pb(self.service.reads.stats(principal))
 
     @rpc
     def ListModels(
         self, request: pb.ListModelsRequest, context: Any, principal: Principal
     ) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(
-            models=[pb.ModelInfo(**m) for m in self.service.reads.list_models(principal)]
+            models=[model_to_pb(m) for m in self.service.reads.list_models(principal)]
         )
 
     @rpc

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.errors import ResourceExhausted, Unsupported
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.sessions import Registry
+from sinkd.errors import ResourceExhausted, Unsupported
 
 
 def admitted_sessions(

@@ -3,19 +3,14 @@ the state directory under this configuration and resume the stored sessions."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.engine.loading import open_engine
-from sinkd.daemon.engine.models import ModelEntry
-from sinkd.daemon.errors import validated
-from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.models.registry import ModelEntry
+from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity
-
-if TYPE_CHECKING:
-    from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.validation import validated
 
 
 def engine_config(settings: Settings) -> EngineConfig:
@@ -51,8 +46,10 @@ def resume(
     entry: ModelEntry,
     identity: ModelIdentity,
     durability: Durability,
-    service: SinkdService,
+    resumer: Resumer,
 ) -> None:
+    """Open the state directory under this configuration (a session journalled under another is
+    stale, with the reason) and resume what it holds."""
     durability.open(
         {
             "model": entry.name,
@@ -66,13 +63,4 @@ def resume(
             "cpu_kernels": engine.cpu_kernels,
         }
     )
-    Resumer(
-        service.scheduler,
-        durability,
-        service.registry,
-        identity,
-        service.admission,
-        service.metrics,
-        service.recall,
-    ).run(engine)
-    service.metrics.active_sessions.set(len(service.registry))
+    resumer.run(engine)

@@ -18,18 +18,12 @@ from sinkd.cachepolicy.recall import RecallConfig
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
-from sinkd.daemon.errors import (
-    Cancelled,
-    InvalidInput,
-    NotFound,
-    ResourceExhausted,
-    StaleGeneration,
-)
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.admission import Admission
-from sinkd.daemon.runtime.durability import Durability
-from sinkd.daemon.runtime.recall import Recall
-from sinkd.daemon.runtime.scheduler import Scheduler
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import (
     ModelIdentity,
     Registry,
@@ -37,6 +31,7 @@ from sinkd.daemon.runtime.sessions import (
     SessionState,
     new_session_id,
 )
+from sinkd.errors import Cancelled, InvalidInput, NotFound, ResourceExhausted, StaleGeneration
 
 log = logging.getLogger("sinkd.lifecycle")
 
@@ -56,6 +51,7 @@ class Lifecycle:
     def __init__(
         self,
         scheduler: Scheduler,
+        snapshotter: Snapshotter | None,
         registry: Registry,
         admission: Admission,
         metrics: Metrics,
@@ -64,6 +60,7 @@ class Lifecycle:
     ) -> None:
         self.recall = recall
         self.scheduler = scheduler
+        self.snapshotter = snapshotter
         self.registry = registry
         self.admission = admission
         self.metrics = metrics
@@ -153,8 +150,8 @@ class Lifecycle:
             raise
         self._admit(engine, child)
         if self.durability is not None and child.seq.state.n_seen:
-            assert self.scheduler.snapshotter is not None  # the child's history starts with one
-            if not self.scheduler.snapshotter.take(child):
+            assert self.snapshotter is not None  # the child's history starts with one
+            if not self.snapshotter.take(child):
                 self.close(child)
                 raise ResourceExhausted("the fork's first snapshot could not be written")
         return child

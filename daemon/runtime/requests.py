@@ -7,41 +7,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cachepolicy.recall import RecallConfig, RecallMode, check_recallable
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.engine.models import ModelEntry
 from sinkd.daemon.engine.sampler import SamplingParams
-from sinkd.daemon.errors import InvalidInput, validated
+from sinkd.daemon.models.registry import ModelEntry
+from sinkd.daemon.runtime.api import PolicyRequest, RecallRequest, SamplingRequest
+from sinkd.daemon.validation import validated
+from sinkd.errors import InvalidInput
 
 MAX_GENERATE_TOKENS = 4096
 MIN_DEFAULT_BUDGET = 16  # a passage's smallest size: below it, recall is off unless asked
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
-
-
-@dataclass(frozen=True)
-class PolicyRequest:
-    name: str = "sink"
-    sinks: int | None = None
-    window: int | None = None
-    evict_chunk: int | None = None
-    compact_interval: int | None = None  # None: the daemon's default (Settings.evictions_per_shift)
-    pin_system_prompt: bool = False
-    ingest_chunk: int | None = None  # None: the daemon's default
-
-
-@dataclass(frozen=True)
-class RecallRequest:
-    """A session's recall settings as asked; None: the daemon's default."""
-
-    mode: str | None = None
-    budget: int | None = None
-    passages: int | None = None
-    threshold: float | None = None
 
 
 def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings) -> RecallConfig:
@@ -116,9 +96,11 @@ def resolve_policy(
     return config, pinned
 
 
-def sampling_params(fields: Mapping[str, Any] | None) -> SamplingParams | None:
+def sampling_params(request: SamplingRequest | None) -> SamplingParams | None:
     """A request's sampling fields as validated parameters (None: the session's own)."""
-    return None if fields is None else validated(SamplingParams, **{**fields, "chosen": True})
+    if request is None:
+        return None
+    return validated(SamplingParams, **request.given(), chosen=True)
 
 
 def chat_sampling(
@@ -135,7 +117,7 @@ def chat_sampling(
     )
 
 
-def check_generation_args(max_tokens: int, stops: list[str]) -> None:
+def check_generation_args(max_tokens: int, stops: tuple[str, ...]) -> None:
     if not 1 <= max_tokens <= MAX_GENERATE_TOKENS:
         raise InvalidInput(f"max_tokens: must be in 1..{MAX_GENERATE_TOKENS}, got {max_tokens}")
     if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):

@@ -21,21 +21,22 @@ from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.cachepolicy.recall import RecallConfig
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
-from sinkd.daemon.errors import CorruptSnapshot, ResourceExhausted, SinkdError, validated
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime import audit
 from sinkd.daemon.runtime.admission import Admission
-from sinkd.daemon.runtime.durability import (
+from sinkd.daemon.runtime.durable.durability import (
     Durability,
     adopt_snapshot_meta,
     gate_differences,
     policy_from,
 )
-from sinkd.daemon.runtime.recall import Recall
-from sinkd.daemon.runtime.scheduler import Scheduler
+from sinkd.daemon.runtime.loop import audit
+from sinkd.daemon.runtime.loop.executor import Executor
+from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import ModelIdentity, Registry, Session, SessionState
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Chunk, SnapshotRow, StoredSession
+from sinkd.daemon.validation import validated
+from sinkd.errors import CorruptSnapshot, ResourceExhausted, SinkdError
 
 log = logging.getLogger("sinkd.resume")
 
@@ -58,7 +59,7 @@ class _Restoring:
 class Resumer:
     def __init__(
         self,
-        scheduler: Scheduler,
+        executor: Executor,
         durability: Durability,
         registry: Registry,
         identity: ModelIdentity,
@@ -67,7 +68,7 @@ class Resumer:
         recall: Recall,
     ) -> None:
         self.recall = recall
-        self.scheduler = scheduler
+        self.executor = executor
         self.durability = durability
         self.registry = registry
         self.identity = identity
@@ -198,7 +199,7 @@ class Resumer:
             try:
                 refused = dict(
                     (id(s), why)
-                    for s, why in self.scheduler.executor.replay(
+                    for s, why in self.executor.replay(
                         [
                             (r.session, list(r.chunks[r.next].tokens), r.chunks[r.next].cache_pos)
                             for r in batch

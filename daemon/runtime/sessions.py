@@ -30,7 +30,8 @@ import numpy as np
 
 from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
 from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held
-from sinkd.daemon.errors import IllegalTransition, NotFound, StaleGeneration, echo
+from sinkd.daemon.runtime.api import RecallReport, Receipt
+from sinkd.errors import IllegalTransition, NotFound, StaleGeneration, echo
 
 
 class SessionState(str, enum.Enum):
@@ -195,7 +196,7 @@ class Session:
     recall: RecallConfig = field(default_factory=RecallConfig)
     recalled: list[RecalledSpan] = field(default_factory=list)
     memory_stats: tuple[int, int, int] = (0, 0, 0)
-    last_recall: dict[str, Any] = field(default_factory=dict)
+    last_recall: RecallReport | None = None
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
@@ -220,7 +221,7 @@ class Session:
         self.retained = RetainedTokens(self.policy.sinks)
         self.recalled = []
         self.memory_stats = (0, 0, 0)
-        self.last_recall = {}
+        self.last_recall = None
         if self.sampler is not None:
             self.sampler.reset()
         self.last_logits = None
@@ -240,15 +241,26 @@ class Session:
             self.policy,
         )
 
-    def receipt(self, bytes_per_token: float) -> dict[str, Any]:
-        r = self.seq.receipt().as_dict()
-        r.update(
+    def receipt(self, bytes_per_token: float) -> Receipt:
+        r = self.seq.receipt()
+        return Receipt(
             session_id=self.id,
             generation=self.generation,
             reset_count=self.reset_count,
             state=self.state.value,
             tenant=self.tenant,
-            kv_payload_bytes=int(r["retained"] * bytes_per_token),
+            policy=r.config,
+            n_seen=r.n_seen,
+            retained=r.retained,
+            anchors_logical=r.anchors_logical,
+            recent_logical=r.recent_logical,
+            anchors_cache=r.anchors_cache,
+            recent_cache=r.recent_cache,
+            pending_gap=r.pending_gap,
+            evictions=r.evictions,
+            evicted_tokens=r.evicted_tokens,
+            shifts=r.shifts,
+            kv_payload_bytes=int(r.retained * bytes_per_token),
             model=self.model.name,
             model_sha256=self.model.sha256,
             system_prompt_tokens=len(self.system_tokens),
@@ -257,17 +269,18 @@ class Session:
             resume=self.resume,
             stale_reason=self.failure if self.state is SessionState.STALE else "",
             snapshot_n_seen=-1 if self.snap_n_seen is None else self.snap_n_seen,
-            snapshot_unix_time=self.snap_time if self.snap_n_seen is not None else 0.0,
+            snapshot_unix_time=self.snap_time
+            if self.snap_time is not None and self.snap_n_seen is not None
+            else 0.0,
             journal_chunks=self.log_chunks,
             journal_tokens=self.log_tokens,
-            recall=self.recall.as_dict(),
-            recalled=[s.as_dict() for s in self.recalled_held()],
+            recall=self.recall,
+            recalled=tuple(self.recalled_held()),
             memory_passages=self.memory_stats[0],
             memory_tokens=self.memory_stats[1],
             memory_bytes=self.memory_stats[2],
-            last_recall=dict(self.last_recall),
+            last_recall=self.last_recall,
         )
-        return r
 
     def recalled_held(self) -> list[RecalledSpan]:
         """The recalled copies the cache holds now (cut to what the stream has not evicted)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sinkd.daemon.errors import JournalError
+from sinkd.errors import JournalError
 
 SCHEMA_VERSION = 1
 

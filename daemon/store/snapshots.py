@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.errors import CorruptSnapshot, SnapshotError
+from sinkd.errors import CorruptSnapshot, SnapshotError
 
 MAGIC = b"SINKDSNP"
 VERSION = 1

@@ -13,11 +13,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from sinkd.daemon.errors import Cancelled, DeadlineExceeded, SinkdError, StaleGeneration
+from sinkd.cachepolicy import AppendPlan
+from sinkd.daemon.engine.sampler import Sampler
+from sinkd.daemon.runtime.api import Done, ErrorEvent, Event
+from sinkd.daemon.runtime.loop.textout import TextAssembler
+from sinkd.daemon.runtime.recall.layer import RecallAsk
 from sinkd.daemon.runtime.sessions import Session, SessionState
-from sinkd.daemon.runtime.textout import TextAssembler
+from sinkd.errors import Cancelled, DeadlineExceeded, SinkdError, StaleGeneration
 
 POLL_S = 0.5  # how often a waiter looks at the engine thread's health while it waits
 
@@ -26,7 +29,7 @@ POLL_S = 0.5  # how often a waiter looks at the engine thread's health while it 
 class GenSpec:
     max_tokens: int
     stops: list[str]
-    sampler: Any  # sinkd.daemon.engine.sampler.Sampler
+    sampler: Sampler
 
 
 class Job:
@@ -46,20 +49,20 @@ class Job:
         self.offset = 0
         self.started = False
         self.pending: int | None = None  # sampled, emitted, not yet decoded
-        self.pending_plan: Any = None  # its journalled placement (cachepolicy.AppendPlan)
+        self.pending_plan: AppendPlan | None = None  # its journalled placement
         self.final = False  # the pending token is the last one
         self.reason = ""
         self.generated = 0
         self.assembler = TextAssembler(gen.stops if gen else [])
-        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()  # put in C: per token
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()  # put in C: per token
         self.cancelled = threading.Event()
         self.done = threading.Event()
         # its final reply is decided (the engine thread's view: the reply itself may still wait
         # for the journal's fsync, and `done` with it)
         self.answered = False
         self.error: SinkdError | None = None
-        self.result: Any = None
-        self.recall: Any = None  # sinkd.daemon.runtime.recall.RecallAsk: passages go in first
+        self.result: Done | None = None
+        self.recall: RecallAsk | None = None  # passages go in first
         self.submitted = time.monotonic()
         self.last_emit = self.submitted
 
@@ -70,10 +73,10 @@ class Job:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def finish(self, result: Any) -> None:
+    def finish(self, result: Done) -> None:
         self.answered = True
         self.result = result
-        self.events.put(("done", result))
+        self.events.put(result)
         self.done.set()
 
     def fail(self, error: SinkdError) -> None:
@@ -81,10 +84,10 @@ class Job:
             return
         self.answered = True
         self.error = error
-        self.events.put(("error", error))
+        self.events.put(ErrorEvent(error))
         self.done.set()
 
-    def wait(self, timeout: float, alive: Callable[[], bool]) -> Any:
+    def wait(self, timeout: float, alive: Callable[[], bool]) -> Done:
         """The job's result; its error; DeadlineExceeded (the job is cancelled) past `timeout`;
         Cancelled if the engine thread is gone (`alive` says)."""
         deadline = time.monotonic() + timeout
@@ -92,9 +95,10 @@ class Job:
             self._stalled(deadline, alive)
         if self.error is not None:
             raise self.error
+        assert self.result is not None
         return self.result
 
-    def next_event(self, deadline: float, alive: Callable[[], bool]) -> tuple[str, Any]:
+    def next_event(self, deadline: float, alive: Callable[[], bool]) -> Event:
         """The next streamed event, with the same guarantees as `wait`."""
         while True:
             try:

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.errors import JournalError, SinkdError
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.durability import Durability
+from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.sessions import Registry, Session
+from sinkd.errors import JournalError, SinkdError
 
 log = logging.getLogger("sinkd.snapshots")
 SNAPSHOT_RETRY_S = 30.0  # a failed snapshot (disk full, ...) is not retried sooner

@@ -13,14 +13,14 @@ import functools
 import logging
 import sqlite3
 from collections.abc import Callable
-from typing import Any
 
-from sinkd.daemon.errors import JournalError, ResourceExhausted, SinkdError
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.durability import Durability
-from sinkd.daemon.runtime.jobs import Job
+from sinkd.daemon.runtime.api import Done, TokenEvent
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.loop.syncer import Syncer
 from sinkd.daemon.runtime.sessions import Session, SessionState
-from sinkd.daemon.runtime.syncer import Syncer
+from sinkd.errors import JournalError, ResourceExhausted, SinkdError
 
 log = logging.getLogger("sinkd.gate")
 
@@ -56,11 +56,11 @@ class ReplyGate:
             self.durability.flush(session)
         self._replies.append((job, fn))
 
-    def emit(self, job: Job, kind: str, payload: Any) -> None:
-        """Queue a streamed event (its token was journalled by the caller)."""
-        self._replies.append((job, functools.partial(job.events.put, (kind, payload))))
+    def emit(self, job: Job, event: TokenEvent) -> None:
+        """Queue a streamed token (journalled by the caller)."""
+        self._replies.append((job, functools.partial(job.events.put, event)))
 
-    def finish(self, job: Job, result: Any) -> None:
+    def finish(self, job: Job, result: Done) -> None:
         job.answered = True
         self.reply(job, functools.partial(job.finish, result))
 

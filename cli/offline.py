@@ -12,8 +12,8 @@ from typing import Any
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.engine.loading import open_engine, open_unlisted
-from sinkd.daemon.engine.models import ModelEntry, locate, verify_file
-from sinkd.daemon.errors import validated
+from sinkd.daemon.models.registry import ModelEntry, locate, verify_file
+from sinkd.daemon.validation import validated
 from sinkd.evaluation.ppl import PolicyRun, run_ppl
 from sinkd.evaluation.textstream import ChunkReport, stream_text
 

@@ -20,7 +20,17 @@ from typing import Any
 from sinkd.cachepolicy import CacheFull, SubBatch
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import BatchItem, Engine, by_length
-from sinkd.daemon.errors import (
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.api import Done, TokenEvent
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.audit import Auditor
+from sinkd.daemon.runtime.loop.gate import ReplyGate
+from sinkd.daemon.runtime.loop.jobs import Job, JobQueues
+from sinkd.daemon.runtime.loop.placement import swaps_for_one_run
+from sinkd.daemon.runtime.loop.stepplan import Slot
+from sinkd.daemon.runtime.recall.layer import Recall
+from sinkd.daemon.runtime.sessions import Session, SessionState
+from sinkd.errors import (
     EngineError,
     InvalidInput,
     JournalError,
@@ -28,15 +38,6 @@ from sinkd.daemon.errors import (
     SessionFailed,
     SinkdError,
 )
-from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.audit import Auditor
-from sinkd.daemon.runtime.durability import Durability
-from sinkd.daemon.runtime.gate import ReplyGate
-from sinkd.daemon.runtime.jobs import Job, JobQueues
-from sinkd.daemon.runtime.placement import swaps_for_one_run
-from sinkd.daemon.runtime.recall import Recall
-from sinkd.daemon.runtime.sessions import Session, SessionState
-from sinkd.daemon.runtime.stepplan import Slot
 
 log = logging.getLogger("sinkd.executor")
 
@@ -74,7 +75,7 @@ class Executor:
         assert engine is not None
         return engine
 
-    def end(self, job: Job, error: SinkdError | None = None, result: Any = None) -> None:
+    def end(self, job: Job, error: SinkdError | None = None) -> None:
         """The job is over: off its queue, its session settled, its reply queued behind the journal."""
         self.queues.pop(job)
         job.session.settle()
@@ -84,11 +85,8 @@ class Executor:
             self.gate.fail(job, error)
         else:  # the receipt as the job left the session, not as a later reset or close leaves it
             receipt = job.session.receipt(self.engine.kv_bytes_per_token)
-            extra = {"recall": job.session.last_recall} if job.recall is not None else {}
-            self.gate.finish(job, {**result, **extra, "receipt": receipt})
-
-    def result(self, job: Job) -> dict[str, Any]:
-        return {"reason": job.reason, "generated": job.generated}
+            recall = job.session.last_recall if job.recall is not None else None
+            self.gate.finish(job, Done(job.reason, job.generated, receipt, recall))
 
     # --- before the plan: start jobs, sample the decoding sessions' next tokens ---
 
@@ -96,7 +94,7 @@ class Executor:
         try:
             self._start(job)
             if job.gen is None and not job.tokens:  # e.g. a recall that found nothing
-                self.end(job, result={"appended": 0})
+                self.end(job)
                 return
             if job.gen is not None and not job.prefilling and job.pending is None:
                 self._sample(job)
@@ -133,7 +131,7 @@ class Executor:
             raise InvalidInput("the session is empty: append text before generating")
         if not session.policy.evicts and session.seq.retained >= session.policy.budget:
             job.reason = "cache_full"  # the full policy never evicts: generation ends here
-            self.end(job, result=self.result(job))
+            self.end(job)
             return
         sampler = job.gen.sampler
         recent = session.retained.tail(sampler.history_needed)
@@ -165,8 +163,7 @@ class Executor:
             at = job.pending_plan.sub_batches[0]
             draws = session.sampler.draws if job.gen.sampler is session.sampler else None
             self.durability.log(session, at.logical_pos, at.cache_pos, [token], draws)
-        event = {"id": token, "text": text, "index": job.generated - 1, "latency_ms": latency_ms}
-        self.gate.emit(job, "token", event)
+        self.gate.emit(job, TokenEvent(token, text, job.generated - 1, latency_ms))
 
     # --- the plan: evict, decode, record ---
 
@@ -300,10 +297,10 @@ class Executor:
             failpoints.hit("prefill-chunk")
         if not self.auditor.check(session):
             return
-        if job.gen is None and not job.prefilling:
-            self.end(job, result={"appended": len(job.tokens)})
-        elif job.gen is not None and job.final and job.pending is None:
-            self.end(job, result=self.result(job))
+        if (job.gen is None and not job.prefilling) or (
+            job.gen is not None and job.final and job.pending is None
+        ):
+            self.end(job)
 
     # --- resume ---
 

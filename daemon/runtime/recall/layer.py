@@ -12,7 +12,6 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from sinkd.cachepolicy.recall import (
     RecallConfig,
@@ -23,10 +22,11 @@ from sinkd.cachepolicy.recall import (
     select,
 )
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.errors import InvalidInput
 from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.api import RecallReport
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.daemon.store.memory import MemoryStore, Passage, query_terms
+from sinkd.errors import InvalidInput
 
 MAX_QUERY_BYTES = 4096
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
@@ -108,21 +108,21 @@ class Recall:
         after = engine.tokenize(ask.frame[1], add_bos=False) if ask.frame[1] else []
         chosen = select(found, config, len(before) + len(after))
         self.metrics.recall_latency.observe(time.monotonic() - t0)
-        report: dict[str, Any] = {
-            "query_sha256": hashlib.sha256(ask.query.encode()).hexdigest(),
-            "query_terms": len(query_terms(ask.query)),
-            "candidates": len(found),
-            "best_score": max((c.score for c in found), default=0.0),
-            "threshold": config.threshold,
-        }
+        report = RecallReport(
+            query_sha256=hashlib.sha256(ask.query.encode()).hexdigest(),
+            query_terms=len(query_terms(ask.query)),
+            candidates=len(found),
+            best_score=max((c.score for c in found), default=0.0),
+            threshold=config.threshold,
+            note="",
+        )
         if not chosen:
-            report["note"] = (
+            note = (
                 "nothing recalled: no stored passage matched the query"
                 if not found
                 else "nothing recalled: no stored passage scored above the threshold"
             )
-            report["recalled"] = []
-            session.last_recall = report
+            session.last_recall = dataclasses.replace(report, note=note)
             self.metrics.recalls.labels(outcome="empty").inc()
             return []
         plan = plan_recall(
@@ -142,9 +142,11 @@ class Recall:
         store.add_recall(session.id, session.reset_count, plan.spans)
         for span in plan.spans:
             session.seq.note_recall(span)
-        report["note"] = f"recalled {len(plan.spans)} passage(s), {plan.n_tokens} tokens"
-        report["recalled"] = [s.as_dict() for s in plan.spans]
-        session.last_recall = report
+        session.last_recall = dataclasses.replace(
+            report,
+            note=f"recalled {len(plan.spans)} passage(s), {plan.n_tokens} tokens",
+            recalled=tuple(plan.spans),
+        )
         self.metrics.recalls.labels(outcome="recalled").inc()
         self.metrics.recalled_tokens.inc(plan.n_tokens)
         return tokens

@@ -16,7 +16,7 @@ from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from sinkd.daemon.errors import InvalidInput
+from sinkd.errors import InvalidInput
 
 MAGIC = b"GGUF"
 KEEP_ARRAY = 64

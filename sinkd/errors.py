@@ -2,23 +2,18 @@
 exit code, which the servicer and the CLI read at the edges and nowhere else.
 
 The remote CLI gets the same class back (the servicer names it in the `sinkd-error` trailer), so
-embedded and remote runs exit with the same code for the same error. The two policy errors live in
-the pure `cachepolicy` package and are re-exported here.
+embedded and remote runs exit with the same code for the same error. This module is the root of the
+hierarchy and imports nothing of sinkd: the pure policy's own errors (`sinkd.cachepolicy.errors`)
+derive from `SinkdError` here without the policy importing the daemon.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
-
-from pydantic import BaseModel, ValidationError
-
-from sinkd.cachepolicy.errors import CacheFull, ConfigError, SinkdError
+from typing import ClassVar
 
 __all__ = [
     "ERROR_TRAILER",
-    "CacheFull",
     "Cancelled",
-    "ConfigError",
     "CorruptSnapshot",
     "DaemonUnavailable",
     "DeadlineExceeded",
@@ -45,9 +40,7 @@ __all__ = [
     "Unsupported",
     "by_name",
     "echo",
-    "first_problem",
     "message_of",
-    "validated",
 ]
 
 ERROR_TRAILER = "sinkd-error"  # trailing metadata: the class name of the error a call raised
@@ -60,6 +53,13 @@ def echo(value: object) -> str:
     if len(text) <= MAX_ECHO:
         return repr(text)
     return f"{text[:MAX_ECHO]!r}... ({len(text)} characters)"
+
+
+class SinkdError(Exception):
+    """Base of every error sinkd means to show to a user."""
+
+    status = "INTERNAL"
+    exit_code = 14
 
 
 # --- input and configuration ---
@@ -276,6 +276,8 @@ class Refused(SinkdError):
 
 
 def _classes() -> dict[str, type[SinkdError]]:
+    import sinkd.cachepolicy.errors  # noqa: F401  (the policy's classes, by name too)
+
     found: dict[str, type[SinkdError]] = {}
     todo: list[type[SinkdError]] = [SinkdError]
     while todo:
@@ -293,25 +295,6 @@ def by_name(name: str, status: str, message: str) -> SinkdError:
     error = cls.__new__(cls)  # some constructors take structured fields: the message is all we have
     Exception.__init__(error, message)
     return error
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def validated(model: type[M], **fields: Any) -> M:
-    """Build a pydantic model from a client's values; a violated bound is InvalidInput naming the
-    field (the edges report it as INVALID_ARGUMENT or exit code 2)."""
-    try:
-        return model(**fields)
-    except ValidationError as e:
-        raise InvalidInput(first_problem(e, model.__name__)) from None
-
-
-def first_problem(error: ValidationError, where: str = "") -> str:
-    """The first field a pydantic validation refused, as `field: why, got value`."""
-    first = error.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or where
-    return f"{field}: {first['msg']}, got {echo(first.get('input'))}"
 
 
 def message_of(error: BaseException) -> str:

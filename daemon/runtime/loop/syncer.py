@@ -6,7 +6,7 @@ beside the next `llama_decode`, and the replies that waited for it go out, in co
 as the log is on disk. One fsync covers every commit queued before it (group commit).
 
 Each fsync also slows the decode it runs beside (on two cores, ~0.6 ms a token here: the kernel's
-journal and the disk's completions take a core from llama.cpp's threads; bench/README.md, row 2).
+journal and the disk's completions take a core from llama.cpp's threads; bench/README.md, "overhead.py").
 With an interval the syncer starts an fsync no sooner than that long after the previous one began,
 and every commit made meanwhile rides on it: fewer fsyncs, and replies that wait up to the
 interval. Nothing is acknowledged before it is on disk either way.
@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.errors import ResourceExhausted
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.jobs import Job
+from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.errors import ResourceExhausted
 
 log = logging.getLogger("sinkd.syncer")
 

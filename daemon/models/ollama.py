@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinkd.daemon.engine.models import sha256_file
-from sinkd.daemon.errors import InvalidInput, ModelMismatch, ModelMissing
+from sinkd.daemon.models.registry import sha256_file
+from sinkd.errors import InvalidInput, ModelMismatch, ModelMissing
 
 MODEL_LAYER = "application/vnd.ollama.image.model"
 DEFAULT_HOST = "registry.ollama.ai"

@@ -24,11 +24,11 @@ from typing import Any
 from sinkd.cachepolicy import PolicyConfig, SeqState
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon import failpoints
-from sinkd.daemon.errors import JournalError, ResourceExhausted
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Chunk, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
+from sinkd.errors import JournalError, ResourceExhausted
 
 log = logging.getLogger("sinkd.durability")
 

@@ -22,14 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sinkd.daemon.errors import (
-    ModelMismatch,
-    ModelMissing,
-    ModelNotAllowed,
-    PullFailed,
-    echo,
-    first_problem,
-)
+from sinkd.daemon.validation import first_problem
+from sinkd.errors import ModelMismatch, ModelMissing, ModelNotAllowed, PullFailed, echo
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -24,7 +24,17 @@ from typing import Any, TypeVar
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.errors import (
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
+from sinkd.daemon.runtime.loop.audit import Auditor
+from sinkd.daemon.runtime.loop.executor import Executor
+from sinkd.daemon.runtime.loop.gate import ReplyGate
+from sinkd.daemon.runtime.loop.jobs import POLL_S, Job, JobQueues
+from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
+from sinkd.daemon.runtime.recall.layer import Recall
+from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
+from sinkd.errors import (
     Cancelled,
     DeadlineExceeded,
     EngineError,
@@ -32,16 +42,6 @@ from sinkd.daemon.errors import (
     ShuttingDown,
     SinkdError,
 )
-from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.audit import Auditor
-from sinkd.daemon.runtime.durability import Durability
-from sinkd.daemon.runtime.executor import Executor
-from sinkd.daemon.runtime.gate import ReplyGate
-from sinkd.daemon.runtime.jobs import POLL_S, Job, JobQueues
-from sinkd.daemon.runtime.recall import Recall
-from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
-from sinkd.daemon.runtime.snapshotter import Snapshotter
-from sinkd.daemon.runtime.stepplan import Candidate, plan_step
 
 log = logging.getLogger("sinkd.scheduler")
 T = TypeVar("T")

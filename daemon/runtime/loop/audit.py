@@ -13,11 +13,11 @@ import sqlite3
 from collections.abc import Callable
 
 from sinkd.daemon.engine.llama import Engine
-from sinkd.daemon.errors import EngineError, JournalError, SessionFailed
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.durability import Durability
-from sinkd.daemon.runtime.jobs import JobQueues
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.jobs import JobQueues
 from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
+from sinkd.errors import EngineError, JournalError, SessionFailed
 
 log = logging.getLogger("sinkd.audit")
 

@@ -1,0 +1,218 @@
+"""`sinkd eval ppl | recall`: quality over stream position, in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sinkd.cli.console import console
+from sinkd.cli.errors import handle_errors
+from sinkd.cli.options import (
+    CompactOpt,
+    EvictOpt,
+    JsonFlag,
+    ModelOpt,
+    SinksOpt,
+    TokensPerSecond,
+    WindowOpt,
+    offline_policy,
+)
+from sinkd.errors import InvalidInput
+
+out = console()
+err = console(stderr=True)
+
+
+eval_app = typer.Typer(help="Measure quality over stream position.", no_args_is_help=True)
+
+
+@eval_app.command("ppl")
+@handle_errors
+def eval_ppl(
+    text: Annotated[str, typer.Option("--text", help="A text file, or - for stdin.")],
+    model: ModelOpt = None,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Tokens to stream.")] = 4096,
+    policies: Annotated[
+        str,
+        typer.Option("--policies", help="Comma list of full,window,sink,sink-noshift,recompute."),
+    ] = "full,window,sink,sink-noshift,recompute",
+    sinks: SinksOpt = None,
+    window: WindowOpt = None,
+    evict: EvictOpt = 1,
+    compact: CompactOpt = 0,
+    stride: Annotated[
+        int, typer.Option("--stride", min=1, help="recompute: tokens scored per re-encoding.")
+    ] = 64,
+    bucket: Annotated[
+        int, typer.Option("--bucket", min=1, help="Tokens per perplexity bucket.")
+    ] = 256,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON and PNG go.")] = Path(
+        "bench/results"
+    ),
+    name: Annotated[str, typer.Option("--name", help="File name stem of the results.")] = "ppl",
+    as_json: JsonFlag = False,
+) -> None:
+    """Per-token loss through the engine for each policy; perplexity by stream position as JSON and PNG."""
+    import platform
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    from sinkd.cli import offline
+    from sinkd.daemon.models.registry import load_lock
+    from sinkd.evaluation.ppl import plot, summary
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    known = {"full", "window", "sink", "sink-noshift", "recompute"}
+    if not names or set(names) - known:
+        raise InvalidInput(f"--policies: choose from {', '.join(sorted(known))}, got {policies!r}")
+    if tokens < 2 or bucket < 1:
+        raise InvalidInput("--tokens must be >= 2 and --bucket >= 1")
+    if text != "-" and not Path(text).is_file():
+        raise InvalidInput(f"no such file: {text}")
+    entry = load_lock().get(model)
+    cfg = offline_policy(
+        entry.default_sinks, entry.default_window, "sink", sinks, window, evict, compact
+    )
+    raw = sys.stdin.read() if text == "-" else Path(text).read_text(errors="replace")
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TokensPerSecond(), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+
+        def progress(policy: str, total: int) -> Any:
+            task = bar.add_task(policy, total=total)
+            return lambda n: bar.advance(task, n)
+
+        ids, n_ctx_train, runs = offline.perplexity(
+            entry, raw, tokens, names, cfg, stride, progress
+        )
+    results: dict[str, Any] = {
+        "model": entry.name, "model_sha256": entry.sha256, "text": text, "tokens": len(ids),
+        "sinks": cfg.sinks, "window": cfg.window, "evict_chunk": cfg.evict_chunk,
+        "compact_interval": cfg.compact_interval, "stride": stride, "bucket": bucket,
+        "n_ctx_train": n_ctx_train, "machine": platform.platform(), "cpus": os.cpu_count(),
+        "command": "sinkd " + " ".join(sys.argv[1:]),
+        "runs": [summary(r, bucket) for r in runs],
+    }  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+    plot(
+        results,
+        str(out_dir / f"{name}.png"),
+        f"{entry.name}, S={cfg.sinks} W={cfg.window} E={cfg.evict_chunk}, {Path(text).name}",
+    )
+    if as_json:
+        print(json.dumps(results))
+        return
+    table = Table(title=f"perplexity over {len(ids)} tokens ({out_dir / name}.json, .png)")
+    for col in ("policy", "scored", "ppl", "last bucket", "tok/s", "note"):
+        table.add_column(col)
+    for r in results["runs"]:
+        table.add_row(r["policy"], str(r["scored_tokens"]), f"{r['ppl']:.2f}", f"{r['ppl_last_bucket']:.2f}",
+                      f"{r['tokens_per_s']:.0f}", r["note"])  # fmt: skip
+    out.print(table)
+
+
+def _ints(value: str, option: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise InvalidInput(f"{option}: a comma list of token counts, got {value[:64]!r}") from None
+    if any(v < 1 for v in out):
+        raise InvalidInput(f"{option}: token counts must be >= 1")
+    return out
+
+
+@eval_app.command("recall")
+@handle_errors
+def eval_recall(
+    text: Annotated[
+        Path, typer.Option("--text", help="Filler text (public domain, e.g. bench/texts/kjv.txt).")
+    ],
+    model: ModelOpt = None,
+    distances: Annotated[
+        str, typer.Option("--distances", help="Tokens between the key and the question.")
+    ] = "126,1000,4000",
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Streams per distance.")] = 5,
+    long_distances: Annotated[
+        str, typer.Option("--long-distances", help="Longer distances, fewer trials.")
+    ] = "",
+    long_trials: Annotated[int, typer.Option("--long-trials", min=0)] = 0,
+    multi_trials: Annotated[
+        int, typer.Option("--multi-trials", min=0, help="Multi-key streams (8 keys, at 1k).")
+    ] = 3,
+    control_trials: Annotated[
+        int,
+        typer.Option("--control-trials", min=0, help="Streams of the window and full controls."),
+    ] = 2,
+    conversations: Annotated[int, typer.Option("--conversations", min=0)] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON and PNG go.")] = Path(
+        "bench/results/recall"
+    ),
+    as_json: JsonFlag = False,
+) -> None:
+    """Passkey retrieval by distance with and without recall (and the controls), multi-key, and
+    facts asked many chat turns later; in this process, through the daemon's service."""
+    import tempfile
+
+    from sinkd.daemon.config import Settings
+    from sinkd.daemon.runtime.service import SinkdService
+    from sinkd.evaluation.recall import Plan, evaluate, plot, report_tables
+
+    if not text.is_file():
+        raise InvalidInput(f"no such file: {text}")
+    plan = Plan(
+        distances=_ints(distances, "--distances"),
+        trials=trials,
+        long_distances=_ints(long_distances, "--long-distances"),
+        long_trials=long_trials,
+        multi_distances=[1000],
+        multi_trials=multi_trials,
+        control_trials=control_trials,
+        conversation_turns=6,
+        conversations=conversations,
+        placement_trials=trials,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def make(**kw: Any) -> SinkdService:
+            settings = Settings(
+                model=model,
+                socket=Path(tmp) / "unused.sock",
+                durable=False,
+                **{"step_tokens": 256, "prefill_chunk": 256, "n_batch": 256, **kw},
+            )
+            service = SinkdService(settings)
+            service.start()
+            service.wait_ready()
+            return service
+
+        data = evaluate(make, text.read_text(errors="replace"), plan, progress=err.print)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval-recall.json").write_text(json.dumps(data, indent=1))
+    plot(data, out_dir / "eval-recall.png")
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return
+    from rich.table import Table
+
+    for title, columns, rows in report_tables(data):
+        table = Table(title=title, title_justify="left")
+        for c in columns:
+            table.add_column(c, justify="right")
+        for row in rows:
+            table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+        out.print(table)
+    err.print(f"wrote {out_dir / 'eval-recall.json'} and .png")

@@ -1,0 +1,64 @@
+"""Who may touch which session: an owner's handle checked against the registry, the admin's
+content-free view of any session, and the engine as the callers may use it now."""
+
+from __future__ import annotations
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.api import Handle
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.sessions import Principal, Registry, Session
+from sinkd.errors import (
+    NotFound,
+    PermissionDenied,
+    ShuttingDown,
+    StaleGeneration,
+    Unsupported,
+    echo,
+)
+
+
+class Access:
+    def __init__(self, registry: Registry, scheduler: Scheduler, metrics: Metrics) -> None:
+        self.registry = registry
+        self.scheduler = scheduler
+        self.metrics = metrics
+
+    @property
+    def engine(self) -> Engine:
+        """The loaded engine; ShuttingDown once it stopped, Unsupported before it loaded."""
+        engine = self.scheduler.engine
+        if engine is None or not self.scheduler.alive():
+            if self.scheduler.ready.is_set():
+                raise ShuttingDown("the engine has stopped: the daemon is shutting down")
+            raise Unsupported("the model is not loaded")
+        return engine
+
+    def owned(self, principal: Principal, handle: Handle, allow_stale: bool = False) -> Session:
+        """The caller's own session at the handle's generation (StaleGeneration otherwise)."""
+        if principal.tenant is None:
+            raise NotFound(f"no session {echo(handle.session_id)}")  # the admin owns none
+        try:
+            session = self.registry.lookup(
+                principal.tenant, handle.session_id, handle.generation, allow_stale
+            )
+        except StaleGeneration:
+            self.metrics.stale_handles.inc()
+            raise
+        failpoints.hit("handle-checked")
+        return session
+
+    def visible(self, principal: Principal, handle: Handle) -> Session:
+        """The owner's session; for the admin, any session (content-free reads only)."""
+        if principal.admin and principal.tenant is None:
+            session = self.registry.get(handle.session_id)
+            if session is None:
+                raise NotFound(f"no session {echo(handle.session_id)}")
+            return session
+        return self.owned(principal, handle)
+
+
+def admin_only(principal: Principal, what: str) -> None:
+    if not principal.admin:
+        raise PermissionDenied(f"{what} needs the admin token")

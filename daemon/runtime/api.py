@@ -1,0 +1,275 @@
+"""The typed objects that cross from the runtime to its edges (gRPC, the CLI, an embedded user).
+
+Requests come in as these, answers go out as these; an edge translates them to its wire format in
+one place (`sinkd.proto.convert` for protobuf) and nowhere else. Content (text, token ids, logits)
+appears only in the owner's answers, never in the admin's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from typing import TypeAlias
+
+import numpy as np
+
+from sinkd.cachepolicy import PolicyConfig
+from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan
+from sinkd.cachepolicy.sequence import TraceEvent
+from sinkd.errors import SinkdError
+
+Span: TypeAlias = tuple[int, int]  # [start, end)
+
+__all__ = [
+    "AppendResult",
+    "ChatRequest",
+    "Done",
+    "ErrorEvent",
+    "Event",
+    "GenerateRequest",
+    "Handle",
+    "Inspection",
+    "ModelInfo",
+    "PassageView",
+    "PolicyRequest",
+    "RecallReport",
+    "RecallRequest",
+    "RecallResult",
+    "Receipt",
+    "SamplingRequest",
+    "Stats",
+    "Stream",
+    "TokenEvent",
+    "TraceEvent",
+    "to_json",
+]
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A session at one generation: a reset, a model change or a close makes it stale."""
+
+    session_id: str
+    generation: str
+
+
+# --- requests ---
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """A client's policy fields as given; unset (None) fields take the model's or daemon's
+    defaults when the runtime resolves them."""
+
+    name: str = "sink"
+    sinks: int | None = None
+    window: int | None = None
+    evict_chunk: int | None = None
+    compact_interval: int | None = None
+    pin_system_prompt: bool = False
+    ingest_chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class RecallRequest:
+    mode: str | None = None
+    budget: int | None = None
+    passages: int | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """Sampling fields a client set; the runtime validates them (InvalidInput names the field).
+    Unset repetition fields keep the sampler's defaults."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+
+    def given(self) -> dict[str, float | int]:
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    max_tokens: int = 64
+    stops: tuple[str, ...] = ()
+    sampling: SamplingRequest | None = None  # None: the session's own sampler
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    message: str
+    max_tokens: int = 256
+    stops: tuple[str, ...] = ()
+    sampling: SamplingRequest | None = None  # None: the session's, or the model's chat defaults
+
+
+# --- answers ---
+
+
+@dataclass(frozen=True)
+class RecallReport:
+    """What one recall did: counts, scores and provenance; the query only as its hash."""
+
+    query_sha256: str
+    query_terms: int
+    candidates: int
+    best_score: float
+    threshold: float
+    note: str
+    recalled: tuple[RecalledSpan, ...] = ()
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Content-free account of one session: its policy, positions (logical and cache), counts,
+    durability and recall. The admin may read it; it holds no text."""
+
+    session_id: str
+    generation: str
+    reset_count: int
+    state: str
+    tenant: str
+    policy: PolicyConfig
+    n_seen: int
+    retained: int
+    anchors_logical: Span
+    recent_logical: Span
+    anchors_cache: Span
+    recent_cache: Span
+    pending_gap: int
+    evictions: int
+    evicted_tokens: int
+    shifts: int
+    kv_payload_bytes: int
+    model: str
+    model_sha256: str
+    system_prompt_tokens: int
+    system_prompt_tokens_pinned: int
+    system_prompt_sha256: str
+    resume: str
+    stale_reason: str
+    snapshot_n_seen: int  # -1: no snapshot
+    snapshot_unix_time: float
+    journal_chunks: int
+    journal_tokens: int
+    recall: RecallConfig
+    recalled: tuple[RecalledSpan, ...]
+    memory_passages: int
+    memory_tokens: int
+    memory_bytes: int
+    last_recall: RecallReport | None
+
+    @property
+    def handle(self) -> Handle:
+        return Handle(self.session_id, self.generation)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: int
+    text: str  # what this token completes (UTF-8 held back until whole, stop strings cut)
+    index: int
+    latency_ms: float  # since the previous token (or the request, for the first)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request's end: why (max_tokens, stop, eog, cache_full; "" for an append or a recall),
+    how many tokens it generated, the receipt as it left the session, and its recall if it
+    tried one."""
+
+    reason: str
+    generated: int
+    receipt: Receipt
+    recall: RecallReport | None = None
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: SinkdError
+
+
+Event: TypeAlias = TokenEvent | Done | ErrorEvent
+Stream: TypeAlias = Iterator[TokenEvent | Done]  # a generation as the caller reads it: errors raise
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    appended: int  # how many of the caller's tokens went in
+    receipt: Receipt
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    report: RecallReport
+    receipt: Receipt
+
+
+@dataclass(frozen=True)
+class Inspection:
+    receipt: Receipt
+    retained_text: str  # "" unless asked for (the owner's)
+    logits: np.ndarray | None = None  # the next token's, float32, when asked for (the owner's)
+
+
+@dataclass(frozen=True)
+class PassageView:
+    """A stored passage of evicted text (the owner's), with its score when it answered a search."""
+
+    passage_id: int
+    logical: Span
+    n_tokens: int
+    text: str
+    created_unix_time: float
+    sealed: bool
+    score: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    sha256: str
+    loaded: bool
+    is_default: bool
+    default_sinks: int
+    default_window: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    sessions: int
+    max_sessions: int
+    cells_in_use: int
+    cells_per_session: int
+    kv_bytes_per_token: int
+    prefill_tokens: int
+    decode_tokens: int
+    evictions: int
+    steps: int
+    invariant_violations: int
+    model: str
+    model_sha256: str
+    stale_sessions: int
+    snapshots: int
+    snapshot_failures: int
+
+
+def to_json(value: object) -> object:
+    """The JSON form of any of these objects (the CLI's `--json`): ranges as [start, end], the
+    policy and recall settings as their own dicts, the logits left out."""
+    if isinstance(value, PolicyConfig | RecallConfig | RecalledSpan | TraceEvent):
+        return value.as_dict()
+    if isinstance(value, np.ndarray):
+        return None
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [to_json(v) for v in value]
+    return value

@@ -1,0 +1,147 @@
+"""The session's memory of evicted text, under its owner's control: recall into the cache now,
+read the stored passages, forget them (from disk, at once)."""
+
+from __future__ import annotations
+
+from sinkd.cachepolicy.recall import RecallMode
+from sinkd.daemon.config import Settings
+from sinkd.daemon.runtime import lifecycle, requests
+from sinkd.daemon.runtime.access import Access
+from sinkd.daemon.runtime.api import Handle, PassageView, RecallRequest, RecallResult
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.recall.layer import Recall, RecallAsk, check_query
+from sinkd.daemon.runtime.sessions import Principal, Session
+from sinkd.daemon.runtime.turns import Turns
+from sinkd.daemon.store.memory import Passage
+from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
+
+
+class Remembering:
+    def __init__(
+        self,
+        access: Access,
+        scheduler: Scheduler,
+        turns: Turns,
+        recall: Recall,
+        durability: Durability | None,
+        settings: Settings,
+    ) -> None:
+        self.access = access
+        self.scheduler = scheduler
+        self.turns = turns
+        self.recall = recall
+        self.durability = durability
+        self.settings = settings
+
+    def recall_into(
+        self,
+        principal: Principal,
+        handle: Handle,
+        query: str,
+        budget: int | None = None,
+        passages: int | None = None,
+        threshold: float | None = None,
+        timeout: float | None = None,
+    ) -> RecallResult:
+        """Search the session's memory and decode the best passages into its cache now (after
+        whatever the stream holds)."""
+        session = self.access.owned(principal, handle)
+        check_query(query)
+        current = session.recall
+        if not session.policy.evicts:
+            raise FailedPrecondition(
+                f"session {session.id} uses the full policy: it never evicts, so nothing left the"
+                " cache to be recalled"
+            )
+        if current.mode is RecallMode.OFF:
+            raise FailedPrecondition(
+                f"session {session.id} keeps no memory (recall mode off): nothing to recall"
+            )
+        config = requests.resolve_recall(
+            RecallRequest(
+                current.mode.value,
+                current.budget if budget is None else budget,
+                current.passages if passages is None else passages,
+                current.threshold if threshold is None else threshold,
+            ),
+            session.policy,
+            self.settings,
+        )
+        job = Job(session, [], generation=handle.generation)
+        job.recall = RecallAsk(query, config)
+        done = self.turns.wait(self.scheduler.submit(job), timeout)
+        assert done.recall is not None  # a recall job always reports
+        return RecallResult(done.recall, done.receipt)
+
+    def memory(
+        self, principal: Principal, handle: Handle, search: str = "", limit: int = 100
+    ) -> list[PassageView]:
+        """The session's stored passages (text included: the owner's), newest last, or the best
+        matches of `search`."""
+        session = self.access.owned(principal, handle)
+        if not 1 <= limit <= 10_000:
+            raise InvalidInput(f"limit: must be in 1..10000, got {limit}")
+        found = self.scheduler.call(lambda e: self._read(session, handle.generation, search, limit))
+        return [_view(p, score) for p, score in found]
+
+    def _read(
+        self, session: Session, generation: str, search: str, limit: int
+    ) -> list[tuple[Passage, float | None]]:
+        lifecycle.check_generation(session, generation)
+        return self.recall.passages(session, search, limit)
+
+    def forget(
+        self,
+        principal: Principal,
+        handle: Handle,
+        passage_id: int | None = None,
+        logical: tuple[int, int] | None = None,
+    ) -> int:
+        """Delete a passage, or every passage overlapping a logical range, from disk."""
+        session = self.access.owned(principal, handle)
+        if (passage_id is None) == (logical is None):
+            raise InvalidInput("forget: name one passage or one logical range")
+        if logical is not None and not 0 <= logical[0] < logical[1]:
+            raise InvalidInput(f"forget: the range must be start < end, got {list(logical)}")
+        n = self.scheduler.call(
+            lambda e: self._forget(session, handle.generation, passage_id, logical)
+        )
+        if n == 0:
+            what = (
+                f"passage {passage_id}"
+                if passage_id is not None
+                else f"range {list(logical or ())}"
+            )
+            raise NotFound(f"session {session.id} stores no {what}")
+        return n
+
+    def _forget(
+        self,
+        session: Session,
+        generation: str,
+        passage_id: int | None,
+        logical: tuple[int, int] | None,
+    ) -> int:
+        lifecycle.check_generation(session, generation)
+        n = self.recall.forget(session, passage_id, logical)
+        if n:
+            if self.durability is not None:
+                self.durability.purge_after_commit()
+                self.durability.record(lambda: None)
+            else:
+                self.recall.purge()
+        return n
+
+
+def _view(p: Passage, score: float | None) -> PassageView:
+    return PassageView(
+        passage_id=p.id,
+        logical=p.logical,
+        n_tokens=len(p.tokens),
+        text=p.text,
+        created_unix_time=p.created,
+        sealed=p.sealed,
+        score=score,
+    )

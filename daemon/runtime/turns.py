@@ -1,0 +1,160 @@
+"""Appends and generations: the requests that become jobs the scheduler batches with everyone
+else's. Text is turned into tokens on the caller's thread (the engine guards its vocabulary
+against a concurrent close), and each job stays bound to the generation its handle was checked
+against."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sinkd.cachepolicy.recall import RecallMode
+from sinkd.daemon import failpoints
+from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.models.registry import ModelEntry
+from sinkd.daemon.runtime import requests
+from sinkd.daemon.runtime.access import Access
+from sinkd.daemon.runtime.api import (
+    AppendResult,
+    ChatRequest,
+    Done,
+    ErrorEvent,
+    GenerateRequest,
+    Handle,
+    Stream,
+)
+from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.recall.framing import chat_frame
+from sinkd.daemon.runtime.recall.layer import RecallAsk
+from sinkd.daemon.runtime.sessions import Principal, Session
+from sinkd.errors import Unsupported
+
+JobHook = Callable[[Job], None]  # e.g. the edge ties the job to its call: cancelled with it
+
+
+class Turns:
+    def __init__(
+        self, access: Access, scheduler: Scheduler, entry: ModelEntry, call_timeout_s: float
+    ) -> None:
+        self.access = access
+        self.scheduler = scheduler
+        self.entry = entry
+        self.call_timeout_s = call_timeout_s
+
+    def wait(self, job: Job, timeout: float | None) -> Done:
+        return job.wait(timeout or self.call_timeout_s, self.scheduler.alive)
+
+    def append(
+        self,
+        principal: Principal,
+        handle: Handle,
+        text: str | None,
+        tokens: list[int] | None,
+        job_hook: JobHook | None = None,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Append text or token ids (the owner's deliberate tool); the receipt as it left it."""
+        session = self.access.owned(principal, handle)
+        engine = self.access.engine
+        if tokens is None:
+            tokens = engine.tokenize(text or "", add_bos=False)
+        else:
+            engine.check_tokens(tokens)
+        failpoints.hit("append-tokenized")
+        if not tokens and not session.pending_prefix:  # an empty append changes nothing
+            return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
+        job = Job(session, tokens, generation=handle.generation)
+        if job_hook:
+            job_hook(job)
+        done = self.wait(self.scheduler.submit(job), timeout)
+        return AppendResult(len(tokens), done.receipt)
+
+    def generate(
+        self,
+        principal: Principal,
+        handle: Handle,
+        request: GenerateRequest,
+        job_hook: JobHook | None = None,
+        timeout: float | None = None,
+    ) -> Stream:
+        """Tokens as they come, then `Done`; errors raise."""
+        session = self.access.owned(principal, handle)
+        params = requests.sampling_params(request.sampling)
+        return self._stream(session, handle, request, params, [], None, job_hook, timeout)
+
+    def chat(
+        self,
+        principal: Principal,
+        handle: Handle,
+        request: ChatRequest,
+        job_hook: JobHook | None = None,
+        timeout: float | None = None,
+    ) -> Stream:
+        """One chat turn: the user's message in the template's framing (the message itself is
+        data), recall before the answer when the session recalls automatically, the model's
+        recommended sampling when the session chose none."""
+        session = self.access.owned(principal, handle)
+        engine = self.access.engine
+        if not engine.chat_template:
+            raise Unsupported(
+                f"model {self.entry.name} has no chat template; use append and generate"
+            )
+        message = request.message
+        turn = engine.render_chat([("user", message)], add_assistant=False)
+        text = engine.render_chat([("user", message)], add_assistant=True)
+        prefix = "\n" if session.seq.state.n_seen > len(session.system_tokens) else ""
+        if not text.startswith(turn):  # a template that does not end the turn before the header
+            turn = text
+        question = engine.tokenize(prefix + turn, add_bos=False)
+        prompt = question + engine.tokenize(text[len(turn) :], add_bos=False)
+        ask = None
+        if session.recall.mode is RecallMode.AUTO and message.strip():
+            # after the user's turn, before the assistant's: the small model copies a fact best
+            # when it comes between the question and the answer (bench/README.md, "recall.py")
+            ask = RecallAsk(
+                message,
+                session.recall,
+                chat_frame(engine),
+                strip_control=True,
+                insert_at=len(question),
+            )
+        params = requests.sampling_params(request.sampling)
+        if params is None and not session.sampling.chosen:
+            params = requests.chat_sampling(
+                self.entry.sampling, session.generation, session.seq.state.n_seen
+            )
+        generate = GenerateRequest(request.max_tokens, request.stops)
+        return self._stream(session, handle, generate, params, prompt, ask, job_hook, timeout)
+
+    def _stream(
+        self,
+        session: Session,
+        handle: Handle,
+        request: GenerateRequest,
+        params: SamplingParams | None,
+        prompt: list[int],
+        ask: RecallAsk | None,
+        job_hook: JobHook | None,
+        timeout: float | None,
+    ) -> Stream:
+        requests.check_generation_args(request.max_tokens, request.stops)
+        sampler = session.sampler if params is None else Sampler(params)
+        spec = GenSpec(request.max_tokens, list(request.stops), sampler)
+        job = Job(session, prompt, spec, generation=handle.generation)
+        job.recall = ask
+        if job_hook:
+            job_hook(job)
+        self.scheduler.submit(job)
+        return self._events(job, time.monotonic() + (timeout or self.call_timeout_s))
+
+    def _events(self, job: Job, deadline: float) -> Stream:
+        while True:
+            event = job.next_event(deadline, self.scheduler.alive)
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if isinstance(event, Done):
+                failpoints.hit("generation-done")
+                yield event
+                return
+            yield event
