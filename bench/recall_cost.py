@@ -47,7 +47,7 @@ def retrieval(engine: Any, tmp: Path) -> list[dict[str, Any]]:
     """Fill a store the way the daemon does (16 evicted tokens at a time, a commit every 256, in
     the journal's database) and time the searches a Recall makes."""
     from sinkd.daemon.store.journal import Journal
-    from sinkd.daemon.store.memory import MemoryStore
+    from sinkd.daemon.store.memory import MemoryStore, SessionKey
 
     text = KJV.read_text()
     tokens = engine.tokenize(text, add_bos=False)
@@ -60,19 +60,19 @@ def retrieval(engine: Any, tmp: Path) -> list[dict[str, Any]]:
         store = MemoryStore(journal.db)
         t0 = time.perf_counter()
         for i in range(0, len(toks), 16):
-            store.add_evicted("s", 0, i, toks[i : i + 16], [False] * 16, engine.piece)
+            store.add_evicted(SessionKey("s", 0), i, toks[i : i + 16], [False] * 16, engine.piece)
             if i % 256 == 0:
                 journal.commit()
         journal.commit()
         fill_s = time.perf_counter() - t0
-        n, stored, size = store.stats("s", 0)
+        n, stored, size = store.stats(SessionKey("s", 0))
         latencies = []
         for _ in range(300):
             k = rng.randrange(len(words) - 8)
             query = " ".join(words[k : k + 6])
             t1 = time.perf_counter()
-            found = store.search("s", 0, query, 16)
-            store.passages("s", 0, [c.passage_id for c in found])
+            found = store.search(SessionKey("s", 0), query, 16)
+            store.passages(SessionKey("s", 0), [c.passage_id for c in found])
             latencies.append(time.perf_counter() - t1)
         journal.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         file_bytes = (tmp / f"j{target}.db").stat().st_size

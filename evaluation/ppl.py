@@ -21,6 +21,7 @@ from sinkd.cachepolicy import CacheFull, CacheSequence, PolicyConfig
 from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, in_any, plan_recall, select
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.store.memory import MemoryStore
+from sinkd.daemon.store.passages import SessionKey
 from sinkd.evaluation.textstream import chunk_nll, token_nll
 
 Progress = Callable[[int], None]
@@ -115,17 +116,20 @@ def score_recall(
         if start > evicted_to:
             gone = transcript[evicted_to:start]
             skip = [in_any(evicted_to + i, spans) for i in range(len(gone))]
-            store.add_evicted("eval", 0, evicted_to, gone, skip, engine.piece)
+            store.add_evicted(SessionKey("eval", 0), evicted_to, gone, skip, engine.piece)
             evicted_to = start
         return rows
 
     for start in range(0, len(tokens), chunk):
         if start and start % every == 0:
             query = engine.detokenize(tokens[max(0, start - query_tokens) : start])
-            found = store.search("eval", 0, query, 16)
+            found = store.search(SessionKey("eval", 0), query, 16)
             chosen = select(found, recall, 1)
             if chosen:
-                by_id = {p.id: p for p in store.passages("eval", 0, [c.passage_id for c in chosen])}
+                by_id = {
+                    p.id: p
+                    for p in store.passages(SessionKey("eval", 0), [c.passage_id for c in chosen])
+                }
                 head = engine.tokenize(frame[0], add_bos=False) if frame[0] else []
                 tail = engine.tokenize(frame[1], add_bos=False) if frame[1] else []
                 plan = plan_recall(policy, seq.state, chosen, len(head), len(tail), 0.0)

@@ -14,6 +14,7 @@ import pytest
 
 from sinkd.daemon.store.journal import Journal
 from sinkd.daemon.store.memory import MemoryStore, Passage, Segmenting, query_terms
+from sinkd.daemon.store.passages import SessionKey
 
 pytestmark = pytest.mark.unit
 
@@ -36,14 +37,14 @@ def store_in(tmp: Path, kind: str = "text") -> MemoryStore:
 def evict(store: MemoryStore, tokens: list[int], start: int = 0, chunk: int = 16) -> None:
     for i in range(0, len(tokens), chunk):
         part = tokens[i : i + chunk]
-        store.add_evicted("s", 0, start + i, part, [False] * len(part), piece)
+        store.add_evicted(SessionKey("s", 0), start + i, part, [False] * len(part), piece)
 
 
 def test_passages_tile_the_evicted_range_and_cut_at_boundaries(tmp_path: Path) -> None:
     store = store_in(tmp_path)
     tokens = stream(600)
     evict(store, tokens)
-    passages = store.passages("s", 0)
+    passages = store.passages(SessionKey("s", 0))
     assert passages[0].logical[0] == 0 and passages[-1].logical[1] == 600
     assert all(a.logical[1] == b.logical[0] for a, b in itertools.pairwise(passages))
     assert [t for p in passages for t in p.tokens] == tokens
@@ -54,7 +55,7 @@ def test_passages_tile_the_evicted_range_and_cut_at_boundaries(tmp_path: Path) -
     (tmp_path / "fixed").mkdir()
     fixed = store_in(tmp_path / "fixed", "fixed")
     evict(fixed, tokens)
-    assert {len(p.tokens) for p in fixed.passages("s", 0)[:-1]} == {48}
+    assert {len(p.tokens) for p in fixed.passages(SessionKey("s", 0))[:-1]} == {48}
 
 
 def test_a_replay_stores_nothing_twice_and_recalled_copies_are_never_stored(
@@ -63,59 +64,63 @@ def test_a_replay_stores_nothing_twice_and_recalled_copies_are_never_stored(
     store = store_in(tmp_path)
     tokens = stream(200)
     evict(store, tokens)
-    before = [(p.logical, p.tokens) for p in store.passages("s", 0)]
+    before = [(p.logical, p.tokens) for p in store.passages(SessionKey("s", 0))]
     evict(store, tokens[64:])  # a resume replays chunks it already stored
     evict(store, tokens, chunk=7)
-    assert [(p.logical, p.tokens) for p in store.passages("s", 0)] == before
+    assert [(p.logical, p.tokens) for p in store.passages(SessionKey("s", 0))] == before
     skip = [20 <= i < 30 for i in range(40)]  # a recalled copy inside the evicted range
-    store.add_evicted("s", 0, 200, stream(40, 1), skip, piece)
-    stored = [p.logical for p in store.passages("s", 0)]
+    store.add_evicted(SessionKey("s", 0), 200, stream(40, 1), skip, piece)
+    stored = [p.logical for p in store.passages(SessionKey("s", 0))]
     assert all(b <= 220 or a >= 230 for a, b in stored)  # no passage holds a copied token
-    assert store.stats("s", 0)[1] == 200 + 30
+    assert store.stats(SessionKey("s", 0))[1] == 200 + 30
 
 
 def test_trim_drops_what_lies_beyond_and_keeps_a_straddlers_head(tmp_path: Path) -> None:
     store = store_in(tmp_path)
     evict(store, stream(300))
-    cut = next(p for p in store.passages("s", 0) if p.logical[0] < 150 < p.logical[1])
-    store.trim("s", 0, 150, piece)
-    passages = store.passages("s", 0)
+    cut = next(p for p in store.passages(SessionKey("s", 0)) if p.logical[0] < 150 < p.logical[1])
+    store.trim(SessionKey("s", 0), 150, piece)
+    passages = store.passages(SessionKey("s", 0))
     assert passages[-1].logical == (cut.logical[0], 150)
-    assert store.mark("s", 0) == 150
-    assert store.stats("s", 0)[1] == 150
+    assert store.mark(SessionKey("s", 0)) == 150
+    assert store.stats(SessionKey("s", 0))[1] == 150
 
 
 def test_running_sizes_equal_a_fresh_count(tmp_path: Path) -> None:
     store = store_in(tmp_path)
     rng = random.Random(3)
     evict(store, stream(900, 3))
-    store.copy("s", 0, "c", 0)
+    store.copy(SessionKey("s", 0), SessionKey("c", 0))
     for _ in range(20):
         op = rng.choice(["forget", "prune", "evict", "trim"])
         if op == "forget":
-            ids = [p.id for p in store.passages("s", 0)]
+            ids = [p.id for p in store.passages(SessionKey("s", 0))]
             if ids:
-                store.forget("s", 0, passage_id=rng.choice(ids))
+                store.forget(SessionKey("s", 0), passage_id=rng.choice(ids))
         elif op == "prune":
-            store.prune("s", 0, rng.randrange(100, 900))
+            store.prune(SessionKey("s", 0), rng.randrange(100, 900))
         elif op == "evict":
-            mark = store.mark("s", 0)
+            mark = store.mark(SessionKey("s", 0))
             evict(store, stream(50, rng.randrange(99)), start=mark)
         else:
-            store.trim("s", 0, max(0, store.mark("s", 0) - rng.randrange(40)), piece)
-        for key in (("s", 0), ("c", 0)):
-            assert store.stats(*key) == store._aggregate(*key)
+            store.trim(
+                SessionKey("s", 0),
+                max(0, store.mark(SessionKey("s", 0)) - rng.randrange(40)),
+                piece,
+            )
+        for key in (SessionKey("s", 0), SessionKey("c", 0)):
+            assert store.stats(key) == store.sizes.count(key)
     store.invalidate()
-    assert store.stats("s", 0) == store._aggregate("s", 0)
+    assert store.stats(SessionKey("s", 0)) == store.sizes.count(SessionKey("s", 0))
 
 
 def test_prune_takes_the_oldest_first(tmp_path: Path) -> None:
     store = store_in(tmp_path)
     evict(store, stream(500))
-    pruned = store.prune("s", 0, 200)
-    _, tokens, _ = store.stats("s", 0)
+    pruned = store.prune(SessionKey("s", 0), 200)
+    _, tokens, _ = store.stats(SessionKey("s", 0))
     assert tokens <= 200 and pruned == 500 - tokens
-    assert store.passages("s", 0)[-1].logical[1] == 500  # the newest stay
+    assert store.passages(SessionKey("s", 0))[-1].logical[1] == 500  # the newest stay
 
 
 def test_deleted_text_leaves_the_files(tmp_path: Path) -> None:
@@ -130,11 +135,11 @@ def test_deleted_text_leaves_the_files(tmp_path: Path) -> None:
         return any(b"zebraquartz" in p.read_bytes() for p in files if p.exists())
 
     assert found()
-    assert store.search("s", 0, "zebraquartz", 5)
+    assert store.search(SessionKey("s", 0), "zebraquartz", 5)
     store.drop("s")
     journal.commit()
     store.purge()
-    assert not store.search("s", 0, "zebraquartz", 5)
+    assert not store.search(SessionKey("s", 0), "zebraquartz", 5)
     assert not found()
 
 
@@ -187,12 +192,12 @@ def test_a_sessions_scores_are_its_own_whatever_else_the_store_holds(tmp_path: P
     def fill(store: MemoryStore, session: str, reset: int, tokens: list[int]) -> None:
         for i in range(0, len(tokens), 16):
             part = tokens[i : i + 16]
-            store.add_evicted(session, reset, i, part, [False] * len(part), zipf_piece)
+            store.add_evicted(SessionKey(session, reset), i, part, [False] * len(part), zipf_piece)
 
     alone = store_in(tmp_path)
     fill(alone, "s", 0, zipf_stream(1500, seed=1))
-    got = [(c.source, c.score) for c in alone.search("s", 0, " ".join(words), 1000)]
-    expected = bm25_by_hand(alone.passages("s", 0), words)
+    got = [(c.source, c.score) for c in alone.search(SessionKey("s", 0), " ".join(words), 1000)]
+    expected = bm25_by_hand(alone.passages(SessionKey("s", 0)), words)
     assert len(expected) > 20 and len({round(v, 3) for v in expected.values()}) > 10
     assert dict(got) == pytest.approx(expected, rel=1e-9)
     assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
@@ -202,7 +207,9 @@ def test_a_sessions_scores_are_its_own_whatever_else_the_store_holds(tmp_path: P
         fill(crowd, who, 0, zipf_stream(3000, seed))
     fill(crowd, "s", 1, zipf_stream(600, seed=4))  # the session's next generation
     fill(crowd, "s", 0, zipf_stream(1500, seed=1))
-    assert [(c.source, c.score) for c in crowd.search("s", 0, " ".join(words), 1000)] == got
+    assert [
+        (c.source, c.score) for c in crowd.search(SessionKey("s", 0), " ".join(words), 1000)
+    ] == got
 
 
 def test_a_search_leaves_no_transaction_open_and_joins_one_unchanged(tmp_path: Path) -> None:
@@ -212,19 +219,19 @@ def test_a_search_leaves_no_transaction_open_and_joins_one_unchanged(tmp_path: P
     fill_text = stream(200, seed=5)
     evict(store, fill_text)
     store.db.commit()
-    assert store.search("s", 0, "whale ships", 10)
+    assert store.search(SessionKey("s", 0), "whale ships", 10)
     assert not store.db.in_transaction
     evict(store, stream(40, seed=6), start=200)
     assert store.db.in_transaction
-    found = store.search("s", 0, "whale ships", 10)
+    found = store.search(SessionKey("s", 0), "whale ships", 10)
     assert store.db.in_transaction and found
     store.db.rollback()
-    assert store.passages("s", 0)[-1].logical[1] == 200
+    assert store.passages(SessionKey("s", 0))[-1].logical[1] == 200
 
 
 def evict_into(store: MemoryStore, session: str, reset_count: int, tokens: list[int]) -> None:
-    start = store.mark(session, reset_count)
-    store.add_evicted(session, reset_count, start, tokens, [False] * len(tokens), piece)
+    start = store.mark(SessionKey(session, reset_count))
+    store.add_evicted(SessionKey(session, reset_count), start, tokens, [False] * len(tokens), piece)
 
 
 def test_passages_are_numbered_within_their_session_generation(tmp_path: Path) -> None:
@@ -238,35 +245,37 @@ def test_passages_are_numbered_within_their_session_generation(tmp_path: Path) -
         session, rc = rng.choice([("a", 0), ("b", 0), ("c", 0), ("a", 1)])
         evict_into(store, session, rc, stream(rng.randrange(20, 90), i))
     for key in (("a", 0), ("b", 0), ("c", 0), ("a", 1)):
-        numbers = sorted(p.id for p in store.passages(*key))
+        numbers = sorted(p.id for p in store.passages(SessionKey(*key)))
         assert numbers == list(range(1, len(numbers) + 1)), key
         rowids = [int(r[0]) for r in store.db.execute(
             "SELECT id FROM passages WHERE session=? AND reset_count=? ORDER BY id", key
         )]  # fmt: skip
         assert rowids != list(range(rowids[0], rowids[0] + len(rowids))), key  # others' between
-    before = {p.id for p in store.passages("b", 0)}
+    before = {p.id for p in store.passages(SessionKey("b", 0))}
     newest = max(before)
-    assert store.forget("b", 0, passage_id=newest) == 1
-    assert store.forget("b", 0, passage_id=newest) == 0
+    assert store.forget(SessionKey("b", 0), passage_id=newest) == 1
+    assert store.forget(SessionKey("b", 0), passage_id=newest) == 0
     evict_into(store, "b", 0, stream(60, 99))
-    added = {p.id for p in store.passages("b", 0)} - before
+    added = {p.id for p in store.passages(SessionKey("b", 0))} - before
     assert added and min(added) == newest + 1  # a forgotten number is never given again
-    store.copy("a", 0, "f", 0)
-    assert [(p.id, p.logical) for p in store.passages("f", 0)] == [
-        (p.id, p.logical) for p in store.passages("a", 0)
+    store.copy(SessionKey("a", 0), SessionKey("f", 0))
+    assert [(p.id, p.logical) for p in store.passages(SessionKey("f", 0))] == [
+        (p.id, p.logical) for p in store.passages(SessionKey("a", 0))
     ]
     evict_into(store, "f", 0, stream(60, 7))  # the fork numbers on from its parent's
-    assert sorted(p.id for p in store.passages("f", 0)) == list(
-        range(1, len(store.passages("f", 0)) + 1)
+    assert sorted(p.id for p in store.passages(SessionKey("f", 0))) == list(
+        range(1, len(store.passages(SessionKey("f", 0))) + 1)
     )
-    passages = store.passages("c", 0)
+    passages = store.passages(SessionKey("c", 0))
     cut = next(p for p in passages if len(p.tokens) > 1)
-    store.trim("c", 0, cut.logical[0] + 1, piece)
-    assert store.passages("c", 0)[-1].id == cut.id
-    assert store.passages("c", 0)[-1].created == cut.created
-    found = store.search("a", 0, "whale zebraquartz", 50)
-    assert found and {c.passage_id for c in found} <= {p.id for p in store.passages("a", 0)}
-    assert store.passages("a", 0, [found[0].passage_id])[0].id == found[0].passage_id
+    store.trim(SessionKey("c", 0), cut.logical[0] + 1, piece)
+    assert store.passages(SessionKey("c", 0))[-1].id == cut.id
+    assert store.passages(SessionKey("c", 0))[-1].created == cut.created
+    found = store.search(SessionKey("a", 0), "whale zebraquartz", 50)
+    assert found and {c.passage_id for c in found} <= {
+        p.id for p in store.passages(SessionKey("a", 0))
+    }
+    assert store.passages(SessionKey("a", 0), [found[0].passage_id])[0].id == found[0].passage_id
 
 
 def test_a_store_from_before_numbers_keeps_its_passages_ids(tmp_path: Path) -> None:
@@ -294,13 +303,15 @@ def test_a_store_from_before_numbers_keeps_its_passages_ids(tmp_path: Path) -> N
     db.commit()
     db.close()
     store = store_in(tmp_path)
-    assert sorted(p.id for p in store.passages("a", 0)) == [i for s, i in old if s == "a"]
-    assert {c.passage_id for c in store.search("b", 0, "whale", 10)} == {
+    assert sorted(p.id for p in store.passages(SessionKey("a", 0))) == [
+        i for s, i in old if s == "a"
+    ]
+    assert {c.passage_id for c in store.search(SessionKey("b", 0), "whale", 10)} == {
         i for s, i in old if s == "b"
     }
-    store.add_evicted("a", 0, 100, stream(30), [False] * 30, piece)
-    numbers = sorted(p.id for p in store.passages("a", 0))
+    store.add_evicted(SessionKey("a", 0), 100, stream(30), [False] * 30, piece)
+    numbers = sorted(p.id for p in store.passages(SessionKey("a", 0)))
     assert numbers[:2] == [1, 3] and numbers[2] == 4  # after its highest old id, 3
     store.db.commit()
     store = store_in(tmp_path)  # opened again: nothing renumbered
-    assert sorted(p.id for p in store.passages("a", 0)) == numbers
+    assert sorted(p.id for p in store.passages(SessionKey("a", 0))) == numbers

@@ -31,6 +31,7 @@ import numpy as np
 from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
 from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held
 from sinkd.daemon.runtime.api import RecallReport, Receipt
+from sinkd.daemon.store.passages import SessionKey
 from sinkd.errors import IllegalTransition, NotFound, StaleGeneration, echo
 
 
@@ -201,6 +202,11 @@ class Session:
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
         self.refresh_generation()
+
+    @property
+    def key(self) -> SessionKey:
+        """What its stored memory is filed under: this session at this reset count."""
+        return SessionKey(self.id, self.reset_count)
 
     def transition(self, to: SessionState) -> None:
         """Move to `to` along an edge of TRANSITIONS; any other move is a bug, refused loudly."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from sinkd.cachepolicy.recall import (
     RecallConfig,
-    RecalledSpan,
     check_recallable,
     in_any,
     plan_recall,
@@ -64,7 +63,7 @@ class Recall:
         return self._store()
 
     def refresh(self, session: Session) -> None:
-        session.memory_stats = self.store.stats(session.id, session.reset_count)
+        session.memory_stats = self.store.stats(session.key)
 
     # --- as the stream evicts ---
 
@@ -75,15 +74,13 @@ class Recall:
             return
         spans = session.recalled
         skip = [in_any(logical_start + i, spans) for i in range(len(tokens))]
-        stored = self.store.add_evicted(
-            session.id, session.reset_count, logical_start, tokens, skip, engine.piece
-        )
+        stored = self.store.add_evicted(session.key, logical_start, tokens, skip, engine.piece)
         self.metrics.memory_stored_tokens.inc(stored)
         end = logical_start + len(tokens)
         if spans and spans[0].stream[1] <= end:  # copies the stream has evicted entirely
             session.recalled = [s for s in spans if s.stream[1] > end]
-            self.store.drop_recalls_before(session.id, session.reset_count, end)
-        pruned = self.store.prune(session.id, session.reset_count, self.max_tokens)
+            self.store.drop_recalls_before(session.key, end)
+        pruned = self.store.prune(session.key, self.max_tokens)
         if pruned:
             self.metrics.memory_pruned_tokens.inc(pruned)
         self.refresh(session)
@@ -98,10 +95,10 @@ class Recall:
         t0 = time.monotonic()
         config = ask.config
         store = self.store
-        found = store.search(session.id, session.reset_count, ask.query, SEARCH_POOL)
+        found = store.search(session.key, ask.query, SEARCH_POOL)
         bodies = {
             p.id: [t for t in p.tokens if not (ask.strip_control and engine.is_control(t))]
-            for p in store.passages(session.id, session.reset_count, [c.passage_id for c in found])
+            for p in store.passages(session.key, [c.passage_id for c in found])
         }
         found = [dataclasses.replace(c, n_tokens=len(bodies[c.passage_id])) for c in found]
         before = engine.tokenize(ask.frame[0], add_bos=False) if ask.frame[0] else []
@@ -139,7 +136,7 @@ class Recall:
             tokens += before + bodies[c.passage_id] + after
         assert len(tokens) == plan.n_tokens
         session.recalled = [*session.recalled, *plan.spans]
-        store.add_recall(session.id, session.reset_count, plan.spans)
+        store.add_recall(session.key, plan.spans)
         for span in plan.spans:
             session.seq.note_recall(span)
         session.last_recall = dataclasses.replace(
@@ -163,7 +160,7 @@ class Recall:
             for r in session.recalled
             if r.stream[0] < n_seen
         ]
-        self.store.cut_recalls(session.id, session.reset_count, n_seen)
+        self.store.cut_recalls(session.key, n_seen)
 
     # --- reads and user control ---
 
@@ -173,20 +170,15 @@ class Recall:
         store = self.store
         if search:
             check_query(search)
-            found = store.search(session.id, session.reset_count, search, limit)
-            by_id = {
-                p.id: p
-                for p in store.passages(
-                    session.id, session.reset_count, [c.passage_id for c in found]
-                )
-            }
+            found = store.search(session.key, search, limit)
+            by_id = {p.id: p for p in store.passages(session.key, [c.passage_id for c in found])}
             return [(by_id[c.passage_id], c.score) for c in found if c.passage_id in by_id]
-        return [(p, None) for p in store.passages(session.id, session.reset_count)[-limit:]]
+        return [(p, None) for p in store.passages(session.key)[-limit:]]
 
     def forget(
         self, session: Session, passage_id: int | None, logical: tuple[int, int] | None
     ) -> int:
-        n = self.store.forget(session.id, session.reset_count, passage_id, logical)
+        n = self.store.forget(session.key, passage_id, logical)
         self.metrics.memory_forgotten_passages.inc(n)
         self.refresh(session)
         return n
@@ -195,7 +187,7 @@ class Recall:
         child.recall = parent.recall
         child.recalled = list(parent.recalled)
         if parent.recall.mode.stores:
-            self.store.copy(parent.id, parent.reset_count, child.id, child.reset_count)
+            self.store.copy(parent.key, child.key)
             self.refresh(child)
 
     def dropped(self, session_id: str, keep_reset_count: int | None) -> int:
@@ -209,19 +201,12 @@ class Recall:
     def resumed_spans(self, session: Session) -> None:
         """Before replay: the recalled copies the journal knows of, so a replayed eviction of a
         copy is not stored again."""
-        session.recalled = [
-            RecalledSpan(
-                int(pid), (int(a), int(b)), (int(x), int(y)), int(off), float(sc), float(at)
-            )
-            for pid, a, b, x, y, off, sc, at in self.store.recalls(session.id, session.reset_count)
-        ]
+        session.recalled = self.store.recalls(session.key)
 
     def resumed(self, engine: Engine, session: Session) -> None:
         """After replay: drop what was committed ahead of the history the journal kept."""
         s = session.seq.state
-        self.store.trim(
-            session.id, session.reset_count, max(s.window_start, session.policy.sinks), engine.piece
-        )
+        self.store.trim(session.key, max(s.window_start, session.policy.sinks), engine.piece)
         # copies still in the window stay recorded (a later eviction must skip them, after the next
         # restart too); only those past the journal's history go
         self._end_copies_at_the_stream(session)

@@ -1,0 +1,59 @@
+"""What the owner and the lifecycle remove from the memory: a passage or a range (forget), a
+session's generations (drop, at reset and close), and what deleted text leaves on disk (purge)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from sinkd.daemon.store.passages import PassageTable, SessionKey
+
+
+class Forgetting:
+    def __init__(self, db: sqlite3.Connection, table: PassageTable) -> None:
+        self.db = db
+        self.table = table
+
+    def forget(
+        self,
+        key: SessionKey,
+        passage_id: int | None = None,
+        logical: tuple[int, int] | None = None,
+    ) -> int:
+        """Delete one passage, or every passage that overlaps a logical range; returns how many.
+        A passage that overlaps the range is deleted whole (its text is not cut)."""
+        if passage_id is not None:
+            rows = self.db.execute(
+                "SELECT id FROM passages WHERE session=? AND reset_count=? AND number=?",
+                (key.session_id, key.reset_count, passage_id),
+            )
+        else:
+            assert logical is not None
+            rows = self.db.execute(
+                "SELECT id FROM passages WHERE session=? AND reset_count=?"
+                " AND logical_start<? AND logical_end>?",
+                (key.session_id, key.reset_count, logical[1], logical[0]),
+            )
+        ids = [int(r[0]) for r in rows]
+        self.table.delete(ids)
+        return len(ids)
+
+    def drop(self, session_id: str, keep_reset_count: int | None = None) -> int:
+        """Delete the session's passages, marks and recalls of every generation but
+        `keep_reset_count` (None: all); returns passages deleted."""
+        where, args = "session=?", list[object]([session_id])
+        if keep_reset_count is not None:
+            where += " AND reset_count<>?"
+            args.append(keep_reset_count)
+        ids = [int(r[0]) for r in self.db.execute(f"SELECT id FROM passages WHERE {where}", args)]
+        self.table.delete(ids)
+        self.db.execute(f"DELETE FROM memory_marks WHERE {where}", args)
+        self.db.execute(f"DELETE FROM passage_numbers WHERE {where}", args)
+        self.db.execute(f"DELETE FROM recalls WHERE {where}", args)
+        return len(ids)
+
+    def purge(self) -> None:
+        """After a committed delete: merge the full-text index (its old segments still name the
+        deleted words) and truncate the write-ahead log, so deleted text leaves the disk."""
+        self.db.execute("INSERT INTO passages_fts (passages_fts) VALUES ('optimize')")
+        self.db.commit()
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

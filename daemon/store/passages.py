@@ -1,0 +1,295 @@
+"""Stored passages of evicted text: the tables, one passage's row, and their sizes.
+
+A passage keeps its token ids (recall decodes exactly these), its text (for search and for the
+owner), its logical range and when it was stored. The tables live in the journal's database, so a
+passage is committed in the same transaction as the chunk whose append evicted it. This is the
+owner's content: it is deleted, not hidden (`secure_delete`), and never logged.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS passages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    logical_start INTEGER NOT NULL,
+    logical_end INTEGER NOT NULL,
+    tokens BLOB NOT NULL,
+    text TEXT NOT NULL,
+    sealed INTEGER NOT NULL,
+    created REAL NOT NULL,
+    number INTEGER
+);
+CREATE INDEX IF NOT EXISTS passages_by_session ON passages (session, reset_count, logical_start);
+CREATE INDEX IF NOT EXISTS passages_open ON passages (session, reset_count) WHERE sealed=0;
+CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(text, tokenize='porter unicode61');
+CREATE TABLE IF NOT EXISTS memory_marks (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    evicted_end INTEGER NOT NULL,
+    PRIMARY KEY (session, reset_count)
+);
+CREATE TABLE IF NOT EXISTS passage_numbers (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    last INTEGER NOT NULL,
+    PRIMARY KEY (session, reset_count)
+);
+CREATE TABLE IF NOT EXISTS recalls (
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    stream_start INTEGER NOT NULL,
+    stream_end INTEGER NOT NULL,
+    source_start INTEGER NOT NULL,
+    source_end INTEGER NOT NULL,
+    passage_id INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    score REAL NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS recalls_by_session ON recalls (session, reset_count, stream_start);
+"""
+
+# this connection's: the index's terms by passage, and a one-row table that stems a query
+_SEARCH_SCHEMA = """
+CREATE VIRTUAL TABLE IF NOT EXISTS temp.passage_terms USING fts5vocab(main, passages_fts, instance);
+CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_text USING fts5(text, tokenize='porter unicode61');
+CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_terms USING fts5vocab(temp, query_text, instance);
+"""
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """One generation of one session: what every stored row is filed under (a reset starts a
+    new key; the old key's rows are dropped with it)."""
+
+    session_id: str
+    reset_count: int
+
+
+@dataclass(frozen=True)
+class Passage:
+    id: int  # its number within its session generation (1, 2, ... never reused)
+    logical: tuple[int, int]
+    tokens: tuple[int, ...]
+    text: str
+    created: float
+    sealed: bool
+
+
+@dataclass(frozen=True)
+class Segmenting:
+    """How evicted tokens become passages: `text` seals at boundaries, `fixed` at max_tokens."""
+
+    kind: str = "text"
+    min_tokens: int = 16
+    max_tokens: int = 48
+
+
+def blob(tokens: Sequence[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def text_of(tokens: Sequence[int], piece: Callable[[int], bytes]) -> str:
+    return b"".join(piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def unblob(blob: bytes) -> tuple[int, ...]:
+    return tuple(int(t) for t in np.frombuffer(blob, dtype="<i4"))
+
+
+def number_old_passages(db: sqlite3.Connection) -> None:
+    """A store written before passages had numbers of their own: each keeps its old id as its
+    number (what receipts and listings showed stays valid), and its session generation numbers on
+    from its highest."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
+    if "number" not in columns:  # once, at the first start on such a file: no scan after
+        db.execute("ALTER TABLE passages ADD COLUMN number INTEGER")
+        db.execute("UPDATE passages SET number=id")
+        db.execute(
+            "INSERT OR REPLACE INTO passage_numbers SELECT session, reset_count, MAX(number)"
+            " FROM passages GROUP BY session, reset_count"
+        )
+    db.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS passages_by_number ON passages"
+        " (session, reset_count, number)"
+    )
+
+
+class Sizes:
+    """(passages, tokens, bytes) per session generation, kept by every write and delete so that
+    the size a receipt shows costs no scan; filled lazily, dropped on a rollback."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self._by_key: dict[SessionKey, list[int]] = {}
+
+    def of(self, key: SessionKey) -> tuple[int, int, int]:
+        if key not in self._by_key:
+            self._by_key[key] = list(self.count(key))
+        n, toks, size = self._by_key[key]
+        return n, toks, size
+
+    def count(self, key: SessionKey) -> tuple[int, int, int]:
+        """The sizes as the tables hold them now (a scan: `of` keeps them instead)."""
+        n, toks, size = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(logical_end - logical_start), 0),"
+            " COALESCE(SUM(LENGTH(tokens) + LENGTH(CAST(text AS BLOB))), 0) FROM passages"
+            " WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        return int(n), int(toks), int(size)
+
+    def bump(self, key: SessionKey, passages: int, toks: int, size: int) -> None:
+        cached = self._by_key.get(key)
+        if cached is not None:
+            cached[0] += passages
+            cached[1] += toks
+            cached[2] += size
+
+    def forget(self, key: SessionKey | None = None) -> None:
+        """Read again from the tables (all of them after a rollback)."""
+        if key is None:
+            self._by_key.clear()
+        else:
+            self._by_key.pop(key, None)
+
+
+class PassageTable:
+    """Rows of `passages` and its full-text index, kept in step, with their sizes.
+
+    The row id counts every session's passages, so it would tell one tenant how much another's
+    sessions evicted: it stays inside the store (the full-text index's row id); callers name a
+    passage by its number."""
+
+    def __init__(self, db: sqlite3.Connection, sizes: Sizes) -> None:
+        self.db = db
+        self.sizes = sizes
+
+    def write(
+        self,
+        key: SessionKey,
+        pid: int | None,
+        start: int,
+        toks: list[int],
+        text: str,
+        sealed: bool,
+    ) -> None:
+        """Rewrite row `pid` (its start, number and creation time stay), or add one, numbered
+        next in its session generation."""
+        end = start + len(toks)
+        data = blob(toks)
+        size = len(data) + len(text.encode("utf-8"))
+        if pid is None:
+            self.sizes.bump(key, 1, len(toks), size)
+            cur = self.db.execute(
+                "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
+                " tokens, text, sealed, created, number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key.session_id, key.reset_count, start, end, data, text, int(sealed),
+                 time.time(), self._next_number(key)),
+            )  # fmt: skip
+            pid = int(cur.lastrowid or 0)
+        else:
+            old = self._size_of(pid)
+            if old is not None:
+                self.sizes.bump(key, 0, len(toks) - old[1], size - old[2])
+            self.db.execute(
+                "UPDATE passages SET logical_end=?, tokens=?, text=?, sealed=? WHERE id=?",
+                (end, data, text, int(sealed), pid),
+            )
+            self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
+        self.db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (pid, text))
+
+    def delete(self, ids: Sequence[int]) -> None:
+        for pid in ids:
+            old = self._size_of(pid)
+            if old is not None:
+                self.sizes.bump(old[0], -1, -old[1], -old[2])
+            self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
+            self.db.execute("DELETE FROM passages WHERE id=?", (pid,))
+
+    def rows(
+        self, key: SessionKey, numbers: Sequence[int] | None = None
+    ) -> list[tuple[int, Passage]]:
+        """(row id, passage) of the session generation's passages, by logical start."""
+        sql = (
+            "SELECT id, number, logical_start, logical_end, tokens, text, created, sealed"
+            " FROM passages WHERE session=? AND reset_count=?"
+        )
+        args: list[object] = [key.session_id, key.reset_count]
+        if numbers is not None:
+            sql += f" AND number IN ({','.join('?' * len(numbers))})"
+            args += list(numbers)
+        rows = self.db.execute(sql + " ORDER BY logical_start", args)
+        return [
+            (int(i), Passage(int(n), (int(a), int(b)), unblob(t), x, float(c), bool(s)))
+            for i, n, a, b, t, x, c, s in rows
+        ]
+
+    def ids(self, key: SessionKey) -> list[tuple[int, int, int]]:
+        """(row id, logical start, end) of the session generation's passages, oldest first."""
+        return [
+            (int(i), int(a), int(b))
+            for i, a, b in self.db.execute(
+                "SELECT id, logical_start, logical_end FROM passages"
+                " WHERE session=? AND reset_count=? ORDER BY logical_start",
+                (key.session_id, key.reset_count),
+            )
+        ]
+
+    def open_passage(self, key: SessionKey) -> tuple[int, int, int, bytes] | None:
+        """(row id, start, end, token ids) of the passage still growing, if any."""
+        row = self.db.execute(
+            "SELECT id, logical_start, logical_end, tokens FROM passages"
+            " WHERE session=? AND reset_count=? AND sealed=0",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        return (int(row[0]), int(row[1]), int(row[2]), row[3]) if row else None
+
+    def seal_open(self, key: SessionKey) -> None:
+        self.db.execute(
+            "UPDATE passages SET sealed=1 WHERE session=? AND reset_count=? AND sealed=0",
+            (key.session_id, key.reset_count),
+        )
+
+    def mark(self, key: SessionKey) -> int:
+        """Where the stored evicted text ends (a replay stores nothing below it)."""
+        row = self.db.execute(
+            "SELECT evicted_end FROM memory_marks WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_mark(self, key: SessionKey, end: int) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO memory_marks VALUES (?, ?, ?)",
+            (key.session_id, key.reset_count, end),
+        )
+
+    def _next_number(self, key: SessionKey) -> int:
+        row = self.db.execute(
+            "SELECT last FROM passage_numbers WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        number = (int(row[0]) if row else 0) + 1
+        self.db.execute(
+            "INSERT OR REPLACE INTO passage_numbers VALUES (?, ?, ?)",
+            (key.session_id, key.reset_count, number),
+        )
+        return number
+
+    def _size_of(self, pid: int) -> tuple[SessionKey, int, int] | None:
+        row = self.db.execute(
+            "SELECT session, reset_count, logical_end - logical_start,"
+            " LENGTH(tokens) + LENGTH(CAST(text AS BLOB)) FROM passages WHERE id=?",
+            (pid,),
+        ).fetchone()
+        return (SessionKey(str(row[0]), int(row[1])), int(row[2]), int(row[3])) if row else None
