@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 from common import default_threads
 
-from sinkd.daemon.engine.llama import BatchItem, EngineConfig
+from sinkd.daemon.engine.decoding import BatchItem
+from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 
@@ -32,7 +33,7 @@ def run(unified: bool, sessions: int, steps: int) -> dict[str, float | bool]:
         n_threads=default_threads(),
     )
     batched, solo = open_engine(None, cfg), open_engine(None, cfg)
-    tokens = batched.tokenize(TEXT * 2)
+    tokens = batched.vocab.tokenize(TEXT * 2)
     for k in range(sessions):
         prompt = tokens[k * 10 : k * 10 + 40]
         for engine in (batched, solo):

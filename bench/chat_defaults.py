@@ -83,7 +83,7 @@ def itl_by_window(tmp: Path, shapes: list[tuple[int, int]], tokens: int) -> list
         cells = w + 4
         svc = start_service(tmp / f"w{w}-{n_ctx_seq}", n_ctx_seq=n_ctx_seq, max_sessions=4)
         try:
-            text = svc.engine.tokenize(SAMPLE_TEXT * 40, add_bos=False)
+            text = svc.engine.vocab.tokenize(SAMPLE_TEXT * 40, add_bos=False)
             s = svc.create(ME, PolicyRequest("sink", window=w), None)
             h = (s.id, s.generation)
             for i in range(0, cells, 1024):

@@ -89,7 +89,7 @@ def throughput(rounds: int) -> list[dict[str, Any]]:
         ):  # a different mode goes first each round
             kw = MODES[mode]
             d, c, _ = start(Path(tempfile.mkdtemp()), **kw)
-            pool = d.service.engine.tokenize(TEXT * 6)
+            pool = d.service.engine.vocab.tokenize(TEXT * 6)
             samples[mode]["append"].append(append_rate(c, pool, 24, 32))
             samples[mode]["gen1"].append(generate_rate(c, pool, 1, 300))
             samples[mode]["gen4"].append(generate_rate(c, pool, 4, 48))
@@ -109,7 +109,7 @@ def throughput(rounds: int) -> list[dict[str, Any]]:
 
 def snapshot_cost(repeats: int) -> list[dict[str, Any]]:
     d, c, _ = start(Path(tempfile.mkdtemp()), snapshot_every_tokens=10**9)
-    pool = d.service.engine.tokenize(TEXT * 6)
+    pool = d.service.engine.vocab.tokenize(TEXT * 6)
     scheduler = d.service.scheduler
     rows = []
     for cells in (64, 256):
@@ -146,7 +146,7 @@ def restart_time() -> list[dict[str, Any]]:
     for n, (how, generated) in enumerate(cases):
         state = tmp / f"case{n}"
         d, c, _ = start(state)
-        pool = d.service.engine.tokenize(TEXT * 6)
+        pool = d.service.engine.vocab.tokenize(TEXT * 6)
         handles = []
         for i in range(8):
             h = create(c)

@@ -39,7 +39,7 @@ def decode_cost(
     """Decode past the budget one token per step; split step times by whether a shift preceded them."""
     with open_engine(None, EngineConfig(n_ctx_seq=n_ctx_seq, n_seq_max=n_seq_max)) as engine:
         seq = CacheSequence(policy)
-        logits = engine.feed(0, seq, engine.tokenize(TEXT * 2)[:256])
+        logits = engine.feed(0, seq, engine.vocab.tokenize(TEXT * 2)[:256])
         sampler = Sampler(SamplingParams(temperature=0.8, seed=3))
         with_shift, without = [], []
         t0 = time.perf_counter()
@@ -74,7 +74,7 @@ def main() -> None:
         else Path("/usr/share/common-licenses/GPL-3").read_text()
     )
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        ids = engine.tokenize(text)[: a.ppl_tokens]
+        ids = engine.vocab.tokenize(text)[: a.ppl_tokens]
     settings = [(e, 0) for e in (1, 4, 16, 64, W // 2)] + [(1, k) for k in (16, 64, 256)]
     default_k = session_default_k(PolicyConfig.named("sink", sinks=S, window=W, evict_chunk=16))
     settings += [(16, 48), (16, default_k.compact_interval)]
@@ -136,7 +136,7 @@ def k_sweep(text: str, n_tokens: int) -> list[dict[str, float]]:
     out = []
     for window, ks in ((1020, (0, 48, 256, 512, 1020, 2048)), (252, (0, 48, 252, 1024))):
         with open_engine(None, EngineConfig(n_ctx_seq=S + window, n_seq_max=1)) as engine:
-            ids = engine.tokenize(text)[:n_tokens]
+            ids = engine.vocab.tokenize(text)[:n_tokens]
             for k in ks:
                 policy = PolicyConfig.named(
                     "sink", sinks=S, window=window, evict_chunk=16, compact_interval=k

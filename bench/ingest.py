@@ -27,7 +27,8 @@ from common import ROOT, in_child, percentile, session_default_k, table, write
 
 from sinkd.cachepolicy import PolicyConfig
 from sinkd.daemon.config import Settings
-from sinkd.daemon.engine.llama import BatchItem, EngineConfig
+from sinkd.daemon.engine.decoding import BatchItem
+from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.daemon.runtime.requests import PolicyRequest
 from sinkd.daemon.runtime.service import SinkdService
@@ -63,7 +64,7 @@ def raw_prompt_processing(
         engine.decode_batch([BatchItem(0, tokens[:batch], 0, logits=False)])  # warm
         seconds = 0.0
         for r in range(repeats):
-            engine.clear(0)
+            engine.cells.clear(0)
             t0 = time.perf_counter()
             for start in range(0, 512, batch):
                 chunk = tokens[r * 512 + start : r * 512 + start + batch]
@@ -148,7 +149,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     body = text()
     svc = daemon(tmp)
-    tokens = svc.engine.tokenize(body[:400_000], add_bos=False)
+    tokens = svc.engine.vocab.tokenize(body[:400_000], add_bos=False)
     svc.stop()
     # each append between two raw pp512 runs, its ratio to their mean, the median over rounds:
     # this machine's speed drifts by 10-20% within minutes
@@ -219,7 +220,7 @@ def main() -> None:
 if __name__ == "__main__":
     if os.environ.get("SINKD_INGEST_ONLY") == "ppl":  # the perplexity column alone
         with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as e:
-            ids = e.tokenize(text()[:400_000], add_bos=False)
+            ids = e.vocab.tokenize(text()[:400_000], add_bos=False)
         ppl = dict(zip(CHUNKS, perplexities(ids), strict=True))
         table(f"perplexity by ingest chunk ({N_PPL:,} tokens)", ["ingest chunk", "perplexity"],
               [[c, p] for c, p in ppl.items()])  # fmt: skip

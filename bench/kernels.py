@@ -37,12 +37,13 @@ def measure(stock: bool) -> dict[str, float]:
         return p
 
     adapter.llama.llama_model_default_params = params  # type: ignore[attr-defined]
-    from sinkd.daemon.engine.llama import BatchItem, EngineConfig
+    from sinkd.daemon.engine.decoding import BatchItem
+    from sinkd.daemon.engine.llama import EngineConfig
     from sinkd.daemon.engine.loading import open_engine
     from sinkd.evaluation import SAMPLE_TEXT as TEXT
 
     engine = open_engine(MODEL, EngineConfig(n_ctx_seq=512, n_seq_max=8, n_batch=256))
-    toks = engine.tokenize(TEXT * 6)
+    toks = engine.vocab.tokenize(TEXT * 6)
     t0 = time.perf_counter()
     for q in range(8):
         for at in (0, 128):

@@ -21,7 +21,7 @@ def decode_run(policy: PolicyConfig, n_ctx: int, tokens: int) -> list[float]:
     """Greedy decoding one token per step; returns each step's seconds (sample + policy + decode)."""
     with open_engine(None, EngineConfig(n_ctx_seq=n_ctx, n_seq_max=1)) as engine:
         seq = CacheSequence(policy)
-        logits = engine.feed(0, seq, engine.tokenize(TEXT)[:64])
+        logits = engine.feed(0, seq, engine.vocab.tokenize(TEXT)[:64])
         sampler = Sampler(
             SamplingParams(temperature=0.8, seed=1)
         )  # sampled: no greedy loop collapse

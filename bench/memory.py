@@ -44,7 +44,7 @@ def main() -> None:
     samples = []
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
         seq = CacheSequence(PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=16))
-        ids = engine.tokenize(TEXT * 40)
+        ids = engine.vocab.tokenize(TEXT * 40)
         fed = 0
         while fed < a.tokens:
             chunk = ids[fed % 2000 : fed % 2000 + 256]
@@ -54,7 +54,7 @@ def main() -> None:
                 {
                     "tokens": fed,
                     "rss_bytes": rss_bytes(),
-                    "cells": engine.cell_count(0),
+                    "cells": engine.cells.cell_count(0),
                     "retained": seq.retained,
                 }
             )

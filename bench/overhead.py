@@ -225,7 +225,7 @@ def sample_prompt(n: int) -> list[int]:
     from sinkd.daemon.engine.loading import open_engine
 
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        return engine.tokenize(TEXT)[:n]
+        return engine.vocab.tokenize(TEXT)[:n]
 
 
 if __name__ == "__main__":

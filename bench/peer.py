@@ -146,7 +146,7 @@ def prompts(n: int) -> list[list[int]]:
     from sinkd.evaluation import SAMPLE_TEXT
 
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        ids = engine.tokenize(SAMPLE_TEXT * 4, add_bos=False)
+        ids = engine.vocab.tokenize(SAMPLE_TEXT * 4, add_bos=False)
     return [ids[i * 37 : i * 37 + 100] for i in range(n)]
 
 
@@ -425,7 +425,7 @@ def perplexities() -> list[dict[str, Any]]:
     rows = []
     with open_engine(None, EngineConfig(n_ctx_seq=BUDGET, n_seq_max=1)) as engine:
         for text, body in bodies.items():
-            tokens = engine.tokenize(body, add_bos=False)[:n]
+            tokens = engine.vocab.tokenize(body, add_bos=False)[:n]
             for scheme, policy in schemes.items():
                 # fed in the daemon's sub-batches past the budget: the ingest chunk, where set
                 chunk = max(policy.ingest_chunk, 64)

@@ -50,7 +50,7 @@ def main() -> None:
     d.start()
     d.wait_ready(60)
     client = Client(d.addresses[0])
-    pool = d.service.engine.tokenize(TEXT * 8)
+    pool = d.service.engine.vocab.tokenize(TEXT * 8)
     handles = [session(client, pool[i * 20 : i * 20 + 40]) for i in range(a.sessions)]
     steps0 = d.service.metrics.steps._value.get()
     PROFILE.create_stats()  # drop what loading and the prompts cost

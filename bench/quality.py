@@ -34,7 +34,7 @@ def factory(config: EngineConfig) -> Engine:
 
 def tokenize(text: str, n: int) -> list[int]:
     with factory(EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        return engine.tokenize(text, add_bos=True)[:n]
+        return engine.vocab.tokenize(text, add_bos=True)[:n]
 
 
 def write(section: str, data: dict[str, Any]) -> None:
@@ -150,11 +150,11 @@ def greedy(engine: Engine, seq: CacheSequence, prompt: list[int], n: int) -> tup
     for _ in range(n):
         assert logits is not None
         tok = sampler.sample_logits(logits)
-        if engine.is_eog(tok):
+        if engine.vocab.is_eog(tok):
             break
         out.append(tok)
         logits = engine.feed(0, seq, [tok])
-    return engine.detokenize(out), out
+    return engine.vocab.detokenize(out), out
 
 
 def probes() -> None:
@@ -162,9 +162,9 @@ def probes() -> None:
     filler_words = (TEXTS / "kjv.txt").read_text()[50_000:80_000]
     results: list[dict[str, Any]] = []
     with factory(EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        filler = engine.tokenize(filler_words)
-        fact = engine.tokenize("\nRemember this: the secret code is 7316.\n")
-        question = engine.tokenize(
+        filler = engine.vocab.tokenize(filler_words)
+        fact = engine.vocab.tokenize("\nRemember this: the secret code is 7316.\n")
+        question = engine.vocab.tokenize(
             "\nQuestion: what is the secret code? Answer: the secret code is"
         )
         for label, distance in (
@@ -174,7 +174,7 @@ def probes() -> None:
             ("far outside (1,000 back)", 1000),
         ):
             seq = CacheSequence(PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=1))
-            engine.clear(0)
+            engine.cells.clear(0)
             stream = filler[:600] + fact + filler[600 : 600 + distance]
             engine.feed(0, seq, stream)
             kept = seq.receipt()
@@ -191,18 +191,20 @@ def probes() -> None:
             )
         instruction = "Always answer with exactly one word: BANANA."
         for pinned in (True, False):
-            system = engine.tokenize(
-                engine.render_chat([("system", instruction)], add_assistant=False)
+            system = engine.vocab.tokenize(
+                engine.vocab.render_chat([("system", instruction)], add_assistant=False)
             )
             sinks = len(system) if pinned else 4  # the same budget of 256 either way
             seq = CacheSequence(
                 PolicyConfig.named("sink", sinks=sinks, window=256 - sinks, evict_chunk=1)
             )
-            engine.clear(0)
+            engine.cells.clear(0)
             engine.feed(0, seq, system + filler[:1500])
-            user = engine.tokenize(
+            user = engine.vocab.tokenize(
                 "\n"
-                + engine.render_chat([("user", "What fruit should I eat?")], add_assistant=True)
+                + engine.vocab.render_chat(
+                    [("user", "What fruit should I eat?")], add_assistant=True
+                )
             )
             answer, _ = greedy(engine, seq, user, 12)
             results.append(

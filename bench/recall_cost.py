@@ -50,7 +50,7 @@ def retrieval(engine: Any, tmp: Path) -> list[dict[str, Any]]:
     from sinkd.daemon.store.memory import MemoryStore, SessionKey
 
     text = KJV.read_text()
-    tokens = engine.tokenize(text, add_bos=False)
+    tokens = engine.vocab.tokenize(text, add_bos=False)
     words = text.split()
     rng = random.Random(0)
     out = []
@@ -60,7 +60,9 @@ def retrieval(engine: Any, tmp: Path) -> list[dict[str, Any]]:
         store = MemoryStore(journal.db)
         t0 = time.perf_counter()
         for i in range(0, len(toks), 16):
-            store.add_evicted(SessionKey("s", 0), i, toks[i : i + 16], [False] * 16, engine.piece)
+            store.add_evicted(
+                SessionKey("s", 0), i, toks[i : i + 16], [False] * 16, engine.vocab.piece
+            )
             if i % 256 == 0:
                 journal.commit()
         journal.commit()
@@ -209,7 +211,9 @@ def perplexity() -> list[dict[str, Any]]:
     out = []
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
         for name, path, start in (("kjv", KJV, 200_000), ("jargon", JARGON, 100_000)):
-            tokens = engine.tokenize(path.read_text()[start : start + n * 6], add_bos=False)[:n]
+            tokens = engine.vocab.tokenize(path.read_text()[start : start + n * 6], add_bos=False)[
+                :n
+            ]
             off = score_policy(engine, tokens, policy)
             for frame_name, frame in FRAMES.items():
                 on = score_recall(engine, tokens, policy, recall, every=512, frame=frame)

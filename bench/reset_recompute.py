@@ -34,7 +34,7 @@ def main() -> None:
     d.start()
     d.wait_ready(60)
     client = Client(d.addresses[0])
-    ids = d.service.engine.tokenize(TEXT)[:256]
+    ids = d.service.engine.vocab.tokenize(TEXT)[:256]
     h = client.s.Create(
         pb.CreateSessionRequest(policy=pb.Policy(name="sink", sinks=4, window=252)), metadata=MD
     ).handle
@@ -54,7 +54,7 @@ def main() -> None:
     )
 
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        stream = engine.tokenize(TEXT * 3)
+        stream = engine.vocab.tokenize(TEXT * 3)
         sampler = Sampler(SamplingParams(temperature=0.8, seed=5))
         seq = CacheSequence(PolicyConfig.named("sink", sinks=4, window=252, evict_chunk=1))
         logits = engine.feed(0, seq, stream[:256])
@@ -65,7 +65,7 @@ def main() -> None:
         window = list(stream[:256])
         t = time.perf_counter()
         for _ in range(a.tokens):  # re-encode the last 256 tokens for every new token
-            engine.clear(0)
+            engine.cells.clear(0)
             logits = engine.feed(
                 0, CacheSequence(PolicyConfig.named("full", sinks=0, window=256)), window[-256:]
             )

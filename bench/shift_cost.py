@@ -28,7 +28,7 @@ SHAPES = [(1, 512, 16), (13, 256, 16), (13, 512, 16), (13, 512, 64)]  # sequence
 def ingest(tmp: Path, sequences: int, cells: int, evict: int, n: int = 2048) -> dict[str, Any]:
     svc = start_service(tmp, n_ctx_seq=cells, max_sessions=sequences)
     try:
-        tokens = svc.engine.tokenize(SAMPLE_TEXT * 60, add_bos=False)[:n]
+        tokens = svc.engine.vocab.tokenize(SAMPLE_TEXT * 60, add_bos=False)[:n]
         s = svc.create(ME, PolicyRequest("sink", sinks=4, window=252, evict_chunk=evict), None)
         h = (s.id, s.generation)
         t0 = time.perf_counter()

@@ -45,7 +45,7 @@ def worker(threads: int | None) -> None:
         kw["n_threads"] = threads
     with open_engine(None, EngineConfig(**kw)) as engine:
         seq = CacheSequence(PolicyConfig.named("sink", sinks=4, window=252))
-        tokens = engine.tokenize(SAMPLE_TEXT * 20, add_bos=False)
+        tokens = engine.vocab.tokenize(SAMPLE_TEXT * 20, add_bos=False)
         print("ready", flush=True)
         sys.stdin.readline()  # the parent starts every worker at once
         t0 = time.perf_counter()

@@ -83,7 +83,7 @@ def perplexity(
         return open_engine(entry.name, config)
 
     with factory(engine_config(256)) as probe:
-        ids = probe.tokenize(raw_text, add_bos=True)[:tokens]
+        ids = probe.vocab.tokenize(raw_text, add_bos=True)[:tokens]
         n_ctx_train = probe.n_ctx_train
     runs = run_ppl(
         factory, ids, names, policy.sinks, policy.window, policy.evict_chunk,

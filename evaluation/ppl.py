@@ -55,7 +55,7 @@ def score_policy(
 ) -> PolicyRun:
     """Stream `tokens` through one sequence under `policy`, scoring every token as it arrives."""
     seq = CacheSequence(policy)
-    engine.clear(0)
+    engine.cells.clear(0)
     losses: list[np.ndarray] = []
     prev: np.ndarray | None = None
     stopped = None
@@ -98,7 +98,7 @@ def score_recall(
     of text as its query decodes the chosen passages (unscored) before the stream goes on. Only
     the stream's own tokens are scored, so the runs with and without recall compare directly."""
     seq = CacheSequence(policy)
-    engine.clear(0)
+    engine.cells.clear(0)
     store = MemoryStore.temporary()
     transcript: list[int] = []  # every token fed, by logical position (recalled copies too)
     spans: list[RecalledSpan] = []
@@ -116,13 +116,13 @@ def score_recall(
         if start > evicted_to:
             gone = transcript[evicted_to:start]
             skip = [in_any(evicted_to + i, spans) for i in range(len(gone))]
-            store.add_evicted(SessionKey("eval", 0), evicted_to, gone, skip, engine.piece)
+            store.add_evicted(SessionKey("eval", 0), evicted_to, gone, skip, engine.vocab.piece)
             evicted_to = start
         return rows
 
     for start in range(0, len(tokens), chunk):
         if start and start % every == 0:
-            query = engine.detokenize(tokens[max(0, start - query_tokens) : start])
+            query = engine.vocab.detokenize(tokens[max(0, start - query_tokens) : start])
             found = store.search(SessionKey("eval", 0), query, 16)
             chosen = select(found, recall, 1)
             if chosen:
@@ -130,8 +130,8 @@ def score_recall(
                     p.id: p
                     for p in store.passages(SessionKey("eval", 0), [c.passage_id for c in chosen])
                 }
-                head = engine.tokenize(frame[0], add_bos=False) if frame[0] else []
-                tail = engine.tokenize(frame[1], add_bos=False) if frame[1] else []
+                head = engine.vocab.tokenize(frame[0], add_bos=False) if frame[0] else []
+                tail = engine.vocab.tokenize(frame[1], add_bos=False) if frame[1] else []
                 plan = plan_recall(policy, seq.state, chosen, len(head), len(tail), 0.0)
                 spans += plan.spans
                 body = [t for c in chosen for t in [*head, *by_id[c.passage_id].tokens, *tail]]
@@ -168,7 +168,7 @@ def score_recompute(
     while True:
         start = max(0, end - window)
         seq = CacheSequence(PolicyConfig.named("full", sinks=0, window=window))
-        engine.clear(0)
+        engine.cells.clear(0)
         rows = engine.feed(0, seq, tokens[start:end], outputs="all")
         assert rows is not None
         if first:  # the first window is scored whole (it is the full cache)

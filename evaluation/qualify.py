@@ -268,7 +268,7 @@ def _engine_checks(q: Qualification, engine: Engine, policy: PolicyConfig) -> bo
 
 def _prompt(engine: Engine, n: int) -> list[int]:
     text = (resources.files("sinkd.evaluation") / QUALIFY_TEXT).read_text()
-    tokens = engine.tokenize(text, add_bos=True)
+    tokens = engine.vocab.tokenize(text, add_bos=True)
     if len(tokens) < n:
         raise InvalidInput(f"the shipped text holds {len(tokens)} tokens, {n} asked")
     return tokens[:n]
@@ -278,16 +278,16 @@ def _sink_equals_full(engine: Engine) -> bool:
     tokens = _prompt(engine, 60)
     full = CacheSequence(PolicyConfig.named("full", sinks=0, window=128))
     sink = CacheSequence(PolicyConfig.named("sink", sinks=4, window=60))
-    engine.clear(0)
-    engine.clear(1)
+    engine.cells.clear(0)
+    engine.cells.clear(1)
     a = engine.feed(0, full, tokens[:40])
     b = engine.feed(1, sink, tokens[:40])
     same = a is not None and b is not None and bool(np.array_equal(a, b))
     for t in tokens[40:]:
         a, b = engine.feed(0, full, [t]), engine.feed(1, sink, [t])
         same = same and a is not None and b is not None and bool(np.array_equal(a, b))
-    engine.clear(0)
-    engine.clear(1)
+    engine.cells.clear(0)
+    engine.cells.clear(1)
     return same and sink.receipt().evictions == 0
 
 
@@ -309,7 +309,7 @@ def _shift_vs_floor(engine: Engine) -> tuple[float, float]:
         "translated": (CacheSequence(PolicyConfig.named("sink-noshift", sinks=0, window=64)), 37),
     }
     for i, (cseq, off) in enumerate(runs.values()):
-        engine.clear(i)
+        engine.cells.clear(i)
         engine.feed(i, cseq, tokens[:64], pos_offset=off)
     kls: dict[str, list[float]] = {"shift": [], "translated": []}
     for t in tokens[64:]:
@@ -320,7 +320,7 @@ def _shift_vs_floor(engine: Engine) -> tuple[float, float]:
         for name in kls:
             kls[name].append(_kl(out[name], out["noshift"]))  # type: ignore[arg-type]
     for i in range(len(runs)):
-        engine.clear(i)
+        engine.cells.clear(i)
     return float(np.mean(kls["shift"])), float(np.mean(kls["translated"]))
 
 

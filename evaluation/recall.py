@@ -78,7 +78,7 @@ class Filler:
     """Long public-domain text, tokenized once; each trial reads from its own offset."""
 
     def __init__(self, service: SinkdService, text: str, max_tokens: int) -> None:
-        self.tokens = service.engine.tokenize(text[: max_tokens * 8], add_bos=False)
+        self.tokens = service.engine.vocab.tokenize(text[: max_tokens * 8], add_bos=False)
 
     def take(self, rng: random.Random, n: int) -> list[int]:
         if n > len(self.tokens):
@@ -145,7 +145,7 @@ def passkey_stream(
         engine = service.engine
         for i, key in enumerate(keys):
             text = key_sentence(key, i + 1 if doors else None)
-            _append_tokens(service, h, engine.tokenize(text, add_bos=False))
+            _append_tokens(service, h, engine.vocab.tokenize(text, add_bos=False))
             if doors and i + 1 < len(keys):
                 _append_tokens(service, h, filler.take(rng, 24))
         question, answer, key = QUESTION, ANSWER, keys[0]
@@ -289,7 +289,7 @@ def placement(
         ).handle
         try:
             _append_tokens(service, h, filler.take(rng, window + 64))
-            far = engine.detokenize(filler.take(rng, window - 40))
+            far = engine.vocab.detokenize(filler.take(rng, window - 40))
             for name, layout in PLACEMENTS.items():
                 ch = service.fork(PRINCIPAL, h).handle
                 try:

@@ -68,7 +68,7 @@ def token_chunks(engine: Engine, texts: Iterable[str], chunk_tokens: int) -> Ite
     pending: list[int] = []
     first = True
     for text in texts:
-        pending.extend(engine.tokenize(text, add_bos=first))
+        pending.extend(engine.vocab.tokenize(text, add_bos=first))
         first = False
         while len(pending) >= chunk_tokens:
             yield pending[:chunk_tokens]

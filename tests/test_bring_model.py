@@ -357,7 +357,7 @@ def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Pat
     svc.start()
     svc.wait_ready(120)
     try:
-        reply = svc.engine.tokenize(TEXT * 4, add_bos=False)[:256]  # a reply of 256 tokens
+        reply = svc.engine.vocab.tokenize(TEXT * 4, add_bos=False)[:256]  # a reply of 256 tokens
         kept = {}
         for window in (CHAT_WINDOW, None):
             h = svc.create(me, PolicyRequest("sink", window=window), None).handle

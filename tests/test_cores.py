@@ -18,7 +18,8 @@ from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.config import THREADS_ENV, machine_threads
 from sinkd.daemon.engine import cores, teams
 from sinkd.daemon.engine.cores import CoreShare
-from sinkd.daemon.engine.llama import BatchItem, Engine
+from sinkd.daemon.engine.decoding import BatchItem
+from sinkd.daemon.engine.llama import Engine
 from tests.conftest import TEXT
 
 MakeEngine = Callable[..., Engine]
@@ -84,7 +85,7 @@ def test_an_engine_follows_its_share_and_computes_the_same_bits(
     monkeypatch.setattr(cores, "REFRESH_S", 0.0)  # re-read before every decode
     shared = make_engine(n_ctx_seq=128, n_seq_max=1, cores_dir=tmp_path)
     fixed = make_engine(n_ctx_seq=128, n_seq_max=1, n_threads=cores_now)
-    tokens = shared.tokenize(TEXT)[:90]
+    tokens = shared.vocab.tokenize(TEXT)[:90]
     seqs = {
         e: CacheSequence(PolicyConfig.named("sink", sinks=4, window=124)) for e in (shared, fixed)
     }
@@ -258,7 +259,7 @@ def test_an_engine_decoding_beside_another_threads_engine_is_reported(
         pytest.skip("one core: no team")
     a = make_engine(n_ctx_seq=128, n_seq_max=1, n_threads=cpus)
     b = make_engine(n_ctx_seq=128, n_seq_max=1, n_threads=cpus)
-    tokens = a.tokenize(TEXT)[:8]
+    tokens = a.vocab.tokenize(TEXT)[:8]
     hold = threading.Event()
     with caplog.at_level(logging.WARNING, logger="sinkd.teams"):
         a.decode_batch([BatchItem(0, tokens, 0)])  # this thread's team

@@ -171,7 +171,7 @@ def test_reset_stales_the_handle_frees_cells_and_leaves_nothing(
     assert held > 0
     r = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE)
     session = daemon.service.registry.lookup("alice", h.session_id, r.handle.generation)
-    assert daemon.service.scheduler.call(lambda e: e.pos_range(session.seq_id)) == (-1, -1)
+    assert daemon.service.scheduler.call(lambda e: e.cells.pos_range(session.seq_id)) == (-1, -1)
     assert (
         r.receipt.retained == 0
         and r.receipt.reset_count == 1
@@ -333,7 +333,7 @@ def test_invariant_violation_fails_that_session_alone(client: Client, daemon: Da
     client.append(bystander, TEXT[:200])
     s = daemon.service.registry.lookup("alice", victim.session_id, victim.generation)
     daemon.service.scheduler.call(
-        lambda e: e.clear(s.seq_id)
+        lambda e: e.cells.clear(s.seq_id)
     )  # corrupt: cells vanish behind the policy
     before = client.admin.Stats(pb.StatsRequest(), metadata=ADMIN).invariant_violations
     with pytest.raises(grpc.RpcError) as err:
@@ -593,7 +593,7 @@ def test_sessions_past_their_budget_share_a_step(tmp_path: Path) -> None:
         handles = []
         for _ in range(2):
             handles.append(svc.create(me, policy, None).handle)
-        ids = svc.engine.tokenize(TEXT, add_bos=False)[:200]
+        ids = svc.engine.vocab.tokenize(TEXT, add_bos=False)[:200]
         for h in handles:
             svc.append(me, h, None, ids[:64])  # the budget is full from here on
         steps_at_chunk: list[int] = []
@@ -676,7 +676,7 @@ def test_a_steps_scattered_sessions_are_moved_to_one_run_and_stay_exact(
     session's). Every session, moved or not, continues exactly as it would have unmoved."""
     svc, me = local_service, Principal("local")
     policy = PolicyRequest("sink", sinks=4, window=124)
-    ids = svc.engine.tokenize(TEXT, add_bos=False)
+    ids = svc.engine.vocab.tokenize(TEXT, add_bos=False)
     prompts = [ids[i * 30 : i * 30 + 40] for i in range(3)]
     tokens = functools.partial(generated, svc, n=8)
     alone = []
@@ -708,7 +708,7 @@ def test_sessions_of_different_lengths_in_one_step_each_end_as_alone(tmp_path: P
     svc.wait_ready(120)
     me = Principal("local")
     policy = PolicyRequest("sink", sinks=4, window=124)
-    ids = svc.engine.tokenize(TEXT * 2, add_bos=False)
+    ids = svc.engine.vocab.tokenize(TEXT * 2, add_bos=False)
     histories = [ids[:35], ids[40:141], ids[150:154], ids[160:283]]  # at sequences 0..3
     appends = [ids[300:302], ids[310:374], ids[380:385]]  # then 2, 64 and 5 more; 3 generates
     tokens = functools.partial(generated, svc, n=4)
@@ -752,7 +752,7 @@ def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
 
     svc, me = local_service, Principal("local")
     policy = PolicyRequest("sink", sinks=4, window=124)
-    ids = svc.engine.tokenize(TEXT, add_bos=False)
+    ids = svc.engine.vocab.tokenize(TEXT, add_bos=False)
     handles = []
     for i in range(3):
         handles.append(svc.create(me, policy, None).handle)

@@ -230,7 +230,7 @@ def test_the_journal_holds_acknowledged_chunks_as_the_policy_cut_them_and_no_tex
     h = c.create(window=60, ingest_chunk=0).handle
     assert run.d is not None
     sentinel = "Quetzalcoatl-journal-sentinel"
-    ids = run.d.service.engine.tokenize(f"{sentinel} {TEXT}")[:150]
+    ids = run.d.service.engine.vocab.tokenize(f"{sentinel} {TEXT}")[:150]
     c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids)), metadata=ALICE)
     generated, _ = c.generate(h, n=5)
     c.append(h, sentinel)
@@ -255,7 +255,7 @@ def test_what_is_stored_stays_bounded_however_long_the_stream(run: Run) -> None:
     c = run.start(snapshot_every_tokens=64)
     h = c.create().handle
     assert run.d is not None
-    pool = run.d.service.engine.tokenize(TEXT * 8)
+    pool = run.d.service.engine.vocab.tokenize(TEXT * 8)
     for i in range(0, 1500, 50):
         ids = pool[i % (len(pool) - 50) :][:50]
         c.s.Append(pb.AppendRequest(handle=h, tokens=pb.TokenList(ids=ids)), metadata=ALICE)

@@ -10,7 +10,8 @@ import pytest
 
 from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfig
 from sinkd.daemon import failpoints
-from sinkd.daemon.engine.llama import BatchItem, Engine, EngineConfig
+from sinkd.daemon.engine.decoding import BatchItem
+from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.validation import validated
 from sinkd.errors import EngineError, InvalidInput, Unsupported
 from tests.conftest import TEXT
@@ -38,7 +39,7 @@ def seq(policy: str, **kw: int) -> CacheSequence:
 
 def test_a_sink_equals_full_before_the_first_eviction(make_engine: MakeEngine) -> None:
     engine = make_engine(n_ctx_seq=128, n_seq_max=3, n_batch=64)
-    tokens = engine.tokenize(TEXT)[:60]
+    tokens = engine.vocab.tokenize(TEXT)[:60]
     full, sink = seq("full", sinks=0, window=128), seq("sink", sinks=4, window=60)
     engine.feed(2, seq("full", sinks=0, window=128), tokens[::-1])  # another sequence in the cache
     a = engine.feed(0, full, tokens[:40])
@@ -66,7 +67,7 @@ def test_b_window_shift_matches_noshift_within_the_translation_floor(
     agree on the top token about as often. A change of what the cache holds (sinks kept) lies
     over an order of magnitude above it."""
     engine = make_engine(model, n_ctx_seq=256, n_seq_max=5, n_batch=64)
-    tokens = engine.tokenize(TEXT, add_bos=True)[:230]
+    tokens = engine.vocab.tokenize(TEXT, add_bos=True)[:230]
     runs = {
         "shift": (seq("window", window=64), 0),
         "shift_k16": (seq("window", window=64, compact_interval=16), 0),
@@ -110,16 +111,16 @@ def test_c_llama_positions_agree_with_the_policy(
     make_engine: MakeEngine, policy: str, kw: dict[str, int]
 ) -> None:
     engine = make_engine(n_ctx_seq=64, n_seq_max=1, n_batch=16)
-    tokens = engine.tokenize(TEXT)[:150]
+    tokens = engine.vocab.tokenize(TEXT)[:150]
     cseq = seq(policy, **kw)
     compactions_seen = 0
     for i in range(0, len(tokens), 7):
         engine.feed(0, cseq, tokens[i : i + 7])
         cache = cseq.cache_positions()
-        assert engine.pos_range(0) == (min(cache), max(cache))
+        assert engine.cells.pos_range(0) == (min(cache), max(cache))
         if cseq.receipt().pending_gap == 0 and policy == "sink" and cseq.receipt().shifts:
             compactions_seen += 1
-            assert engine.pos_range(0) == (0, cseq.retained - 1)
+            assert engine.cells.pos_range(0) == (0, cseq.retained - 1)
     assert cseq.receipt().evictions > 0
     if policy == "sink":
         assert compactions_seen > 0
@@ -134,7 +135,7 @@ def test_d_large_append_matches_token_at_a_time_within_budget(
     budget = 256
     engine = make_engine(n_ctx_seq=budget, n_seq_max=2, n_batch=64)
     assert engine.n_ctx_seq == budget
-    tokens = engine.tokenize(TEXT + " " + TEXT)[:400]
+    tokens = engine.vocab.tokenize(TEXT + " " + TEXT)[:400]
     chunked = seq("sink", sinks=4, window=budget - 4, evict_chunk=evict_chunk)
     single = seq("sink", sinks=4, window=budget - 4, evict_chunk=evict_chunk)
     a = engine.feed(0, chunked, tokens)  # 400 tokens, past the budget, in one append
@@ -142,7 +143,7 @@ def test_d_large_append_matches_token_at_a_time_within_budget(
         b = engine.feed(1, single, [t])
     assert chunked.logical_positions() == single.logical_positions()
     assert chunked.logical_positions()[:4] == [0, 1, 2, 3]
-    assert engine.pos_range(0) == engine.pos_range(1)
+    assert engine.cells.pos_range(0) == engine.cells.pos_range(1)
     assert chunked.retained <= budget
     assert a is not None and b is not None
     assert a.argmax() == b.argmax() and kl(a, b) < 0.05  # same evictions, different batching
@@ -150,12 +151,12 @@ def test_d_large_append_matches_token_at_a_time_within_budget(
 
 def test_d_full_policy_refuses_overflow_before_touching_llama(make_engine: MakeEngine) -> None:
     engine = make_engine(n_ctx_seq=32, n_seq_max=1, n_batch=32)
-    tokens = engine.tokenize(TEXT)[:40]
+    tokens = engine.vocab.tokenize(TEXT)[:40]
     full = seq("full", sinks=0, window=32)
     before = engine.feed(0, full, tokens[:30])
     with pytest.raises(CacheFull):
         engine.feed(0, full, tokens[30:40])
-    assert engine.pos_range(0) == (0, 29) and full.retained == 30
+    assert engine.cells.pos_range(0) == (0, 29) and full.retained == 30
     again = engine.feed(0, full, tokens[30:31])
     assert before is not None and again is not None
 
@@ -163,13 +164,13 @@ def test_d_full_policy_refuses_overflow_before_touching_llama(make_engine: MakeE
 def test_e_reset_empties_and_replays_bit_identically(make_engine: MakeEngine) -> None:
     engine = make_engine(n_ctx_seq=64, n_seq_max=2, n_batch=32)
     fresh = make_engine(n_ctx_seq=64, n_seq_max=2, n_batch=32)
-    tokens = engine.tokenize(TEXT)[:100]
+    tokens = engine.vocab.tokenize(TEXT)[:100]
     cseq = seq("sink", sinks=4, window=60)
     engine.feed(1, seq("sink", sinks=4, window=60), tokens[50:])  # a neighbour stays in the cache
     engine.feed(0, cseq, tokens)
-    engine.clear(0)
+    engine.cells.clear(0)
     cseq.reset()
-    assert engine.pos_range(0) == (-1, -1) and cseq.retained == 0
+    assert engine.cells.pos_range(0) == (-1, -1) and cseq.retained == 0
     replay = engine.feed(0, cseq, tokens[:50])
     reference = fresh.feed(0, seq("sink", sinks=4, window=60), tokens[:50])
     assert replay is not None and reference is not None
@@ -179,15 +180,15 @@ def test_e_reset_empties_and_replays_bit_identically(make_engine: MakeEngine) ->
 def test_f_fork_leaves_the_parent_bit_identical(make_engine: MakeEngine) -> None:
     engine = make_engine(n_ctx_seq=64, n_seq_max=2, n_batch=32)
     control = make_engine(n_ctx_seq=64, n_seq_max=2, n_batch=32)
-    tokens = engine.tokenize(TEXT)[:200]
+    tokens = engine.vocab.tokenize(TEXT)[:200]
     parent = seq("sink", sinks=4, window=60)
     engine.feed(0, parent, tokens[:58])
-    before = engine.pos_range(0)
-    engine.copy(0, 1)
+    before = engine.cells.pos_range(0)
+    engine.cells.copy(0, 1)
     child = parent.fork()
     engine.feed(1, child, tokens[58:190])  # the child evicts and shifts many times
     assert child.receipt().evictions > 60 and parent.receipt().evictions == 0
-    assert engine.pos_range(0) == before
+    assert engine.cells.pos_range(0) == before
     after = engine.feed(0, parent, tokens[190:191])
     ref_seq = seq("sink", sinks=4, window=60)
     control.feed(0, ref_seq, tokens[:58])
@@ -211,7 +212,7 @@ def test_g_gemma_refuses_what_it_cannot_stream(make_engine: MakeEngine) -> None:
     )
     assert deferred.compact_interval == 8
     gemma.check_policy(deferred)
-    assert gemma.tokenize("hello", add_bos=True)[0] == gemma.bos  # the BOS is the first sink
+    assert gemma.vocab.tokenize("hello", add_bos=True)[0] == gemma.bos  # the BOS is the first sink
 
 
 def test_g_gemma_without_full_swa_cache_cannot_shift() -> None:
@@ -232,9 +233,9 @@ def test_budget_and_tokens_are_validated_before_llama(make_engine: MakeEngine) -
         engine.feed(0, cseq, [1, 2, engine.n_vocab])
     with pytest.raises(InvalidInput, match="outside the vocabulary"):
         engine.feed(0, cseq, [-1])
-    assert engine.pos_range(0) == (-1, -1) and cseq.retained == 0
-    engine.feed(0, cseq, engine.tokenize(TEXT)[:100])  # 100 > n_batch: split, never asserted
-    assert cseq.retained == 64 and engine.pos_range(0) == (0, 63)
+    assert engine.cells.pos_range(0) == (-1, -1) and cseq.retained == 0
+    engine.feed(0, cseq, engine.vocab.tokenize(TEXT)[:100])  # 100 > n_batch: split, never asserted
+    assert cseq.retained == 64 and engine.cells.pos_range(0) == (0, 63)
 
 
 def test_a_batch_is_validated_whole_before_llama(make_engine: MakeEngine) -> None:
@@ -249,7 +250,9 @@ def test_a_batch_is_validated_whole_before_llama(make_engine: MakeEngine) -> Non
     for why, items in bad:
         with pytest.raises(InvalidInput, match=re.escape(why)):
             engine.decode_batch(items)
-    assert engine.pos_range(0) == engine.pos_range(1) == (-1, -1)  # nothing reached llama.cpp
+    assert (
+        engine.cells.pos_range(0) == engine.cells.pos_range(1) == (-1, -1)
+    )  # nothing reached llama.cpp
 
 
 def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
@@ -258,7 +261,7 @@ def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
     """decode_batch reads llama.cpp's output buffer through a cached view: each item gets its own
     row (batch order is by sequence id), as a copy, also after the buffer grew for a longer read."""
     engine = make_engine(n_ctx_seq=128, n_seq_max=4, n_batch=64)
-    toks = engine.tokenize(TEXT)
+    toks = engine.vocab.tokenize(TEXT)
     first = engine.decode_batch([BatchItem(3, toks[:2], 0)])  # a one-row view, cached
     assert first[0] is not None and np.array_equal(first[0], engine.logits(1))
     items = [BatchItem(2, toks[:5], 0), BatchItem(0, toks[5:10], 0, logits=False),
@@ -269,7 +272,7 @@ def test_batch_logits_are_each_items_own_row_and_outlive_the_next_decode(
     assert rows[2] is not None and np.array_equal(rows[2], engine.logits(9))
     assert rows[0] is not None and np.array_equal(rows[0], engine.logits(14))
     kept = [rows[0].copy(), rows[2].copy()]
-    engine.clear(3)
+    engine.cells.clear(3)
     many = engine.feed(3, seq("sink", sinks=4, window=100), toks[:60], outputs="all")
     assert many is not None and many.shape == (60, engine.n_vocab)
     again = engine.decode_batch([BatchItem(2, toks[5:6], 5)])
@@ -286,7 +289,7 @@ def _rows_by_company(
     Beside a lone token llama.cpp would cut the chunk 1 + 1, then 63, and on the plain path a
     lone row's attention takes ggml's vec_dot where 2 rows or more take llamafile's sgemm (found
     on an AMD EPYC, AVX2: 2.795 against 2.831 in the first logit)."""
-    toks = make_engine(n_ctx_seq=64, n_seq_max=1).tokenize(TEXT * 6)
+    toks = make_engine(n_ctx_seq=64, n_seq_max=1).vocab.tokenize(TEXT * 6)
     filled = 600 if cells > 256 else 180
     one, chunk = [toks[1000]], toks[1001:1065]
     rows: dict[tuple[str, int], np.ndarray] = {}
@@ -297,7 +300,7 @@ def _rows_by_company(
         for at in range(0, filled, 200):
             engine.decode_batch([BatchItem(0, toks[at : min(at + 200, filled)], at)])
         engine.decode_batch([BatchItem(1, toks[:40], 0)])
-        history = engine.save_seq(0), engine.save_seq(1)
+        history = engine.cells.save_seq(0), engine.cells.save_seq(1)
         cases = {
             "alone": [BatchItem(0, one, filled)],
             "beside a token": [BatchItem(0, one, filled), BatchItem(1, [toks[40]], 40)],
@@ -307,8 +310,8 @@ def _rows_by_company(
             "chunk beside 8": [BatchItem(0, chunk, filled), BatchItem(1, toks[40:48], 40)],
         }
         for name, items in cases.items():
-            engine.restore_seq(0, history[0])
-            engine.restore_seq(1, history[1])
+            engine.cells.restore_seq(0, history[0])
+            engine.cells.restore_seq(1, history[1])
             rows[name, threads] = engine.decode_batch(items)[0]
     return rows, engine.flash_attn
 
@@ -349,17 +352,17 @@ def test_a_tokens_logits_do_not_depend_on_how_many_share_its_step(
     more: its logits moved with the number of decoding sessions (here at 26 of these 36 pairs of 1
     to 3 tokens). The engine loads weights unrepacked, tiled off."""
     engine = make_engine(model, n_ctx_seq=512, n_seq_max=8, n_batch=256, n_threads=2)
-    toks = engine.tokenize(TEXT * 6)
+    toks = engine.vocab.tokenize(TEXT * 6)
     for q in range(8):
         for at in range(0, 400 if q == 7 else 300, 100):
             engine.decode_batch([BatchItem(q, toks[q * 40 + at :][:100], at, logits=False)])
-    history = [engine.save_seq(q) for q in range(8)]
+    history = [engine.cells.save_seq(q) for q in range(8)]
     for at in (600, 900, 1100):
         for n in (1, 2, 3, 16):
             rows = []
             for company in ([], [1], [1, 2, 3], [1, 2, 3, 4, 5, 6, 7], [7]):
                 for q in range(8):
-                    engine.restore_seq(q, history[q])
+                    engine.cells.restore_seq(q, history[q])
                 items = [BatchItem(0, toks[at : at + n], 300)]
                 items += [
                     BatchItem(q, toks[at + 100 + q * 20 :][:n], 400 if q == 7 else 300)
@@ -407,17 +410,17 @@ def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
         pytest.skip("a claim about llama.cpp's CPU kernel")
     engine = make_engine(n_ctx_seq=256, n_seq_max=1, n_batch=256, n_threads=2, flash_attn=flash)
     assert engine.flash_attn is (flash != "off")
-    toks = engine.tokenize(TEXT * 3)
+    toks = engine.vocab.tokenize(TEXT * 3)
 
     def cut(sizes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        engine.clear(0)
+        engine.cells.clear(0)
         engine.decode_batch([BatchItem(0, toks[:50], 0, logits=False)])
         pos, row = 50, None
         for n in sizes:
             row = engine.decode_batch([BatchItem(0, toks[pos : pos + n], pos)])[0]
             pos += n
         after = engine.decode_batch([BatchItem(0, [toks[pos]], pos)])[0]
-        engine.clear(0)  # and through feed's path, every row
+        engine.cells.clear(0)  # and through feed's path, every row
         seq = CacheSequence(PolicyConfig.named("full", sinks=0, window=200))
         engine.feed(0, seq, toks[:50], outputs="none")
         rows = [
@@ -451,13 +454,13 @@ def test_a_lone_row_of_a_longer_text_may_sum_otherwise_on_the_plain_path(
     if b"LLAMAFILE = 1" not in llama_cpp.llama_print_system_info():
         pytest.skip("this llama.cpp build has no llamafile sgemm: every row takes vec_dot")
     engine = make_engine(n_ctx_seq=1024, n_seq_max=1, n_batch=256, n_threads=2, flash_attn="off")
-    toks = engine.tokenize(TEXT * 6)
+    toks = engine.vocab.tokenize(TEXT * 6)
     for at in range(0, 600, 200):
         engine.decode_batch([BatchItem(0, toks[at : at + 200], at, logits=False)])
-    history, chunk = engine.save_seq(0), toks[1001:1065]
+    history, chunk = engine.cells.save_seq(0), toks[1001:1065]
 
     def decoded(cut: list[int]) -> np.ndarray:
-        engine.restore_seq(0, history)
+        engine.cells.restore_seq(0, history)
         pos, row = 600, None
         for n in cut:
             row = engine.decode_batch([BatchItem(0, chunk[pos - 600 :][:n], pos)])[0]
@@ -478,7 +481,7 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
     from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 
     engine = make_engine(n_ctx_seq=64, n_seq_max=1, n_batch=32)
-    tokens = engine.tokenize(TEXT)[:20]
+    tokens = engine.vocab.tokenize(TEXT)[:20]
     cseq = seq("sink", sinks=4, window=60)
     logits = engine.feed(0, cseq, tokens)
     greedy = Sampler(SamplingParams())
@@ -539,7 +542,7 @@ def test_a_failed_piece_leaves_the_cache_as_the_policy_says(make_engine: MakeEng
         pytest.skip("the pieces are the CPU rule's")
     engine = make_engine(n_ctx_seq=256, n_seq_max=2, n_batch=256, n_threads=2)
     assert engine.flash_attn and engine.max_rows == 63
-    toks = engine.tokenize(TEXT * 3)
+    toks = engine.vocab.tokenize(TEXT * 3)
 
     def refuse() -> None:
         raise EngineError("refused for the test")
@@ -547,21 +550,21 @@ def test_a_failed_piece_leaves_the_cache_as_the_policy_says(make_engine: MakeEng
     engine.decode_batch([BatchItem(0, toks[:40], 0, logits=False)])
     with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):
         engine.decode_batch([BatchItem(0, toks[40:140], 40)])
-    assert engine.pos_range(0) == (0, 39) and engine.cell_count(0) == 40
+    assert engine.cells.pos_range(0) == (0, 39) and engine.cells.cell_count(0) == 40
     with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):  # one ended first
         engine.decode_batch([BatchItem(0, toks[40:140], 40), BatchItem(1, toks[:30], 0)])
-    assert engine.pos_range(0) == (0, 39) and engine.pos_range(1) == (-1, -1)
+    assert engine.cells.pos_range(0) == (0, 39) and engine.cells.pos_range(1) == (-1, -1)
     row = engine.decode_batch([BatchItem(0, toks[40:140], 40)])[0]
-    engine.clear(0)
+    engine.cells.clear(0)
     engine.decode_batch([BatchItem(0, toks[:40], 0, logits=False)])
     assert np.array_equal(engine.decode_batch([BatchItem(0, toks[40:140], 40)])[0], row)
 
-    engine.clear(0)
+    engine.cells.clear(0)
     seq = CacheSequence(PolicyConfig.named("full", sinks=0, window=200))
     engine.feed(0, seq, toks[:40], outputs="none")
     before = seq.state
     with failpoints.armed("decode-piece", refuse), pytest.raises(EngineError):
         engine.feed(0, seq, toks[40:140])
-    assert seq.state == before and engine.pos_range(0) == (0, 39)
+    assert seq.state == before and engine.cells.pos_range(0) == (0, 39)
     last = engine.feed(0, seq, toks[40:140])
     assert last is not None and np.array_equal(last, row)

@@ -182,16 +182,16 @@ def test_tokenizing_holds_off_the_engine_close(tmp_path: Path) -> None:
         assert inside.wait(WAIT)
         stopper = threading.Thread(target=d.stop, daemon=True)
         stopper.start()
-        with engine._text_cond:  # the close has begun and waits for the tokenizer
-            assert engine._text_cond.wait_for(lambda: engine._text_closed, WAIT)
-            assert engine._text_users == 1
+        with engine.vocab._text_cond:  # the close has begun and waits for the tokenizer
+            assert engine.vocab._text_cond.wait_for(lambda: engine.vocab._text_closed, WAIT)
+            assert engine.vocab._text_users == 1
         assert stopper.is_alive()
         release.set()
         calls.join()
         stopper.join(WAIT)
     assert calls.code(key) == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(ShuttingDown):
-        engine.tokenize("after the close")
+        engine.vocab.tokenize("after the close")
 
 
 # --- one failure touches only what it concerns ---

@@ -23,7 +23,7 @@ TEXT = Path(
 
 def tokens(n: int) -> list[int]:
     with open_engine(None, EngineConfig(n_ctx_seq=256, n_seq_max=1)) as engine:
-        return engine.tokenize(TEXT.read_text())[:n]
+        return engine.vocab.tokenize(TEXT.read_text())[:n]
 
 
 def test_sink_beats_window_after_the_first_eviction() -> None:

@@ -71,7 +71,7 @@ def cells_match(daemon: Daemon) -> None:
 
     def check(engine: Any) -> tuple[int, int]:
         sessions = daemon.service.registry.all()
-        held = sum(engine.cell_count(s.seq_id) for s in sessions)
+        held = sum(engine.cells.cell_count(s.seq_id) for s in sessions)
         return held, sum(s.seq.retained for s in sessions)
 
     held, retained = daemon.service.scheduler.call(check)
@@ -88,7 +88,7 @@ def test_isolation_under_load(tmp_path: Path) -> None:
     every live session's greedy output equals a solo replay."""
     daemon = start_daemon(tmp_path)
     client = Client(daemon.addresses[0])
-    pool = daemon.service.engine.tokenize(TEXT)
+    pool = daemon.service.engine.vocab.tokenize(TEXT)
     lock = threading.Lock()
     live: dict[str, Tracked] = {}
     errors: list[BaseException] = []
@@ -169,7 +169,7 @@ def test_isolation_under_load(tmp_path: Path) -> None:
                     with pytest.raises(grpc.RpcError) as err:
                         client.s.Inspect(pb.InspectRequest(handle=old), metadata=md)
                     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-                    probe = daemon.service.engine.tokenize(" The vault phrase is")
+                    probe = daemon.service.engine.vocab.tokenize(" The vault phrase is")
                     client.s.Append(
                         pb.AppendRequest(handle=t.handle, tokens=pb.TokenList(ids=probe)),
                         metadata=md,

@@ -1,4 +1,5 @@
-"""The one adapter around llama.cpp: the only module of sinkd that imports ``llama_cpp``.
+"""The one adapter around llama.cpp: this package (`sinkd.daemon.engine`) is the only one of
+sinkd that imports ``llama_cpp``, and `Engine` here is its front.
 
 It owns the model, one context with several sequences, one batch, and the samplers; it applies the
 policy's plans with ``llama_memory_seq_rm``/``llama_memory_seq_add`` and checks every return value;
@@ -49,10 +50,8 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import llama_cpp as llama
 import numpy as np
@@ -62,17 +61,15 @@ from sinkd.cachepolicy import (
     CacheSequence,
     PolicyConfig,
 )
-from sinkd.daemon import failpoints
 from sinkd.daemon.config import machine_threads, threads_given
 from sinkd.daemon.engine import compat, teams
 from sinkd.daemon.engine.cores import CoreShare
-from sinkd.daemon.engine.memory import SequenceOps
+from sinkd.daemon.engine.decoding import BatchItem, Decoder, Outputs
+from sinkd.daemon.engine.memory import SequenceCells
 from sinkd.daemon.engine.sampler import Sampler
-from sinkd.daemon.engine.vocab import VocabularyOps
+from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.daemon.models.registry import ModelEntry, kv_bytes_per_token
-from sinkd.errors import EngineError, InvalidInput
-
-Outputs = Literal["none", "last", "all"]
+from sinkd.errors import EngineError
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
@@ -98,22 +95,6 @@ def flash_attention_exact(cells: int, n_gpu_layers: int) -> bool:
     return n_gpu_layers == 0 and cells < FLASH_SPLIT_CELLS
 
 
-T = TypeVar("T")
-
-
-def by_length(items: list[T], length: Callable[[T], int]) -> list[list[T]]:
-    """The items grouped by how many tokens each decodes, shortest first: one `llama_decode` each.
-
-    Within a group llama.cpp keeps every item whole in one ubatch (as many rows from each stream),
-    so each stream computes exactly its own rows, as alone (the NOTE above). The pieces llama.cpp
-    would cut a mixed batch into were as many passes as the groups are, so this costs no pass.
-    """
-    groups: dict[int, list[T]] = {}
-    for item in items:
-        groups.setdefault(length(item), []).append(item)
-    return [groups[n] for n in sorted(groups)]
-
-
 def cpu_kernels() -> str:
     """The CPU features llama.cpp's build compiled its kernels for (`llama_print_system_info`'s
     CPU section, e.g. "AVX AVX2 F16C FMA LLAMAFILE ..."), and the weight layout the engine loads:
@@ -123,23 +104,6 @@ def cpu_kernels() -> str:
     cpu = info.split("CPU :", 1)[1] if "CPU :" in info else ""
     on = [f.split("=")[0].strip() for f in cpu.split("|") if f.strip().endswith("= 1")]
     return " ".join(on) + "; weights unrepacked, tiled off"
-
-
-# llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
-# pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
-_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value or 0
-)
-
-
-@dataclass(frozen=True)
-class BatchItem:
-    """One sequence's tokens in a multi-sequence decode; `logits` asks for the last token's row."""
-
-    seq_id: int
-    tokens: list[int]
-    pos0: int
-    logits: bool = True
 
 
 class EngineConfig(BaseModel):
@@ -225,11 +189,12 @@ def _init_backend() -> _LlamaLog:
         return _log
 
 
-class Engine(VocabularyOps, SequenceOps):
+class Engine:
     """One model, one context, `n_seq_max` sequences.
 
-    One thread owns it (the scheduler's): decoding and every memory operation happen there. Only the
-    vocabulary operations (`VocabularyOps`) may run on other threads; `close` waits for them.
+    Its parts are members: `vocab` (tokens and text, the chat template: the only part other
+    threads may call; `close` waits for them), `cells` (each sequence's KV cells) and `decoder`
+    (llama_decode). One thread owns the rest (the scheduler's).
     """
 
     def __init__(
@@ -243,7 +208,6 @@ class Engine(VocabularyOps, SequenceOps):
         self.path = path
         log = _init_backend()
         self._stack = contextlib.ExitStack()
-        self._init_text_guard()
         self.llama_cpp_version = str(llama.__version__)
         self.cpu_kernels = cpu_kernels()
         try:
@@ -262,10 +226,9 @@ class Engine(VocabularyOps, SequenceOps):
             raise EngineError(f"llama.cpp could not load {self.path.name} (not a valid GGUF?)")
         self._stack.callback(llama.llama_model_free, model)
         self._model = model
-        self._vocab = llama.llama_model_get_vocab(model)
-        self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
-        self.adds_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
-        self.bos = int(llama.llama_vocab_bos(self._vocab))
+        vocab = Vocabulary(llama.llama_model_get_vocab(model))
+        self.vocab = vocab
+        self.n_vocab, self.adds_bos, self.bos = vocab.n_vocab, vocab.adds_bos, vocab.bos
         self.n_layer = int(llama.llama_model_n_layer(model))
         self.n_head_kv = int(llama.llama_model_n_head_kv(model))
         n_head = int(llama.llama_model_n_head(model))
@@ -279,16 +242,16 @@ class Engine(VocabularyOps, SequenceOps):
         self.rope_type = int(llama.llama_model_rope_type(model))  # LLAMA_ROPE_TYPE_NONE: -1
         self.is_recurrent = bool(llama.llama_model_is_recurrent(model))
         self.is_hybrid = bool(llama.llama_model_is_hybrid(model))
-        self.tokenizer_sha256 = self._tokenizer_hash()
+        self.tokenizer_sha256 = vocab.sha256
         template = llama.llama_model_chat_template(model, None)
-        self.chat_template = (template or b"").decode("utf-8", errors="replace")
+        vocab.chat_template = (template or b"").decode("utf-8", errors="replace")
         self.template_sha256 = hashlib.sha256(template or b"").hexdigest()
         if self.entry is not None:
             compat.check_entry(self, self.entry)
             if self.entry.template_name and not template:
                 # the file has no template; the entry names one of llama.cpp's built-in ones, and
                 # its name stands in for the file's template in every hash from here on
-                self.chat_template = self.entry.template_name
+                vocab.chat_template = self.entry.template_name
                 self.template_sha256 = template_name_sha256(self.entry.template_name)
 
         cparams = llama.llama_context_default_params()
@@ -336,20 +299,25 @@ class Engine(VocabularyOps, SequenceOps):
             raise EngineError(  # the flash-attention choice rests on this count
                 f"llama.cpp gave {self.n_ctx_seq} cells per sequence where {cells} were computed"
             )
-        self.n_batch = int(llama.llama_n_batch(ctx))
         self.can_shift = bool(llama.llama_memory_can_shift(self._mem))
-        batch = llama.llama_batch_init(self.n_batch, 0, 1)
-        self._stack.callback(llama.llama_batch_free, batch)
-        self._batch = batch
-        self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
-        self._free_seqs = list(range(cfg.n_seq_max - 1, -1, -1))
-        self._scratch = (ctypes.c_uint8 * 0)()  # sequence images: read, packed, copied in place
-        self._state_base, self._state_per_cell = self._calibrate_cell_size()
+        self.decoder = Decoder(
+            ctx, self._mem, vocab, cfg.n_seq_max, self.n_ctx_seq, self.max_rows, self._before_decode
+        )
+        self._stack.callback(self.decoder.close)
+        self.n_batch = self.decoder.n_batch
+        self.cells = SequenceCells(ctx, self._mem, cfg.n_seq_max, self._decode_calibration)
+        self.decoder.cells = self.cells
 
     def close(self) -> None:
         """Free the context and the model, once no other thread is inside a vocabulary operation."""
-        self._close_text_guard()
+        vocab: Vocabulary | None = self.__dict__.get("vocab")  # None: the model never loaded
+        if vocab is not None:
+            vocab.close()
         self._stack.close()
+
+    @property
+    def chat_template(self) -> str:
+        return self.vocab.chat_template
 
     def __enter__(self) -> Engine:
         return self
@@ -401,7 +369,7 @@ class Engine(VocabularyOps, SequenceOps):
         """Refuse what this context cannot run (see `compat.check_policy`)."""
         compat.check_policy(self, policy)
 
-    # --- feeding tokens through a policy ---
+    # --- decoding (the decoder's; here because it is what an engine is for) ---
 
     def feed(
         self,
@@ -411,218 +379,17 @@ class Engine(VocabularyOps, SequenceOps):
         outputs: Outputs = "last",
         pos_offset: int = 0,
     ) -> np.ndarray | None:
-        """Append `tokens` to the sequence under its policy; return logits as `outputs` asks.
-
-        "last": the next-token logits after the final token (n_vocab,); "all": one row per token
-        (n_tokens, n_vocab), row i predicting token i+1. Nothing reaches llama.cpp unless the whole
-        append is valid, and the policy's state is advanced op by op, so it always names what the
-        cache holds, even if llama.cpp fails half way. `pos_offset` translates every position
-        (relative positions, hence the exact-arithmetic result, are unchanged): it calibrates how far
-        numerical noise alone moves the logits, the floor for comparing shifted and unshifted caches.
-        """
-        self.check_tokens(tokens)
-        seq.config.check_context(
-            self.n_ctx_seq
-        )  # a budget above the stream: llama.cpp finds no slot
-        plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
-        # "all": one array for every row, filled in place (no copy per piece, no concatenation:
-        # a 128-token chunk's rows are 24 MiB, and copies of that size move the resident memory)
-        rows = np.empty((len(tokens), self.n_vocab), np.float32) if outputs == "all" else None
-        last: np.ndarray | None = None
-        for i, sb in enumerate(plan.sub_batches):
-            self.apply_ops(seq_id, sb, pos_offset)
-            seq.adopt_ops(sb)
-            is_last = i == len(plan.sub_batches) - 1
-            want: Outputs = "none"
-            if outputs == "all" or (outputs == "last" and is_last):
-                want = outputs
-            chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
-            into = None if rows is None else rows[sb.offset : sb.offset + sb.n_tokens]
-            got = self._decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want, into)
-            seq.adopt_tokens(sb)
-            if want == "last":
-                last = got
-        return rows if rows is not None else last
-
-    def _decode_chunk(
-        self,
-        seq_id: int,
-        tokens: list[int],
-        pos0: int,
-        outputs: Outputs,
-        into: np.ndarray | None = None,
-    ) -> np.ndarray | None:
-        """One sequence's tokens in pieces of at most `max_rows` (the NOTE above), each one
-        llama_decode. "last": returns a copy of the last token's logits; "all": writes a row per
-        token into `into`. A failed piece removes the earlier pieces' cells: the chunk is in the
-        cache whole or not at all."""
-        last: np.ndarray | None = None
-        for at in range(0, len(tokens), self.max_rows):
-            piece = tokens[at : at + self.max_rows]
-            final = at + len(piece) == len(tokens)
-            try:
-                if at:
-                    failpoints.hit("decode-piece")
-                self._decode_one(
-                    seq_id, piece, pos0 + at, outputs if outputs == "all" or final else "none"
-                )
-            except EngineError:
-                self._drop_pieces(seq_id, pos0, at)
-                raise
-            if outputs == "all" and into is not None:
-                into[at : at + len(piece)] = self._logits_rows_view(len(piece))
-            elif outputs == "last" and final:
-                last = self.logits(len(piece) - 1)
-        return last
-
-    def _drop_pieces(self, seq_id: int, pos0: int, n: int) -> None:
-        """A later piece failed: remove the `n` tokens the earlier ones put in from `pos0`, so the
-        cache again holds what the policy says (a whole sub-batch or none of it)."""
-        if n and not llama.llama_memory_seq_rm(self._mem, seq_id, pos0, pos0 + n):
-            raise EngineError(f"llama_memory_seq_rm({seq_id}, {pos0}, {pos0 + n}) refused")
-
-    def _decode_one(self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs) -> None:
-        n = len(tokens)
-        if not 0 < n <= self.n_batch:
-            raise InvalidInput(f"batch of {n} tokens is outside 1..n_batch ({self.n_batch})")
-        b = self._batch
-        b.n_tokens = n
-        for i, tok in enumerate(tokens):
-            b.token[i] = tok
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq_id
-            b.logits[i] = outputs == "all" or (outputs == "last" and i == n - 1)
-        self._before_decode()
-        rc = llama.llama_decode(self._ctx, b)
-        if rc != 0:
-            raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
+        return self.decoder.feed(seq_id, seq, tokens, outputs, pos_offset)
 
     def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
-        """Several sequences' tokens (continuous batching); validated first, then one llama_decode
-        per item length (`by_length`, the NOTE above), in pieces of at most `max_rows`.
-
-        Returns, per item, a copy of its last token's logits (or None where not asked). All or
-        nothing, as one llama_decode: a failed decode removes the cells the earlier ones put in.
-        It runs once per token on the engine thread, right after a decode has swept the caches:
-        plain loops, one pass (bench/README.md, "overhead.py").
-        """
-        n_seq_max = self.config.n_seq_max
-        total = 0
-        seen: set[int] = set()
-        for item in items:
-            q, tokens = item.seq_id, item.tokens
-            if q in seen or not 0 <= q < n_seq_max:
-                seqs = [it.seq_id for it in items]
-                raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
-            seen.add(q)
-            if not tokens:
-                raise InvalidInput(f"empty batch item for sequence {q}")
-            self.check_tokens(tokens)
-            total += len(tokens)
-        if not 0 < total <= self.n_batch:
-            raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
-        if len({len(item.tokens) for item in items}) == 1:
-            return self._decode_same_length(items, first=True)
-        out: list[np.ndarray | None] = [None] * len(items)
-        decoded: list[BatchItem] = []
-        for group in by_length(list(range(len(items))), lambda k: len(items[k].tokens)):
-            same = [items[k] for k in group]
-            try:
-                rows = self._decode_same_length(same, first=not decoded)
-            except EngineError:
-                for item in decoded:
-                    self._drop_pieces(item.seq_id, item.pos0, len(item.tokens))
-                raise
-            decoded += same
-            for k, row in zip(group, rows, strict=True):
-                out[k] = row
-        return out
-
-    def _decode_same_length(self, items: list[BatchItem], first: bool) -> list[np.ndarray | None]:
-        """Items of one length, in pieces of at most `max_rows` (flash attention's 63), each one
-        llama_decode; a failed piece removes the earlier pieces' cells. `first`: no decode of this
-        call came before (the failpoint marks every later one)."""
-        n, r = len(items[0].tokens), self.max_rows
-        if n <= r:
-            if not first:
-                failpoints.hit("decode-piece")
-            return self._decode_items(items)
-        rows: list[np.ndarray | None] = [None] * len(items)
-        for at in range(0, n, r):
-            final = at + r >= n
-            piece = [
-                BatchItem(it.seq_id, it.tokens[at : at + r], it.pos0 + at, it.logits and final)
-                for it in items
-            ]
-            try:
-                if at or not first:
-                    failpoints.hit("decode-piece")
-                rows = self._decode_items(piece)
-            except EngineError:
-                for it in items:
-                    self._drop_pieces(it.seq_id, it.pos0, at)
-                raise
-        return rows
-
-    def _decode_items(self, items: list[BatchItem]) -> list[np.ndarray | None]:
-        """One llama_decode of validated items: a copy of each asked row."""
-        b = self._batch
-        i = 0
-        out_index: list[int | None] = [None] * len(items)
-        # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
-        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
-            item = items[k]
-            q, pos0, last = item.seq_id, item.pos0, len(item.tokens) - 1
-            for j, tok in enumerate(item.tokens):
-                b.token[i] = tok
-                b.pos[i] = pos0 + j
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = q
-                b.logits[i] = item.logits and j == last
-                i += 1
-            if item.logits:
-                out_index[k] = i - 1
-        b.n_tokens = i
-        self._before_decode()
-        rc = llama.llama_decode(self._ctx, b)
-        if rc != 0:
-            seqs = [it.seq_id for it in items]
-            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
-        # the output rows are in batch order: one copy of them all, each item's row a view of it
-        n_out = len(items) - out_index.count(None)
-        if n_out == 0:
-            return [None] * len(items)
-        rows = self._logits_rows_view(n_out).copy()
-        row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
-        return [None if idx is None else rows[row_of[idx]] for idx in out_index]
-
-    def _logits_rows_view(self, n_out: int) -> np.ndarray:
-        """The last decode's `n_out` output rows, as a view of llama.cpp's buffer (valid until the
-        next decode). Views are kept per row count while the buffer stays where it is."""
-        address = _logits_address(self._ctx)
-        if not address:
-            raise EngineError("llama.cpp returned no logits")
-        at, views = self._logits_views
-        if at != address:
-            views = {}
-            self._logits_views = (address, views)
-        view = views.get(n_out)
-        if view is None:
-            buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(address)
-            view = views[n_out] = np.ctypeslib.as_array(buf).reshape(n_out, self.n_vocab)
-        return view
+        return self.decoder.decode_batch(items)
 
     def logits(self, index: int) -> np.ndarray:
-        ptr = llama.llama_get_logits_ith(self._ctx, index)
-        if not ptr:
-            raise EngineError(f"no logits at batch index {index}")
-        row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
-        return row
+        return self.decoder.logits(index)
 
     def sample(self, sampler: Sampler, index: int = -1) -> int:
         """Sample (and accept) the next token from the logits of the last decode's `index`."""
-        return sampler.sample_logits(self.logits(index))
+        return sampler.sample_logits(self.decoder.logits(index))
 
     def _decode_calibration(self, n: int) -> None:
         self.decode_batch([BatchItem(0, [0] * n, 0, logits=False)])

@@ -1,13 +1,14 @@
 """Sequence memory: the KV cells of each sequence, removed, shifted, copied, saved, packed.
 
-A part of `Engine` (its memory operations, engine thread only): every return code is checked, and a
+The engine's `cells` member (its memory operations, engine thread only): every return code is checked, and a
 refused removal raises rather than leave the cache unlike the policy's account of it.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import llama_cpp as llama
 
@@ -15,27 +16,28 @@ from sinkd.cachepolicy import Evict, Shift, SubBatch
 from sinkd.daemon import failpoints
 from sinkd.errors import EngineError, Unsupported
 
-if TYPE_CHECKING:
-    from sinkd.daemon.engine.llama import EngineConfig
 
+class SequenceCells:
+    """The context's `n_seq_max` sequences: which are free, and their cells. `calibrate(n)`
+    decodes n tokens into sequence 0 (the cell size is measured once, at load)."""
 
-class SequenceOps:
-    """Needs from the engine: `_ctx`, `_mem`, `config`, and `decode_batch` (calibration)."""
-
-    _ctx: Any
-    _mem: Any
-    config: EngineConfig
-    _free_seqs: list[int]
-    _scratch: ctypes.Array[ctypes.c_uint8]
-    _state_empty: int
-    _state_base: int
-    _state_per_cell: int
+    def __init__(
+        self, ctx: Any, mem: Any, n_seq_max: int, calibrate: Callable[[int], None]
+    ) -> None:
+        self._ctx = ctx
+        self._mem = mem
+        self.n_seq_max = n_seq_max
+        self._free_seqs = list(range(n_seq_max - 1, -1, -1))
+        self._scratch = (ctypes.c_uint8 * 0)()  # sequence images: read, packed, copied in place
+        self._decode_calibration = calibrate
+        self._state_empty = 0
+        self._state_base, self._state_per_cell = self._calibrate_cell_size()
 
     def acquire_seq(self) -> int:
         """The lowest free sequence id: sessions stay packed at low ids, so the sessions of a step
         tend to hold one run of ids, which llama.cpp decodes in one pass (see runtime/placement)."""
         if not self._free_seqs:
-            raise Unsupported(f"all {self.config.n_seq_max} sequences of the context are in use")
+            raise Unsupported(f"all {self.n_seq_max} sequences of the context are in use")
         seq_id = min(self._free_seqs)
         self._free_seqs.remove(seq_id)
         return seq_id
@@ -167,6 +169,3 @@ class SequenceOps:
         if per_cell <= 0 or sizes[3] - sizes[2] != per_cell:
             raise EngineError(f"sequence state size is not linear in cells: {sizes}")
         return sizes[1] - per_cell, per_cell
-
-    def _decode_calibration(self, n: int) -> None:
-        raise NotImplementedError

@@ -1,6 +1,6 @@
 """The vocabulary: tokens to text and back, the chat template, the tokenizer's hash.
 
-A part of `Engine`, and the only part other threads may call (a request's text is tokenized on its
+The engine's `vocab` member, and the only part other threads may call (a request's text is tokenized on its
 RPC thread, not the engine's). llama.cpp's vocabulary is read-only once loaded; what must not happen
 is a call while the engine frees the model, so each call holds a share of a guard that `close` takes
 whole: close waits for calls in progress, and a call after it raises ShuttingDown.
@@ -21,22 +21,25 @@ from sinkd.daemon import failpoints
 from sinkd.errors import EngineError, InvalidInput, ShuttingDown, Unsupported
 
 
-class VocabularyOps:
-    """Needs from the engine: `_vocab`, `n_vocab`, `adds_bos`, `chat_template`."""
+class Vocabulary:
+    """The loaded model's vocabulary (`llama_model_get_vocab`); `chat_template` is the engine's
+    choice (the file's own, or a built-in one the model's entry names)."""
 
-    _vocab: Any
-    n_vocab: int
-    adds_bos: bool
-    chat_template: str
-
-    def _init_text_guard(self) -> None:
+    def __init__(self, vocab: Any) -> None:
+        self._vocab = vocab
+        self.n_vocab = int(llama.llama_vocab_n_tokens(vocab))
+        self.adds_bos = bool(llama.llama_vocab_get_add_bos(vocab))
+        self.bos = int(llama.llama_vocab_bos(vocab))
+        self.chat_template = ""
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._text_cond = threading.Condition()
         self._text_users = 0
         self._text_closed = False
+        self.sha256 = self._tokenizer_hash()
 
-    def _close_text_guard(self) -> None:
+    def close(self) -> None:
+        """Wait for the calls in progress; any later call raises ShuttingDown."""
         with self._text_cond:
             self._text_closed = True
             self._text_cond.notify_all()

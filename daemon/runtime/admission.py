@@ -42,14 +42,14 @@ class Admission:
                 f" {engine.kv_bytes_per_token:.0f} bytes"
             )
         try:
-            seq_id = engine.acquire_seq()
+            seq_id = engine.cells.acquire_seq()
         except Unsupported as e:
             self.metrics.alloc_failures.inc()
             raise ResourceExhausted(str(e)) from None
         try:
             failpoints.hit("sequence-acquired")
-            engine.clear(seq_id)
+            engine.cells.clear(seq_id)
         except BaseException:
-            engine.release_seq(seq_id)
+            engine.cells.release_seq(seq_id)
             raise
         return seq_id

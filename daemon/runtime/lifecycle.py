@@ -108,7 +108,7 @@ class Lifecycle:
                 recall=recall,
             )
         except BaseException:
-            engine.release_seq(seq_id)
+            engine.cells.release_seq(seq_id)
             raise
         if not system_tokens:
             session.transition(SessionState.IDLE)
@@ -121,7 +121,7 @@ class Lifecycle:
         seq_id = self.admission.acquire(engine)
         try:
             failpoints.hit("engine-copy")
-            engine.copy(parent.seq_id, seq_id)  # physical: per-sequence KV streams
+            engine.cells.copy(parent.seq_id, seq_id)  # physical: per-sequence KV streams
             child = Session(
                 id=new_session_id(),
                 tenant=parent.tenant,
@@ -137,7 +137,7 @@ class Lifecycle:
                 pending_prefix=list(parent.pending_prefix),
             )
         except BaseException:
-            engine.release_seq(seq_id)
+            engine.cells.release_seq(seq_id)
             raise
         child.retained = parent.retained.copy()
         child.last_logits = None if parent.last_logits is None else parent.last_logits.copy()
@@ -146,7 +146,7 @@ class Lifecycle:
             self.recall.forked(parent, child)
         except BaseException:
             self.recall.dropped(child.id, None)
-            engine.release_seq(seq_id)
+            engine.cells.release_seq(seq_id)
             raise
         self._admit(engine, child)
         if self.durability is not None and child.seq.state.n_seen:
@@ -176,7 +176,7 @@ class Lifecycle:
             if self.recall.dropped(session.id, session.reset_count):
                 self.recall.purge()
         self.scheduler.cancel_session_jobs(session, Cancelled("the session was reset"))
-        engine.clear(session.seq_id)  # verified: pos max is -1
+        engine.cells.clear(session.seq_id)  # verified: pos max is -1
         session.clear_history()
         session.pending_prefix = list(session.system_tokens)
         session.failure = ""
@@ -201,6 +201,6 @@ class Lifecycle:
         session.transition(SessionState.CLOSED)
         self.registry.remove(session.id)
         if engine is not None and session.seq_id >= 0:
-            engine.release_seq(session.seq_id)
+            engine.cells.release_seq(session.seq_id)
         self.metrics.active_sessions.set(len(self.registry))
         self.metrics.forget_session(session.id)

@@ -58,7 +58,7 @@ class SessionReads:
             )
 
         receipt, tokens, logits = self.scheduler.call(read)
-        text = self.access.engine.detokenize(tokens) if tokens else ""
+        text = self.access.engine.vocab.detokenize(tokens) if tokens else ""
         return Inspection(receipt, text, logits)
 
     def trace(self, principal: Principal, handle: Handle) -> list[TraceEvent]:

@@ -49,11 +49,11 @@ def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings)
 def system_tokens(engine: Engine, system_prompt: str) -> list[int]:
     """The system prompt framed by the chat template (when the model has one), after the BOS."""
     if not system_prompt:
-        return engine.tokenize("", add_bos=True)
+        return engine.vocab.tokenize("", add_bos=True)
     text = system_prompt
     if engine.chat_template:
-        text = engine.render_chat([("system", system_prompt)], add_assistant=False)
-    return engine.tokenize(text, add_bos=True)
+        text = engine.vocab.render_chat([("system", system_prompt)], add_assistant=False)
+    return engine.vocab.tokenize(text, add_bos=True)
 
 
 def resolve_policy(

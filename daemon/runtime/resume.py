@@ -31,6 +31,7 @@ from sinkd.daemon.runtime.durable.durability import (
 )
 from sinkd.daemon.runtime.loop import audit
 from sinkd.daemon.runtime.loop.executor import Executor
+from sinkd.daemon.runtime.loop.replay import replay
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import ModelIdentity, Registry, Session, SessionState
 from sinkd.daemon.store import snapshots
@@ -111,7 +112,7 @@ class Resumer:
 
     def _drop(self, engine: Engine, session: Session) -> None:
         if session.seq_id >= 0:
-            engine.release_seq(session.seq_id)
+            engine.cells.release_seq(session.seq_id)
             session.seq_id = -1
         self.registry.remove(session.id)
 
@@ -199,11 +200,12 @@ class Resumer:
             try:
                 refused = dict(
                     (id(s), why)
-                    for s, why in self.executor.replay(
+                    for s, why in replay(
+                        self.executor,
                         [
                             (r.session, list(r.chunks[r.next].tokens), r.chunks[r.next].cache_pos)
                             for r in batch
-                        ]
+                        ],
                     )
                 )
             except SinkdError as e:
@@ -257,16 +259,16 @@ class Resumer:
         if meta.get("sampler_seed") != session.sampling.seed:
             raise Unrestorable("its sampler seed disagrees with the session's")
         try:
-            engine.restore_seq(session.seq_id, snap.kv)
+            engine.cells.restore_seq(session.seq_id, snap.kv)
         except SinkdError as e:
             raise Unrestorable(str(e)) from None
         adopt_snapshot_meta(session, meta)
         session.last_logits = snap.logits
-        if engine.cell_count(session.seq_id) != session.seq.retained:
+        if engine.cells.cell_count(session.seq_id) != session.seq.retained:
             raise Unrestorable("its cells disagree with its policy state")
 
     def _empty(self, engine: Engine, session: Session) -> None:
-        engine.clear(session.seq_id)
+        engine.cells.clear(session.seq_id)
         session.clear_history()
 
     def _stale(self, stored: StoredSession, why: str) -> None:

@@ -58,9 +58,9 @@ class Turns:
         session = self.access.owned(principal, handle)
         engine = self.access.engine
         if tokens is None:
-            tokens = engine.tokenize(text or "", add_bos=False)
+            tokens = engine.vocab.tokenize(text or "", add_bos=False)
         else:
-            engine.check_tokens(tokens)
+            engine.vocab.check_tokens(tokens)
         failpoints.hit("append-tokenized")
         if not tokens and not session.pending_prefix:  # an empty append changes nothing
             return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
@@ -101,13 +101,13 @@ class Turns:
                 f"model {self.entry.name} has no chat template; use append and generate"
             )
         message = request.message
-        turn = engine.render_chat([("user", message)], add_assistant=False)
-        text = engine.render_chat([("user", message)], add_assistant=True)
+        turn = engine.vocab.render_chat([("user", message)], add_assistant=False)
+        text = engine.vocab.render_chat([("user", message)], add_assistant=True)
         prefix = "\n" if session.seq.state.n_seen > len(session.system_tokens) else ""
         if not text.startswith(turn):  # a template that does not end the turn before the header
             turn = text
-        question = engine.tokenize(prefix + turn, add_bos=False)
-        prompt = question + engine.tokenize(text[len(turn) :], add_bos=False)
+        question = engine.vocab.tokenize(prefix + turn, add_bos=False)
+        prompt = question + engine.vocab.tokenize(text[len(turn) :], add_bos=False)
         ask = None
         if session.recall.mode is RecallMode.AUTO and message.strip():
             # after the user's turn, before the assistant's: the small model copies a fact best

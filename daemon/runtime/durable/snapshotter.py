@@ -58,7 +58,7 @@ class Snapshotter:
         assert engine is not None
         t0 = time.monotonic()
         try:
-            size = self.durability.snapshot(session, engine.save_seq(session.seq_id))
+            size = self.durability.snapshot(session, engine.cells.save_seq(session.seq_id))
         except (SinkdError, JournalError, sqlite3.Error, OSError) as e:
             log.warning("snapshot of session %s failed, the previous one stays: %s", session.id, e)
             self.metrics.snapshot_failures.inc()

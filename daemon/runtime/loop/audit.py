@@ -27,9 +27,9 @@ def problems(engine: Engine, registry: Registry, session: Session) -> list[str]:
     seq = session.seq
     retained = seq.state.retained(seq.config)
     expected = seq.cache_span()
-    lo, hi = engine.pos_range(session.seq_id)
+    lo, hi = engine.cells.pos_range(session.seq_id)
     found = []
-    cells = engine.cell_count(session.seq_id)
+    cells = engine.cells.cell_count(session.seq_id)
     if cells != retained:
         found.append(f"llama.cpp holds {cells} cells, the policy retains {retained}")
     if (lo, hi) != expected:
@@ -82,7 +82,7 @@ class Auditor:
         engine = self._engine()
         if engine is not None:
             try:
-                engine.clear(session.seq_id)
+                engine.cells.clear(session.seq_id)
             except EngineError:
                 log.exception("could not free the cells of session %s", session.id)
         session.clear_history()

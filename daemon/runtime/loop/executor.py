@@ -19,14 +19,15 @@ from typing import Any
 
 from sinkd.cachepolicy import CacheFull, SubBatch
 from sinkd.daemon import failpoints
-from sinkd.daemon.engine.llama import BatchItem, Engine, by_length
+from sinkd.daemon.engine.decoding import BatchItem, by_length
+from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import Done, TokenEvent
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import Job, JobQueues
-from sinkd.daemon.runtime.loop.placement import swaps_for_one_run
+from sinkd.daemon.runtime.loop.moves import place_in_one_run
 from sinkd.daemon.runtime.loop.stepplan import Slot
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import Session, SessionState
@@ -145,8 +146,8 @@ class Executor:
             self.metrics.itl.observe(now - job.last_emit)
         latency_ms = (now - job.last_emit) * 1000.0
         job.last_emit = now
-        eog = engine.is_eog(token)
-        text = "" if eog else job.assembler.feed(engine.piece(token))
+        eog = engine.vocab.is_eog(token)
+        text = "" if eog else job.assembler.feed(engine.vocab.piece(token))
         if eog:
             job.reason = "eog"
         elif job.assembler.stopped is not None:
@@ -190,26 +191,12 @@ class Executor:
 
     def _place(self, sessions: list[Session]) -> None:
         """Exchange sequences until these sessions (the step's largest group of one sub-batch
-        length, usually its decoding sessions) hold one run of ids (see placement): one pass of
-        llama.cpp rather than one per run. A failed exchange fails the sessions involved."""
-        engine = self.engine
-        for a, b in swaps_for_one_run([s.seq_id for s in sessions], engine.config.n_seq_max):
-            holders = [
-                s
-                for s in self.auditor.registry.all()
-                if s.seq_id in (a, b) and s.state is not SessionState.CLOSED
-            ]
-            try:
-                engine.swap_seqs(a, b)
-            except EngineError as e:
-                for s in holders:
-                    self.auditor.fail_session(
-                        s, f"moving its cells to another sequence failed: {e}"
-                    )
-                continue
-            for s in holders:
-                s.seq_id = b if s.seq_id == a else a
-            self.metrics.sequence_swaps.inc()
+        length, usually its decoding sessions) hold one run of ids: one pass of llama.cpp rather
+        than one per run (see placement). A failed exchange fails the sessions involved."""
+        swaps = place_in_one_run(self.engine, sessions, self.auditor.registry.all())
+        for failed, why in swaps.failed:
+            self.auditor.fail_session(failed, f"moving its cells to another sequence failed: {why}")
+        self.metrics.sequence_swaps.inc(swaps.done)
 
     def _build(self, slots: list[tuple[Job, Slot]]) -> list[_Item]:
         items: list[_Item] = []
@@ -257,7 +244,7 @@ class Executor:
     def apply(self, session: Session, sb: SubBatch) -> None:
         """Apply a sub-batch's evictions to the cache, then to the policy state (EngineError if
         llama.cpp refuses)."""
-        self.engine.apply_ops(session.seq_id, sb)
+        self.engine.cells.apply_ops(session.seq_id, sb)
         session.seq.adopt_ops(sb)
 
     def absorb(self, session: Session, sb: SubBatch, tokens: list[int], row: Any) -> None:
@@ -276,7 +263,7 @@ class Executor:
         session.last_active = time.monotonic()
         if sb.ops:
             failpoints.hit("before-compact")
-            self.engine.compact(session.seq_id)
+            self.engine.cells.compact(session.seq_id)
 
     def _after_decode(self, it: _Item, row: Any) -> None:
         job, session = it.job, it.job.session
@@ -301,38 +288,3 @@ class Executor:
             job.gen is not None and job.final and job.pending is None
         ):
             self.end(job)
-
-    # --- resume ---
-
-    def replay(self, chunks: list[tuple[Session, list[int], int]]) -> list[tuple[Session, str]]:
-        """Decode journalled chunks of different sessions together, each exactly as its live
-        step did: the same plan, the same ops, the same sub-batch, whole (one decode per chunk
-        length, `by_length`: per-sequence streams and whole items make the batch's other members
-        irrelevant to each one's bits). Returns the sessions whose chunk the policy would not place
-        where the journal says, with why."""
-        refused: list[tuple[Session, str]] = []
-        items: list[tuple[Session, list[int], SubBatch]] = []
-        for session, tokens, cache_pos in chunks:
-            sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
-            if sb.n_tokens != len(tokens) or sb.cache_pos != cache_pos:
-                refused.append(
-                    (
-                        session,
-                        f"the policy places it at cache {sb.cache_pos} ({sb.n_tokens} tokens),"
-                        f" the journal says {cache_pos} ({len(tokens)} tokens)",
-                    )
-                )
-                continue
-            try:
-                self.apply(session, sb)
-            except EngineError as e:
-                refused.append((session, str(e)))
-                continue
-            items.append((session, tokens, sb))
-        for group in by_length(items, lambda item: len(item[1])):
-            rows = self.engine.decode_batch(
-                [BatchItem(s.seq_id, t, sb.cache_pos) for s, t, sb in group]
-            )
-            for (session, tokens, sb), row in zip(group, rows, strict=True):
-                self.absorb(session, sb, tokens, row)
-        return refused

@@ -14,7 +14,7 @@ def chat_frame(engine: Engine) -> tuple[str, str]:
     it (and the passage would land after the turn's end, outside the system turn, as a first
     version did)."""
     mark = "@@sinkd-recalled-passage@@"
-    turn = engine.render_chat([("system", RECALL_HEADER + mark)], add_assistant=False)
+    turn = engine.vocab.render_chat([("system", RECALL_HEADER + mark)], add_assistant=False)
     head, found, tail = turn.partition(mark)
     if not found:  # a template that rewrites content: the passage follows a turn of its own
         return (turn, "")

@@ -74,7 +74,9 @@ class Recall:
             return
         spans = session.recalled
         skip = [in_any(logical_start + i, spans) for i in range(len(tokens))]
-        stored = self.store.add_evicted(session.key, logical_start, tokens, skip, engine.piece)
+        stored = self.store.add_evicted(
+            session.key, logical_start, tokens, skip, engine.vocab.piece
+        )
         self.metrics.memory_stored_tokens.inc(stored)
         end = logical_start + len(tokens)
         if spans and spans[0].stream[1] <= end:  # copies the stream has evicted entirely
@@ -97,12 +99,12 @@ class Recall:
         store = self.store
         found = store.search(session.key, ask.query, SEARCH_POOL)
         bodies = {
-            p.id: [t for t in p.tokens if not (ask.strip_control and engine.is_control(t))]
+            p.id: [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
             for p in store.passages(session.key, [c.passage_id for c in found])
         }
         found = [dataclasses.replace(c, n_tokens=len(bodies[c.passage_id])) for c in found]
-        before = engine.tokenize(ask.frame[0], add_bos=False) if ask.frame[0] else []
-        after = engine.tokenize(ask.frame[1], add_bos=False) if ask.frame[1] else []
+        before = engine.vocab.tokenize(ask.frame[0], add_bos=False) if ask.frame[0] else []
+        after = engine.vocab.tokenize(ask.frame[1], add_bos=False) if ask.frame[1] else []
         chosen = select(found, config, len(before) + len(after))
         self.metrics.recall_latency.observe(time.monotonic() - t0)
         report = RecallReport(
@@ -206,7 +208,7 @@ class Recall:
     def resumed(self, engine: Engine, session: Session) -> None:
         """After replay: drop what was committed ahead of the history the journal kept."""
         s = session.seq.state
-        self.store.trim(session.key, max(s.window_start, session.policy.sinks), engine.piece)
+        self.store.trim(session.key, max(s.window_start, session.policy.sinks), engine.vocab.piece)
         # copies still in the window stay recorded (a later eviction must skip them, after the next
         # restart too); only those past the journal's history go
         self._end_copies_at_the_stream(session)

@@ -1,0 +1,305 @@
+"""Decoding: a sequence's tokens through its policy (`feed`), and several sequences' tokens at
+once (`decode_batch`), validated before llama.cpp sees them (it aborts the process on some misuse),
+in pieces of at most `max_rows`, each item length apart (the NOTEs of `llama.py`).
+
+The engine's `decoder` member, engine thread only. Every piece is all or none: a failed
+`llama_decode` removes the cells the earlier pieces of the same call put in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import llama_cpp as llama
+import numpy as np
+
+from sinkd.cachepolicy import CacheSequence
+from sinkd.daemon import failpoints
+from sinkd.daemon.engine.memory import SequenceCells
+from sinkd.daemon.engine.vocab import Vocabulary
+from sinkd.errors import EngineError, InvalidInput
+
+Outputs = Literal["none", "last", "all"]
+T = TypeVar("T")
+
+
+def by_length(items: list[T], length: Callable[[T], int]) -> list[list[T]]:
+    """The items grouped by how many tokens each decodes, shortest first: one `llama_decode` each.
+
+    Within a group llama.cpp keeps every item whole in one ubatch (as many rows from each stream),
+    so each stream computes exactly its own rows, as alone (the NOTE above). The pieces llama.cpp
+    would cut a mixed batch into were as many passes as the groups are, so this costs no pass.
+    """
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(length(item), []).append(item)
+    return [groups[n] for n in sorted(groups)]
+
+
+# llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
+# pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value or 0
+)
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One sequence's tokens in a multi-sequence decode; `logits` asks for the last token's row."""
+
+    seq_id: int
+    tokens: list[int]
+    pos0: int
+    logits: bool = True
+
+
+class Decoder:
+    def __init__(
+        self,
+        ctx: Any,
+        mem: Any,
+        vocab: Vocabulary,
+        n_seq_max: int,
+        n_ctx_seq: int,
+        max_rows: int,
+        before_decode: Callable[[], None],
+    ) -> None:
+        self._ctx = ctx
+        self._mem = mem
+        self.vocab = vocab
+        self.n_vocab = vocab.n_vocab
+        self.n_seq_max = n_seq_max
+        self.n_ctx_seq = n_ctx_seq
+        self.n_batch = int(llama.llama_n_batch(ctx))
+        self.max_rows = max_rows  # of a sequence, per llama_decode
+        self.before_decode = before_decode
+        self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
+        self.cells: SequenceCells | None = None  # set once the cells are measured (they decode)
+
+    def close(self) -> None:
+        llama.llama_batch_free(self._batch)
+
+    def feed(
+        self,
+        seq_id: int,
+        seq: CacheSequence,
+        tokens: list[int],
+        outputs: Outputs = "last",
+        pos_offset: int = 0,
+    ) -> np.ndarray | None:
+        """Append `tokens` to the sequence under its policy; return logits as `outputs` asks.
+
+        "last": the next-token logits after the final token (n_vocab,); "all": one row per token
+        (n_tokens, n_vocab), row i predicting token i+1. Nothing reaches llama.cpp unless the whole
+        append is valid, and the policy's state is advanced op by op, so it always names what the
+        cache holds, even if llama.cpp fails half way. `pos_offset` translates every position
+        (relative positions, hence the exact-arithmetic result, are unchanged): it calibrates how far
+        numerical noise alone moves the logits, the floor for comparing shifted and unshifted caches.
+        """
+        self.vocab.check_tokens(tokens)
+        seq.config.check_context(
+            self.n_ctx_seq
+        )  # a budget above the stream: llama.cpp finds no slot
+        plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
+        # "all": one array for every row, filled in place (no copy per piece, no concatenation:
+        # a 128-token chunk's rows are 24 MiB, and copies of that size move the resident memory)
+        rows = np.empty((len(tokens), self.n_vocab), np.float32) if outputs == "all" else None
+        last: np.ndarray | None = None
+        for i, sb in enumerate(plan.sub_batches):
+            self._cells().apply_ops(seq_id, sb, pos_offset)
+            seq.adopt_ops(sb)
+            is_last = i == len(plan.sub_batches) - 1
+            want: Outputs = "none"
+            if outputs == "all" or (outputs == "last" and is_last):
+                want = outputs
+            chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
+            into = None if rows is None else rows[sb.offset : sb.offset + sb.n_tokens]
+            got = self._decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want, into)
+            seq.adopt_tokens(sb)
+            if want == "last":
+                last = got
+        return rows if rows is not None else last
+
+    def _decode_chunk(
+        self,
+        seq_id: int,
+        tokens: list[int],
+        pos0: int,
+        outputs: Outputs,
+        into: np.ndarray | None = None,
+    ) -> np.ndarray | None:
+        """One sequence's tokens in pieces of at most `max_rows` (the NOTE above), each one
+        llama_decode. "last": returns a copy of the last token's logits; "all": writes a row per
+        token into `into`. A failed piece removes the earlier pieces' cells: the chunk is in the
+        cache whole or not at all."""
+        last: np.ndarray | None = None
+        for at in range(0, len(tokens), self.max_rows):
+            piece = tokens[at : at + self.max_rows]
+            final = at + len(piece) == len(tokens)
+            try:
+                if at:
+                    failpoints.hit("decode-piece")
+                self._decode_one(
+                    seq_id, piece, pos0 + at, outputs if outputs == "all" or final else "none"
+                )
+            except EngineError:
+                self._drop_pieces(seq_id, pos0, at)
+                raise
+            if outputs == "all" and into is not None:
+                into[at : at + len(piece)] = self._logits_rows_view(len(piece))
+            elif outputs == "last" and final:
+                last = self.logits(len(piece) - 1)
+        return last
+
+    def _drop_pieces(self, seq_id: int, pos0: int, n: int) -> None:
+        """A later piece failed: remove the `n` tokens the earlier ones put in from `pos0`, so the
+        cache again holds what the policy says (a whole sub-batch or none of it)."""
+        if n and not llama.llama_memory_seq_rm(self._mem, seq_id, pos0, pos0 + n):
+            raise EngineError(f"llama_memory_seq_rm({seq_id}, {pos0}, {pos0 + n}) refused")
+
+    def _decode_one(self, seq_id: int, tokens: list[int], pos0: int, outputs: Outputs) -> None:
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise InvalidInput(f"batch of {n} tokens is outside 1..n_batch ({self.n_batch})")
+        b = self._batch
+        b.n_tokens = n
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = outputs == "all" or (outputs == "last" and i == n - 1)
+        self.before_decode()
+        rc = llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
+
+    def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
+        """Several sequences' tokens (continuous batching); validated first, then one llama_decode
+        per item length (`by_length`, the NOTE above), in pieces of at most `max_rows`.
+
+        Returns, per item, a copy of its last token's logits (or None where not asked). All or
+        nothing, as one llama_decode: a failed decode removes the cells the earlier ones put in.
+        It runs once per token on the engine thread, right after a decode has swept the caches:
+        plain loops, one pass (bench/README.md, "overhead.py").
+        """
+        n_seq_max = self.n_seq_max
+        total = 0
+        seen: set[int] = set()
+        for item in items:
+            q, tokens = item.seq_id, item.tokens
+            if q in seen or not 0 <= q < n_seq_max:
+                seqs = [it.seq_id for it in items]
+                raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
+            seen.add(q)
+            if not tokens:
+                raise InvalidInput(f"empty batch item for sequence {q}")
+            self.vocab.check_tokens(tokens)
+            total += len(tokens)
+        if not 0 < total <= self.n_batch:
+            raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
+        if len({len(item.tokens) for item in items}) == 1:
+            return self._decode_same_length(items, first=True)
+        out: list[np.ndarray | None] = [None] * len(items)
+        decoded: list[BatchItem] = []
+        for group in by_length(list(range(len(items))), lambda k: len(items[k].tokens)):
+            same = [items[k] for k in group]
+            try:
+                rows = self._decode_same_length(same, first=not decoded)
+            except EngineError:
+                for item in decoded:
+                    self._drop_pieces(item.seq_id, item.pos0, len(item.tokens))
+                raise
+            decoded += same
+            for k, row in zip(group, rows, strict=True):
+                out[k] = row
+        return out
+
+    def _decode_same_length(self, items: list[BatchItem], first: bool) -> list[np.ndarray | None]:
+        """Items of one length, in pieces of at most `max_rows` (flash attention's 63), each one
+        llama_decode; a failed piece removes the earlier pieces' cells. `first`: no decode of this
+        call came before (the failpoint marks every later one)."""
+        n, r = len(items[0].tokens), self.max_rows
+        if n <= r:
+            if not first:
+                failpoints.hit("decode-piece")
+            return self._decode_items(items)
+        rows: list[np.ndarray | None] = [None] * len(items)
+        for at in range(0, n, r):
+            final = at + r >= n
+            piece = [
+                BatchItem(it.seq_id, it.tokens[at : at + r], it.pos0 + at, it.logits and final)
+                for it in items
+            ]
+            try:
+                if at or not first:
+                    failpoints.hit("decode-piece")
+                rows = self._decode_items(piece)
+            except EngineError:
+                for it in items:
+                    self._drop_pieces(it.seq_id, it.pos0, at)
+                raise
+        return rows
+
+    def _decode_items(self, items: list[BatchItem]) -> list[np.ndarray | None]:
+        """One llama_decode of validated items: a copy of each asked row."""
+        b = self._batch
+        i = 0
+        out_index: list[int | None] = [None] * len(items)
+        # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
+        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
+            item = items[k]
+            q, pos0, last = item.seq_id, item.pos0, len(item.tokens) - 1
+            for j, tok in enumerate(item.tokens):
+                b.token[i] = tok
+                b.pos[i] = pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = q
+                b.logits[i] = item.logits and j == last
+                i += 1
+            if item.logits:
+                out_index[k] = i - 1
+        b.n_tokens = i
+        self.before_decode()
+        rc = llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            seqs = [it.seq_id for it in items]
+            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
+        # the output rows are in batch order: one copy of them all, each item's row a view of it
+        n_out = len(items) - out_index.count(None)
+        if n_out == 0:
+            return [None] * len(items)
+        rows = self._logits_rows_view(n_out).copy()
+        row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
+        return [None if idx is None else rows[row_of[idx]] for idx in out_index]
+
+    def _logits_rows_view(self, n_out: int) -> np.ndarray:
+        """The last decode's `n_out` output rows, as a view of llama.cpp's buffer (valid until the
+        next decode). Views are kept per row count while the buffer stays where it is."""
+        address = _logits_address(self._ctx)
+        if not address:
+            raise EngineError("llama.cpp returned no logits")
+        at, views = self._logits_views
+        if at != address:
+            views = {}
+            self._logits_views = (address, views)
+        view = views.get(n_out)
+        if view is None:
+            buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(address)
+            view = views[n_out] = np.ctypeslib.as_array(buf).reshape(n_out, self.n_vocab)
+        return view
+
+    def logits(self, index: int) -> np.ndarray:
+        ptr = llama.llama_get_logits_ith(self._ctx, index)
+        if not ptr:
+            raise EngineError(f"no logits at batch index {index}")
+        row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return row
+
+    def _cells(self) -> SequenceCells:
+        assert self.cells is not None, "the engine sets its cells before feeding"
+        return self.cells
