@@ -20,7 +20,13 @@ from typing import Any
 
 from common import percentile, start_service, table, write
 
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    GenerateRequest,
+    PolicyRequest,
+    SamplingRequest,
+    TokenEvent,
+)
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT
@@ -50,7 +56,7 @@ PROMPTS = [
     "Give me advice for my first job interview.",
     "Tell me about the history of bread.",
 ]
-OLD = {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+OLD = SamplingRequest(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0)
 
 
 def loops(tokens: list[int], n: int = 8, times: int = 3) -> bool:
@@ -58,16 +64,17 @@ def loops(tokens: list[int], n: int = 8, times: int = 3) -> bool:
     return any(c >= times for c in grams.values())
 
 
-def replies(svc: SinkdService, sampling: dict[str, Any] | None, max_tokens: int) -> list[list[int]]:
+def replies(
+    svc: SinkdService, sampling: SamplingRequest | None, max_tokens: int
+) -> list[list[int]]:
     """One fresh chat session per prompt, all at once (batched); the reply's token ids."""
     out: list[list[int]] = [[] for _ in PROMPTS]
 
     def one(i: int) -> None:
-        s = svc.create(ME, PolicyRequest("sink", window=1020), sampling)
-        h = (s.id, s.generation)
-        for kind, ev in svc.chat(ME, h, PROMPTS[i], max_tokens, [], None):
-            if kind == "token":
-                out[i].append(ev["id"])
+        h = svc.create(ME, PolicyRequest("sink", window=1020), sampling).handle
+        for ev in svc.chat(ME, h, ChatRequest(PROMPTS[i], max_tokens)):
+            if isinstance(ev, TokenEvent):
+                out[i].append(ev.id)
         svc.close(ME, h)
 
     run_parallel([functools.partial(one, i) for i in range(len(PROMPTS))], 8)
@@ -84,14 +91,13 @@ def itl_by_window(tmp: Path, shapes: list[tuple[int, int]], tokens: int) -> list
         svc = start_service(tmp / f"w{w}-{n_ctx_seq}", n_ctx_seq=n_ctx_seq, max_sessions=4)
         try:
             text = svc.engine.vocab.tokenize(SAMPLE_TEXT * 40, add_bos=False)
-            s = svc.create(ME, PolicyRequest("sink", window=w), None)
-            h = (s.id, s.generation)
+            h = svc.create(ME, PolicyRequest("sink", window=w), None).handle
             for i in range(0, cells, 1024):
                 svc.append(ME, h, None, text[i : min(i + 1024, cells)])  # the window full
             lat = [
-                ev["latency_ms"]
-                for kind, ev in svc.generate(ME, h, tokens, [], None)
-                if kind == "token" and ev["index"] > 0
+                ev.latency_ms
+                for ev in svc.generate(ME, h, GenerateRequest(tokens))
+                if isinstance(ev, TokenEvent) and ev.index > 0
             ]
             rows.append(
                 {

@@ -30,7 +30,7 @@ from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.decoding import BatchItem
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.api import GenerateRequest, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT
@@ -84,26 +84,23 @@ def daemon(tmp: Path) -> SinkdService:
 
 
 def append_rate(svc: SinkdService, tokens: list[int], ingest: int) -> dict[str, Any]:
-    s = svc.create(ME, PolicyRequest("sink", ingest_chunk=ingest), None)
-    h = (s.id, s.generation)
+    h = svc.create(ME, PolicyRequest("sink", ingest_chunk=ingest), None).handle
     svc.append(ME, h, None, tokens[:256])  # the budget is full from here on
     t0 = time.perf_counter()
-    _, receipt = svc.append(ME, h, None, tokens[256 : 256 + N_APPEND])
+    receipt = svc.append(ME, h, None, tokens[256 : 256 + N_APPEND]).receipt
     seconds = time.perf_counter() - t0
     svc.close(ME, h)
     return {"ingest_chunk": ingest, "tokens": N_APPEND, "tokens_per_s": N_APPEND / seconds,
-            "evictions": receipt["evictions"], "shifts": receipt["shifts"]}  # fmt: skip
+            "evictions": receipt.evictions, "shifts": receipt.shifts}  # fmt: skip
 
 
 def decoding_beside(svc: SinkdService, tokens: list[int], ingest: int | None) -> dict[str, Any]:
     """A session generating 24 tokens alone, or while another appends N_APPEND tokens."""
-    s = svc.create(ME, PolicyRequest("sink"), None)
-    h = (s.id, s.generation)
+    h = svc.create(ME, PolicyRequest("sink"), None).handle
     svc.append(ME, h, None, tokens[:40])
     other = None
     if ingest is not None:
-        o = svc.create(ME, PolicyRequest("sink", ingest_chunk=ingest), None)
-        other = (o.id, o.generation)
+        other = svc.create(ME, PolicyRequest("sink", ingest_chunk=ingest), None).handle
         svc.append(ME, other, None, tokens[:256])
         started = threading.Event()
         bg = threading.Thread(
@@ -117,12 +114,12 @@ def decoding_beside(svc: SinkdService, tokens: list[int], ingest: int | None) ->
         time.sleep(1.0)  # the append is under way (its length dwarfs this wait)
     t0 = time.perf_counter()
     ttft, lat = 0.0, []
-    for kind, p in svc.generate(ME, h, 24, [], None):
-        if kind == "token":
-            if p["index"] == 0:
+    for p in svc.generate(ME, h, GenerateRequest(24)):
+        if isinstance(p, TokenEvent):
+            if p.index == 0:
                 ttft = 1000 * (time.perf_counter() - t0)
             else:
-                lat.append(p["latency_ms"])
+                lat.append(p.latency_ms)
     if other is not None:
         bg.join()
         svc.close(ME, other)

@@ -15,7 +15,7 @@ from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.daemon.runtime.admission import admitted_sessions
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
-from sinkd.evaluation.textstream import rss_bytes
+from sinkd.daemon.metrics import rss_bytes
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from sinkd.daemon.engine.llama import EngineConfig, cells_per_stream, flash_atte
 from sinkd.daemon.models.registry import load_lock, model_path
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.rpc.server import Daemon
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.api import GenerateRequest, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -111,11 +111,10 @@ def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
 def service_run(svc: Any, prompt: list[int], tokens: int) -> float:
     """The same session through the daemon's service in process: its scheduler, no gRPC."""
     me = Principal("local")
-    session = svc.create(me, PolicyRequest("sink", sinks=4, window=252), None)
-    h = (session.id, session.generation)
+    h = svc.create(me, PolicyRequest("sink", sinks=4, window=252), None).handle
     svc.append(me, h, None, prompt)
-    stamps = [time.perf_counter() for kind, _ in svc.generate(me, h, tokens + 1, [], None)
-              if kind == "token"]  # fmt: skip
+    stamps = [time.perf_counter() for e in svc.generate(me, h, GenerateRequest(tokens + 1))
+              if isinstance(e, TokenEvent)]  # fmt: skip
     svc.close(me, h)
     return tokens / (stamps[-1] - stamps[0])
 

@@ -249,8 +249,7 @@ class Sinkd:
              "--state-dir", str(self.tmp / "state"), "--durable" if durable else "--no-durable"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
-        from sinkd.cli.backend import daemon_answers
-        from sinkd.daemon.rpc.client import Client
+        from sinkd.daemon.rpc.client import Client, daemon_answers
 
         self.client = Client(f"unix:{sock}")
         deadline = time.monotonic() + 120

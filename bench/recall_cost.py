@@ -107,7 +107,13 @@ def service(tmp: Path, **kw: Any) -> Any:
 def decode_speed(tmp: Path) -> dict[str, Any]:
     """Decode tok/s, one session at a time, recall idle (memory kept, nothing recalled) vs off,
     alternating rounds in one process; the window is full, so every 16 tokens evict."""
-    from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
+    from sinkd.daemon.runtime.api import (
+        GenerateRequest,
+        PolicyRequest,
+        RecallRequest,
+        SamplingRequest,
+        TokenEvent,
+    )
     from sinkd.daemon.runtime.sessions import Principal
 
     p = Principal("local")
@@ -119,14 +125,11 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
         for _ in range(3):
             for mode in ("off", "manual"):
                 s = svc.create(p, PolicyRequest("sink"), None, recall=RecallRequest(mode=mode))
-                h = (s.id, s.generation)
+                h = s.handle
                 svc.append(p, h, text, None)
                 t0 = time.perf_counter()
-                got = sum(
-                    1
-                    for kind, _ in svc.generate(p, h, n, [], {"temperature": 0.8, "seed": 7})
-                    if kind == "token"
-                )
+                sampled = GenerateRequest(n, sampling=SamplingRequest(temperature=0.8, seed=7))
+                got = sum(1 for e in svc.generate(p, h, sampled) if isinstance(e, TokenEvent))
                 speeds[mode].append(got / (time.perf_counter() - t0))
                 svc.close(p, h)
     finally:
@@ -143,7 +146,14 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
 
 def chat_ttft(tmp: Path) -> dict[str, Any]:
     """Time to first token of chat turns, recall auto vs off, the same script in both."""
-    from sinkd.daemon.runtime.requests import PolicyRequest, RecallRequest
+    from sinkd.daemon.runtime.api import (
+        ChatRequest,
+        Done,
+        PolicyRequest,
+        RecallRequest,
+        SamplingRequest,
+        TokenEvent,
+    )
     from sinkd.daemon.runtime.sessions import Principal
 
     p = Principal("local")
@@ -160,26 +170,24 @@ def chat_ttft(tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         for mode in ("off", "auto"):
-            s = svc.create(p, PolicyRequest("sink"), None, recall=RecallRequest(mode=mode))
-            h = (s.id, s.generation)
+            h = svc.create(p, PolicyRequest("sink"), None, recall=RecallRequest(mode=mode)).handle
             ttft, recalled = [], []
             for i, msg in enumerate(turns):
                 if i:
                     svc.append(p, h, filler[i * 400 : i * 400 + 400], None)
                 t0 = time.perf_counter()
                 first = None
-                done: dict[str, Any] = {}
-                for kind, e in svc.chat(p, h, msg, 16, [], {"temperature": 0.0}):
-                    if kind == "token" and first is None:
+                done: Done | None = None
+                turn = ChatRequest(msg, 16, sampling=SamplingRequest(temperature=0.0))
+                for e in svc.chat(p, h, turn):
+                    if isinstance(e, TokenEvent) and first is None:
                         first = time.perf_counter() - t0
-                    if kind == "done":
+                    if isinstance(e, Done):
                         done = e
                 if i:  # the first turn has nothing evicted yet
                     ttft.append(first or 0.0)
-                    rec = (done.get("recall") or {}).get("recalled") or []
-                    recalled.append(
-                        sum(r["stream_logical"][1] - r["stream_logical"][0] for r in rec)
-                    )
+                    rec = done.recall.recalled if done is not None and done.recall else ()
+                    recalled.append(sum(r.stream[1] - r.stream[0] for r in rec))
             out[mode] = {
                 "ttft_ms": [1000 * t for t in ttft],
                 "mean_ttft_ms": 1000 * statistics.mean(ttft),

@@ -17,7 +17,7 @@ from typing import Any
 
 from common import start_service, table, write
 
-from sinkd.daemon.runtime.requests import PolicyRequest
+from sinkd.daemon.runtime.api import PolicyRequest
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT
 
@@ -29,8 +29,8 @@ def ingest(tmp: Path, sequences: int, cells: int, evict: int, n: int = 2048) -> 
     svc = start_service(tmp, n_ctx_seq=cells, max_sessions=sequences)
     try:
         tokens = svc.engine.vocab.tokenize(SAMPLE_TEXT * 60, add_bos=False)[:n]
-        s = svc.create(ME, PolicyRequest("sink", sinks=4, window=252, evict_chunk=evict), None)
-        h = (s.id, s.generation)
+        policy = PolicyRequest("sink", sinks=4, window=252, evict_chunk=evict)
+        h = svc.create(ME, policy, None).handle
         t0 = time.perf_counter()
         for i in range(0, n, 1024):
             svc.append(ME, h, None, tokens[i : i + 1024])
