@@ -13,9 +13,9 @@ from common import table, write
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
+from sinkd.daemon.metrics import rss_bytes
 from sinkd.daemon.runtime.admission import admitted_sessions
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
-from sinkd.daemon.metrics import rss_bytes
 
 
 def main() -> None:
