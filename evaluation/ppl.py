@@ -130,8 +130,8 @@ def score_recall(
                     p.id: p
                     for p in store.passages(SessionKey("eval", 0), [c.passage_id for c in chosen])
                 }
-                head = engine.vocab.tokenize(frame[0], add_bos=False) if frame[0] else []
-                tail = engine.vocab.tokenize(frame[1], add_bos=False) if frame[1] else []
+                head = engine.vocab.tokenize_framed(frame[0], []) if frame[0] else []
+                tail = engine.vocab.tokenize_framed(frame[1], []) if frame[1] else []
                 plan = plan_recall(policy, seq.state, chosen, len(head), len(tail), 0.0)
                 spans += plan.spans
                 body = [t for c in chosen for t in [*head, *by_id[c.passage_id].tokens, *tail]]

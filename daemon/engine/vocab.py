@@ -21,6 +21,12 @@ from sinkd.daemon import failpoints
 from sinkd.errors import EngineError, InvalidInput, ShuttingDown, Unsupported
 
 
+def content_mark(i: int) -> str:
+    """Stands in for message i's content when a template is rendered (printable: llama.cpp takes
+    the content as a C string); the rendering is cut there (`tokenize_framed`)."""
+    return f"@@sinkd-content-{i}@@"
+
+
 class Vocabulary:
     """The loaded model's vocabulary (`llama_model_get_vocab`); `chat_template` is the engine's
     choice (the file's own, or a built-in one the model's entry names)."""
@@ -78,25 +84,41 @@ class Vocabulary:
             if not 0 <= tok < n_vocab:
                 raise InvalidInput(f"token id {tok} is outside the vocabulary (0..{n_vocab - 1})")
 
-    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
-        """Tokenize with special tokens parsed; BOS only when asked and the model adds one."""
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Tokenize as text: a control token's spelling in `text` ("<|im_start|>") stays text.
+        `special` parses such spellings as control tokens: for the chat template's own framing
+        alone (`tokenize_framed`), never for what a client, a log or a document says.
+        BOS only when asked and the model adds one."""
         with self._text_use():
             failpoints.hit("tokenize")
-            return self._tokenize(text, add_bos)
+            return self._tokenize(text, add_bos, special)
 
-    def _tokenize(self, text: str, add_bos: bool) -> list[int]:
+    def tokenize_framed(self, framed: str, contents: list[str], add_bos: bool = False) -> list[int]:
+        """A template's rendering with `content_mark(i)` where content i goes: the framing with
+        its control tokens, each content as text (it cannot open a turn of its own)."""
+        out: list[int] = []
+        rest = framed
+        for i, content in enumerate(contents):
+            head, found, rest = rest.partition(content_mark(i))
+            if not found:
+                raise Unsupported(
+                    "this model's chat template rewrites message content; send token ids instead"
+                )
+            out += self.tokenize(head, add_bos=add_bos and not out, special=True)
+            out += self.tokenize(content)
+        out += self.tokenize(rest, add_bos=add_bos and not out, special=True)
+        return out
+
+    def _tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
         data = text.encode("utf-8", errors="replace")
         cap = len(data) + 8
         buf = (llama.llama_token * cap)()
-        n = llama.llama_tokenize(
-            self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
-        )
+        bos = add_bos and self.adds_bos
+        n = llama.llama_tokenize(self._vocab, data, len(data), buf, cap, bos, special)
         if n < 0:
             cap = -n
             buf = (llama.llama_token * cap)()
-            n = llama.llama_tokenize(
-                self._vocab, data, len(data), buf, cap, add_bos and self.adds_bos, True
-            )
+            n = llama.llama_tokenize(self._vocab, data, len(data), buf, cap, bos, special)
         if n < 0:
             raise EngineError("tokenization failed")
         return list(buf[:n])

@@ -14,6 +14,7 @@ from sinkd.cachepolicy.recall import RecallConfig, RecallMode, check_recallable
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import SamplingParams
+from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.models.registry import ModelEntry
 from sinkd.daemon.runtime.api import PolicyRequest, RecallRequest, SamplingRequest
 from sinkd.daemon.validation import validated
@@ -50,10 +51,10 @@ def system_tokens(engine: Engine, system_prompt: str) -> list[int]:
     """The system prompt framed by the chat template (when the model has one), after the BOS."""
     if not system_prompt:
         return engine.vocab.tokenize("", add_bos=True)
-    text = system_prompt
-    if engine.chat_template:
-        text = engine.vocab.render_chat([("system", system_prompt)], add_assistant=False)
-    return engine.vocab.tokenize(text, add_bos=True)
+    if not engine.chat_template:
+        return engine.vocab.tokenize(system_prompt, add_bos=True)
+    framed = engine.vocab.render_chat([("system", content_mark(0))], add_assistant=False)
+    return engine.vocab.tokenize_framed(framed, [system_prompt], add_bos=True)
 
 
 def resolve_policy(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from sinkd.cachepolicy.recall import RecallMode
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.models.registry import ModelEntry
 from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
@@ -101,13 +102,15 @@ class Turns:
                 f"model {self.entry.name} has no chat template; use append and generate"
             )
         message = request.message
-        turn = engine.vocab.render_chat([("user", message)], add_assistant=False)
-        text = engine.vocab.render_chat([("user", message)], add_assistant=True)
+        mark = content_mark(0)  # the message goes in as text, the template's framing around it
+        turn = engine.vocab.render_chat([("user", mark)], add_assistant=False)
+        text = engine.vocab.render_chat([("user", mark)], add_assistant=True)
         prefix = "\n" if session.seq.state.n_seen > len(session.system_tokens) else ""
         if not text.startswith(turn):  # a template that does not end the turn before the header
             turn = text
-        question = engine.vocab.tokenize(prefix + turn, add_bos=False)
-        prompt = question + engine.vocab.tokenize(text[len(turn) :], add_bos=False)
+        question = engine.vocab.tokenize_framed(prefix + turn, [message])
+        rest = text[len(turn) :]
+        prompt = question + (engine.vocab.tokenize_framed(rest, []) if rest else [])
         ask = None
         if session.recall.mode is RecallMode.AUTO and message.strip():
             # after the user's turn, before the assistant's: the small model copies a fact best

@@ -39,7 +39,9 @@ class RecallAsk:
     query: str
     config: RecallConfig
     frame: tuple[str, str] = ("", "\n")
-    strip_control: bool = False  # leave out turn markers (the chat frame is a turn itself)
+    # a passage goes back without the turn markers it held: a recalled copy is text, and only the
+    # frame (the template's own) carries control tokens
+    strip_control: bool = True
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
 
 
@@ -103,8 +105,9 @@ class Recall:
             for p in store.passages(session.key, [c.passage_id for c in found])
         }
         found = [dataclasses.replace(c, n_tokens=len(bodies[c.passage_id])) for c in found]
-        before = engine.vocab.tokenize(ask.frame[0], add_bos=False) if ask.frame[0] else []
-        after = engine.vocab.tokenize(ask.frame[1], add_bos=False) if ask.frame[1] else []
+        frame = engine.vocab.tokenize_framed  # the template's framing, around no content
+        before = frame(ask.frame[0], []) if ask.frame[0] else []
+        after = frame(ask.frame[1], []) if ask.frame[1] else []
         chosen = select(found, config, len(before) + len(after))
         self.metrics.recall_latency.observe(time.monotonic() - t0)
         report = RecallReport(
