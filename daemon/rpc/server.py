@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import stat
 import threading
 from concurrent import futures
@@ -40,6 +41,19 @@ class _Undecodable:
 
     def __init__(self, why: str) -> None:
         self.why = why
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket now (a stale one refuses)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _register(server: grpc.Server, service: str, servicer: object) -> None:
@@ -126,6 +140,7 @@ class Daemon:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         self.addresses: list[str] = []
+        self._socket_inode: int | None = None
         self._stopped = threading.Event()
 
     def _on_engine_death(self, error: BaseException) -> None:
@@ -147,6 +162,8 @@ class Daemon:
         if path.exists() or path.is_symlink():
             if not stat.S_ISSOCK(path.lstat().st_mode):
                 raise ListenError(f"{path} exists and is not a socket; refusing to replace it")
+            if _answers(path):  # a live daemon's: never removed (it would run on, unreachable)
+                raise ListenError(f"a daemon already listens on {path}; stop it first")
             path.unlink()  # a stale socket from a killed daemon must not block the restart
         old = os.umask(0o177)
         try:
@@ -156,10 +173,30 @@ class Daemon:
         if not port:
             raise ListenError(f"could not listen on unix:{path}")
         os.chmod(path, 0o600)
+        self._socket_inode = path.lstat().st_ino  # ours: the only socket `stop` may remove
         return f"unix:{path}"
 
+    def _remove_own_socket(self) -> None:
+        path = self.settings.socket
+        try:
+            if self._socket_inode is not None and path.lstat().st_ino == self._socket_inode:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        self._socket_inode = None
+
     def start(self) -> None:
-        """Bind, start serving, then load the model in the engine thread (health flips when done)."""
+        """Bind, start serving, then load the model in the engine thread (health flips when done).
+        A listener that cannot be had leaves nothing behind (the socket it made is removed)."""
+        try:
+            self._listen()
+        except BaseException:
+            self._remove_own_socket()
+            raise
+        self.server.start()
+        self.service.start()
+
+    def _listen(self) -> None:
         s = self.settings
         self.addresses.append(self._bind_unix(s.socket))
         if s.tcp:
@@ -169,15 +206,16 @@ class Daemon:
                 )
                 port = self.server.add_secure_port(s.tcp, creds)
             else:
-                port = self.server.add_insecure_port(s.tcp)
+                try:
+                    port = self.server.add_insecure_port(s.tcp)
+                except RuntimeError:  # grpc raises where it cannot bind at all
+                    port = 0
             if not port:
                 raise ListenError(f"could not listen on {s.tcp}")
             host = s.tcp.rsplit(":", 1)[0]
             self.addresses.append(f"{host}:{port}")
         if s.metrics_port:
             self.metrics.serve(s.metrics_port)
-        self.server.start()
-        self.service.start()
 
     def wait_ready(self, timeout: float | None = None) -> None:
         self.service.wait_ready(timeout)
@@ -193,8 +231,7 @@ class Daemon:
         event = self.server.stop(grace)
         self.service.stop(snapshot=snapshot)
         event.wait(grace + 1)
-        if self.settings.socket.exists():
-            self.settings.socket.unlink()
+        self._remove_own_socket()  # only the one it made: another daemon's stays
 
     def trap_signals(self) -> None:
         """From now on SIGTERM and SIGINT ask for a graceful stop. Call it before `start`: a signal
