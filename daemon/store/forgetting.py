@@ -40,7 +40,8 @@ class Forgetting:
     def drop(self, session_id: str, keep_reset_count: int | None = None) -> int:
         """Delete the session's passages, marks and recalls of every generation but
         `keep_reset_count` (None: all); returns passages deleted."""
-        where, args = "session=?", list[object]([session_id])
+        where = "session=?"
+        args: list[object] = [session_id]
         if keep_reset_count is not None:
             where += " AND reset_count<>?"
             args.append(keep_reset_count)
