@@ -212,15 +212,18 @@ def test_call_limits_refuse_past_each_bound_and_release() -> None:
         ):
             pass
         with (
-            pytest.raises(ResourceExhausted, match="max_calls_per_session"),
-            limits.admit("b", "s1"),
-        ):
-            pass
-        with (
             limits.admit("b", "s3"),
             pytest.raises(ResourceExhausted, match="busy"),
             limits.admit("c"),
         ):
+            pass
+    with limits.admit("a", "s1"):
+        with (
+            pytest.raises(ResourceExhausted, match="max_calls_per_session"),
+            limits.admit("a", "s1"),
+        ):
+            pass
+        with limits.admit("b", "s1"):  # another tenant naming a's busy session: no "busy" oracle
             pass
     assert limits.in_flight() == 0
     with limits.admit("a", "s1"):
@@ -333,3 +336,15 @@ def test_an_fsync_interval_lets_the_commits_meanwhile_share_one_fsync() -> None:
     finally:
         wake.set()
         syncer.close()
+
+
+def test_a_chat_turns_recall_searches_the_end_of_the_message_within_the_query_bound() -> None:
+    """Chat's whole message was the query, unbounded: a pasted document costs a search per word."""
+    from sinkd.daemon.runtime.recall.layer import MAX_QUERY_BYTES, chat_query, check_query
+
+    pasted = "é" + "lorem ipsum dolor " * 100_000 + "What was the vault code?"
+    query = chat_query(pasted)
+    assert len(query.encode()) <= MAX_QUERY_BYTES and query.endswith("What was the vault code?")
+    check_query(query)  # what an explicit Recall may ask, no more
+    assert chat_query("short question") == "short question"
+    assert chat_query("é" * 3000).startswith("é")  # never half a character

@@ -25,10 +25,13 @@ class CallLimits:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._tenants: Counter[str] = Counter()
-        self._sessions: Counter[str] = Counter()
+        # by (tenant, session id): another tenant's calls naming your session count for them alone,
+        # so a refusal tells nothing of the session's activity (admission precedes ownership)
+        self._sessions: Counter[tuple[str, str]] = Counter()
 
     @contextlib.contextmanager
     def admit(self, tenant: str, session_id: str = "") -> Iterator[None]:
+        key = (tenant, session_id)
         with self._lock:
             if self._in_flight >= self.total:
                 raise ResourceExhausted(
@@ -38,14 +41,14 @@ class CallLimits:
                 raise ResourceExhausted(
                     f"this tenant has {self.per_tenant} calls in flight (max_calls_per_tenant)"
                 )
-            if session_id and self._sessions[session_id] >= self.per_session:
+            if session_id and self._sessions[key] >= self.per_session:
                 raise ResourceExhausted(
                     f"this session has {self.per_session} calls in flight (max_calls_per_session)"
                 )
             self._in_flight += 1
             self._tenants[tenant] += 1
             if session_id:
-                self._sessions[session_id] += 1
+                self._sessions[key] += 1
         try:
             yield
         finally:
@@ -55,9 +58,9 @@ class CallLimits:
                 if not self._tenants[tenant]:
                     del self._tenants[tenant]
                 if session_id:
-                    self._sessions[session_id] -= 1
-                    if not self._sessions[session_id]:
-                        del self._sessions[session_id]
+                    self._sessions[key] -= 1
+                    if not self._sessions[key]:
+                        del self._sessions[key]
 
     def in_flight(self) -> int:
         with self._lock:

@@ -1,0 +1,117 @@
+"""Calls that need no tenant (health, reflection) cannot take the workers from those that do."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.errors import ListenError
+from sinkd.proto.v1 import sinkd_pb2 as pb
+from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.conftest import ALICE
+from tests.test_daemon import settings
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(settings(tmp_path_factory.mktemp("tenantless"), durable=False, tcp="127.0.0.1:0"))
+    d.start()
+    d.wait_ready(120)
+    yield d
+    d.stop()
+
+
+def _held_reflection(channel: grpc.Channel, md: Any, release: threading.Event) -> Any:
+    """A reflection stream that asks once, then stays open until `release`."""
+
+    def requests() -> Iterator[reflection_pb2.ServerReflectionRequest]:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+        release.wait(60)
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    return stub.ServerReflectionInfo(requests(), metadata=md)
+
+
+def _settled(call: Any) -> str:
+    """Its first answer ('open': the stream holds a worker now) or its status code's name."""
+    try:
+        next(call)
+        return "open"
+    except grpc.RpcError as e:
+        return str(e.code().name)
+
+
+def test_64_tenantless_streams_leave_health_and_tenants_answering(tcp_daemon: Daemon) -> None:
+    address = tcp_daemon.addresses[1]
+    release = threading.Event()
+    channels = [grpc.insecure_channel(address) for _ in range(8)]
+    calls = []
+    try:
+        for i in range(64):
+            channel = channels[i % len(channels)]
+            if i % 2:
+                watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+                calls.append(watch)
+            else:  # with a tenant's token: reflection answers it, and it is bounded all the same
+                calls.append(_held_reflection(channel, ALICE, release))
+        outcomes = [_settled(c) for c in calls]
+        assert outcomes.count("open") == tcp_daemon.settings.max_tenantless_streams
+        assert set(outcomes) == {"open", "RESOURCE_EXHAUSTED"}
+
+        fresh = grpc.insecure_channel(address)
+        t0 = time.monotonic()
+        health = health_pb2_grpc.HealthStub(fresh).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        listed = pb_grpc.SessionsStub(fresh).List(
+            pb.ListSessionsRequest(), metadata=ALICE, timeout=5
+        )
+        elapsed = time.monotonic() - t0
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert listed is not None and elapsed < 1.0
+        fresh.close()
+    finally:
+        release.set()
+        for c in calls:
+            c.cancel()
+        for ch in channels:
+            ch.close()
+    deadline = time.monotonic() + 10  # cancelled streams give their workers back
+    while tcp_daemon.tenantless.count() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tcp_daemon.tenantless.count() == 0
+
+
+def test_reflection_needs_a_token_where_tokens_exist(tcp_daemon: Daemon) -> None:
+    channel = grpc.insecure_channel(tcp_daemon.addresses[1])
+    release = threading.Event()
+    release.set()
+    try:
+        assert _settled(_held_reflection(channel, (), release)) == "UNAUTHENTICATED"
+        assert _settled(_held_reflection(channel, ALICE, release)) == "open"
+    finally:
+        channel.close()
+
+
+@pytest.mark.unit
+def test_a_second_daemon_cannot_share_a_tcp_port(tmp_path: Path) -> None:
+    """gRPC sets SO_REUSEPORT by default: two daemons would split one port's connections."""
+    first = Daemon(settings(tmp_path / "a", durable=False, tcp="127.0.0.1:0"))
+    try:
+        first._listen()
+        port = first.addresses[1].rsplit(":", 1)[1]
+        second = Daemon(settings(tmp_path / "b", durable=False, tcp=f"127.0.0.1:{port}"))
+        with pytest.raises(ListenError, match="could not listen"):
+            second.start()
+    finally:
+        first.server.stop(0)
+        first._remove_own_socket()
