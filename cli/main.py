@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from sinkd.cli import chat, evaluate, models, narrate, serve, sessions, stream
+from sinkd.cli import chat, evaluate, models, narrate, options, serve, sessions, stream
+from sinkd.daemon.rpc.client import TlsFiles
 
 app = typer.Typer(
     help="sinkd: a small local LLM over an unbounded stream at constant memory (attention sinks on"
@@ -12,6 +16,29 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _file(help: str, env: str) -> object:
+    return typer.Option(help=help, envvar=env, exists=True, dir_okay=False)
+
+
+@app.callback()
+def main(
+    tls_ca: Annotated[
+        Path | None,
+        _file("CA certificate of a TLS daemon (--connect host:port).", "SINKD_TLS_CA"),
+    ] = None,
+    client_cert: Annotated[
+        Path | None,
+        _file("This client's certificate, for a daemon that asks for one.", "SINKD_CLIENT_CERT"),
+    ] = None,
+    client_key: Annotated[Path | None, _file("Its private key.", "SINKD_CLIENT_KEY")] = None,
+) -> None:
+    """Options for every command that talks to a daemon."""
+    given = tls_ca or client_cert or client_key
+    options.tls = TlsFiles(tls_ca, client_cert, client_key) if given else None
+
+
 app.command()(stream.receipt)
 app.command()(stream.stream)
 app.command()(serve.serve)

@@ -12,7 +12,7 @@ from rich.text import Text
 from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cli.backend import Backend, EmbeddedBackend
 from sinkd.cli.console import console
-from sinkd.daemon.rpc.client import Client, daemon_answers, default_address
+from sinkd.daemon.rpc.client import Client, TlsFiles, daemon_answers, default_address
 from sinkd.daemon.runtime.api import PolicyRequest
 
 err = console(stderr=True)
@@ -60,9 +60,12 @@ TokenOpt = Annotated[
 ]
 
 
+tls: TlsFiles | None = None  # `sinkd --tls-ca ...`, set before the command runs
+
+
 def connect(address: str | None, token: str | None, wait_s: float = 3.0) -> Client:
     """A client of the daemon at `address` (DaemonUnavailable if none answers within wait_s)."""
-    return Client(address, token, wait_s=wait_s)
+    return Client(address, token, wait_s=wait_s, tls=tls)
 
 
 def offline_policy(

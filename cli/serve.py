@@ -30,6 +30,14 @@ def serve(
     tcp: Annotated[
         str | None, typer.Option("--tcp", help="Also listen on host:port (needs tenants).")
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="Certificate for the TCP listener (PEM).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Its private key.")] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option("--tls-client-ca", help="Ask TCP clients for a certificate this CA signed."),
+    ] = None,
     model: ModelOpt = None,
     max_sessions: Annotated[
         int | None, typer.Option("--max-sessions", help="Sequences in the context.")
@@ -69,7 +77,8 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         settings = load_settings(
-            config, socket=socket, tcp=tcp, model=model, max_sessions=max_sessions,
+            config, socket=socket, tcp=tcp, tls_cert=tls_cert, tls_key=tls_key,
+            tls_client_ca=tls_client_ca, model=model, max_sessions=max_sessions,
             n_ctx_seq=n_ctx_seq, n_threads=threads, n_gpu_layers=gpu_layers, metrics_port=metrics_port,
             allow_unchecked=allow_unchecked or None, state_dir=state_dir, durable=durable,
         )  # fmt: skip

@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     tcp: str | None = None  # host:port; loopback only unless tls is set
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # set: TCP clients must show a certificate it signed
     tenants: list[Tenant] = Field(default_factory=list)
     admin_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     n_ctx_seq: int = Field(default=1024, ge=1, le=131072)  # a chat's window of 1,020 fits
@@ -102,6 +103,17 @@ class Settings(BaseSettings):
     max_calls_per_tenant: int = Field(default=8, ge=1)  # engine calls in flight per tenant
     max_calls_per_session: int = Field(default=2, ge=1)  # in flight on one session
     call_timeout_s: float = Field(default=600.0, gt=0)  # a call without a deadline waits this long
+    # health Watch and reflection streams need no tenant and hold a worker while open: at most
+    # this many at once, within the reserve (so Health.Check and tenants' calls always answer)
+    max_tenantless_streams: int = Field(default=2, ge=0)
+    # reflection: "token" answers callers with a valid token (anyone on a daemon without tenants,
+    # which has only its owner's socket); "open": anyone who reaches a listener; "off": none
+    reflection: Literal["token", "open", "off"] = "token"
+    # connections: the daemon pings an idle peer every this many seconds and drops one that does not
+    # answer within 20 s; a connection with no call for max_connection_idle_s is closed
+    keepalive_s: float = Field(default=60.0, ge=1)
+    max_connection_idle_s: float = Field(default=600.0, ge=1)
+    max_streams_per_connection: int = Field(default=64, ge=1)
     # recall: evicted text is stored per session and brought back (see cachepolicy/recall.py);
     # the mode applies to the sink policy, the controls default to off
     recall_mode: Literal["off", "manual", "auto"] = "auto"
@@ -123,6 +135,10 @@ class Settings(BaseSettings):
     snapshot_every_tokens: int = Field(default=256, ge=1)
     snapshot_every_s: float = Field(default=300.0, gt=0)
     snapshots_kept: int = Field(default=2, ge=2, le=16)
+    # what a forget, reset or close deleted leaves the full-text index and the write-ahead log at
+    # once, or this long after the previous purge (a merge of the whole shared index: a tenant
+    # forgetting in a loop must not stall every session's steps); 0: always at once
+    purge_interval_s: float = Field(default=2.0, ge=0, le=60)
 
     @classmethod
     def settings_customise_sources(
@@ -134,6 +150,8 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = os.environ.get("SINKD_CONFIG")
+        if toml and not Path(toml).is_file():  # a typo would run on defaults, sessions "gone"
+            raise InvalidInput(f"config file {toml} does not exist (SINKD_CONFIG, --config)")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if toml:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml)))
@@ -163,14 +181,33 @@ class Settings(BaseSettings):
                 )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError(
+                "tls_client_ca needs tls_cert and tls_key (client certificates are TLS)"
+            )
         if self.rpc_reserved_workers >= self.rpc_workers:
             raise ValueError(
                 f"rpc_reserved_workers ({self.rpc_reserved_workers}) must be below rpc_workers"
                 f" ({self.rpc_workers})"
             )
+        if (
+            self.max_tenantless_streams >= self.rpc_reserved_workers
+            and "max_tenantless_streams" not in self.model_fields_set
+        ):
+            self.max_tenantless_streams = self.rpc_reserved_workers - 1  # the default yields
+        if self.max_tenantless_streams >= self.rpc_reserved_workers:
+            raise ValueError(
+                f"max_tenantless_streams ({self.max_tenantless_streams}) must be below"
+                f" rpc_reserved_workers ({self.rpc_reserved_workers})"
+            )
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenants: names must be unique")
+        hashes = [t.token_sha256 for t in self.tenants]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("tenants: two tenants share a token (one would act as the other)")
+        if self.admin_token_sha256 in hashes:
+            raise ValueError("admin_token_sha256 is also a tenant's token: give the admin its own")
         return self
 
 

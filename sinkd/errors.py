@@ -38,6 +38,7 @@ __all__ = [
     "StaleGeneration",
     "Unauthenticated",
     "Unsupported",
+    "UntrustedPath",
     "by_name",
     "echo",
     "message_of",
@@ -168,6 +169,13 @@ class ListenError(SinkdError):
 
     status = "UNAVAILABLE"
     exit_code = 10
+
+
+class UntrustedPath(SinkdError):
+    """A directory or socket someone else could change or own: sinkd will not use it."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 13
 
 
 # --- models and the engine ---

@@ -30,6 +30,7 @@ from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.certs import self_signed
 from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
 
 pytestmark = pytest.mark.model
@@ -501,20 +502,12 @@ def test_no_text_in_logs_metrics_or_admin_replies(
 
 
 def test_tcp_tls_metrics_and_reflection(tmp_path: Path) -> None:
-    import shutil
     import socket
     import urllib.request
 
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed(tmp_path)
 
     def free_port() -> int:
         with socket.socket() as s:
@@ -546,10 +539,13 @@ def test_tcp_tls_metrics_and_reflection(tmp_path: Path) -> None:
             .decode()
         )
         assert "sinkd_prefill_tokens_total" in scrape and "sinkd_active_sessions 1.0" in scrape
+        d.service.reads.stats(Principal(None, admin=True))  # what once set a gauge per session
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+        assert h.session_id not in scrape.read().decode()  # anyone on the machine can read it
         refl = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(d.addresses[0]))
         reply = next(
             refl.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=BOB
             )
         )
         names = {s.name for s in reply.list_services_response.service}

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 from sinkd.daemon.config import default_socket
+from sinkd.daemon.private import private_dir
+from sinkd.errors import UntrustedPath
 
 log = logging.getLogger("sinkd.cores")
 REFRESH_S = 1.0
@@ -65,7 +67,7 @@ class CoreShare:
         if not self.registered and not self._broken:
             try:
                 self._register()
-            except OSError as e:
+            except (OSError, UntrustedPath) as e:
                 self._broken = True
                 log.warning("cannot register in %s (%s): the cores are not shared", self.folder, e)
                 return self._share
@@ -116,7 +118,7 @@ class CoreShare:
         return max(live, 1)
 
     def _register(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.folder)  # another user's folder could feed this engine its share
         name = f"{os.getpid()}-{secrets.token_hex(4)}"
         hidden = self.folder / f".{name}"  # locked before it is visible: never taken for stale
         fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

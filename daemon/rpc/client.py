@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +19,7 @@ import grpc.experimental
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sinkd.cachepolicy.sequence import TraceEvent
+from sinkd.daemon.private import check_socket_owner
 from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
@@ -36,6 +39,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.errors import (
     ERROR_TRAILER,
     DaemonUnavailable,
+    InvalidInput,
     NotFound,
     Refused,
     SinkdError,
@@ -64,6 +68,61 @@ def default_address() -> str:
     return os.environ.get("SINKD_ADDRESS") or f"unix:{default_socket()}"
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """TLS for a TCP address: the CA that signed the daemon's certificate (None: the system's
+    roots), and this client's own certificate and key where the daemon asks for one."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    @classmethod
+    def from_env(cls) -> TlsFiles | None:
+        """$SINKD_TLS_CA, $SINKD_CLIENT_CERT and $SINKD_CLIENT_KEY, or None when none is set
+        (not SINKD_TLS_CERT: that is the daemon's own certificate, a setting of `serve`)."""
+        names = ("SINKD_TLS_CA", "SINKD_CLIENT_CERT", "SINKD_CLIENT_KEY")
+        ca, cert, key = (os.environ.get(n) for n in names)
+        if not (ca or cert or key):
+            return None
+        return cls(*(Path(v) if v else None for v in (ca, cert, key)))
+
+
+def _host(address: str) -> str:
+    return address.removeprefix("dns:").rsplit(":", 1)[0].strip("[]")
+
+
+def open_channel(address: str, tls: TlsFiles | None, sends_token: bool) -> grpc.Channel:
+    """A channel to `address` that never hands a token or text to a stranger: a Unix socket must
+    be this user's (or root's); TCP beyond loopback needs TLS before a token is sent."""
+    if address.startswith("unix:"):
+        check_socket_owner(Path(address.removeprefix("unix:")))
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if tls is None:
+        if sends_token and _host(address) not in LOOPBACK:
+            raise InvalidInput(
+                f"refusing to send a bearer token in clear to {address}: give the daemon's CA"
+                " (--tls-ca, or $SINKD_TLS_CA)"
+            )
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if bool(tls.cert) != bool(tls.key):
+        raise InvalidInput(
+            "a client certificate and its key go together (--client-cert, --client-key)"
+        )
+    try:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=tls.ca.read_bytes() if tls.ca else None,
+            private_key=tls.key.read_bytes() if tls.key else None,
+            certificate_chain=tls.cert.read_bytes() if tls.cert else None,
+        )
+    except OSError as e:
+        raise InvalidInput(f"TLS: {e.filename}: {e.strerror}") from None
+    return grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+
+
 def daemon_answers(address: str, timeout: float = 1.0) -> bool:
     """Whether a daemon serves at `address` now (a missing socket file answers at once)."""
     if address.startswith("unix:") and not os.path.exists(address.removeprefix("unix:")):
@@ -84,13 +143,15 @@ class Client:
         token: str | None = None,
         md: Metadata | None = None,
         wait_s: float | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """`token` (or $SINKD_TOKEN) authenticates every call; `md` replaces the metadata whole.
-        With `wait_s` the channel must be ready within it (DaemonUnavailable otherwise)."""
+        With `wait_s` the channel must be ready within it (DaemonUnavailable otherwise). `tls` (or
+        $SINKD_TLS_*) for a daemon's TLS port; without it no token goes beyond loopback."""
         self.address = address or default_address()
         token = token if token is not None else os.environ.get("SINKD_TOKEN")
         self.md: Metadata = md if md is not None else (bearer(token) if token else [])
-        self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self.channel = open_channel(self.address, tls or TlsFiles.from_env(), bool(self.md))
         if wait_s is not None:
             try:
                 grpc.channel_ready_future(self.channel).result(timeout=wait_s)

@@ -22,7 +22,9 @@ from grpc_reflection.v1alpha import reflection
 
 from sinkd.daemon.config import Settings
 from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.private import private_dir
 from sinkd.daemon.rpc.auth import Authenticator
+from sinkd.daemon.rpc.guard import OpenStreams, TenantlessCalls
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.rpc.servicer import AdminServicer, SessionsServicer
 from sinkd.daemon.runtime.service import SinkdService
@@ -101,6 +103,20 @@ def _register(server: grpc.Server, service: str, servicer: object) -> None:
     )
 
 
+def _channel_options(s: Settings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", s.max_message_bytes),
+        ("grpc.max_send_message_length", s.max_message_bytes),
+        ("grpc.so_reuseport", 0),  # a second daemon on this port fails to bind, never shares it
+        ("grpc.max_concurrent_streams", s.max_streams_per_connection),
+        ("grpc.keepalive_time_ms", int(s.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.max_connection_idle_ms", int(s.max_connection_idle_s * 1000)),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),  # a client pinging faster
+        ("grpc.http2.max_ping_strikes", 2),  # is told to go away
+    ]
+
+
 def _bad_message(request: _Undecodable) -> str:
     return f"the request is not a valid sinkd.v1 message (text fields must be UTF-8): {request.why}"
 
@@ -115,17 +131,20 @@ class Daemon:
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.died = threading.Event()  # the engine thread is gone: stop serving, exit non-zero
         self.service.scheduler.on_death = self._on_engine_death
+        authenticator = Authenticator(settings)
+        self.tenantless = OpenStreams(settings.max_tenantless_streams)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=settings.rpc_workers, thread_name_prefix="sinkd-rpc"
             ),
-            maximum_concurrent_rpcs=settings.rpc_workers,  # past it: RESOURCE_EXHAUSTED, no queue
-            options=[
-                ("grpc.max_receive_message_length", settings.max_message_bytes),
-                ("grpc.max_send_message_length", settings.max_message_bytes),
+            interceptors=[
+                TenantlessCalls(
+                    self.tenantless, None if settings.reflection == "open" else authenticator
+                )
             ],
+            maximum_concurrent_rpcs=settings.rpc_workers,  # past it: RESOURCE_EXHAUSTED, no queue
+            options=_channel_options(settings),
         )
-        authenticator = Authenticator(settings)
         self.limits = CallLimits(
             total=settings.rpc_workers - settings.rpc_reserved_workers,
             per_tenant=settings.max_calls_per_tenant,
@@ -136,9 +155,10 @@ class Daemon:
         )
         _register(self.server, "Admin", AdminServicer(self.service, authenticator, None))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        if settings.reflection != "off":
+            reflection.enable_server_reflection(
+                (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+            )
         self.addresses: list[str] = []
         self._socket_inode: int | None = None
         self._stopped = threading.Event()
@@ -157,8 +177,7 @@ class Daemon:
             self.health.set(name, status)
 
     def _bind_unix(self, path: Path) -> str:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path.parent, 0o700)
+        private_dir(path.parent)  # its folder: this user's alone, or refused
         if path.exists() or path.is_symlink():
             if not stat.S_ISSOCK(path.lstat().st_mode):
                 raise ListenError(f"{path} exists and is not a socket; refusing to replace it")
@@ -186,12 +205,15 @@ class Daemon:
         self._socket_inode = None
 
     def start(self) -> None:
-        """Bind, start serving, then load the model in the engine thread (health flips when done).
-        A listener that cannot be had leaves nothing behind (the socket it made is removed)."""
+        """Lock the state directory, bind, start serving, then load the model in the engine thread
+        (health flips when done). A listener that cannot be had leaves nothing behind (the socket it
+        made is removed, the lock let go)."""
+        self.service.claim()  # the state directory's lock first: a second daemon binds nothing
         try:
             self._listen()
         except BaseException:
             self._remove_own_socket()
+            self.service.unclaim()
             raise
         self.server.start()
         self.service.start()
@@ -201,9 +223,14 @@ class Daemon:
         self.addresses.append(self._bind_unix(s.socket))
         if s.tcp:
             if s.tls_cert and s.tls_key:
-                creds = grpc.ssl_server_credentials(
-                    [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())]
-                )
+                try:
+                    creds = grpc.ssl_server_credentials(
+                        [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
+                        root_certificates=s.tls_client_ca.read_bytes() if s.tls_client_ca else None,
+                        require_client_auth=s.tls_client_ca is not None,
+                    )
+                except OSError as e:
+                    raise ListenError(f"TLS: {e.filename}: {e.strerror}") from None
                 port = self.server.add_secure_port(s.tcp, creds)
             else:
                 try:

@@ -62,6 +62,7 @@ class SinkdService:
                 every_tokens=settings.snapshot_every_tokens,
                 every_s=settings.snapshot_every_s,
                 keep=settings.snapshots_kept,
+                purge_interval_s=settings.purge_interval_s,
                 segmenting=Segmenting(settings.memory_passages),
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
@@ -128,6 +129,16 @@ class SinkdService:
         self.metrics.active_sessions.set(len(self.registry))
 
     # --- the daemon ---
+
+    def claim(self) -> None:
+        """Make sure of the state directory before anything listens (UntrustedPath, or
+        JournalError if another sinkd holds it)."""
+        if self.durability is not None:
+            self.durability.claim()
+
+    def unclaim(self) -> None:
+        if self.durability is not None:
+            self.durability.close()
 
     def start(self) -> None:
         self.scheduler.start()
@@ -211,8 +222,13 @@ class SinkdService:
         return self.receipt(child)
 
     def close(self, principal: Principal, handle: Handle) -> None:
-        """Close a session and delete what is stored of it; a stale session can be closed too."""
-        session = self.access.owned(principal, handle, allow_stale=True)
+        """Close a session and delete what is stored of it; a stale session can be closed too. The
+        admin may close any session at its generation (a removed tenant's, which no one else can
+        reach), and reads none of it."""
+        if principal.admin and principal.tenant is None:
+            session = self.access.visible(principal, handle)
+        else:
+            session = self.access.owned(principal, handle, allow_stale=True)
         self.scheduler.call(lambda e: self.lifecycle.close(session, handle.generation))
 
     # --- turns: one line each, so that an edge needs only the service ---

@@ -116,6 +116,18 @@ def _session_crc(session_id: str, tenant: str, record: str, state: str, reason: 
     return zlib.crc32(f"{session_id}|{tenant}|{state}|{reason}|{record}".encode())
 
 
+def _owner_only(path: Path) -> None:
+    """The database mode 0600 before SQLite opens it: its -wal and -shm take the database's mode,
+    not the umask (journal.db holds every session's token ids and memory text)."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if name.exists():
+                os.chmod(name, 0o600)
+    except OSError as e:
+        raise JournalError(f"{path}: {e.strerror or e}") from e
+
+
 class Journal:
     def __init__(self, path: Path, sync: str = "full") -> None:
         if sync not in ("full", "normal"):
@@ -124,6 +136,7 @@ class Journal:
         self.sync_mode = sync
         self._wal: tuple[int, int] | None = None  # (fd, inode) of the write-ahead log
         self._sync_lock = threading.Lock()  # the engine thread and the syncer both sync
+        _owner_only(path)
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level="DEFERRED")
             self._db.execute("PRAGMA journal_mode=WAL")
