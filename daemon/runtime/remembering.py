@@ -105,6 +105,8 @@ class Remembering:
             raise InvalidInput("forget: name one passage or one logical range")
         if logical is not None and not 0 <= logical[0] < logical[1]:
             raise InvalidInput(f"forget: the range must be start < end, got {list(logical)}")
+        if max([passage_id or 0, *(logical or ())]) >= 2**63:
+            raise InvalidInput("forget: passage ids and positions are below 2**63")
         n = self.scheduler.call(
             lambda e: self._forget(session, handle.generation, passage_id, logical)
         )
@@ -126,12 +128,22 @@ class Remembering:
     ) -> int:
         lifecycle.check_generation(session, generation)
         n = self.recall.forget(session, passage_id, logical)
-        if n:
-            if self.durability is not None:
-                self.durability.purge_after_commit()
-                self.durability.record(lambda: None)
-            else:
-                self.recall.purge()
+        if not n:
+            return n
+        if self.durability is None:
+            self.recall.purge()
+            return n
+        self.durability.record(lambda: None)  # the rows, zeroed (secure_delete)
+        snapshotter = self.scheduler.snapshotter
+        scrubbed = (
+            snapshotter is not None
+            and session.has_history
+            and not session.unlogged  # an append in flight: at the next gap between steps
+            and snapshotter.take(session, scrub=True)
+        )
+        if not scrubbed:
+            self.durability.purge.request()
+            self.durability.commit()
         return n
 
 

@@ -189,6 +189,11 @@ class Session:
     snap_time: float | None = None
     snap_retry_at: float = 0.0  # after a failed snapshot, not again before this (wall clock)
     logged_since_snap: int = 0
+    # forget: the history is to be rewritten without the forgotten tokens (a new snapshot, the
+    # older ones and every chunk dropped) at the next gap between steps; `scrub_after`: again once
+    # the stream has evicted a live recalled copy of a forgotten passage, up to this position
+    scrub_due: bool = False
+    scrub_after: int | None = None
     log_chunks: int = 0
     log_tokens: int = 0
     # recall (engine thread): the settings, the recalled copies in the stream (oldest first, until

@@ -18,24 +18,23 @@ class Forgetting:
         key: SessionKey,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
-    ) -> int:
-        """Delete one passage, or every passage that overlaps a logical range; returns how many.
-        A passage that overlaps the range is deleted whole (its text is not cut)."""
+    ) -> list[tuple[int, int]]:
+        """Delete one passage, or every passage that overlaps a logical range; returns the logical
+        ranges deleted. A passage that overlaps the range is deleted whole (its text is not cut)."""
+        columns = "SELECT id, logical_start, logical_end FROM passages"
         if passage_id is not None:
             rows = self.db.execute(
-                "SELECT id FROM passages WHERE session=? AND reset_count=? AND number=?",
+                f"{columns} WHERE session=? AND reset_count=? AND number=?",
                 (key.session_id, key.reset_count, passage_id),
-            )
+            ).fetchall()
         else:
             assert logical is not None
             rows = self.db.execute(
-                "SELECT id FROM passages WHERE session=? AND reset_count=?"
-                " AND logical_start<? AND logical_end>?",
+                f"{columns} WHERE session=? AND reset_count=? AND logical_start<? AND logical_end>?",
                 (key.session_id, key.reset_count, logical[1], logical[0]),
-            )
-        ids = [int(r[0]) for r in rows]
-        self.table.delete(ids)
-        return len(ids)
+            ).fetchall()
+        self.table.delete([int(r[0]) for r in rows])
+        return [(int(a), int(b)) for _, a, b in rows]
 
     def drop(self, session_id: str, keep_reset_count: int | None = None) -> int:
         """Delete the session's passages, marks and recalls of every generation but

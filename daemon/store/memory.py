@@ -126,7 +126,8 @@ class MemoryStore:
         key: SessionKey,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
-    ) -> int:
+    ) -> list[tuple[int, int]]:
+        """The logical ranges of the passages deleted."""
         return self.forgetting.forget(key, passage_id, logical)
 
     def drop(self, session_id: str, keep_reset_count: int | None = None) -> int:

@@ -24,6 +24,8 @@ from typing import Any
 from sinkd.cachepolicy import PolicyConfig, SeqState
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon import failpoints
+from sinkd.daemon.private import private_dir
+from sinkd.daemon.runtime.durable.purge import Purge
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Chunk, Journal, SnapshotRow, StoredSession
@@ -114,6 +116,33 @@ def adopt_snapshot_meta(session: Session, meta: dict[str, Any]) -> None:
     session.sampler.advance(int(meta["sampler_draws"]))
 
 
+class StateDirLock:
+    """The state directory, checked private (it holds every session's token ids: the owner's
+    alone), and held by one daemon: UntrustedPath, or JournalError when another sinkd holds it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def claim(self) -> None:
+        if self._fd is not None:
+            return
+        private_dir(self.path)
+        private_dir(self.path / "snapshots")
+        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise JournalError(f"{self.path} is in use by another sinkd") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class Durability:
     """The state directory: one lock, one journal, one snapshot folder per session."""
 
@@ -126,6 +155,7 @@ class Durability:
         every_s: float = 300.0,
         keep: int = 2,
         segmenting: Segmenting | None = None,
+        purge_interval_s: float = 0.0,
     ) -> None:
         self.dir = state_dir
         self.segmenting = segmenting
@@ -136,36 +166,30 @@ class Durability:
         self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest
         self.journal: Journal | None = None
         self.memory: MemoryStore | None = None
-        self._purge = False  # deleted text to wipe from the index and the log after the commit
-        self._lock_fd: int | None = None
+        self.purge = Purge(purge_interval_s)  # what deletes leave in the index and the log
+        self.lock = StateDirLock(state_dir)
         self.config: dict[str, Any] = {}
         self._doomed: list[str] = []  # snapshot files to delete once the journal forgets them
 
     # --- lifecycle ---
 
+    def claim(self) -> None:
+        """The directory checked and locked for this daemon (`StateDirLock`)."""
+        self.lock.claim()
+
     def open(self, config: dict[str, Any]) -> None:
         self.config = config
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.dir, 0o700)  # it holds every session's token ids: the owner's alone
-        (self.dir / "snapshots").mkdir(exist_ok=True, mode=0o700)
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise JournalError(f"{self.dir} is in use by another sinkd") from None
-        self._lock_fd = fd
+        self.claim()
         self.journal = Journal(self.dir / "journal.db", self.sync)
         self.memory = MemoryStore(self.journal.db, self.segmenting)
 
     def close(self) -> None:
         if self.journal is not None:
+            self.purge.run_due(self.memory, at_once=True)
             self.journal.close()
             self.journal = None
             self.memory = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self.lock.release()
 
     @property
     def j(self) -> Journal:
@@ -180,15 +204,10 @@ class Durability:
         owes a `sync_journal()` before it acknowledges what was committed (the reply gate does that off
         the engine thread). A commit that deletes files is always synced here first."""
         owed = self.j.commit()
-        if owed and (not defer_sync or self._purge or self._doomed):
+        if owed and (not defer_sync or self.purge.pending or self._doomed):
             self.j.sync()
             owed = False
-        if self._purge and self.memory is not None:
-            self._purge = False
-            try:
-                self.memory.purge()
-            except sqlite3.Error as e:  # committed already; the next purge finishes it
-                log.warning("memory purge deferred: %s", e)
+        self.purge_due()
         doomed, self._doomed = self._doomed, []
         for p in doomed:
             with contextlib.suppress(OSError):
@@ -196,6 +215,10 @@ class Durability:
             with contextlib.suppress(OSError):
                 (self.dir / p).parent.rmdir()  # a closed session's folder, once empty
         return owed
+
+    def purge_due(self) -> None:
+        """After a commit, and between steps: the purge, if one is due (`Purge`)."""
+        self.purge.run_due(self.memory)
 
     def sync_journal(self) -> None:
         """Make every commit so far durable (any thread; JournalError if the fsync fails)."""
@@ -206,7 +229,7 @@ class Durability:
         with contextlib.suppress(sqlite3.Error):
             self.j.rollback()
         self._doomed.clear()
-        self._purge = False
+        self.purge.cancel()
         if self.memory is not None:
             self.memory.invalidate()
 
@@ -256,6 +279,7 @@ class Durability:
         self.put(session, live=True)
         self._delete_files(self.j.forget_generation(session.id, session.reset_count))
         self.forget_memory(session.id, session.reset_count)
+        self.purge.request()  # the old generation's chunks leave the write-ahead log too
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
@@ -266,15 +290,13 @@ class Durability:
     def closed(self, session: Session) -> None:
         self._delete_files(self.j.delete_session(session.id))
         self.forget_memory(session.id, None)
+        self.purge.request()
 
     def forget_memory(self, session_id: str, keep_reset_count: int | None) -> None:
         """Delete the session's stored passages (all but one generation's), wiped after commit."""
         assert self.memory is not None
         if self.memory.drop(session_id, keep_reset_count):
-            self._purge = True
-
-    def purge_after_commit(self) -> None:
-        self._purge = True
+            self.purge.request()
 
     def fresh(self, session: Session) -> None:
         """The session's durable history starts again (after a committed reset or failure)."""
@@ -312,16 +334,22 @@ class Durability:
             return True
         return session.snap_time is not None and now - session.snap_time >= self.every_s
 
-    def snapshot(self, session: Session, kv: bytes) -> int:
+    def snapshot(self, session: Session, kv: bytes, scrub: bool = False) -> int:
         """Write a snapshot of the session as it is now (every decoded chunk logged); prune.
 
+        `scrub` (after a forget): keep this snapshot alone and drop every chunk, so that no file
+        holds the history before it; the write-ahead log is truncated after the commit.
         Returns its size. On failure (disk full, ...) raises SnapshotError and the previous
         snapshots and the journal are untouched.
         """
+        keep = 1 if scrub else self.keep
         n_seen = session.seq.state.n_seen
         rel = f"snapshots/{session.id}/{session.reset_count}-{n_seen}.snap"
         path = self.dir / rel
-        path.parent.mkdir(exist_ok=True, mode=0o700)
+        if not path.parent.is_dir():
+            path.parent.mkdir(mode=0o700)
+            if self.sync == "full":  # the new folder's entry survives a power loss too
+                snapshots.fsync_dir(path.parent.parent)
         data = snapshots.parts(
             snapshots.Snapshot(snapshot_meta(session, self.config), kv, session.last_logits)
         )
@@ -333,12 +361,14 @@ class Durability:
                 SnapshotRow(session.id, session.reset_count, n_seen, rel, sum(map(len, data)), now)
             )
             kept = self.j.snapshots(session.id, session.reset_count)
-            for old in kept[self.keep :]:
+            for old in kept[keep:]:
                 self.j.drop_snapshot(old)
                 self._delete_files([old.path])
-            kept = kept[: self.keep]
-            if len(kept) >= self.keep:
+            kept = kept[:keep]
+            if len(kept) >= keep:
                 self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
+            if scrub:
+                self.purge.request()
             self.commit()
         except sqlite3.Error as e:  # between steps the transaction holds this snapshot alone
             self.rollback()

@@ -1,5 +1,5 @@
 """Snapshots between steps: every `snapshot_every_tokens` journalled tokens or `snapshot_every_s`,
-and for every session at a clean stop. A failed snapshot (disk full, I/O error, a refused read of the
+for every session at a clean stop, and after a forget (a scrub: that snapshot alone is kept). A failed snapshot (disk full, I/O error, a refused read of the
 cells) keeps the previous one, is counted, and is not retried for a while; it never stops the engine.
 """
 
@@ -38,6 +38,10 @@ class Snapshotter:
         overdue one per gap between steps: a snapshot costs milliseconds per 256 cells, and eight
         sessions falling due together would otherwise stall every session's next token by their
         sum (the rest follow, one per step)."""
+        self.durability.purge_due()
+        for session in self.registry.all():  # forgotten tokens leave the files before all else
+            if session.scrub_due and session.has_history and not session.unlogged:
+                self.take(session, scrub=True)
         now = time.time()
         due = [s for s in self.registry.all() if s.has_history and self.durability.due(s, now)]
         if busy and len(due) > 1:
@@ -53,17 +57,20 @@ class Snapshotter:
             elif session.has_history and session.logged_since_snap:
                 self.take(session)
 
-    def take(self, session: Session) -> bool:
+    def take(self, session: Session, scrub: bool = False) -> bool:
         engine = self._engine()
         assert engine is not None
         t0 = time.monotonic()
         try:
-            size = self.durability.snapshot(session, engine.cells.save_seq(session.seq_id))
+            kv = engine.cells.save_seq(session.seq_id)
+            size = self.durability.snapshot(session, kv, scrub=scrub)
         except (SinkdError, JournalError, sqlite3.Error, OSError) as e:
             log.warning("snapshot of session %s failed, the previous one stays: %s", session.id, e)
             self.metrics.snapshot_failures.inc()
             session.snap_retry_at = time.time() + min(self.durability.every_s, SNAPSHOT_RETRY_S)
             return False
+        if scrub:
+            session.scrub_due = False
         self.metrics.snapshots.inc()
         self.metrics.snapshot_bytes.observe(size)
         self.metrics.snapshot_seconds.observe(time.monotonic() - t0)

@@ -45,6 +45,13 @@ class RecallAsk:
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
 
 
+def chat_query(message: str) -> str:
+    """What a chat turn's recall searches for: the end of the message, at most MAX_QUERY_BYTES
+    (a question ends a message; the whole of a pasted document would cost a search per word)."""
+    tail = message.encode("utf-8", errors="replace")[-MAX_QUERY_BYTES:]
+    return tail.decode("utf-8", errors="ignore")
+
+
 def check_query(query: str) -> None:
     if not query.strip():
         raise InvalidInput("recall: the query is empty")
@@ -81,6 +88,8 @@ class Recall:
         )
         self.metrics.memory_stored_tokens.inc(stored)
         end = logical_start + len(tokens)
+        if session.scrub_after is not None and end >= session.scrub_after:
+            session.scrub_due, session.scrub_after = True, None  # a forgotten copy is gone now
         if spans and spans[0].stream[1] <= end:  # copies the stream has evicted entirely
             session.recalled = [s for s in spans if s.stream[1] > end]
             self.store.drop_recalls_before(session.key, end)
@@ -183,10 +192,21 @@ class Recall:
     def forget(
         self, session: Session, passage_id: int | None, logical: tuple[int, int] | None
     ) -> int:
-        n = self.store.forget(session.key, passage_id, logical)
-        self.metrics.memory_forgotten_passages.inc(n)
+        """Delete passages; their tokens are to leave the journal and the snapshots too (the
+        session's scrub), and a live recalled copy of one leaves them again when it is evicted."""
+        ranges = self.store.forget(session.key, passage_id, logical)
+        self.metrics.memory_forgotten_passages.inc(len(ranges))
+        if ranges:
+            session.scrub_due = True
+            live = [
+                s.stream[1]
+                for s in session.recalled
+                if any(s.source[0] < b and a < s.source[1] for a, b in ranges)
+            ]
+            if live:
+                session.scrub_after = max([*live, session.scrub_after or 0])
         self.refresh(session)
-        return n
+        return len(ranges)
 
     def forked(self, parent: Session, child: Session) -> None:
         child.recall = parent.recall

@@ -1,0 +1,152 @@
+"""Forget, reset and close take a passage's tokens out of every file of the state directory, not
+just its words: the journal's chunks, the snapshots (retained window, cells) and recalled copies.
+Each test first checks that the files did hold them, as token ids and as text."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.store.passages import SessionKey
+from sinkd.proto.v1 import sinkd_pb2 as pb
+from tests.conftest import ALICE, TEXT, Client
+from tests.test_daemon import settings
+
+pytestmark = pytest.mark.model
+
+SECRET = "\nThe vault code is marmalade ocelot quasar 7391, said Quentin.\n"
+WORD = "ocelot"
+POLICY = {"sinks": 4, "window": 120, "evict_chunk": 16}
+FILLER = (TEXT + "\n") * 4
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(
+        settings(
+            tmp_path_factory.mktemp("forget"),
+            snapshot_every_tokens=64,  # snapshots taken while the secret is still in the window
+            purge_interval_s=0,
+        )
+    )
+    d.start()
+    d.wait_ready(120)
+    yield d
+    d.stop()
+
+
+def needles(tokens: list[int]) -> list[bytes]:
+    """How token ids sit in the files: int32 runs (journal chunks, passages) and JSON lists
+    (a snapshot's retained window)."""
+    run = tokens[len(tokens) // 2 - 2 : len(tokens) // 2 + 2]
+    assert len(run) == 4
+    return [struct.pack("<4i", *run), json.dumps(run)[1:-1].encode()]
+
+
+def holders(state_dir: Path, tokens: list[int]) -> dict[str, list[str]]:
+    """Which files hold the tokens, by form: {"ids": [...], "text": [...]}."""
+    found: dict[str, list[str]] = {"ids": [], "text": []}
+    for p in sorted(state_dir.rglob("*")):
+        if not p.is_file():
+            continue
+        data = p.read_bytes()
+        name = str(p.relative_to(state_dir))
+        if any(n in data for n in needles(tokens)):
+            found["ids"].append(name)
+        if WORD.encode() in data:
+            found["text"].append(name)
+    return found
+
+
+def secret_tokens(daemon: Daemon) -> list[int]:
+    return daemon.service.engine.vocab.tokenize(SECRET.strip())
+
+
+def test_forget_removes_the_token_ids_from_journal_and_snapshots(
+    daemon: Daemon, client: Client
+) -> None:
+    state = daemon.settings.state_dir
+    h = client.create(**POLICY).handle
+    client.append(h, FILLER[:200] + SECRET)
+    client.append(h, FILLER[200:1600])  # evicts the secret, snapshots on the way
+    tokens = secret_tokens(daemon)
+    before = holders(state, tokens)
+    assert before["ids"] and before["text"], "the test plants the secret where it can be found"
+    found = client.memory(h, search=WORD).passages
+    assert found
+    for p in found:
+        client.forget(h, passage_id=p.passage_id)
+    after = holders(state, tokens)
+    assert after == {"ids": [], "text": []}
+    snaps = list((state / "snapshots" / h.session_id).iterdir())
+    assert len(snaps) == 1  # the scrub's snapshot alone: the older ones held the secret
+    client.append(h, " and the talk goes on.")  # the session lives on from the scrubbed history
+    assert len(client.generate(h, n=4)[0]) == 4
+
+
+def test_a_live_recalled_copy_leaves_the_files_once_the_stream_evicts_it(
+    daemon: Daemon, client: Client
+) -> None:
+    state = daemon.settings.state_dir
+    h = client.create(**POLICY, recall=pb.RecallSettings(mode="manual")).handle
+    client.append(h, FILLER[:200] + SECRET)
+    client.append(h, FILLER[200:1600])
+    report = client.recall(h, f"What is the vault code? {WORD} marmalade").report
+    assert report.recalled, "the secret must come back for this test"
+    for p in client.memory(h, search=WORD).passages:
+        client.forget(h, passage_id=p.passage_id)
+    tokens = secret_tokens(daemon)
+    # still in the window: the model's live context, like any token there (and its snapshot)
+    assert client.inspect(h, text=True).retained_text.count(WORD) == 1
+    client.append(h, FILLER[1600:3000])  # the copy is evicted: the history is scrubbed again
+    assert WORD not in client.inspect(h, text=True).retained_text
+    assert holders(state, tokens) == {"ids": [], "text": []}
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_reset_and_close_remove_the_token_ids(daemon: Daemon, client: Client, how: str) -> None:
+    state = daemon.settings.state_dir
+    h = client.create(**POLICY).handle
+    client.append(h, FILLER[:100] + SECRET + FILLER[100:400])  # in the window, and snapshotted
+    tokens = secret_tokens(daemon)
+    assert holders(state, tokens)["ids"], "the test plants the secret where it can be found"
+    if how == "reset":
+        h = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
+        client.append(h, FILLER[400:600])
+    else:
+        client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+    assert holders(state, tokens) == {"ids": [], "text": []}
+
+
+def test_forgetting_in_a_loop_purges_at_most_once_per_interval(tmp_path: Path) -> None:
+    """Each purge merges the whole shared full-text index on the engine thread: a tenant that
+    forgets in a loop must not buy one per call."""
+    d = Daemon(settings(tmp_path, purge_interval_s=60))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    durability = d.service.durability
+    assert durability is not None and durability.memory is not None
+    purges = []
+    original = durability.memory.purge
+    durability.memory.purge = lambda: (purges.append(1), original())[1]  # type: ignore[method-assign]
+    try:
+        h = client.create(**POLICY).handle
+        client.append(h, FILLER[:2400])
+        passages = client.memory(h, limit=100).passages
+        assert len(passages) >= 6
+        for p in passages[:6]:
+            client.forget(h, passage_id=p.passage_id)
+        assert len(purges) == 1  # the first at once, the rest wait for the interval
+        assert durability.purge.pending
+        key = SessionKey(h.session_id, 0)
+        assert len(durability.memory.passages(key)) == len(passages) - 6  # deleted all the same
+    finally:
+        client.close()
+        d.stop()
+    assert len(purges) == 2  # what was pending is purged at stop
