@@ -11,7 +11,7 @@ from rich.console import Console
 
 from sinkd.cachepolicy import PolicyName
 from sinkd.cli.backend import Backend
-from sinkd.cli.console import console
+from sinkd.cli.console import console, terminal_safe
 from sinkd.cli.errors import handle_errors
 from sinkd.cli.options import (
     CompactOpt,
@@ -115,7 +115,7 @@ class ChatLoop:
         done: Done | None = None
         for event in self.backend.chat(self.handle, ChatRequest(message, self.max_tokens)):
             if isinstance(event, TokenEvent):
-                self.out.write(event.text)
+                self.out.write(terminal_safe(event.text))
                 self.out.flush()
             else:
                 done = event

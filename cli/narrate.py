@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import IO, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from sinkd.cli.backend import Backend
-from sinkd.cli.console import console
+from sinkd.cli.console import console, shown
 from sinkd.cli.errors import handle_errors
 from sinkd.cli.options import (
     ConnectOpt,
@@ -275,6 +276,11 @@ class OnFull(str, enum.Enum):
     BLOCK = "block"
 
 
+def narration_line(ts: str, text: str) -> Text:
+    """A narration as the terminal shows it: the model's words as text, never markup."""
+    return Text.assemble((ts, "dim"), " ", shown(text))
+
+
 @handle_errors
 def narrate(
     embedded: Annotated[
@@ -352,7 +358,7 @@ def narrate(
                 flush=True,
             )
         else:
-            out.print(f"[dim]{ts}[/dim] {text}", highlight=False)
+            out.print(narration_line(ts, text), highlight=False)
 
     queue = LineQueue(cfg.queue_lines, cfg.on_full, counts)
     reader = threading.Thread(

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sinkd.cli.console import console
+from sinkd.cli.console import console, shown
 from sinkd.cli.errors import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
 from sinkd.daemon.rpc.client import Client
@@ -146,17 +146,17 @@ def inspect(
     backend = connect(address, token)
     seen = backend.inspect(_handle(backend, session_id, generation), include_text=text)
     if as_json:
-        shown = {"receipt": to_json(seen.receipt)}
+        body = {"receipt": to_json(seen.receipt)}
         print(
             json.dumps(
-                {**shown, **({"retained_text": seen.retained_text} if text else {})}, indent=2
+                {**body, **({"retained_text": seen.retained_text} if text else {})}, indent=2
             )
         )
         return
     out.print(receipt_table(seen.receipt))
     if text:
         out.rule("retained text (what the model still sees)")
-        out.print(seen.retained_text, markup=False, highlight=False)
+        out.print(shown(seen.retained_text), highlight=False)
 
 
 @app.command("trace")
@@ -204,8 +204,8 @@ def reset(
     backend = connect(address, token)
     receipt = backend.reset(_handle(backend, session_id, generation))
     if as_json:
-        shown = {"session_id": receipt.session_id, "generation": receipt.generation}
-        print(json.dumps({**shown, "receipt": to_json(receipt)}))
+        ids = {"session_id": receipt.session_id, "generation": receipt.generation}
+        print(json.dumps({**ids, "receipt": to_json(receipt)}))
     else:
         out.print(
             f"{session_id}: reset; new generation {receipt.generation[:16]}, {receipt.retained} cells held"
@@ -289,7 +289,7 @@ def memory(
         score = "" if p.score is None else f"{p.score:.2f}"
         table.add_row(
             str(p.passage_id), _span(p.logical), str(p.n_tokens), score,
-            p.text.replace("\n", " ")[:200],
+            shown(p.text.replace("\n", " ")[:200]),
         )  # fmt: skip
     out.print(table)
     if not passages:

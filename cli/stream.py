@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from collections.abc import Iterator
@@ -71,22 +72,33 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def _read_texts(source: str, block_bytes: int = 4096) -> Iterator[str]:
-    """Blocks of text from a file or stdin, split at line ends, invalid UTF-8 replaced."""
+MAX_PENDING_CHARS = 65_536  # a "line" longer than this is streamed on without its end
+
+
+def _read_texts(
+    source: str, block_bytes: int = 4096, max_pending: int = MAX_PENDING_CHARS
+) -> Iterator[str]:
+    """Blocks of text from a file or stdin, split at line ends, invalid UTF-8 replaced. Input
+    without a newline is held up to `max_pending` characters, then passed on: memory stays flat
+    whatever comes down the pipe."""
     stream = sys.stdin.buffer if source == "-" else Path(source).open("rb")  # noqa: SIM115
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character never split
     try:
-        buf = b""
+        pending = ""
         while True:
             data = stream.read(block_bytes)
             if not data:
                 break
-            buf += data
-            cut = buf.rfind(b"\n") + 1
+            pending += decoder.decode(data)
+            cut = pending.rfind("\n") + 1
+            if not cut and len(pending) >= max_pending:
+                cut = len(pending)
             if cut:
-                yield buf[:cut].decode("utf-8", errors="replace")
-                buf = buf[cut:]
-        if buf:
-            yield buf.decode("utf-8", errors="replace")
+                yield pending[:cut]
+                pending = pending[cut:]
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            yield pending
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

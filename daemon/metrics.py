@@ -1,11 +1,11 @@
-"""Prometheus metrics: counts, latencies and ids only, never text or token ids.
+"""Prometheus metrics: aggregate counts and latencies only: no text, no token ids, no session or
+tenant ids (the endpoint answers anyone on the machine: it listens on 127.0.0.1 without a token).
 
 Each daemon has its own registry, so several daemons (tests) can live in one process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import resource
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -125,18 +125,11 @@ class Metrics:
         self.cells_in_use = Gauge(
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r
         )
-        self.session_cells = Gauge(
-            "sinkd_session_cells", "KV cells retained by a session", ["session"], registry=r
-        )
 
     def count(self, name: str) -> int:
         """The current value of one of our counters, by attribute name."""
         value = self.registry.get_sample_value(f"sinkd_{name}_total")
         return int(value or 0)
-
-    def forget_session(self, session_id: str) -> None:
-        with contextlib.suppress(KeyError):
-            self.session_cells.remove(session_id)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

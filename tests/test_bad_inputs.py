@@ -228,6 +228,18 @@ EXPECTED: list[tuple[str, Callable[[Client], Any], grpc.StatusCode, str]] = [
         grpc.StatusCode.INVALID_ARGUMENT,
         "stop",
     ),
+    (
+        "forget a passage id past SQLite's integers",
+        lambda c: c.forget(fresh(c), passage_id=2**63),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "below 2**63",
+    ),
+    (
+        "forget a range past SQLite's integers",
+        lambda c: c.forget(fresh(c), logical=pb.Range(start=0, end=2**64 - 1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "below 2**63",
+    ),
 ]
 
 

@@ -121,6 +121,34 @@ def test_a_truncated_or_foreign_file_is_refused(tmp_path: Path, user_lock: Path)
     assert not user_lock.exists()
 
 
+def _raw_gguf(path: Path, kv: bytes, n_kv: int = 1) -> Path:
+    """A GGUF header written by hand: what no writer makes, a crafted file can hold."""
+    import struct
+
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, n_kv) + kv + b"\0" * 64)
+    return path
+
+
+def _key(name: str) -> bytes:
+    import struct
+
+    return struct.pack("<Q", len(name)) + name.encode()
+
+
+@pytest.mark.unit
+def test_a_crafted_header_is_refused_not_a_traceback(tmp_path: Path, user_lock: Path) -> None:
+    import struct
+
+    zero = _raw_gguf(tmp_path / "zero.gguf", _key("general.alignment") + struct.pack("<II", 4, 0))
+    code, out = add(str(zero))
+    assert code == 2 and "general.alignment 0 is not a power of two" in out, out
+    deep = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0)
+    nested = _raw_gguf(tmp_path / "nested.gguf", _key("x") + deep)  # arrays 5,000 deep
+    code, out = add(str(nested))
+    assert code == 2 and "array of arrays" in out, out
+    assert not user_lock.exists()
+
+
 @pytest.mark.unit
 def test_a_user_entry_round_trips_and_never_takes_a_shipped_name(
     tmp_path: Path, user_lock: Path

@@ -259,3 +259,33 @@ def test_a_thread_count_in_the_environment_is_checked(monkeypatch: pytest.Monkey
         monkeypatch.setenv(THREADS_ENV, bad)
         with pytest.raises(InvalidInput, match=THREADS_ENV):
             threads_given()
+
+
+@pytest.mark.unit
+def test_a_narration_prints_as_text_whatever_the_model_wrote() -> None:
+    """Model output is not markup: `[/x]` made rich raise (and end narrate), `[ERROR]` vanished,
+    and escape sequences reached the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from sinkd.cli.narrate import narration_line
+
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(
+        narration_line("12:00", "[/x] then [ERROR] disk full \x1b[2J done")
+    )
+    assert out.getvalue() == "12:00 [/x] then [ERROR] disk full \\x1b[2J done\n"
+
+
+@pytest.mark.unit
+def test_stream_holds_a_bounded_piece_of_input_without_newlines(tmp_path: Path) -> None:
+    from sinkd.cli.stream import MAX_PENDING_CHARS, _read_texts
+
+    endless = tmp_path / "one-line.txt"
+    text = "é" + "abcdefgh" * 200_000  # 1.6 MB and no newline; a two-byte character first
+    endless.write_text(text + "\nend")
+    pieces = list(_read_texts(str(endless)))
+    assert "".join(pieces) == text + "\nend"
+    assert max(map(len, pieces)) <= MAX_PENDING_CHARS + 4096
+    assert len(pieces) > 20

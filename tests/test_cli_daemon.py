@@ -252,3 +252,24 @@ def test_sessions_memory_and_forget(address: str) -> None:
     assert code == 0 and json.loads(out)["forgotten"] > 0
     client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
     client.close()
+
+
+def test_text_from_the_stream_is_printed_as_text_not_markup_or_escapes(address: str) -> None:
+    """A passage or the retained text holding `[/x]` (rich raises), `[ERROR]` (rich hides it) and an
+    escape sequence (the terminal obeys it) prints as it is, the escape shown, not sent."""
+    from tests.test_recall import LONG, POLICY
+
+    client = Client(address)
+    h = client.create(**POLICY).handle
+    hostile = "\nlog: [/x] closed [ERROR] disk \x1b[2J\x1b]0;owned\x07 gone.\n"
+    client.append(h, LONG[:200] + hostile)
+    client.append(h, LONG[200:1400])  # evicted: in the memory now
+    conn = ["--connect", address, "--token", "alice-token"]
+    code, out, err = sinkd("sessions", "memory", h.session_id, *conn, "--search", "closed disk")
+    assert code == 0, err
+    assert "[/x] closed [ERROR] disk \\x1b[2J\\x1b]0;owned\\x07" in out and "\x1b" not in out
+    client.append(h, hostile)  # and in the window
+    code, out, err = sinkd("sessions", "inspect", h.session_id, *conn, "--text")
+    assert code == 0, err
+    assert "[ERROR] disk \\x1b[2J" in out and "\x1b" not in out
+    client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)

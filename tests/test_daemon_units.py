@@ -13,7 +13,7 @@ from sinkd.daemon.config import Settings
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.runtime.loop.textout import TextAssembler
 from sinkd.daemon.runtime.sessions import ModelIdentity, generation_hash
-from sinkd.errors import Unauthenticated
+from sinkd.errors import InvalidInput, Unauthenticated
 
 pytestmark = pytest.mark.unit
 
@@ -80,6 +80,29 @@ def test_settings_from_toml_and_environment(
     monkeypatch.setenv("SINKD_N_CTX_SEQ", "512")
     s = Settings(socket=tmp_path / "s")
     assert s.max_sessions == 3 and s.n_ctx_seq == 512 and s.tenants[0].name == "t1"
+
+
+def test_a_missing_config_file_is_an_error_not_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SINKD_CONFIG", str(tmp_path / "sinkd.tmol"))  # a typo
+    with pytest.raises(InvalidInput, match="does not exist"):
+        Settings(socket=tmp_path / "s")
+
+
+def test_one_token_cannot_name_two_principals(tmp_path: Path) -> None:
+    same = hashlib.sha256(b"tok").hexdigest()
+    with pytest.raises(ValidationError, match="share a token"):
+        Settings(
+            socket=tmp_path / "s",
+            tenants=[{"name": "a", "token_sha256": same}, {"name": "b", "token_sha256": same}],
+        )
+    with pytest.raises(ValidationError, match="also a tenant's token"):
+        Settings(
+            socket=tmp_path / "s",
+            tenants=[{"name": "a", "token_sha256": same}],
+            admin_token_sha256=same,
+        )
 
 
 def test_authentication(tmp_path: Path) -> None:

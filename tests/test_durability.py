@@ -33,12 +33,14 @@ from sinkd.errors import JournalError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
 from tests.test_daemon import (
+    ADMIN,
     ALICE,
     BOB,
     Client,
     code_of,
     in_one_step,
     settings,
+    sha,
     stop_without_snapshots,
 )
 
@@ -355,6 +357,81 @@ def test_a_damaged_journal_chunk_makes_the_session_stale(run: Run) -> None:
     (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
     assert listed.state == "stale" and "damaged" in listed.stale_reason
     assert code_of(lambda: c.append(h, "more")) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.model
+def test_a_damaged_journal_page_makes_its_session_stale_and_the_others_resume(run: Run) -> None:
+    """SQLite answers "malformed" for one session's rows: that session goes stale, with the reason;
+    the daemon starts and every other session resumes."""
+    import struct
+
+    run.state.mkdir(mode=0o700)
+    small_pages = sqlite3.connect(run.state / "journal.db")  # one session's rows span many pages
+    small_pages.execute("PRAGMA page_size=512")
+    small_pages.execute("VACUUM")
+    small_pages.close()
+    c = run.start(snapshot_every_tokens=10_000)
+    other = c.create(name="window").handle  # controls keep no memory: chunks alone hold tokens
+    c.append(other, "A short session of its own.")
+    h = c.create(name="window").handle
+    appended = c.append_tokens(h, list(range(1000, 1600)))  # one chunk run no other row holds
+    assert appended.appended == 600
+    run.stop_without_snapshots()
+    data = bytearray((run.state / "journal.db").read_bytes())
+    page = int(sqlite3.connect(run.state / "journal.db").execute("PRAGMA page_size").fetchone()[0])
+    needle = struct.pack("<4i", 1500, 1501, 1502, 1503)
+    at = data.find(needle)
+    assert at > 0, "the chunk must be in the database file"
+    start = at - at % page
+    data[start : start + 8] = b"\xff" * 8  # the b-tree page header: not a page SQLite can read
+    (run.state / "journal.db").write_bytes(bytes(data))
+    c = run.start()
+    listed = {r.session_id: r for r in c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions}
+    assert listed[h.session_id].state == "stale"
+    assert "damaged" in listed[h.session_id].stale_reason
+    assert listed[other.session_id].state == "idle" and listed[other.session_id].n_seen > 0
+    assert len(c.generate(other, n=3)[0]) == 3
+
+
+@pytest.mark.model
+def test_the_admin_closes_the_session_of_a_tenant_no_longer_configured(run: Run) -> None:
+    c = run.start()
+    h = c.create().handle
+    c.append(h, "A session whose tenant is about to be removed.")
+    run.stop()
+    bob_only = [{"name": "bob", "token_sha256": sha("bob-token")}]
+    c = run.start(tenants=bob_only)
+    listed = c.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
+    assert [r.session_id for r in listed] == [h.session_id]
+    stale = pb.Handle(session_id=h.session_id, generation="0" * 64)
+    assert code_of(lambda: c.s.Close(pb.HandleRequest(handle=stale), metadata=ADMIN)) == (
+        grpc.StatusCode.FAILED_PRECONDITION  # the admin names the generation it means
+    )
+    c.s.Close(pb.HandleRequest(handle=h), metadata=ADMIN)
+    assert not c.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
+    assert code_of(lambda: c.inspect(h, md=BOB)) == grpc.StatusCode.NOT_FOUND
+    run.stop()
+    c = run.start()  # and it stays closed
+    assert not c.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
+
+
+@pytest.mark.model
+def test_a_new_snapshot_folder_is_made_durable_in_its_parent(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    c = run.start()
+    monkeypatch.setattr(os, "fsync", recording)
+    h = c.create().handle
+    workload(c, h, 0)  # past snapshot_every_tokens: the session's first snapshot, in a new folder
+    assert (run.state / "snapshots" / h.session_id).is_dir()
+    assert str(run.state / "snapshots") in synced
 
 
 @pytest.mark.model

@@ -275,6 +275,37 @@ def test_a_reset_the_journal_refuses_changes_nothing(daemon: Daemon, client: Cli
     assert client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).receipt.reset_count == 1
 
 
+def test_a_close_the_journal_refuses_is_refused_and_the_session_stays(
+    daemon: Daemon, client: Client
+) -> None:
+    """Answered OK, an unrecorded close would bring the session back at the next start."""
+    h = client.create().handle
+    client.append(h, TEXT[:300])
+    before = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+    durability = daemon.service.durability
+    assert durability is not None
+    original = durability.commit
+
+    def refuse() -> None:
+        durability.commit = original  # type: ignore[method-assign]
+        raise sqlite3.OperationalError("disk I/O error")
+
+    durability.commit = refuse  # type: ignore[method-assign]
+    try:
+        req = pb.HandleRequest(handle=h)
+        assert code_of(lambda: client.s.Close(req, metadata=ALICE)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+        )
+    finally:
+        durability.commit = original  # type: ignore[method-assign]
+    after = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+    assert after.receipt == before.receipt
+    assert np.array_equal(np.frombuffer(after.logits, "<f4"), np.frombuffer(before.logits, "<f4"))
+    assert h.session_id in [s.id for s in durability.stored()]
+    client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)  # and a close that is recorded
+    assert h.session_id not in [s.id for s in durability.stored()]
+
+
 def test_a_finished_generation_survives_a_reset_before_its_done(
     daemon: Daemon, client: Client
 ) -> None:

@@ -159,10 +159,17 @@ def test_another_tenant_can_neither_search_nor_recall_nor_forget(client: Client)
                 call(md)
             assert code(e.value) == grpc.StatusCode.NOT_FOUND
     # the admin sees counts and bytes only: no message of the admin API carries passage text
+    owner_view = client.recall(h, "What is the sentinel word?").receipt
+    assert owner_view.last_recall.query_sha256 and owner_view.system_prompt_sha256
     listed = client.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=ADMIN).sessions
     mine = next(r for r in listed if r.session_id == h.session_id)
     assert mine.memory_passages > 0 and mine.memory_bytes > 0
     assert SENTINEL not in str(listed)
+    # nor a hash that confirms a guess of the chat message or the system prompt
+    inspected = client.inspect(h, md=ADMIN).receipt
+    for seen in (mine, inspected):
+        assert seen.last_recall.query_sha256 == "" and seen.system_prompt_sha256 == ""
+        assert seen.last_recall.candidates == owner_view.last_recall.candidates  # counts stay
     assert client.memory(h, search=SENTINEL).passages  # the owner still has it
 
 

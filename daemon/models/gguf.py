@@ -109,13 +109,17 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, nested: bool = False) -> Any:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
+            if nested:  # llama.cpp reads none; a crafted file would nest until Python's stack ends
+                raise InvalidInput(f"{self.path.name}: an array of arrays (GGUF readers take none)")
             item_type, length = self.take("<I"), self.take("<Q")
+            if item_type == _ARRAY:
+                self.value(_ARRAY, nested=True)
             if length <= KEEP_ARRAY:
                 return [self.value(item_type) for _ in range(length)]
             if item_type in _SCALARS:  # skipped whole
@@ -158,6 +162,8 @@ def _parse(c: _Cursor, size: int) -> GGUFHeader:
         n_dims = c.take("<I")
         shape = tuple(c.take("<Q") for _ in range(n_dims))
         tensors.append(TensorInfo(name, shape, c.take("<I"), c.take("<Q")))
-    align = int(metadata.get("general.alignment", 32))
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or align < 1 or align & (align - 1):
+        raise InvalidInput(f"{c.path.name}: general.alignment {align!r} is not a power of two")
     data_start = (c.pos + align - 1) // align * align
     return GGUFHeader(version, metadata, tuple(tensors), data_start, size)

@@ -8,7 +8,7 @@ appears only in the owner's answers, never in the admin's.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import TypeAlias
 
 import numpy as np
@@ -169,6 +169,16 @@ class Receipt:
     @property
     def handle(self) -> Handle:
         return Handle(self.session_id, self.generation)
+
+    def for_admin(self) -> Receipt:
+        """What the admin reads: without the sha256 of the system prompt and of the last recall's
+        query (the user's chat message): an unsalted hash lets whoever holds it confirm a guess."""
+        last = self.last_recall
+        return replace(
+            self,
+            system_prompt_sha256="",
+            last_recall=None if last is None else replace(last, query_sha256=""),
+        )
 
 
 @dataclass(frozen=True)

@@ -186,21 +186,20 @@ class Lifecycle:
         return session
 
     def close(self, session: Session, generation: str | None = None) -> None:
-        """Close and delete what is stored (a stale session too); `generation` None: expiry."""
+        """Close and delete what is stored (a stale session too); `generation` None: expiry.
+
+        The journal takes the close first: if it refuses (ResourceExhausted), the session stays
+        open and unchanged, for a close that is not answered OK would return at the next start."""
         if generation is not None and session.state is not SessionState.STALE:
             check_generation(session, generation)
         engine = self.scheduler.engine
-        self.scheduler.cancel_session_jobs(session, Cancelled("the session was closed"))
         if self.durability is not None:
-            try:
-                self.durability.record(self.durability.closed, session)
-            except ResourceExhausted as e:  # it is closed now; the next start may resume it
-                log.error("session %s closed, but the journal kept it: %s", session.id, e)
+            self.durability.record(self.durability.closed, session)
         elif self.recall.dropped(session.id, None):
             self.recall.purge()
+        self.scheduler.cancel_session_jobs(session, Cancelled("the session was closed"))
         session.transition(SessionState.CLOSED)
         self.registry.remove(session.id)
         if engine is not None and session.seq_id >= 0:
             engine.cells.release_seq(session.seq_id)
         self.metrics.active_sessions.set(len(self.registry))
-        self.metrics.forget_session(session.id)

@@ -59,6 +59,8 @@ class SessionReads:
 
         receipt, tokens, logits = self.scheduler.call(read)
         text = self.access.engine.vocab.detokenize(tokens) if tokens else ""
+        if principal.tenant is None:
+            receipt = receipt.for_admin()
         return Inspection(receipt, text, logits)
 
     def trace(self, principal: Principal, handle: Handle) -> list[TraceEvent]:
@@ -73,7 +75,7 @@ class SessionReads:
 
     def list_all(self, principal: Principal) -> list[Receipt]:
         admin_only(principal, "listing every session")
-        return [self.receipt(s) for s in self.registry.all()]
+        return [self.receipt(s).for_admin() for s in self.registry.all()]
 
     def list_models(self, principal: Principal) -> list[ModelInfo]:
         admin_only(principal, "listing the models")
@@ -97,8 +99,6 @@ class SessionReads:
         sessions = [s for s in everything if s.state is not SessionState.STALE]
         cells = sum(s.seq.retained for s in sessions)
         self.metrics.cells_in_use.set(cells)
-        for s in sessions:
-            self.metrics.session_cells.labels(session=s.id).set(s.seq.retained)
         count = self.metrics.count
         return Stats(
             sessions=len(sessions),

@@ -13,6 +13,7 @@ never loaded with a state it did not have. Engine thread only.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,9 @@ class Resumer:
             except Unrestorable as e:
                 self._drop(engine, session)
                 self._stale(stored, str(e))
+            except sqlite3.DatabaseError as e:  # a damaged page: this session's, not the daemon's
+                self._drop(engine, session)
+                self._stale(stored, f"its journal rows cannot be read (damaged): {e}")
         self._replay(engine, restoring)
         for r in restoring:
             try:
@@ -102,6 +106,10 @@ class Resumer:
             except Unrestorable as e:
                 self._drop(engine, r.session)
                 self._stale(r.stored, str(e))
+                continue
+            except sqlite3.DatabaseError as e:
+                self._drop(engine, r.session)
+                self._stale(r.stored, f"its memory rows cannot be read (damaged): {e}")
                 continue
             self.metrics.resumed_sessions.inc()
             log.info("session %s resumed: %s", r.session.id, r.session.resume)

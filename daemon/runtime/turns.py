@@ -27,7 +27,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.recall.framing import chat_frame
-from sinkd.daemon.runtime.recall.layer import RecallAsk
+from sinkd.daemon.runtime.recall.layer import RecallAsk, chat_query
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Unsupported
 
@@ -116,7 +116,7 @@ class Turns:
             # after the user's turn, before the assistant's: the small model copies a fact best
             # when it comes between the question and the answer (bench/README.md, "recall.py")
             ask = RecallAsk(
-                message,
+                chat_query(message),
                 session.recall,
                 chat_frame(engine),
                 strip_control=True,

@@ -234,14 +234,15 @@ class PassageTable:
             for i, n, a, b, t, x, c, s in rows
         ]
 
-    def ids(self, key: SessionKey) -> list[tuple[int, int, int]]:
-        """(row id, logical start, end) of the session generation's passages, oldest first."""
+    def ids(self, key: SessionKey, limit: int = -1) -> list[tuple[int, int, int]]:
+        """(row id, logical start, end) of the session generation's passages, oldest first (the
+        `limit` oldest; -1: all). The index on (session, reset_count, logical_start) serves it."""
         return [
             (int(i), int(a), int(b))
             for i, a, b in self.db.execute(
                 "SELECT id, logical_start, logical_end FROM passages"
-                " WHERE session=? AND reset_count=? ORDER BY logical_start",
-                (key.session_id, key.reset_count),
+                " WHERE session=? AND reset_count=? ORDER BY logical_start LIMIT ?",
+                (key.session_id, key.reset_count, limit),
             )
         ]
 

@@ -89,14 +89,19 @@ def write_atomic(path: Path, data: bytes | list[bytes], fsync: bool = True) -> N
         failpoints.hit("snapshot-before-rename")
         os.replace(tmp, path)
         if fsync:
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_dir(path.parent)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise SnapshotError(f"writing {path.name}: {e.strerror or e}") from e
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of a directory (a rename, a new file or folder) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read(path: Path) -> Snapshot:

@@ -11,6 +11,8 @@ from sinkd.daemon.store.passages import PassageTable, Segmenting, SessionKey, te
 
 _BOUNDARY = re.compile(r"(\n|[.!?]\s*$|[.!?][\"')\]]\s*$)")
 
+PRUNE_BATCH = 8  # passages read per round of pruning (an eviction prunes about one)
+
 
 class EvictedText:
     def __init__(self, table: PassageTable, segmenting: Segmenting) -> None:
@@ -102,11 +104,13 @@ class EvictedText:
         pruned."""
         _, total, _ = self.table.sizes.of(key)
         pruned = 0
-        if total <= max_tokens:
-            return 0
-        for pid, a, b in self.table.ids(key):
-            if total - pruned <= max_tokens:
+        while total - pruned > max_tokens:  # the oldest few at a time: never every row
+            oldest = self.table.ids(key, limit=PRUNE_BATCH)
+            if not oldest:
                 break
-            self.table.delete([pid])
-            pruned += b - a
+            for pid, a, b in oldest:
+                if total - pruned <= max_tokens:
+                    break
+                self.table.delete([pid])
+                pruned += b - a
         return pruned

@@ -39,11 +39,13 @@ from sinkd.errors import (
     DeadlineExceeded,
     EngineError,
     JournalError,
+    ResourceExhausted,
     ShuttingDown,
     SinkdError,
 )
 
 log = logging.getLogger("sinkd.scheduler")
+EXPIRY_RETRY_S = 60.0  # an expiry the journal refused is tried again after this
 T = TypeVar("T")
 
 
@@ -257,7 +259,11 @@ class Scheduler:
             idle = now - session.last_active
             if idle > self.idle_timeout_s and not self.queues.busy(session.id):
                 log.info("session %s expired after %.0f s idle", session.id, idle)
-                self.on_close(session)
+                try:
+                    self.on_close(session)
+                except ResourceExhausted as e:  # kept open: expiry tries again in a while
+                    session.last_active = now - self.idle_timeout_s + EXPIRY_RETRY_S
+                    log.warning("session %s: expiry could not be journalled: %s", session.id, e)
 
     def _shutdown(self, snapshot: bool = True) -> None:
         """Close the gate, answer everything waiting, free the context. Never raises."""
