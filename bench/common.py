@@ -43,6 +43,7 @@ def daemon_settings(tmp: Path, **kw: Any) -> Any:
         "n_ctx_seq": 256,
         "step_tokens": 64,
         "n_batch": 256,
+        "http": None,
     }
     base.update(kw)
     return Settings(**base)

@@ -30,6 +30,13 @@ def serve(
     tcp: Annotated[
         str | None, typer.Option("--tcp", help="Also listen on host:port (needs tenants).")
     ] = None,
+    http: Annotated[
+        str | None,
+        typer.Option(
+            "--http",
+            help="OpenAI and Ollama APIs on host:port (default 127.0.0.1:7812; off: none).",
+        ),
+    ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option("--tls-cert", help="Certificate for the TCP listener (PEM).")
     ] = None,
@@ -77,7 +84,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         settings = load_settings(
-            config, socket=socket, tcp=tcp, tls_cert=tls_cert, tls_key=tls_key,
+            config, socket=socket, tcp=tcp, http=http, tls_cert=tls_cert, tls_key=tls_key,
             tls_client_ca=tls_client_ca, model=model, max_sessions=max_sessions,
             n_ctx_seq=n_ctx_seq, n_threads=threads, n_gpu_layers=gpu_layers, metrics_port=metrics_port,
             allow_unchecked=allow_unchecked or None, state_dir=state_dir, durable=durable,
@@ -100,6 +107,14 @@ def serve(
         daemon.stop()
         raise
     err.print(f"sinkd serving {entry.name} on {', '.join(daemon.addresses)}", highlight=False)
+    if daemon.http is not None:
+        key = (
+            f"api key: the content of {settings.socket.parent / 'http-token'}"
+            if daemon.http.local_sha256
+            else "api key: a tenant's token"
+        )
+        err.print(f"OpenAI API at {daemon.http.address}/v1, Ollama's at {daemon.http.address} ({key})",
+                  highlight=False)  # fmt: skip
     if settings.durable:
         count = daemon.service.metrics.count
         err.print(

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,6 +20,7 @@ from pydantic_settings import (
 
 from sinkd.errors import InvalidInput
 
+DEFAULT_HTTP = "127.0.0.1:7812"  # not Ollama's 11434: both may run on one machine
 THREADS_ENV = "SINKD_N_THREADS"  # what the daemon's setting `n_threads` reads too
 
 
@@ -68,6 +69,8 @@ class Settings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # set: TCP clients must show a certificate it signed
+    # the HTTP front (OpenAI's and Ollama's APIs): host:port, loopback unless tls is set; None: off
+    http: str | None = DEFAULT_HTTP
     tenants: list[Tenant] = Field(default_factory=list)
     admin_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     n_ctx_seq: int = Field(default=1024, ge=1, le=131072)  # a chat's window of 1,020 fits
@@ -157,6 +160,11 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml)))
         return tuple(sources)
 
+    @field_validator("http", mode="before")
+    @classmethod
+    def _http_off(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("", "off") else value
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.prefill_chunk > self.step_tokens and "prefill_chunk" not in self.model_fields_set:
@@ -178,6 +186,12 @@ class Settings(BaseSettings):
             if host not in ("127.0.0.1", "localhost", "::1"):
                 raise ValueError(
                     f"tcp: {host} is not loopback; set tls_cert and tls_key to listen there"
+                )
+        if self.http and not self.tls_cert:
+            host = self.http.rsplit(":", 1)[0].strip("[]")
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                raise ValueError(
+                    f"http: {host} is not loopback; set tls_cert and tls_key to listen there"
                 )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")

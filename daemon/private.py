@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -70,6 +71,20 @@ def private_dir(path: Path, uid: int | None = None) -> Path:
     if stat.S_IMODE(path.lstat().st_mode) != 0o700:
         os.chmod(path, 0o700)  # ours and writable by no one else: only its readers go
     return path
+
+
+def secret(path: Path, size: int = 32) -> bytes:
+    """A secret of this daemon's: made once (random, mode 0600, never replaced), read after."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        data = secrets.token_urlsafe(size).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return data
 
 
 def check_socket_owner(path: Path, uid: int | None = None) -> None:

@@ -117,8 +117,10 @@ def open_model(model: str | None = None, **config: int | bool | str) -> Engine:
 def _private_state_dir(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A daemon started by a test (in process or not) journals into a temporary state directory."""
+    """A daemon started by a test (in process or not) journals into a temporary state directory,
+    and opens no HTTP front unless the test asks (each would take the default port)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+    monkeypatch.setenv("SINKD_HTTP", "off")
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ def settings(tmp: Path, **kw: Any) -> Settings:
         "n_ctx_seq": 256,
         "step_tokens": 64,
         "n_batch": 256,
+        "http": None,  # each daemon of the suite would take the default port
     }
     base.update(kw)
     return Settings(**base)

@@ -22,8 +22,14 @@ PACKAGES = {
     "cli": "sinkd.cli",
     "proto": "sinkd.proto",
 }
-LEAVES = {"validation", "config", "metrics", "failpoints"}  # sinkd.daemon.<leaf>: anyone may import
-RANK = {"models": 1, "engine": 1, "store": 1, "runtime": 2, "rpc": 3}
+LEAVES = {
+    "validation",
+    "config",
+    "metrics",
+    "failpoints",
+    "private",
+}  # sinkd.daemon.<leaf>: anyone may import
+RANK = {"models": 1, "engine": 1, "store": 1, "runtime": 2, "rpc": 3, "http": 3}
 # inside runtime: the session data at the bottom, the session operations (its root) at the top
 RUNTIME_DATA = {"sessions", "api"}
 RUNTIME_RANK = {"recall": 1, "durable": 1, "loop": 2}
@@ -135,6 +141,7 @@ def test_no_module_takes_the_service_whole() -> None:
     need (a part that took the service back made the one import loop there was)."""
     allowed = (
         "sinkd.daemon.rpc.",
+        "sinkd.daemon.http.",
         "sinkd.cli.",
         "sinkd.evaluation.",
         "sinkd.daemon.runtime.service",
@@ -175,9 +182,15 @@ def test_the_models_package_loads_no_model() -> None:
             assert not bad, (module, bad)
 
 
+def test_only_the_http_front_imports_the_web_stack() -> None:
+    web = ("fastapi", "starlette", "uvicorn")
+    users = {m for m, p in modules() if any(t.split(".")[0] in web for t in imports(p))}
+    assert users and all(m.startswith("sinkd.daemon.http.") for m in users), users
+
+
 def test_the_transport_reaches_the_engine_only_through_the_runtime() -> None:
     for module, path in modules():
-        if module.startswith("sinkd.daemon.rpc"):
+        if module.startswith(("sinkd.daemon.rpc", "sinkd.daemon.http")):
             engine = {t for t in imports(path) if t.startswith("sinkd.daemon.engine")}
             assert not engine, (module, engine)
 

@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sinkd.daemon.config import Settings
+from sinkd.daemon.http.front import HttpFront
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.private import private_dir
 from sinkd.daemon.rpc.auth import Authenticator
@@ -159,6 +160,11 @@ class Daemon:
             reflection.enable_server_reflection(
                 (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
             )
+        self.http = (
+            HttpFront(self.service, settings, authenticator, self.limits) if settings.http else None
+        )
+        if self.http is not None:
+            self.http.on_death = self._on_http_death
         self.addresses: list[str] = []
         self._socket_inode: int | None = None
         self._stopped = threading.Event()
@@ -170,6 +176,14 @@ class Daemon:
         self.died.set()
         if self._signalled is not None:
             self._signalled.set()  # serve_until_signal returns, and `sinkd serve` exits non-zero
+
+    def _on_http_death(self, error: BaseException) -> None:
+        """The HTTP front's thread died: as with the engine's, health says so and the daemon stops."""
+        log.error("the HTTP front died (%s): the daemon stops serving", type(error).__name__)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.died.set()
+        if self._signalled is not None:
+            self._signalled.set()
 
     def _set_health(self, status: int) -> None:
         self.health.set("", status)
@@ -213,6 +227,8 @@ class Daemon:
             self._listen()
         except BaseException:
             self._remove_own_socket()
+            if self.http is not None:
+                self.http.stop(0)
             self.service.unclaim()
             raise
         self.server.start()
@@ -241,12 +257,15 @@ class Daemon:
                 raise ListenError(f"could not listen on {s.tcp}")
             host = s.tcp.rsplit(":", 1)[0]
             self.addresses.append(f"{host}:{port}")
+        if self.http is not None:
+            self.http.start()
+            self.addresses.append(self.http.address)
         if s.metrics_port:
             self.metrics.serve(s.metrics_port)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         self.service.wait_ready(timeout)
-        if self.service.scheduler.alive():
+        if self.service.scheduler.alive() and not self.died.is_set():
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     def stop(self, grace: float = 5.0, snapshot: bool = True) -> None:
@@ -256,6 +275,8 @@ class Daemon:
         self._stopped.set()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         event = self.server.stop(grace)
+        if self.http is not None:
+            self.http.stop(grace)
         self.service.stop(snapshot=snapshot)
         event.wait(grace + 1)
         self._remove_own_socket()  # only the one it made: another daemon's stays

@@ -71,6 +71,28 @@ class Turns:
         done = self.wait(self.scheduler.submit(job), timeout)
         return AppendResult(len(tokens), done.receipt)
 
+    def history(
+        self,
+        principal: Principal,
+        handle: Handle,
+        turns: list[tuple[str, str]],
+        job_hook: JobHook | None = None,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Append earlier chat turns (role, content) as the template frames them, each content as
+        text: what a stateless client's history brings to a new session, through its policy."""
+        engine = self.access.engine
+        if not engine.chat_template:
+            raise Unsupported(f"model {self.entry.name} has no chat template")
+        if not turns:
+            return AppendResult(0, self.access.owned(principal, handle).receipt(
+                engine.kv_bytes_per_token
+            ))  # fmt: skip
+        marks = [(role, content_mark(i)) for i, (role, _) in enumerate(turns)]
+        framed = engine.vocab.render_chat(marks, add_assistant=False)
+        tokens = engine.vocab.tokenize_framed(framed, [content for _, content in turns])
+        return self.append(principal, handle, None, tokens, job_hook, timeout)
+
     def generate(
         self,
         principal: Principal,

@@ -50,6 +50,12 @@ CREATE TABLE IF NOT EXISTS chunks (
     crc INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_session ON chunks (session, reset_count, n);
+CREATE TABLE IF NOT EXISTS conversations (
+    session TEXT PRIMARY KEY,
+    reset_count INTEGER NOT NULL,
+    tenant TEXT NOT NULL,
+    head TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS snapshots (
     session TEXT NOT NULL,
     reset_count INTEGER NOT NULL,
@@ -228,11 +234,16 @@ class Journal:
         """Drop chunks and snapshot rows of every generation but `keep_reset_count` (None: of
         all); returns the snapshot paths to delete."""
         if keep_reset_count is None:
+            self._db.execute("DELETE FROM conversations WHERE session=?", (session_id,))
             rows = self._db.execute("SELECT path FROM snapshots WHERE session=?", (session_id,))
             paths = [r[0] for r in rows]
             self._db.execute("DELETE FROM chunks WHERE session=?", (session_id,))
             self._db.execute("DELETE FROM snapshots WHERE session=?", (session_id,))
             return paths
+        self._db.execute(
+            "DELETE FROM conversations WHERE session=? AND reset_count<>?",
+            (session_id, keep_reset_count),
+        )
         rows = self._db.execute(
             "SELECT path FROM snapshots WHERE session=? AND reset_count<>?",
             (session_id, keep_reset_count),
@@ -251,6 +262,19 @@ class Journal:
         paths = self.forget_generation(session_id, None)
         self._db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
         return paths
+
+    # --- conversations: where a stateless client's history stands (a keyed hash, no text) ---
+
+    def put_head(self, session_id: str, reset_count: int, tenant: str, head: str) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?)",
+            (session_id, reset_count, tenant, head),
+        )
+
+    def heads(self) -> list[tuple[str, int, str, str]]:
+        """(session, reset count, tenant, head) of every conversation session."""
+        rows = self._db.execute("SELECT session, reset_count, tenant, head FROM conversations")
+        return [(str(s), int(r), str(t), str(h)) for s, r, t, h in rows]
 
     def sessions(self) -> list[StoredSession]:
         out = []

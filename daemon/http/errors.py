@@ -1,0 +1,52 @@
+"""Typed errors as the HTTP APIs say them: OpenAI's error body with its status, here and nowhere
+else (the runtime raises sinkd errors; the edges translate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from sinkd.errors import SinkdError, message_of
+
+# the gRPC status a sinkd error carries -> (HTTP status, OpenAI error type)
+_BY_STATUS = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
+    "NOT_FOUND": (404, "not_found_error"),
+    "FAILED_PRECONDITION": (409, "invalid_request_error"),  # a stale or failed session
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (503, "service_unavailable"),
+    "DEADLINE_EXCEEDED": (504, "timeout"),
+    "CANCELLED": (499, "cancelled"),
+}
+RETRY_AFTER_S = "1"
+
+
+class HttpError(Exception):
+    """A refusal of the edge's own (a field it does not take, a body too large)."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def body(message: str, kind: str, param: str | None = None, code: str | None = None) -> Any:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def from_sinkd(error: SinkdError) -> JSONResponse:
+    status, kind = _BY_STATUS.get(error.status, (500, "server_error"))
+    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
+    code = type(error).__name__
+    return JSONResponse(body(message_of(error), kind, code=code), status, headers=headers)
+
+
+def from_http(error: HttpError) -> JSONResponse:
+    kind = "invalid_request_error" if error.status < 500 else "server_error"
+    if error.status == 401:
+        kind = "authentication_error"
+    return JSONResponse(body(error.message, kind, error.param, error.code), error.status)

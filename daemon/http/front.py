@@ -1,0 +1,225 @@
+"""The HTTP front: OpenAI's and Ollama's APIs in the daemon's process, over the same service as
+gRPC (no hop), on uvicorn in a thread of its own.
+
+The trust rules are gRPC's over TCP: tenants' bearer tokens (the openai SDK sends its api key so), TLS
+off loopback. A daemon without tenants still needs a token here (anyone on the machine can reach a
+loopback port): a local token made at first start, mode 0600 beside the socket, printed by `sinkd
+serve`. A turn holds a slot of the same call limits as gRPC's engine calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request
+from starlette.background import BackgroundTask
+from starlette.concurrency import iterate_in_threadpool
+from starlette.responses import Response, StreamingResponse
+
+from sinkd.daemon.config import Settings
+from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd
+from sinkd.daemon.private import secret
+from sinkd.daemon.rpc.auth import Authenticator
+from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
+from sinkd.errors import ListenError, SinkdError, Unauthenticated
+
+log = logging.getLogger("sinkd.http")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def local_token(folder: Path) -> str:
+    """The token of a daemon without tenants: made once, 0600, in the private runtime folder."""
+    return secret(folder / "http-token").decode().strip()
+
+
+class Slot:
+    """One admitted call, given back once (at the answer's end, or when it never began)."""
+
+    def __init__(self, limits: CallLimits, tenant: str) -> None:
+        self._held = limits.admit(tenant)
+        self._held.__enter__()
+        self._once = threading.Lock()
+
+    def release(self) -> None:
+        if self._once.acquire(blocking=False):
+            self._held.__exit__(None, None, None)
+
+
+class HttpFront:
+    def __init__(
+        self,
+        service: SinkdService,
+        settings: Settings,
+        authenticator: Authenticator,
+        limits: CallLimits,
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self.authenticator = authenticator
+        self.limits = limits
+        self.local_sha256: str | None = None
+        self.created = int(time.time())
+        self.chats = service.stateless
+        self.app = self._app()
+        self.address = ""
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.died = threading.Event()
+        self.on_death: Callable[[BaseException], None] = lambda e: None
+
+    # --- who is calling ---
+
+    def principal(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        if self.authenticator.open:
+            scheme, _, token = header.partition(" ")
+            digest = hashlib.sha256(token.strip().encode()).hexdigest()
+            if scheme.lower() == "bearer" and self.local_sha256 and digest == self.local_sha256:
+                return Principal(LOCAL_TENANT, admin=False)
+            raise Unauthenticated(
+                "missing or wrong api key: this daemon's local token is in its runtime folder"
+                " (`sinkd serve` prints where)"
+            )
+        return self.authenticator.authenticate([("authorization", header)] if header else [])
+
+    # --- the app ---
+
+    def _app(self) -> FastAPI:
+        from sinkd.daemon.http import ollama_api, openai_api
+
+        app = FastAPI(title="sinkd", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(SinkdError)
+        async def sinkd_error(request: Request, e: SinkdError) -> Response:
+            return from_sinkd(e)
+
+        @app.exception_handler(HttpError)
+        async def http_error(request: Request, e: HttpError) -> Response:
+            return from_http(e)
+
+        @app.exception_handler(404)
+        async def not_found(request: Request, e: Exception) -> Response:
+            return from_http(HttpError(404, f"no route {request.url.path}"))
+
+        @app.exception_handler(405)
+        async def not_allowed(request: Request, e: Exception) -> Response:
+            return from_http(HttpError(405, f"{request.method} is not allowed on this route"))
+
+        app.include_router(openai_api.router(self))
+        app.include_router(ollama_api.router(self))
+        return app
+
+    async def body(self, request: Request) -> bytes:
+        """The request body, at most `max_message_bytes` (413 past it, whatever the client says
+        its length is)."""
+        limit = self.settings.max_message_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, f"the body is larger than max_message_bytes ({limit})")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"the body is larger than max_message_bytes ({limit})")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def ready(self) -> None:
+        """503 while the model loads (the clients retry on Retry-After)."""
+        if not self.service.scheduler.ready.is_set() or not self.service.scheduler.alive():
+            raise HttpError(503, "the model is loading (or the engine stopped)")
+
+    def slot(self, principal: Principal) -> Slot:
+        """A call slot of the limits gRPC's engine calls share (ResourceExhausted: 429 now)."""
+        return Slot(self.limits, principal.tenant or "(admin)")
+
+    def stream(
+        self, slot: Slot, jobs: list[Job], pieces: Iterator[bytes], media_type: str,
+        headers: dict[str, str],
+    ) -> StreamingResponse:  # fmt: skip
+        """A streamed answer: holds its slot while it runs; a client that goes away cancels the
+        generation (within one scheduler step)."""
+
+        def release() -> None:
+            for job in jobs:
+                job.cancel()  # a no-op for a job that ended
+            slot.release()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for piece in iterate_in_threadpool(pieces):
+                    yield piece
+            finally:
+                release()
+
+        return StreamingResponse(  # the background task runs should the body never start
+            body(), media_type=media_type, headers=headers, background=BackgroundTask(release)
+        )
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        s = self.settings
+        assert s.http
+        host, _, port = s.http.rpartition(":")
+        host = host.strip("[]")
+        if self.authenticator.open:
+            token = local_token(s.socket.parent)
+            self.local_sha256 = hashlib.sha256(token.encode()).hexdigest()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, int(port)))
+            sock.listen(128)
+        except OSError as e:
+            sock.close()
+            raise ListenError(f"could not listen on http {s.http}: {e.strerror or e}") from None
+        bound = sock.getsockname()[1]
+        tls = bool(s.tls_cert and s.tls_key)
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,  # paths and bodies are nobody's business; counts go to metrics
+            ssl_certfile=str(s.tls_cert) if tls else None,
+            ssl_keyfile=str(s.tls_key) if tls else None,
+            timeout_keep_alive=int(s.max_connection_idle_s),
+            limit_concurrency=s.rpc_workers * 4,
+        )
+        self._server = uvicorn.Server(config)
+        self.address = f"{'https' if tls else 'http'}://{host}:{bound}"
+
+        def run() -> None:
+            assert self._server is not None
+            try:
+                self._server.run(sockets=[sock])
+            except BaseException as e:  # the daemon must not say SERVING without its front
+                log.exception("the HTTP front died")
+                self.died.set()
+                self.on_death(e)
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=run, name="sinkd-http", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self.died.is_set()
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(grace)
+        with contextlib.suppress(Exception):
+            self._server = None

@@ -1,0 +1,190 @@
+"""OpenAI's API: `GET /v1/models`, `POST /v1/chat/completions` (streamed as server-sent events, or
+not). A stateless client's history continues the caller's session that took it (`stateless.py`);
+each answer says which session answered and how it was found, in `x-sinkd-*` headers and in a
+`sinkd` field the SDKs ignore."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from sinkd.daemon.http.errors import HttpError, body
+from sinkd.daemon.http.wire import ChatCompletionBody, chat_request, parse_json, validated
+from sinkd.daemon.runtime.api import Done, RecallReport, TokenEvent, to_json
+from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.stateless import Continuation
+from sinkd.errors import SinkdError, message_of
+
+if TYPE_CHECKING:
+    from sinkd.daemon.http.front import HttpFront
+
+SESSION_HEADER = "x-sinkd-session"  # a client may name its session; every answer names it
+FINISH = {"max_tokens": "length", "cache_full": "length", "stop": "stop", "eog": "stop"}
+
+
+def headers_of(c: Continuation) -> dict[str, str]:
+    return {
+        SESSION_HEADER: c.handle.session_id,
+        "x-sinkd-generation": c.handle.generation,
+        "x-sinkd-continuation": c.how,
+        "x-sinkd-why": c.why,
+    }
+
+
+def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
+    """What sinkd adds to an answer: the session, how it was found, the receipt's counts, and what
+    the turn's recall brought back (passage ids, where each was first seen, scores) or why not."""
+    out: dict[str, Any] = {
+        "session_id": c.handle.session_id,
+        "generation": c.handle.generation,
+        "continuation": c.how,
+        "why": c.why,
+        "ingested_turns": c.ingested_turns,
+    }
+    if done is not None:
+        r = done.receipt
+        out["receipt"] = {
+            "n_seen": r.n_seen, "retained": r.retained, "evicted_tokens": r.evicted_tokens,
+            "generation": r.generation,
+        }  # fmt: skip
+        out["recall"] = _recall(done.recall)
+    return out
+
+
+def _recall(report: RecallReport | None) -> Any:
+    if report is None:
+        return None
+    data = to_json(report)
+    assert isinstance(data, dict)
+    data.pop("query_sha256", None)  # the answer's own words need no hash of them
+    return data
+
+
+def usage(c: Continuation, done: Done) -> dict[str, int]:
+    prompt = max(done.receipt.n_seen - done.generated - c.n_seen_before, 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": done.generated,
+        "total_tokens": prompt + done.generated,
+    }
+
+
+def router(front: HttpFront) -> APIRouter:
+    api = APIRouter()
+    model_name = front.service.entry.name
+
+    @api.get("/v1/models")
+    async def models(request: Request) -> Any:
+        front.principal(request)
+        created = front.created
+        return {
+            "object": "list",
+            "data": [
+                {"id": model_name, "object": "model", "created": created, "owned_by": "sinkd"}
+            ],
+        }
+
+    @api.get("/v1/models/{name}")
+    async def model(name: str, request: Request) -> Any:
+        front.principal(request)
+        if name != model_name:
+            raise HttpError(404, f"model {name!r} is not served here ({model_name} is)",
+                            param="model", code="model_not_found")  # fmt: skip
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "sinkd"}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        principal = front.principal(request)
+        front.ready()
+        parsed = validated(ChatCompletionBody, parse_json(await front.body(request)))
+        if parsed.model != model_name:
+            raise HttpError(404, f"model {parsed.model!r} is not served here ({model_name} is)",
+                            param="model", code="model_not_found")  # fmt: skip
+        turn = chat_request(parsed, request.headers.get(SESSION_HEADER))
+        jobs: list[Job] = []
+        slot, handed = front.slot(principal), False
+        try:
+            continuation, events = await run_in_threadpool(
+                front.chats.turn, principal, turn, jobs.append
+            )
+            if parsed.stream:
+                include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+                pieces = _sse(model_name, continuation, events, include_usage)
+                response = front.stream(
+                    slot, jobs, pieces, "text/event-stream", headers_of(continuation)
+                )
+                handed = True  # the stream gives the slot back
+                return response
+            text, done = await run_in_threadpool(_collect, events)
+        finally:
+            if not handed:
+                slot.release()
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "".join(text)},
+                        "finish_reason": FINISH.get(done.reason, "stop"),
+                    }
+                ],
+                "usage": usage(continuation, done),
+                "sinkd": extension(continuation, done),
+            },
+            headers=headers_of(continuation),
+        )
+
+    return api
+
+
+def _collect(events: Iterator[TokenEvent | Done]) -> tuple[list[str], Done]:
+    text, done = [], None
+    for event in events:
+        if isinstance(event, TokenEvent):
+            text.append(event.text)
+        else:
+            done = event
+    assert done is not None  # a stream ends with Done or raises
+    return text, done
+
+
+def _sse(
+    model: str, c: Continuation, events: Iterator[TokenEvent | Done], include_usage: bool
+) -> Iterator[bytes]:
+    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(choices: list[Any], **extra: Any) -> bytes:
+        data = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": choices, **extra}  # fmt: skip
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    yield chunk(
+        [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+    )
+    try:
+        for event in events:
+            if isinstance(event, TokenEvent):
+                if event.text:
+                    delta = {"content": event.text}
+                    yield chunk([{"index": 0, "delta": delta, "finish_reason": None}])
+                continue
+            finish = FINISH.get(event.reason, "stop")
+            yield chunk(
+                [{"index": 0, "delta": {}, "finish_reason": finish}], sinkd=extension(c, event)
+            )
+            if include_usage:
+                yield chunk([], usage=usage(c, event))
+    except SinkdError as e:  # headers are sent: the error goes in the stream, as OpenAI's does
+        yield f"data: {json.dumps(body(message_of(e), 'server_error', code=type(e).__name__))}\n\n".encode()
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,204 @@
+"""The HTTP APIs' request bodies as sinkd reads them (OpenAI's Chat Completions, Ollama's /api/chat),
+and their translation into the runtime's typed request. A field sinkd does not implement is refused
+naming it (HttpError 400), never silently ignored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sinkd.daemon.http.errors import HttpError
+from sinkd.daemon.runtime.api import SamplingRequest
+from sinkd.daemon.runtime.conversations import Turn
+from sinkd.daemon.runtime.stateless import StatelessChatRequest
+
+# fields a client may send that change nothing sinkd does (metadata, defaults it already has)
+HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
+
+
+def _off(v: Any) -> bool:
+    return not v
+
+
+def _one(v: Any) -> bool:
+    return v in (None, 1)
+
+
+def _no_tools(v: Any) -> bool:
+    return v in (None, "none")
+
+
+def _text(v: Any) -> bool:
+    return v in (None, {"type": "text"}, ["text"])
+
+
+def _unset(v: Any) -> bool:
+    return v is None
+
+
+# (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
+UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("n", _one, "one choice per request (n = 1)"),
+    ("tools", _off, "no tools"),
+    ("tool_choice", _no_tools, "no tools"),
+    ("functions", _off, "no functions"),
+    ("function_call", _no_tools, "no functions"),
+    ("logprobs", _off, "no logprobs"),
+    ("top_logprobs", _off, "no logprobs"),
+    ("logit_bias", _off, "no logit bias"),
+    ("response_format", _text, "text responses"),
+    ("presence_penalty", _off, "no presence penalty"),
+    ("frequency_penalty", _off, "no frequency penalty"),
+    ("audio", _off, "text only"),
+    ("modalities", _text, "text only"),
+    ("prediction", _off, "no predicted outputs"),
+    ("reasoning_effort", _unset, "no reasoning effort"),
+)
+MAX_STOPS = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionBody(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked against UNSUPPORTED and HARMLESS below
+
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HttpError(400, "the body is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise HttpError(400, f"the body is not JSON: {e.msg} at {e.pos}") from None
+
+
+def validated(cls: type[BaseModel], data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        raise HttpError(400, f"{where}: {first['msg']}", param=where) from None
+
+
+def text_of(content: Any, where: str) -> str:
+    """A message's content: a string, or text parts (what some clients send)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise HttpError(400, f"{where}[{i}]: {kind!r} content is not supported (text only)",
+                                param=f"{where}[{i}]")  # fmt: skip
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise HttpError(400, f"{where}: content must be a string or text parts", param=where)
+
+
+def history(messages: list[dict[str, Any]]) -> tuple[str, tuple[Turn, ...]]:
+    """(system prompt, user/assistant turns): leading system (or developer) messages join into the
+    system prompt; one later is refused (it would rewrite a conversation already under way)."""
+    system: list[str] = []
+    turns: list[Turn] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise HttpError(400, f"messages[{i}]: must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise HttpError(
+                400,
+                f"messages[{i}].role: {role!r} is not supported (system, user, assistant)",
+                param=f"messages[{i}].role",
+            )
+        for field in ("tool_calls", "function_call", "audio"):
+            if m.get(field):
+                raise HttpError(400, f"messages[{i}].{field} is not supported",
+                                param=f"messages[{i}].{field}")  # fmt: skip
+        text = text_of(m.get("content"), f"messages[{i}].content")
+        if role in ("system", "developer"):
+            if turns:
+                raise HttpError(
+                    400,
+                    f"messages[{i}]: a system message after the conversation began is not"
+                    " supported",
+                    param=f"messages[{i}]",
+                )
+            system.append(text)
+        else:
+            turns.append(Turn(role, text))
+    return "\n\n".join(system), tuple(turns)
+
+
+def check_supported(body: BaseModel, known: frozenset[str]) -> None:
+    extra = body.model_extra or {}
+    for field, fine, needs in UNSUPPORTED:
+        if field in extra and not fine(extra[field]):
+            raise HttpError(400, f"{field}: not supported; sinkd serves {needs}", param=field)
+    named = {f for f, _, _ in UNSUPPORTED}
+    for field in extra:
+        if field not in known and field not in HARMLESS and field not in named:
+            raise HttpError(400, f"{field}: not a field sinkd implements", param=field)
+
+
+def stops_of(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > MAX_STOPS:
+        raise HttpError(400, f"stop: at most {MAX_STOPS} strings", param="stop")
+    return stops
+
+
+def sampling_of(
+    temperature: float | None, top_p: float | None, seed: int | None
+) -> SamplingRequest | None:
+    """None when the client set nothing: the model's recommended chat sampling applies."""
+    if temperature is None and top_p is None and seed is None:
+        return None
+    return SamplingRequest(
+        temperature=1.0 if temperature is None else temperature,  # OpenAI's default
+        top_p=1.0 if top_p is None else top_p,
+        seed=0 if seed is None else seed,
+    )
+
+
+def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessChatRequest:
+    check_supported(body, frozenset())
+    both = body.max_tokens is not None and body.max_completion_tokens is not None
+    if both and body.max_tokens != body.max_completion_tokens:
+        raise HttpError(400, "max_tokens and max_completion_tokens disagree",
+                        param="max_completion_tokens")  # fmt: skip
+    limit = body.max_completion_tokens or body.max_tokens or 256
+    system, turns = history(body.messages)
+    return StatelessChatRequest(
+        system=system,
+        turns=turns,
+        max_tokens=limit,
+        stops=stops_of(body.stop),
+        sampling=sampling_of(body.temperature, body.top_p, body.seed),
+        session_id=session_id,
+    )

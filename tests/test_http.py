@@ -1,0 +1,359 @@
+"""The HTTP front driven by the real clients (the `openai` SDK, the `ollama` client) on the default
+model: chat completions streamed and not, with usage; a stateless client's history continuing its
+session; errors in OpenAI's body with the right status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.api import Handle
+from sinkd.daemon.runtime.sessions import Principal
+from tests.test_daemon import settings
+
+pytestmark = pytest.mark.model
+MODEL = "smollm2-135m-instruct"
+SYSTEM = "You are a terse assistant."
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(
+        settings(tmp_path_factory.mktemp("http"), http="127.0.0.1:0", max_message_bytes=64 * 1024)
+    )
+    d.start()
+    d.wait_ready(120)
+    yield d
+    d.stop()
+
+
+def sdk(daemon: Daemon, key: str = "alice-token") -> openai.OpenAI:
+    assert daemon.http is not None
+    return openai.OpenAI(base_url=f"{daemon.http.address}/v1", api_key=key, max_retries=0)
+
+
+def ask(client: openai.OpenAI, messages: list[dict[str, str]], **kw: Any) -> Any:
+    """The parsed completion and the response headers."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, **{"max_tokens": 12, "temperature": 0, **kw}
+    )
+    return raw.parse(), raw.headers
+
+
+def test_models_are_listed(daemon: Daemon) -> None:
+    assert [m.id for m in sdk(daemon).models.list()] == [MODEL]
+
+
+def test_a_stateless_history_continues_its_session_with_only_the_new_turn(daemon: Daemon) -> None:
+    client = sdk(daemon)
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]
+    first, headers = ask(client, history)
+    assert headers["x-sinkd-continuation"] == "new"
+    reply = first.choices[0].message.content
+    assert reply and first.usage.completion_tokens <= 12 and first.usage.prompt_tokens > 5
+    session = headers["x-sinkd-session"]
+    seen = first.model_extra["sinkd"]["receipt"]["n_seen"]
+    assert seen == first.usage.prompt_tokens + first.usage.completion_tokens
+
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another."}]
+    second, headers = ask(client, history)
+    assert headers["x-sinkd-continuation"] == "continued" and headers["x-sinkd-session"] == session
+    new_tokens = second.usage.prompt_tokens
+    assert 0 < new_tokens < first.usage.prompt_tokens  # the new user turn alone, not the history
+    assert second.model_extra["sinkd"]["receipt"]["n_seen"] == (
+        seen + new_tokens + second.usage.completion_tokens
+    )
+
+    bob, headers = ask(sdk(daemon, "bob-token"), history)  # the same words, another tenant
+    assert headers["x-sinkd-continuation"] == "new" and headers["x-sinkd-session"] != session
+    assert bob.model_extra["sinkd"]["ingested_turns"] == 2  # its user and assistant turns
+
+
+def test_streamed_with_usage(daemon: Daemon) -> None:
+    stream = sdk(daemon).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_completion_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert text and finishes[-1] in ("stop", "length") and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 10
+    same = sdk(daemon).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=10, temperature=0,
+    )  # fmt: skip
+    assert same.choices[0].message.content == text  # greedy: streamed or not, the same tokens
+
+
+@pytest.mark.parametrize(
+    ("kw", "status", "param"),
+    [
+        ({"n": 2}, 400, "n"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+            400,
+            "tools",
+        ),
+        ({"logprobs": True}, 400, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"model": "gpt-4o"}, 404, "model"),
+        ({"messages": []}, 400, None),
+        ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "   "}]}, 400, None),
+    ],
+)
+def test_what_sinkd_does_not_do_is_refused_naming_the_field(
+    daemon: Daemon, kw: dict[str, Any], status: int, param: str | None
+) -> None:
+    args = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **kw}
+    with pytest.raises(openai.APIStatusError) as e:
+        sdk(daemon).chat.completions.create(**args)
+    assert e.value.status_code == status
+    error = e.value.body
+    assert isinstance(error, dict) and error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_a_wrong_key_is_401(daemon: Daemon) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        sdk(daemon, "nobody").models.list()
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status"),
+    [
+        (b"{not json", {}, 400),
+        (b'{"model": "x", "messages": "\xff\xfe"}', {}, 400),
+        (b"[1, 2]", {}, 400),
+        (
+            b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": 5}]}',
+            {},
+            400,
+        ),
+        (b"x" * 70_000, {}, 413),
+    ],
+    ids=["malformed", "not-utf8", "not-an-object", "wrong-type", "too-large"],
+)
+def test_bad_bodies_get_openai_errors(
+    daemon: Daemon, content: bytes, headers: dict[str, str], status: int
+) -> None:
+    assert daemon.http is not None
+    r = httpx.post(
+        f"{daemon.http.address}/v1/chat/completions",
+        content=content,
+        headers={"authorization": "Bearer alice-token", "content-type": "application/json"},
+    )
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["message"]
+
+
+def test_an_ollama_client_lists_and_chats(daemon: Daemon) -> None:
+    assert daemon.http is not None
+    client = ollama.Client(
+        host=daemon.http.address, headers={"Authorization": "Bearer alice-token"}
+    )
+    assert [m.model for m in client.list().models] == [MODEL]
+    parts = list(
+        client.chat(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            stream=True,
+            options={"temperature": 0, "num_predict": 8},
+        )
+    )
+    assert parts[-1].done and parts[-1].eval_count <= 8
+    assert "".join(p.message.content for p in parts)
+    whole = client.chat(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+        options={"temperature": 0, "num_predict": 8}, stream=False,
+    )  # fmt: skip
+    assert whole.message.content == "".join(p.message.content for p in parts)
+
+
+def test_a_conversation_continues_after_a_restart_and_a_reset_one_does_not(tmp_path: Path) -> None:
+    def start() -> Daemon:
+        d = Daemon(settings(tmp_path, http="127.0.0.1:0"))
+        d.start()
+        d.wait_ready(120)
+        return d
+
+    d = start()
+    try:
+        history = [{"role": "user", "content": "Name a fruit."}]
+        first, headers = ask(sdk(d), history)
+        session = headers["x-sinkd-session"]
+        history += [{"role": "assistant", "content": first.choices[0].message.content}]
+    finally:
+        d.stop()
+    d = start()
+    try:
+        history += [{"role": "user", "content": "And a vegetable?"}]
+        second, headers = ask(sdk(d), history)
+        assert headers["x-sinkd-continuation"] == "continued"
+        assert headers["x-sinkd-session"] == session
+        assert second.usage.prompt_tokens < first.usage.prompt_tokens + 12
+        history += [{"role": "assistant", "content": second.choices[0].message.content}]
+        h = d.service.registry.get(session)
+        assert h is not None
+        d.service.reset(Principal("alice"), Handle(session, h.generation))
+        history += [{"role": "user", "content": "One more."}]
+        _, headers = ask(sdk(d), history)  # the reset session holds none of it: a new one
+        assert headers["x-sinkd-continuation"] == "new" and headers["x-sinkd-session"] != session
+    finally:
+        d.stop()
+
+
+def test_without_tenants_a_local_token_guards_the_port(tmp_path: Path) -> None:
+    """A loopback port is open to every user of the machine: a daemon with no tenants makes a
+    token at first start, 0600 beside its socket, and asks for it."""
+    import stat
+
+    d = Daemon(settings(tmp_path, http="127.0.0.1:0", tenants=[], admin_token_sha256=None))
+    d.start()
+    d.wait_ready(120)
+    try:
+        token_file = tmp_path / "http-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        with pytest.raises(openai.AuthenticationError):
+            sdk(d, "guess").models.list()
+        assert [m.id for m in sdk(d, token_file.read_text().strip()).models.list()] == [MODEL]
+    finally:
+        d.stop()
+
+
+def test_a_client_that_goes_away_mid_stream_cancels_its_generation(daemon: Daemon) -> None:
+    import time
+
+    assert daemon.http is not None
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}  # fmt: skip
+    with httpx.stream(
+        "POST", f"{daemon.http.address}/v1/chat/completions", json=body,
+        headers={"authorization": "Bearer alice-token"},
+    ) as r:  # fmt: skip
+        assert r.status_code == 200, (r.status_code, r.read())
+        session = r.headers["x-sinkd-session"]
+        lines = r.iter_lines()
+        for _ in range(6):  # the role chunk and a few tokens, then the client leaves
+            next(lines)
+    scheduler = daemon.service.scheduler
+    deadline = time.monotonic() + 30
+    while scheduler.queues.busy(session) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not scheduler.queues.busy(session), "the generation ran on after its client left"
+    s = daemon.service.registry.get(session)
+    assert s is not None and s.seq.state.n_seen < 100  # far from the 400 tokens it asked for
+
+
+QUESTIONS = [
+    "My name is Ada and I keep bees.", "What is a hive?", "Name a flower.", "Why do bees dance?",
+    "What is honey made of?", "Say something short.", "What colour is pollen?", "Count to three.",
+    "What is wax?", "Tell me a fact.",
+]  # fmt: skip
+
+
+def test_sixty_turns_resent_whole_each_turn_read_only_their_new_tokens(tmp_path: Path) -> None:
+    """The history grows past S+W = 4+252 many times over; each turn still appends only its own
+    tokens (the receipt's n_seen grows by exactly usage's prompt + completion), across a restart
+    in the middle, and another tenant's identical history starts a session of its own."""
+
+    def start() -> Daemon:
+        d = Daemon(settings(tmp_path, http="127.0.0.1:0"))
+        d.start()
+        d.wait_ready(120)
+        return d
+
+    d = start()
+    history: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    session, seen, evicted = "", 0, 0
+    try:
+        for turn in range(60):
+            if turn == 30:  # a restart mid-conversation
+                d.stop()
+                d = start()
+            history.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+            reply, headers = ask(sdk(d), history, max_tokens=16)
+            ext = reply.model_extra["sinkd"]
+            if turn == 0:
+                assert headers["x-sinkd-continuation"] == "new"
+                session = headers["x-sinkd-session"]
+            else:
+                assert headers["x-sinkd-continuation"] == "continued", (
+                    turn,
+                    headers["x-sinkd-why"],
+                )
+                assert headers["x-sinkd-session"] == session
+                recalled = bool(ext["recall"] and ext["recall"]["recalled"])
+                budget = 96 if recalled else 0  # a recall adds at most its budget (frames included)
+                assert (
+                    reply.usage.prompt_tokens < 40 + budget
+                ), turn  # its own turn, never the history
+            assert ext["receipt"]["n_seen"] == seen + reply.usage.total_tokens, turn
+            seen, evicted = ext["receipt"]["n_seen"], ext["receipt"]["evicted_tokens"]
+            assert ext["receipt"]["retained"] <= 256
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        assert seen > 3 * 256 and evicted > 2 * 256  # the window turned over many times
+        history.append({"role": "user", "content": "Thanks."})
+        _, headers = ask(sdk(d, "bob-token"), history, max_tokens=4)
+        assert headers["x-sinkd-continuation"] == "new" and headers["x-sinkd-session"] != session
+    finally:
+        d.stop()
+
+
+def test_a_dead_http_thread_takes_the_daemons_health_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    from sinkd.daemon.rpc.client import daemon_answers
+
+    def broken(self: Any, sockets: Any = None) -> None:
+        raise RuntimeError("a bug in the front")
+
+    monkeypatch.setattr(uvicorn.Server, "run", broken)
+    d = Daemon(settings(tmp_path, durable=False, http="127.0.0.1:0"))
+    d.start()
+    try:
+        assert d.http is not None and d.died.wait(10)
+        d.wait_ready(120)  # the model loads, and still nothing says SERVING
+        assert not d.http.alive() and not daemon_answers(d.addresses[0])
+    finally:
+        d.stop()
+
+
+def test_new_conversations_past_the_session_limit_close_the_callers_least_recent_one(
+    daemon: Daemon,
+) -> None:
+    """Stateless clients never close their sessions: at the limit, a new conversation takes the
+    place of the caller's least recently used conversation session, says so, and a client that
+    comes back to that one has its history read again (never another tenant's session)."""
+    client = sdk(daemon)
+    limit = daemon.settings.max_sessions
+    bob = sdk(daemon, "bob-token")
+    _, bob_headers = ask(bob, [{"role": "user", "content": "Bob's own conversation."}])
+    first: list[dict[str, str]] = []
+    notes = []
+    for i in range(limit + 2):
+        history = [{"role": "user", "content": f"Conversation number {i}."}]
+        reply, headers = ask(client, history, max_tokens=3)
+        notes.append(headers["x-sinkd-why"])
+        if i == 0:
+            first = [*history, {"role": "assistant", "content": reply.choices[0].message.content}]
+    assert any("least recently used" in n for n in notes), notes
+    bob_session = daemon.service.registry.get(bob_headers["x-sinkd-session"])
+    assert bob_session is not None  # another tenant's session is never taken
+    _, headers = ask(client, [*first, {"role": "user", "content": "Still there?"}], max_tokens=3)
+    assert headers["x-sinkd-continuation"] == "new"  # its session made room: read again
