@@ -89,9 +89,20 @@ def test_forget_removes_the_token_ids_from_journal_and_snapshots(
     assert len(client.generate(h, n=4)[0]) == 4
 
 
-def test_a_live_recalled_copy_leaves_the_files_once_the_stream_evicts_it(
-    daemon: Daemon, client: Client
-) -> None:
+def test_a_live_recalled_copy_leaves_the_files_once_the_stream_evicts_it(tmp_path: Path) -> None:
+    """No snapshot falls due on the way (their pruning would hide what the scrub must do)."""
+    daemon = Daemon(settings(tmp_path, snapshot_every_tokens=100_000, purge_interval_s=0))
+    daemon.start()
+    daemon.wait_ready(120)
+    client = Client(daemon.addresses[0])
+    try:
+        _live_copy(daemon, client)
+    finally:
+        client.close()
+        daemon.stop()
+
+
+def _live_copy(daemon: Daemon, client: Client) -> None:
     state = daemon.settings.state_dir
     h = client.create(**POLICY, recall=pb.RecallSettings(mode="manual")).handle
     client.append(h, FILLER[:200] + SECRET)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ def _held_reflection(channel: grpc.Channel, md: Any, release: threading.Event) -
         release.wait(60)
 
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    return stub.ServerReflectionInfo(requests(), metadata=md)
+    return stub.ServerReflectionInfo(requests(), metadata=md, timeout=60)
 
 
 def _settled(call: Any) -> str:
@@ -61,11 +63,26 @@ def test_64_tenantless_streams_leave_health_and_tenants_answering(tcp_daemon: Da
         for i in range(64):
             channel = channels[i % len(channels)]
             if i % 2:
-                watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+                watch = health_pb2_grpc.HealthStub(channel).Watch(
+                    health_pb2.HealthCheckRequest(), timeout=60
+                )
                 calls.append(watch)
             else:  # with a tenant's token: reflection answers it, and it is bounded all the same
                 calls.append(_held_reflection(channel, ALICE, release))
-        outcomes = [_settled(c) for c in calls]
+        with ThreadPoolExecutor(len(calls)) as pool:  # a stream with no worker never answers
+            pending = [pool.submit(_settled, c) for c in calls]
+            outcomes = []
+            for f in pending:
+                try:
+                    outcomes.append(f.result(timeout=15))
+                except FuturesTimeout:
+                    outcomes.append("no answer")
+                    break
+            if "no answer" in outcomes:
+                release.set()
+                for c in calls:
+                    c.cancel()
+        assert "no answer" not in outcomes, "a stream found no worker: the pool is taken"
         assert outcomes.count("open") == tcp_daemon.settings.max_tenantless_streams
         assert set(outcomes) == {"open", "RESOURCE_EXHAUSTED"}
 
