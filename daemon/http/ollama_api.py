@@ -16,7 +16,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from sinkd.daemon.http.errors import HttpError
-from sinkd.daemon.http.openai_api import FINISH, SESSION_HEADER, extension, headers_of, usage
+from sinkd.daemon.http.openai_api import (
+    FINISH,
+    SESSION_HEADER,
+    collect,
+    extension,
+    headers_of,
+    usage,
+)
 from sinkd.daemon.http.wire import history, parse_json, sampling_of, stops_of, validated
 from sinkd.daemon.runtime.api import Done, TokenEvent
 from sinkd.daemon.runtime.loop.jobs import Job
@@ -124,7 +131,7 @@ def router(front: HttpFront) -> APIRouter:
                 handed = True
                 return response
             t0 = time.monotonic()
-            text, done = await run_in_threadpool(_collect, events)
+            text, done = await run_in_threadpool(collect, events)
         finally:
             if not handed:
                 slot.release()
@@ -139,17 +146,6 @@ def router(front: HttpFront) -> APIRouter:
         )
 
     return api
-
-
-def _collect(events: Iterator[TokenEvent | Done]) -> tuple[list[str], Done]:
-    text, done = [], None
-    for event in events:
-        if isinstance(event, TokenEvent):
-            text.append(event.text)
-        else:
-            done = event
-    assert done is not None
-    return text, done
 
 
 def _final(c: Continuation, done: Done, seconds: float) -> dict[str, Any]:

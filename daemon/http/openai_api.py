@@ -122,7 +122,7 @@ def router(front: HttpFront) -> APIRouter:
                 )
                 handed = True  # the stream gives the slot back
                 return response
-            text, done = await run_in_threadpool(_collect, events)
+            text, done = await run_in_threadpool(collect, events)
         finally:
             if not handed:
                 slot.release()
@@ -148,7 +148,7 @@ def router(front: HttpFront) -> APIRouter:
     return api
 
 
-def _collect(events: Iterator[TokenEvent | Done]) -> tuple[list[str], Done]:
+def collect(events: Iterator[TokenEvent | Done]) -> tuple[list[str], Done]:
     text, done = [], None
     for event in events:
         if isinstance(event, TokenEvent):
