@@ -7,6 +7,7 @@ may call what."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -249,26 +250,33 @@ def test_a_failed_fork_or_create_leaks_no_sequence(daemon: Daemon, client: Clien
     assert code_of(lambda: client.s.Fork(req, metadata=ALICE)) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+@contextlib.contextmanager
+def _next_commit_refused(durability: Any) -> Iterator[None]:
+    """The journal's next commit fails as a full or broken disk makes it fail (once)."""
+    original = durability.commit
+
+    def refuse() -> None:
+        durability.commit = original
+        raise sqlite3.OperationalError("disk I/O error")
+
+    durability.commit = refuse
+    try:
+        yield
+    finally:
+        durability.commit = original
+
+
 def test_a_reset_the_journal_refuses_changes_nothing(daemon: Daemon, client: Client) -> None:
     h = client.create().handle
     client.append(h, TEXT[:300])
     before = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
     durability = daemon.service.durability
     assert durability is not None
-    original = durability.commit
-
-    def refuse() -> None:
-        durability.commit = original  # type: ignore[method-assign]
-        raise sqlite3.OperationalError("disk I/O error")
-
-    durability.commit = refuse  # type: ignore[method-assign]
-    try:
+    with _next_commit_refused(durability):
         req = pb.HandleRequest(handle=h)
         assert code_of(lambda: client.s.Reset(req, metadata=ALICE)) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED
         )
-    finally:
-        durability.commit = original  # type: ignore[method-assign]
     after = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
     assert after.receipt == before.receipt  # the old handle still works, nothing moved
     assert np.array_equal(np.frombuffer(after.logits, "<f4"), np.frombuffer(before.logits, "<f4"))
@@ -284,20 +292,11 @@ def test_a_close_the_journal_refuses_is_refused_and_the_session_stays(
     before = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
     durability = daemon.service.durability
     assert durability is not None
-    original = durability.commit
-
-    def refuse() -> None:
-        durability.commit = original  # type: ignore[method-assign]
-        raise sqlite3.OperationalError("disk I/O error")
-
-    durability.commit = refuse  # type: ignore[method-assign]
-    try:
+    with _next_commit_refused(durability):
         req = pb.HandleRequest(handle=h)
         assert code_of(lambda: client.s.Close(req, metadata=ALICE)) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED
         )
-    finally:
-        durability.commit = original  # type: ignore[method-assign]
     after = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
     assert after.receipt == before.receipt
     assert np.array_equal(np.frombuffer(after.logits, "<f4"), np.frombuffer(before.logits, "<f4"))

@@ -34,6 +34,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
+def start(tmp_path: Path) -> Daemon:
+    """A durable daemon with its HTTP front on the state directory under `tmp_path`."""
+    d = Daemon(settings(tmp_path, http="127.0.0.1:0"))
+    d.start()
+    d.wait_ready(120)
+    return d
+
+
 def sdk(daemon: Daemon, key: str = "alice-token") -> openai.OpenAI:
     assert daemon.http is not None
     return openai.OpenAI(base_url=f"{daemon.http.address}/v1", api_key=key, max_retries=0)
@@ -184,13 +192,7 @@ def test_an_ollama_client_lists_and_chats(daemon: Daemon) -> None:
 
 
 def test_a_conversation_continues_after_a_restart_and_a_reset_one_does_not(tmp_path: Path) -> None:
-    def start() -> Daemon:
-        d = Daemon(settings(tmp_path, http="127.0.0.1:0"))
-        d.start()
-        d.wait_ready(120)
-        return d
-
-    d = start()
+    d = start(tmp_path)
     try:
         history = [{"role": "user", "content": "Name a fruit."}]
         first, headers = ask(sdk(d), history)
@@ -198,7 +200,7 @@ def test_a_conversation_continues_after_a_restart_and_a_reset_one_does_not(tmp_p
         history += [{"role": "assistant", "content": first.choices[0].message.content}]
     finally:
         d.stop()
-    d = start()
+    d = start(tmp_path)
     try:
         history += [{"role": "user", "content": "And a vegetable?"}]
         second, headers = ask(sdk(d), history)
@@ -270,20 +272,14 @@ def test_sixty_turns_resent_whole_each_turn_read_only_their_new_tokens(tmp_path:
     tokens (the receipt's n_seen grows by exactly usage's prompt + completion), across a restart
     in the middle, and another tenant's identical history starts a session of its own."""
 
-    def start() -> Daemon:
-        d = Daemon(settings(tmp_path, http="127.0.0.1:0"))
-        d.start()
-        d.wait_ready(120)
-        return d
-
-    d = start()
+    d = start(tmp_path)
     history: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
     session, seen, evicted = "", 0, 0
     try:
         for turn in range(60):
             if turn == 30:  # a restart mid-conversation
                 d.stop()
-                d = start()
+                d = start(tmp_path)
             history.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
             reply, headers = ask(sdk(d), history, max_tokens=16)
             ext = reply.model_extra["sinkd"]

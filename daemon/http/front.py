@@ -21,17 +21,20 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request
 from starlette.background import BackgroundTask
-from starlette.concurrency import iterate_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from sinkd.daemon.config import Settings
 from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd
+from sinkd.daemon.http.wire import headers_of
 from sinkd.daemon.private import secret
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
+from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 from sinkd.errors import ListenError, SinkdError, Unauthenticated
 
 log = logging.getLogger("sinkd.http")
@@ -41,6 +44,17 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def local_token(folder: Path) -> str:
     """The token of a daemon without tenants: made once, 0600, in the private runtime folder."""
     return secret(folder / "http-token").decode().strip()
+
+
+def _collect(events: Stream) -> tuple[str, Done]:
+    text, done = [], None
+    for event in events:
+        if isinstance(event, TokenEvent):
+            text.append(event.text)
+        else:
+            done = event
+    assert done is not None  # a stream ends with Done or raises
+    return "".join(text), done
 
 
 class Slot:
@@ -166,6 +180,36 @@ class HttpFront:
         return StreamingResponse(  # the background task runs should the body never start
             body(), media_type=media_type, headers=headers, background=BackgroundTask(release)
         )
+
+    async def streamed(
+        self,
+        principal: Principal,
+        turn: StatelessChatRequest,
+        pieces_of: Callable[[Continuation, Stream], Iterator[bytes]],
+        media_type: str,
+    ) -> StreamingResponse:
+        """A chat turn answered as a stream in the API's own framing (`pieces_of`)."""
+        jobs: list[Job] = []
+        slot = self.slot(principal)
+        try:
+            c, events = await run_in_threadpool(self.chats.turn, principal, turn, jobs.append)
+        except BaseException:
+            slot.release()
+            raise
+        return self.stream(slot, jobs, pieces_of(c, events), media_type, headers_of(c))
+
+    async def whole(
+        self, principal: Principal, turn: StatelessChatRequest
+    ) -> tuple[Continuation, str, Done, float]:
+        """A chat turn answered whole: its text, its end, and the seconds it generated for."""
+        slot = self.slot(principal)
+        try:
+            c, events = await run_in_threadpool(self.chats.turn, principal, turn)
+            t0 = time.monotonic()
+            text, done = await run_in_threadpool(_collect, events)
+            return c, text, done, time.monotonic() - t0
+        finally:
+            slot.release()
 
     # --- lifecycle ---
 

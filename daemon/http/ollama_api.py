@@ -12,21 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from sinkd.daemon.http.errors import HttpError
-from sinkd.daemon.http.openai_api import (
-    FINISH,
+from sinkd.daemon.http.openai_api import FINISH, extension, usage
+from sinkd.daemon.http.wire import (
     SESSION_HEADER,
-    collect,
-    extension,
     headers_of,
-    usage,
+    history,
+    parse_json,
+    sampling_of,
+    stops_of,
+    validated,
 )
-from sinkd.daemon.http.wire import history, parse_json, sampling_of, stops_of, validated
-from sinkd.daemon.runtime.api import Done, TokenEvent
-from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
 from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 from sinkd.errors import SinkdError, message_of
 
@@ -117,30 +116,19 @@ def router(front: HttpFront) -> APIRouter:
             sampling=sampling_of(opts.temperature, opts.top_p, opts.seed),
             session_id=request.headers.get(SESSION_HEADER),
         )
-        jobs: list[Job] = []
-        slot, handed = front.slot(principal), False
-        try:
-            continuation, events = await run_in_threadpool(
-                front.chats.turn, principal, turn, jobs.append
-            )
-            if body.stream:
-                pieces = _ndjson(body.model, continuation, events)
-                response = front.stream(
-                    slot, jobs, pieces, "application/x-ndjson", headers_of(continuation)
-                )
-                handed = True
-                return response
-            t0 = time.monotonic()
-            text, done = await run_in_threadpool(collect, events)
-        finally:
-            if not handed:
-                slot.release()
+        if body.stream:
+
+            def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
+                return _ndjson(body.model, c, events)
+
+            return await front.streamed(principal, turn, pieces, "application/x-ndjson")
+        continuation, text, done, seconds = await front.whole(principal, turn)
         return JSONResponse(
             {
                 "model": body.model,
                 "created_at": _now(),
-                "message": {"role": "assistant", "content": "".join(text)},
-                **_final(continuation, done, time.monotonic() - t0),
+                "message": {"role": "assistant", "content": text},
+                **_final(continuation, done, seconds),
             },
             headers=headers_of(continuation),
         )

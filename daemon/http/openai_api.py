@@ -12,30 +12,25 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from sinkd.daemon.http.errors import HttpError, body
-from sinkd.daemon.http.wire import ChatCompletionBody, chat_request, parse_json, validated
-from sinkd.daemon.runtime.api import Done, RecallReport, TokenEvent, to_json
-from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.http.wire import (
+    SESSION_HEADER,
+    ChatCompletionBody,
+    chat_request,
+    headers_of,
+    parse_json,
+    validated,
+)
+from sinkd.daemon.runtime.api import Done, RecallReport, Stream, TokenEvent, to_json
 from sinkd.daemon.runtime.stateless import Continuation
 from sinkd.errors import SinkdError, message_of
 
 if TYPE_CHECKING:
     from sinkd.daemon.http.front import HttpFront
 
-SESSION_HEADER = "x-sinkd-session"  # a client may name its session; every answer names it
 FINISH = {"max_tokens": "length", "cache_full": "length", "stop": "stop", "eog": "stop"}
-
-
-def headers_of(c: Continuation) -> dict[str, str]:
-    return {
-        SESSION_HEADER: c.handle.session_id,
-        "x-sinkd-generation": c.handle.generation,
-        "x-sinkd-continuation": c.how,
-        "x-sinkd-why": c.why,
-    }
 
 
 def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
@@ -108,24 +103,14 @@ def router(front: HttpFront) -> APIRouter:
             raise HttpError(404, f"model {parsed.model!r} is not served here ({model_name} is)",
                             param="model", code="model_not_found")  # fmt: skip
         turn = chat_request(parsed, request.headers.get(SESSION_HEADER))
-        jobs: list[Job] = []
-        slot, handed = front.slot(principal), False
-        try:
-            continuation, events = await run_in_threadpool(
-                front.chats.turn, principal, turn, jobs.append
-            )
-            if parsed.stream:
-                include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-                pieces = _sse(model_name, continuation, events, include_usage)
-                response = front.stream(
-                    slot, jobs, pieces, "text/event-stream", headers_of(continuation)
-                )
-                handed = True  # the stream gives the slot back
-                return response
-            text, done = await run_in_threadpool(collect, events)
-        finally:
-            if not handed:
-                slot.release()
+        if parsed.stream:
+            include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+
+            def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
+                return _sse(model_name, c, events, include_usage)
+
+            return await front.streamed(principal, turn, pieces, "text/event-stream")
+        continuation, text, done, _ = await front.whole(principal, turn)
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -135,7 +120,7 @@ def router(front: HttpFront) -> APIRouter:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": "".join(text)},
+                        "message": {"role": "assistant", "content": text},
                         "finish_reason": FINISH.get(done.reason, "stop"),
                     }
                 ],
@@ -146,17 +131,6 @@ def router(front: HttpFront) -> APIRouter:
         )
 
     return api
-
-
-def collect(events: Iterator[TokenEvent | Done]) -> tuple[list[str], Done]:
-    text, done = [], None
-    for event in events:
-        if isinstance(event, TokenEvent):
-            text.append(event.text)
-        else:
-            done = event
-    assert done is not None  # a stream ends with Done or raises
-    return text, done
 
 
 def _sse(

@@ -13,9 +13,22 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sinkd.daemon.http.errors import HttpError
 from sinkd.daemon.runtime.api import SamplingRequest
 from sinkd.daemon.runtime.conversations import Turn
-from sinkd.daemon.runtime.stateless import StatelessChatRequest
+from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)
+SESSION_HEADER = "x-sinkd-session"  # a client may name its session; every answer names it
+
+
+def headers_of(c: Continuation) -> dict[str, str]:
+    """Which session answered and how it was found, for both APIs' answers."""
+    return {
+        SESSION_HEADER: c.handle.session_id,
+        "x-sinkd-generation": c.handle.generation,
+        "x-sinkd-continuation": c.how,
+        "x-sinkd-why": c.why,
+    }
+
+
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 
 
