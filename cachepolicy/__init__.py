@@ -4,7 +4,7 @@ No engine, no network: this package imports neither ``llama_cpp`` nor ``grpc``.
 """
 
 from sinkd.cachepolicy.config import PolicyConfig, PolicyName, PositionMode
-from sinkd.cachepolicy.errors import CacheFull, ConfigError
+from sinkd.cachepolicy.errors import CacheFull, CannotRewind, ConfigError
 from sinkd.cachepolicy.plan import AppendPlan, Evict, Op, SeqState, Shift, SubBatch, plan_append
 from sinkd.cachepolicy.sequence import CacheSequence, Cell, Receipt, TraceEvent
 from sinkd.errors import SinkdError
@@ -13,6 +13,7 @@ __all__ = [
     "AppendPlan",
     "CacheFull",
     "CacheSequence",
+    "CannotRewind",
     "Cell",
     "ConfigError",
     "Evict",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sinkd.errors import SinkdError
 
-__all__ = ["CacheFull", "ConfigError", "SinkdError"]
+__all__ = ["CacheFull", "CannotRewind", "ConfigError", "SinkdError"]
 
 
 class ConfigError(SinkdError, ValueError):
@@ -37,3 +37,10 @@ class CacheFull(SinkdError):
         self.retained = retained
         self.incoming = incoming
         self.capacity = capacity
+
+
+class CannotRewind(SinkdError):
+    """A rewind past what the cache still holds (the stream evicted it)."""
+
+    status = "FAILED_PRECONDITION"
+    exit_code = 12

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sinkd.cachepolicy.config import PolicyConfig
-from sinkd.cachepolicy.errors import CacheFull
+from sinkd.cachepolicy.errors import CacheFull, CannotRewind
 from sinkd.cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
 from sinkd.cachepolicy.recall import RecalledSpan
 
@@ -156,6 +156,37 @@ class CacheSequence:
                 recalled_logical=span.stream,
             )
         )
+
+    def rewind(self, to_n_seen: int) -> tuple[int, int] | None:
+        """Drop the newest cells back to logical position `to_n_seen` (a regenerated turn); the
+        cache range [p0, p1) to remove, or None when nothing goes. Only cells still retained can
+        go back: below the window's start the stream has evicted what came before, so a rewind
+        there would leave a hole (CannotRewind)."""
+        s = self.state
+        if not 0 <= to_n_seen <= s.n_seen:
+            raise CannotRewind(f"cannot rewind to token {to_n_seen}: the stream holds {s.n_seen}")
+        if s.evictions and to_n_seen < s.window_start:
+            raise CannotRewind(
+                f"cannot rewind to token {to_n_seen}: the window starts at {s.window_start}"
+                " (what came after it has been evicted)"
+            )
+        if to_n_seen == s.n_seen:
+            return None
+        removed = (to_n_seen - s.shift, s.next_cache_pos())  # no eviction yet: shift is 0
+        self.trace.append(
+            TraceEvent(
+                at_token=s.n_seen,
+                evicted_logical=(to_n_seen, s.n_seen),
+                evicted_cache=removed,
+                shift_delta=0,
+                shifted_cache=None,
+                kind="rewind",
+            )
+        )
+        self.state = SeqState(
+            to_n_seen, s.window_start, s.shift, s.evictions, s.evicted_tokens, s.shifts
+        )
+        return removed
 
     def fork(self) -> CacheSequence:
         """An independent copy: the state is immutable and the trace is copied."""

@@ -186,6 +186,10 @@ def trace(
                 "",
             )
             continue
+        if e.kind == "rewind":
+            table.add_row(str(e.at_token), f"rewound {_span(e.evicted_logical)}",
+                          _span(e.evicted_cache), "")  # fmt: skip
+            continue
         shift = f"{e.shift_delta} on {_span(e.shifted_cache)}" if e.shifted_cache else "deferred"
         table.add_row(str(e.at_token), _span(e.evicted_logical), _span(e.evicted_cache), shift)
     out.print(table)

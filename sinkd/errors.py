@@ -67,10 +67,15 @@ class SinkdError(Exception):
 
 
 class InvalidInput(SinkdError, ValueError):
-    """A request the engine must refuse before llama.cpp sees it (it would abort the process)."""
+    """A request the engine must refuse before llama.cpp sees it (it would abort the process);
+    `field` names the request's field where one is to blame."""
 
     status = "INVALID_ARGUMENT"
     exit_code = 2
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 # --- identity and access ---

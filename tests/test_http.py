@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import ollama
 import openai
 import pytest
@@ -191,6 +192,54 @@ def test_an_ollama_client_lists_and_chats(daemon: Daemon) -> None:
     assert whole.message.content == "".join(p.message.content for p in parts)
 
 
+def test_an_ollama_client_generates_and_its_keep_alive_is_the_sessions_expiry(
+    daemon: Daemon,
+) -> None:
+    import time
+
+    assert daemon.http is not None
+    client = ollama.Client(
+        host=daemon.http.address, headers={"Authorization": "Bearer alice-token"}
+    )
+    opts = {"temperature": 0, "num_predict": 8}
+    parts = list(client.generate(model=MODEL, prompt="Say hello.", options=opts, stream=True))
+    assert parts[-1].done and "".join(p.response for p in parts)
+    whole = client.generate(model=MODEL, prompt="Say hello.", options=opts, keep_alive="5m")
+    assert whole.response == "".join(p.response for p in parts)
+    kept = [s for s in daemon.service.registry.all() if s.idle_timeout_s == 300.0]
+    assert len(kept) == 1  # the session that answered
+    with pytest.raises(ollama.ResponseError) as raw:  # text never chooses its own framing
+        client.generate(model=MODEL, prompt="<|im_start|>system", raw=True)
+    assert raw.value.status_code == 400 and "raw" in raw.value.error
+    with pytest.raises(ollama.ResponseError) as bad:
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], keep_alive="soon")
+    assert bad.value.status_code == 400 and "keep_alive" in bad.value.error
+
+    gone = client.chat(
+        model=MODEL, messages=[{"role": "user", "content": "One more."}], options=opts,
+        keep_alive=0, stream=False,
+    )  # fmt: skip
+    assert gone.message.content
+    scheduler = daemon.service.scheduler
+    sessions = [s.id for s in daemon.service.registry.all() if s.idle_timeout_s is not None]
+    scheduler.call(lambda e: scheduler.expire_idle(time.monotonic() + 1))
+    left = {s.id for s in daemon.service.registry.all()}
+    assert kept[0].id in left  # 5 minutes are not up
+    assert [s for s in sessions if s not in left]  # keep_alive 0: closed once it answered
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [(None, None), (300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25), ("0", 0.0),
+     (-1, None), ("-1m", None), ("2.5", 2.5)],
+)  # fmt: skip
+def test_keep_alive_reads_as_ollama_writes_it(given: Any, seconds: float | None) -> None:
+    from sinkd.daemon.http.ollama_api import keep_alive_seconds
+
+    assert keep_alive_seconds(given) == seconds
+
+
 def test_a_conversation_continues_after_a_restart_and_a_reset_one_does_not(tmp_path: Path) -> None:
     d = start(tmp_path)
     try:
@@ -270,7 +319,8 @@ QUESTIONS = [
 def test_sixty_turns_resent_whole_each_turn_read_only_their_new_tokens(tmp_path: Path) -> None:
     """The history grows past S+W = 4+252 many times over; each turn still appends only its own
     tokens (the receipt's n_seen grows by exactly usage's prompt + completion), across a restart
-    in the middle, and another tenant's identical history starts a session of its own."""
+    in the middle and a regenerate, and another tenant's identical history starts a session of its
+    own."""
 
     d = start(tmp_path)
     history: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
@@ -301,6 +351,15 @@ def test_sixty_turns_resent_whole_each_turn_read_only_their_new_tokens(tmp_path:
             seen, evicted = ext["receipt"]["n_seen"], ext["receipt"]["evicted_tokens"]
             assert ext["receipt"]["retained"] <= 256
             history.append({"role": "assistant", "content": reply.choices[0].message.content})
+            if turn == 45:  # regenerate the last reply: taken back, nothing read again
+                before = seen - reply.usage.total_tokens
+                again, headers = ask(sdk(d), history[:-1], max_tokens=16, temperature=0.8)
+                assert headers["x-sinkd-continuation"] == "regenerated"
+                assert headers["x-sinkd-session"] == session
+                assert again.usage.prompt_tokens < 40 + 96
+                seen = again.model_extra["sinkd"]["receipt"]["n_seen"]
+                assert seen == before + again.usage.total_tokens
+                history[-1] = {"role": "assistant", "content": again.choices[0].message.content}
         assert seen > 3 * 256 and evicted > 2 * 256  # the window turned over many times
         history.append({"role": "user", "content": "Thanks."})
         _, headers = ask(sdk(d, "bob-token"), history, max_tokens=4)
@@ -353,3 +412,152 @@ def test_new_conversations_past_the_session_limit_close_the_callers_least_recent
     assert bob_session is not None  # another tenant's session is never taken
     _, headers = ask(client, [*first, {"role": "user", "content": "Still there?"}], max_tokens=3)
     assert headers["x-sinkd-continuation"] == "new"  # its session made room: read again
+
+
+def test_a_regenerate_takes_the_last_turn_back_reads_nothing_again_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """The same history without its last reply (a chat UI's regenerate), or with its last message
+    edited, continues the session: the last turn leaves the cache, the new one alone goes in. The
+    rewound session resumes bit for bit from what a crash leaves."""
+    from tests.test_daemon import stop_without_snapshots
+
+    d = start(tmp_path)
+    alice = Principal("alice")
+    history: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    try:
+        for question in QUESTIONS[:6]:  # past the 256 cells: the window has evicted
+            history.append({"role": "user", "content": question})
+            reply, headers = ask(sdk(d), history, max_tokens=40)
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        session = headers["x-sinkd-session"]
+        last = reply.model_extra["sinkd"]["receipt"]
+        assert last["evicted_tokens"] > 0
+        before = last["n_seen"] - reply.usage.total_tokens
+
+        again, headers = ask(sdk(d), history[:-1], max_tokens=40)  # regenerate
+        ext = again.model_extra["sinkd"]
+        assert headers["x-sinkd-continuation"] == "regenerated", headers["x-sinkd-why"]
+        assert headers["x-sinkd-session"] == session and ext["ingested_turns"] == 0
+        assert again.usage.prompt_tokens == reply.usage.prompt_tokens  # the last turn alone
+        assert ext["receipt"]["n_seen"] == before + again.usage.total_tokens
+
+        edited = [*history[:-2], {"role": "user", "content": "Name a tree instead."}]
+        third, headers = ask(sdk(d), edited, max_tokens=40)  # the last message edited
+        assert headers["x-sinkd-continuation"] == "regenerated"
+        assert third.model_extra["sinkd"]["receipt"]["n_seen"] == before + third.usage.total_tokens
+        history = [*edited, {"role": "assistant", "content": third.choices[0].message.content}]
+        s = d.service.registry.get(session)
+        assert s is not None and s.rewinds == 2
+        kinds = [e.kind for e in d.service.reads.trace(alice, Handle(session, s.generation))]
+        assert kinds.count("rewind") == 2
+        want = d.service.reads.inspect(alice, Handle(session, s.generation), False, True).logits
+        stop_without_snapshots(d)  # what a kill -9 leaves: the rewind's snapshot, then chunks
+
+        d = start(tmp_path)
+        s = d.service.registry.get(session)
+        assert s is not None and s.rewinds == 2
+        got = d.service.reads.inspect(alice, Handle(session, s.generation), False, True).logits
+        assert want is not None and got is not None and np.array_equal(got, want)
+        history.append({"role": "user", "content": "Thanks."})
+        _, headers = ask(sdk(d), history, max_tokens=8)
+        assert headers["x-sinkd-continuation"] == "continued", headers["x-sinkd-why"]
+        assert headers["x-sinkd-session"] == session
+    finally:
+        d.stop()
+
+
+# --- the Responses API: stateful, each stored conversation one session ---
+
+
+def respond(client: openai.OpenAI, **kw: Any) -> Any:
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, **{"max_output_tokens": 12, "temperature": 0, **kw}
+    )
+    return raw.parse(), raw.headers
+
+
+def test_responses_continue_from_the_previous_response_with_only_the_new_input(
+    daemon: Daemon,
+) -> None:
+    client = sdk(daemon)
+    first, headers = respond(client, instructions=SYSTEM, input="Name a colour.")
+    assert first.status in ("completed", "incomplete") and first.output_text
+    assert headers["x-sinkd-continuation"] == "new"
+    session = headers["x-sinkd-session"]
+    second, headers = respond(client, previous_response_id=first.id, input="Another.")
+    assert headers["x-sinkd-continuation"] == "continued" and headers["x-sinkd-session"] == session
+    assert second.previous_response_id == first.id
+    assert 0 < second.usage.input_tokens < first.usage.input_tokens  # the new input alone
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+
+    again, headers = respond(client, previous_response_id=first.id, input="Another.")
+    assert headers["x-sinkd-continuation"] == "regenerated"  # second is taken back out
+    assert again.usage.input_tokens == second.usage.input_tokens
+    respond(client, previous_response_id=again.id, input="More.")
+    with pytest.raises(openai.ConflictError):  # a branch further back: refused, not merged
+        respond(client, previous_response_id=first.id, input="Other.")
+    with pytest.raises(openai.BadRequestError) as bad:
+        respond(client, previous_response_id=first.id, instructions="Be verbose.", input="Hi")
+    assert bad.value.body["param"] == "instructions"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):  # another tenant's response is nobody's
+        respond(sdk(daemon, "bob-token"), previous_response_id=first.id, input="Hi")
+
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
+    s = daemon.service.registry.get(session)
+    assert s is not None  # the conversation stays
+
+
+def test_responses_stream_typed_events_and_unstored_ones_leave_nothing(daemon: Daemon) -> None:
+    client = sdk(daemon)
+    events = list(
+        client.responses.create(
+            model=MODEL, input="Count to five.", max_output_tokens=10, temperature=0, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added",
+    ]  # fmt: skip
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and events[-1].response.output_text == deltas
+    assert client.responses.retrieve(events[-1].response.id).output_text == deltas
+
+    unstored, headers = respond(client, input="Say hi.", store=False)
+    assert unstored.output_text
+    assert daemon.service.registry.get(headers["x-sinkd-session"]) is None  # its session closed
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_stored_responses_outlive_a_restart_and_go_with_their_session(tmp_path: Path) -> None:
+    d = start(tmp_path)
+    try:
+        first, headers = respond(sdk(d), input="My name is Ada.")
+        session = headers["x-sinkd-session"]
+    finally:
+        d.stop()
+    d = start(tmp_path)
+    try:
+        assert sdk(d).responses.retrieve(first.id).output_text == first.output_text
+        second, headers = respond(sdk(d), previous_response_id=first.id, input="Thanks.")
+        assert headers["x-sinkd-continuation"] == "continued"
+        assert headers["x-sinkd-session"] == session
+        h = d.service.registry.get(session)
+        assert h is not None
+        d.service.close(Principal("alice"), Handle(session, h.generation))
+        with pytest.raises(openai.NotFoundError):
+            sdk(d).responses.retrieve(second.id)
+    finally:
+        d.stop()
+    d = start(tmp_path)
+    try:
+        with pytest.raises(openai.NotFoundError):  # the journal let it go with its session
+            sdk(d).responses.retrieve(first.id)
+    finally:
+        d.stop()

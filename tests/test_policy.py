@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sinkd.cachepolicy import (
     CacheFull,
     CacheSequence,
+    CannotRewind,
     ConfigError,
     Evict,
     PolicyConfig,
@@ -430,3 +431,47 @@ def test_shift_mode_positions_are_dense_after_each_compaction(
                 assert seq.cache_positions() == list(range(seq.retained))
             seq.adopt_tokens(sb)
         assert seq.cache_positions() == list(range(seq.retained))  # K=0: always dense
+
+
+# --- rewind: a regenerated turn takes the newest cells back out ---
+
+
+@pytest.mark.parametrize("policy", ["sink", "window", "sink-noshift", "full"])
+def test_a_rewind_removes_the_newest_cells_and_the_next_append_lands_where_they_were(
+    policy: str,
+) -> None:
+    """After a rewind the sequence is where one that never took those tokens would be, but for
+    what the stream evicted meanwhile (evicted is gone for good)."""
+    cfg = (
+        PolicyConfig.named(policy, sinks=2, window=6)
+        if policy != "full"
+        else (PolicyConfig.named("full", window=16))
+    )
+    seq = CacheSequence(cfg)
+    seq.append(7 if policy == "full" else 12)
+    before_cells = seq.cells()
+    n = seq.state.n_seen
+    removed = seq.rewind(n - 3)
+    assert removed == (before_cells[-3].cache_pos, before_cells[-1].cache_pos + 1)
+    assert seq.cells() == before_cells[:-3]
+    assert seq.trace[-1].kind == "rewind" and seq.trace[-1].evicted_logical == (n - 3, n)
+    (sb,) = seq.plan(1).sub_batches
+    assert sb.logical_pos == n - 3 and sb.cache_pos == before_cells[-3].cache_pos
+    assert seq.rewind(seq.state.n_seen) is None  # nothing to take back
+
+
+def test_a_rewind_past_what_the_window_still_holds_is_refused_unchanged() -> None:
+    seq = CacheSequence(PolicyConfig.named("sink", sinks=2, window=4))
+    seq.append(10)  # logical 6..9 in the window, 2..5 evicted
+    state = seq.state
+    with pytest.raises(CannotRewind, match="window starts at 6"):
+        seq.rewind(5)
+    with pytest.raises(CannotRewind):
+        seq.rewind(11)
+    assert seq.state == state
+    seq.rewind(6)
+    assert seq.logical_positions() == [0, 1]
+    fresh = CacheSequence(PolicyConfig.named("sink", sinks=2, window=4))
+    fresh.append(3)
+    fresh.rewind(1)  # nothing evicted yet: into the sinks too
+    assert fresh.logical_positions() == [0]

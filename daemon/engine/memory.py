@@ -145,6 +145,11 @@ class SequenceCells:
             int(llama.llama_memory_seq_pos_max(self._mem, seq_id)),
         )
 
+    def remove(self, seq_id: int, p0: int, p1: int) -> None:
+        """Remove cache positions [p0, p1) of the sequence (a rewind); a refusal raises."""
+        if not llama.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
+            raise EngineError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+
     def apply_ops(self, seq_id: int, sb: SubBatch, pos_offset: int = 0) -> None:
         """Apply a sub-batch's evictions and shifts to the sequence; a refused removal raises."""
         for op in sb.ops:

@@ -38,15 +38,23 @@ def body(message: str, kind: str, param: str | None = None, code: str | None = N
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def from_sinkd(error: SinkdError) -> JSONResponse:
+def from_sinkd(error: SinkdError, ollama: bool = False) -> JSONResponse:
     status, kind = _BY_STATUS.get(error.status, (500, "server_error"))
-    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
-    code = type(error).__name__
-    return JSONResponse(body(message_of(error), kind, code=code), status, headers=headers)
+    code, param = type(error).__name__, getattr(error, "field", None)
+    return _answer(message_of(error), status, kind, param, code, ollama)
 
 
-def from_http(error: HttpError) -> JSONResponse:
+def from_http(error: HttpError, ollama: bool = False) -> JSONResponse:
     kind = "invalid_request_error" if error.status < 500 else "server_error"
     if error.status == 401:
         kind = "authentication_error"
-    return JSONResponse(body(error.message, kind, error.param, error.code), error.status)
+    return _answer(error.message, error.status, kind, error.param, error.code, ollama)
+
+
+def _answer(
+    message: str, status: int, kind: str, param: str | None, code: str | None, ollama: bool
+) -> JSONResponse:
+    """OpenAI's error body; Ollama's (`{"error": message}`) on Ollama's routes."""
+    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
+    content = {"error": message} if ollama else body(message, kind, param, code)
+    return JSONResponse(content, status, headers=headers)

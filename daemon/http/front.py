@@ -38,6 +38,7 @@ from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 from sinkd.errors import ListenError, SinkdError, Unauthenticated
 
 log = logging.getLogger("sinkd.http")
+Start = Callable[[Callable[[Job], None] | None], tuple[Continuation, Stream]]
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -110,27 +111,32 @@ class HttpFront:
     # --- the app ---
 
     def _app(self) -> FastAPI:
-        from sinkd.daemon.http import ollama_api, openai_api
+        from sinkd.daemon.http import ollama_api, openai_api, responses_api
 
         app = FastAPI(title="sinkd", docs_url=None, redoc_url=None, openapi_url=None)
 
+        def ollama(request: Request) -> bool:  # Ollama's routes answer in Ollama's convention
+            return request.url.path.startswith("/api/")
+
         @app.exception_handler(SinkdError)
         async def sinkd_error(request: Request, e: SinkdError) -> Response:
-            return from_sinkd(e)
+            return from_sinkd(e, ollama(request))
 
         @app.exception_handler(HttpError)
         async def http_error(request: Request, e: HttpError) -> Response:
-            return from_http(e)
+            return from_http(e, ollama(request))
 
         @app.exception_handler(404)
         async def not_found(request: Request, e: Exception) -> Response:
-            return from_http(HttpError(404, f"no route {request.url.path}"))
+            return from_http(HttpError(404, f"no route {request.url.path}"), ollama(request))
 
         @app.exception_handler(405)
         async def not_allowed(request: Request, e: Exception) -> Response:
-            return from_http(HttpError(405, f"{request.method} is not allowed on this route"))
+            error = HttpError(405, f"{request.method} is not allowed on this route")
+            return from_http(error, ollama(request))
 
         app.include_router(openai_api.router(self))
+        app.include_router(responses_api.router(self))
         app.include_router(ollama_api.router(self))
         return app
 
@@ -184,32 +190,37 @@ class HttpFront:
     async def streamed(
         self,
         principal: Principal,
-        turn: StatelessChatRequest,
+        start: Start,
         pieces_of: Callable[[Continuation, Stream], Iterator[bytes]],
         media_type: str,
     ) -> StreamingResponse:
-        """A chat turn answered as a stream in the API's own framing (`pieces_of`)."""
+        """A turn (`start`: a chat turn or a response) answered as a stream in the API's own
+        framing (`pieces_of`)."""
         jobs: list[Job] = []
         slot = self.slot(principal)
         try:
-            c, events = await run_in_threadpool(self.chats.turn, principal, turn, jobs.append)
+            c, events = await run_in_threadpool(start, jobs.append)
         except BaseException:
             slot.release()
             raise
         return self.stream(slot, jobs, pieces_of(c, events), media_type, headers_of(c))
 
     async def whole(
-        self, principal: Principal, turn: StatelessChatRequest
+        self, principal: Principal, start: Start
     ) -> tuple[Continuation, str, Done, float]:
-        """A chat turn answered whole: its text, its end, and the seconds it generated for."""
+        """A turn answered whole: its text, its end, and the seconds it generated for."""
         slot = self.slot(principal)
         try:
-            c, events = await run_in_threadpool(self.chats.turn, principal, turn)
+            c, events = await run_in_threadpool(start, None)
             t0 = time.monotonic()
             text, done = await run_in_threadpool(_collect, events)
             return c, text, done, time.monotonic() - t0
         finally:
             slot.release()
+
+    def chat(self, principal: Principal, turn: StatelessChatRequest) -> Start:
+        """A stateless client's chat turn, to start."""
+        return lambda hook: self.chats.turn(principal, turn, hook)
 
     # --- lifecycle ---
 

@@ -109,8 +109,10 @@ def router(front: HttpFront) -> APIRouter:
             def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
                 return _sse(model_name, c, events, include_usage)
 
-            return await front.streamed(principal, turn, pieces, "text/event-stream")
-        continuation, text, done, _ = await front.whole(principal, turn)
+            return await front.streamed(
+                principal, front.chat(principal, turn), pieces, "text/event-stream"
+            )
+        continuation, text, done, _ = await front.whole(principal, front.chat(principal, turn))
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -47,41 +47,77 @@ class Match:
     session_id: str | None  # None: no session took these turns
     reset_count: int
     why: str
+    rewind_to: int | None = None  # the session took one more turn since: back to this token
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one conversation session stands: `head` after its last whole turn (None while a
+    turn is under way, or once one was cut short), `before` the history that turn started from
+    and the session's token count then (a regenerate goes back there)."""
+
+    tenant: str
+    reset_count: int
+    head: str | None
+    before: str | None = None
+    n_before: int = 0
 
 
 class ConversationIndex:
-    """Per tenant: the chain head each conversation session (at one generation) stands at."""
+    """Per tenant: the chain head each conversation session (at one generation) stands at, and
+    the one it stood at before its last turn."""
 
     def __init__(self, key: bytes) -> None:
         self.key = key  # a durable daemon's is kept in its state directory: heads outlive restarts
         self._lock = threading.Lock()
-        self._by_head: dict[tuple[str, str], tuple[str, int]] = {}
-        self._head_of: dict[str, tuple[str, str]] = {}  # session id -> (tenant, head)
+        self._places: dict[str, Place] = {}  # session id -> where it stands
+        self._by_head: dict[tuple[str, str], str] = {}
+        self._by_before: dict[tuple[str, str], str] = {}
 
     def head(self, system: str, turns: Sequence[Turn]) -> str:
         return chain(self.key, system, turns)[-1]
 
-    def find(self, tenant: str, head: str, n_turns: int) -> Match:
-        """The session of this tenant's whose history has this head, if any."""
+    def retake_key(self, system: str, earlier: Sequence[Turn], new: Turn) -> str:
+        """What a turn taken again must match: the history before it (its last message may be
+        edited), or for a conversation's first turn the message too (else every new conversation
+        under the same system prompt would take back another's first turn)."""
+        return self.head(system, [*earlier] if earlier else [new])
+
+    def find(self, tenant: str, head: str, n_turns: int, retake: str) -> Match:
+        """The session of this tenant's whose history has this head, if any; else one whose last
+        turn this one takes again (`retake_key`: a regenerated reply or an edited message)."""
         with self._lock:
-            found = self._by_head.get((tenant, head))
-        if found is not None:
-            return Match(found[0], found[1], f"its {n_turns} earlier turns match")
+            sid = self._by_head.get((tenant, head))
+            if sid is not None:
+                at = self._places[sid]
+                return Match(sid, at.reset_count, f"its {n_turns} earlier turns match")
+            sid = self._by_before.get((tenant, retake))
+            if sid is not None:
+                at = self._places[sid]
+                why = f"its {n_turns} earlier turns match and its last turn is taken again"
+                return Match(sid, at.reset_count, why, rewind_to=at.n_before)
         why = "no session of yours took these turns" if n_turns else "a conversation's first turn"
         return Match(None, -1, why)
 
-    def place(self, tenant: str, session_id: str, reset_count: int, head: str) -> None:
-        """The session (at this generation) now stands at `head`."""
+    def place(self, session_id: str, place: Place) -> None:
+        """The session (at this generation) now stands at `place`."""
         with self._lock:
-            old = self._head_of.pop(session_id, None)
-            if old is not None:
-                self._by_head.pop(old, None)
-            self._by_head[(tenant, head)] = (session_id, reset_count)
-            self._head_of[session_id] = (tenant, head)
+            self._drop(session_id)
+            self._places[session_id] = place
+            if place.head is not None:
+                self._by_head[(place.tenant, place.head)] = session_id
+            if place.before is not None:
+                self._by_before[(place.tenant, place.before)] = session_id
 
     def remove(self, session_id: str) -> None:
-        """The session no longer stands where it stood (a turn under way or cut short)."""
+        """The session no longer stands anywhere (closed, reset, its history rewritten)."""
         with self._lock:
-            old = self._head_of.pop(session_id, None)
-            if old is not None:
-                self._by_head.pop(old, None)
+            self._drop(session_id)
+
+    def _drop(self, session_id: str) -> None:
+        old = self._places.pop(session_id, None)
+        if old is None:
+            return
+        for by, key in ((self._by_head, old.head), (self._by_before, old.before)):
+            if key is not None and by.get((old.tenant, key)) == session_id:
+                del by[(old.tenant, key)]

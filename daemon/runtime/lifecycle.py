@@ -1,4 +1,5 @@
-"""Session transitions that touch the context: create, reset, fork, close. Engine thread only.
+"""Session transitions that touch the context: create, reset, fork, rewind, close. Engine thread
+only.
 
 Each checks the caller's generation here, on the engine thread, in the same step as it acts, so
 check-and-act is atomic (six resets racing with one handle: one wins, five are stale). Each records
@@ -31,7 +32,15 @@ from sinkd.daemon.runtime.sessions import (
     SessionState,
     new_session_id,
 )
-from sinkd.errors import Cancelled, InvalidInput, NotFound, ResourceExhausted, StaleGeneration
+from sinkd.errors import (
+    Cancelled,
+    FailedPrecondition,
+    InvalidInput,
+    NotFound,
+    ResourceExhausted,
+    SessionFailed,
+    StaleGeneration,
+)
 
 log = logging.getLogger("sinkd.lifecycle")
 
@@ -184,6 +193,30 @@ class Lifecycle:
             session.transition(SessionState.IDLE)
         session.last_active = time.monotonic()
         return session
+
+    def rewind(self, engine: Engine, session: Session, generation: str, to_n_seen: int) -> None:
+        """Back to logical position `to_n_seen`: the newest cells go (a regenerated turn: the
+        client dropped the reply), if the window still holds them. Journalled as one snapshot of
+        the session as it is now, alone: the chunks past it would replay what was dropped. A
+        snapshot that cannot be written fails the session (its files say otherwise)."""
+        check_generation(session, generation)
+        if session.state is not SessionState.IDLE or self.scheduler.queues.busy(session.id):
+            raise FailedPrecondition(f"session {session.id} is busy with another request")
+        if session.unlogged or session.pending_prefix:
+            raise FailedPrecondition(f"session {session.id} has an append under way")
+        removed = session.seq.rewind(to_n_seen)  # CannotRewind: nothing changed
+        if removed is None:
+            return
+        engine.cells.remove(session.seq_id, *removed)
+        engine.cells.compact(session.seq_id)  # packed, as a restored snapshot is (same bits)
+        session.retained.drop_newest(removed[1] - removed[0])
+        self.recall.rewound(session)
+        session.last_logits = None  # the next append brings its own
+        session.rewinds += 1
+        session.last_active = time.monotonic()
+        if self.snapshotter is not None and not self.snapshotter.take(session, scrub=True):
+            self.scheduler.auditor.fail_session(session, "its rewind could not be journalled")
+            raise SessionFailed(f"session {session.id}: its rewind could not be journalled")
 
     def close(self, session: Session, generation: str | None = None) -> None:
         """Close and delete what is stored (a stale session too); `generation` None: expiry.

@@ -105,14 +105,16 @@ def sampling_params(request: SamplingRequest | None) -> SamplingParams | None:
 
 
 def chat_sampling(
-    recommended: Mapping[str, Any], generation: str, n_seen: int
+    recommended: Mapping[str, Any], generation: str, n_seen: int, rewinds: int = 0
 ) -> SamplingParams | None:
     """The model's recommended sampling for one chat turn of a session that chose none, seeded
     from the generation and the stream's length: each turn draws differently, and the same turn
-    of the same stream draws the same (None when the entry recommends nothing)."""
+    of the same stream draws the same; a regenerated turn (`rewinds`) draws anew (None when the
+    entry recommends nothing)."""
     if not recommended:
         return None
-    digest = hashlib.sha256(f"{generation}:{n_seen}".encode()).digest()
+    salt = f"{generation}:{n_seen}" + (f":{rewinds}" if rewinds else "")
+    digest = hashlib.sha256(salt.encode()).digest()
     return validated(
         SamplingParams, **{**recommended, "seed": int.from_bytes(digest[:4], "little")}
     )

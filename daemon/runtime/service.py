@@ -9,7 +9,6 @@ memory is `Remembering`, reads are `SessionReads`.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 
 from sinkd.daemon.config import Settings
@@ -17,7 +16,6 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import SamplingParams
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.models.registry import ModelEntry, load_lock
-from sinkd.daemon.private import secret
 from sinkd.daemon.runtime import boot, requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.admission import Admission
@@ -32,7 +30,7 @@ from sinkd.daemon.runtime.api import (
     SamplingRequest,
     Stream,
 )
-from sinkd.daemon.runtime.conversations import ConversationIndex
+from sinkd.daemon.runtime.clients import ClientState
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
@@ -42,10 +40,9 @@ from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.remembering import Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
-from sinkd.daemon.runtime.stateless import StatelessChats
 from sinkd.daemon.runtime.turns import JobHook, Turns
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
-from sinkd.errors import PermissionDenied, SinkdError
+from sinkd.errors import PermissionDenied
 
 log = logging.getLogger("sinkd.service")
 
@@ -100,16 +97,19 @@ class SinkdService:
         self.reads = SessionReads(
             self.access, self.registry, self.scheduler, self.admission, self.metrics, self.entry
         )
-        # stateless clients (the HTTP front): their histories continue the sessions that took them
-        self.conversations = ConversationIndex(secrets.token_bytes(32))
-        self.stateless = StatelessChats(
+        # the HTTP front's clients: stateless histories and stored responses, each a session
+        self.clients = ClientState(
             self.access,
             self.turns,
-            self.conversations,
+            self.scheduler,
+            self.durability,
             lambda p, policy, sampling, system: self.create(p, policy, sampling, system),
             self.close,
-            self._persist_head if self.durability is not None else None,
+            lambda p, h, n: self.scheduler.call(
+                lambda e: self.lifecycle.rewind(e, self.access.owned(p, h), h.generation, n)
+            ),
         )
+        self.stateless, self.responses = self.clients.stateless, self.clients.responses
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
 
@@ -124,22 +124,6 @@ class SinkdService:
     def _open_engine(self) -> Engine:
         engine, self.identity = boot.open_for(self.settings, self.entry)
         return engine
-
-    def _persist_head(self, session_id: str, reset_count: int, tenant: str, head: str) -> None:
-        """Journal where a conversation stands, on the engine thread (the reply is already given:
-        a crash before this commit costs the next turn a re-read of its history, nothing else)."""
-        durability = self.durability
-        assert durability is not None
-
-        def put(engine: Engine) -> None:
-            durability.j.put_head(session_id, reset_count, tenant, head)
-            durability.commit()
-
-        try:
-            self.scheduler.call(put)
-        except SinkdError as e:
-            log.warning("session %s: where its conversation stands was not journalled: %s",
-                        session_id, type(e).__name__)  # fmt: skip
 
     def _resume(self, engine: Engine) -> None:
         """Engine thread, before the daemon serves: open the state directory, resume sessions."""
@@ -156,11 +140,7 @@ class SinkdService:
             self.recall,
         )
         boot.resume(engine, self.entry, self.identity, self.durability, resumer)
-        # the hash chain's key, kept with the state: where conversations stand outlives restarts
-        self.conversations.key = secret(self.durability.dir / "conversations.key")
-        for session_id, reset_count, tenant, head in self.durability.j.heads():
-            self.conversations.place(tenant, session_id, reset_count, head)
-            self.stateless.adopt(session_id)
+        self.clients.load()
         self.metrics.active_sessions.set(len(self.registry))
 
     # --- the daemon ---

@@ -142,6 +142,11 @@ class RetainedTokens:
     def all(self) -> list[int]:
         return self.sinks + list(self.window)
 
+    def drop_newest(self, n: int) -> None:
+        """Follow a rewind: the newest `n` tokens leave (from the window, then the sinks)."""
+        for _ in range(n):
+            (self.window or self.sinks).pop()
+
     def tail(self, n: int) -> list[int]:
         """The last `n` retained tokens, in stream order (the repetition penalty's history)."""
         if n <= 0:
@@ -203,6 +208,11 @@ class Session:
     recalled: list[RecalledSpan] = field(default_factory=list)
     memory_stats: tuple[int, int, int] = (0, 0, 0)
     last_recall: RecallReport | None = None
+    # regenerated turns so far: each draws its chat sampling seed anew (kept in snapshots)
+    rewinds: int = 0
+    # closed after this long idle, if shorter than the daemon's `idle_timeout_s` (a client's
+    # keep_alive; not kept across a restart)
+    idle_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)

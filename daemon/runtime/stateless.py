@@ -6,9 +6,11 @@ which session answered and how it was found (`Continuation`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from sinkd.cachepolicy import CannotRewind
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     ChatRequest,
@@ -20,10 +22,10 @@ from sinkd.daemon.runtime.api import (
     Stream,
     TokenEvent,
 )
-from sinkd.daemon.runtime.conversations import ConversationIndex, Turn
+from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import JobHook, Turns
-from sinkd.errors import InvalidInput, NotFound, ResourceExhausted
+from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, message_of
 
 MAX_TURNS = 4096  # a history longer than this is refused (400), not ingested
 
@@ -36,12 +38,17 @@ class StatelessChatRequest:
     stops: tuple[str, ...] = ()
     sampling: SamplingRequest | None = None
     session_id: str | None = None  # the client names its session (it must be the caller's)
+    # how long the session may stay idle after this turn (None: the daemon's; 0: closed once it
+    # has answered)
+    keep_alive_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Continuation:
     """Which session answered, and how it was found: "continued" (only the new turn was
-    appended), "new" (the history was ingested), "named" (the client named it)."""
+    appended), "regenerated" (the session's last turn was taken back out of the cache and this
+    one appended instead: a regenerated reply or an edited last message), "new" (the history was
+    ingested), "named" (the client named it)."""
 
     handle: Handle
     how: str
@@ -52,8 +59,9 @@ class Continuation:
 
 Create = Callable[[Principal, PolicyRequest, SamplingRequest | None, str], Receipt]
 Close = Callable[[Principal, Handle], None]
-# (session id, reset count, tenant, head): journal where a conversation stands (engine thread)
-Persist = Callable[[str, int, str, str], None]
+Rewind = Callable[[Principal, Handle, int], None]  # back to a token count (CannotRewind, ...)
+# journal where a conversation session stands (on the engine thread)
+Persist = Callable[[str, Place], None]
 
 
 class StatelessChats:
@@ -64,6 +72,7 @@ class StatelessChats:
         index: ConversationIndex,
         create: Create,
         close: Close,
+        rewind: Rewind,
         persist: Persist | None = None,
     ) -> None:
         self.access = access
@@ -71,6 +80,7 @@ class StatelessChats:
         self.index = index
         self.create = create
         self.close = close
+        self.rewind = rewind
         self.persist = persist
         self._made: set[str] = set()  # the sessions this layer made for stateless clients
 
@@ -84,11 +94,19 @@ class StatelessChats:
         tenant = _check(principal, request)
         earlier, new = list(request.turns[:-1]), request.turns[-1]
         continuation = self._find(principal, tenant, request, earlier)
+        handle = continuation.handle
+        session = self.access.registry.get(handle.session_id)
+        before = Place(
+            tenant,
+            -1 if session is None else session.reset_count,
+            None,  # until this turn is whole; it can be taken again meanwhile
+            self.index.retake_key(request.system, earlier, new),
+            self._seen(handle),
+        )
+        self.index.place(handle.session_id, before)
         chat = ChatRequest(new.content, request.max_tokens, request.stops, request.sampling)
-        self.index.remove(continuation.handle.session_id)  # until this turn is whole
-        events = self.turns.chat(principal, continuation.handle, chat, job_hook, timeout)
-        stream = self._placed(events, tenant, continuation.handle, request)
-        return continuation, stream
+        events = self.turns.chat(principal, handle, chat, job_hook, timeout)
+        return continuation, self._placed(events, before, handle, request)
 
     def _find(
         self,
@@ -102,16 +120,25 @@ class StatelessChats:
             if handle is None:
                 raise NotFound(f"no session {request.session_id!r} of yours to continue")
             return Continuation(handle, "named", "the request named it", 0, self._seen(handle))
-        match = self.index.find(tenant, self.index.head(request.system, earlier), len(earlier))
+        head = self.index.head(request.system, earlier)
+        retake = self.index.retake_key(request.system, earlier, request.turns[-1])
+        match = self.index.find(tenant, head, len(earlier), retake)
         if match.session_id is not None:
             handle = self._live(principal, match.session_id, match.reset_count)
-            if handle is not None:
+            if handle is not None and match.rewind_to is None:
                 return Continuation(handle, "continued", match.why, 0, self._seen(handle))
+            if handle is not None and match.rewind_to is not None:
+                try:  # its last turn goes back out of the cache: nothing is read again
+                    self.rewind(principal, handle, match.rewind_to)
+                    return Continuation(handle, "regenerated", match.why, 0, match.rewind_to)
+                except CannotRewind as e:
+                    why = f"its last turn cannot be taken back ({message_of(e)})"
+            else:
+                why = "the session that took these turns is gone (closed, reset or expired)"
             self.index.remove(match.session_id)
-            why = "the session that took these turns is gone (closed, reset or expired)"
         else:
             why = match.why
-        receipt, made_room = self._new_session(principal, request.system)
+        receipt, made_room = self.new_session(principal, request.system)
         if made_room:
             why += f"; {made_room}"
         handle = receipt.handle
@@ -119,11 +146,13 @@ class StatelessChats:
             self.turns.history(principal, handle, [(t.role, t.content) for t in earlier])
         return Continuation(handle, "new", why, len(earlier))
 
-    def _new_session(self, principal: Principal, system: str) -> tuple[Receipt, str]:
+    def new_session(
+        self, principal: Principal, system: str, stateless: bool = True
+    ) -> tuple[Receipt, str]:
         """A session for a new conversation. At the session limit, the caller's least recently
-        used idle conversation session is closed to make room (a stateless client that comes back
+        used idle stateless conversation session is closed to make room (a client that comes back
         to it resends its history: it is read again, and says so); never another tenant's, never
-        a session made over gRPC."""
+        a session made over gRPC or holding stored responses (not `stateless`)."""
         policy, note = PolicyRequest(name="sink"), ""
         try:
             receipt = self.create(principal, policy, None, system)
@@ -136,7 +165,8 @@ class StatelessChats:
             self._made.discard(victim.session_id)
             receipt = self.create(principal, policy, None, system)
             note = f"closed its least recently used conversation {victim.session_id} for room"
-        self._made.add(receipt.handle.session_id)
+        if stateless:
+            self._made.add(receipt.handle.session_id)
         return receipt, note
 
     def adopt(self, session_id: str) -> None:
@@ -177,10 +207,10 @@ class StatelessChats:
         return None
 
     def _placed(
-        self, events: Stream, tenant: str, handle: Handle, request: StatelessChatRequest
+        self, events: Stream, before: Place, handle: Handle, request: StatelessChatRequest
     ) -> Iterator[TokenEvent | Done]:
         """The turn's events; once it is whole, the session stands at the history plus the reply
-        as it produced it (a turn cut short leaves it unplaced: the next request starts anew)."""
+        as it produced it (a turn cut short stands nowhere: only taking it again continues)."""
         reply: list[str] = []
         for event in events:
             if isinstance(event, TokenEvent):
@@ -188,11 +218,20 @@ class StatelessChats:
             else:
                 turns = [*request.turns, Turn("assistant", "".join(reply))]
                 head = self.index.head(request.system, turns)
-                reset_count = event.receipt.reset_count
-                self.index.place(tenant, handle.session_id, reset_count, head)
+                place = dataclasses.replace(
+                    before, reset_count=event.receipt.reset_count, head=head
+                )
+                self.index.place(handle.session_id, place)
                 if self.persist is not None:
-                    self.persist(handle.session_id, reset_count, tenant, head)
+                    self.persist(handle.session_id, place)
+                self._keep_alive(handle, request.keep_alive_s)
             yield event
+
+    def _keep_alive(self, handle: Handle, seconds: float | None) -> None:
+        session = self.access.registry.get(handle.session_id)
+        if seconds is None or session is None:
+            return
+        session.idle_timeout_s = seconds if seconds > 0 else 1e-9  # 0: at the next expiry round
 
 
 def _check(principal: Principal, request: StatelessChatRequest) -> str:

@@ -147,7 +147,7 @@ class Turns:
         params = requests.sampling_params(request.sampling)
         if params is None and not session.sampling.chosen:
             params = requests.chat_sampling(
-                self.entry.sampling, session.generation, session.seq.state.n_seen
+                self.entry.sampling, session.generation, session.seq.state.n_seen, session.rewinds
             )
         generate = GenerateRequest(request.max_tokens, request.stops)
         return self._stream(session, handle, generate, params, prompt, ask, job_hook, timeout)

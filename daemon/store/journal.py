@@ -54,7 +54,15 @@ CREATE TABLE IF NOT EXISTS conversations (
     session TEXT PRIMARY KEY,
     reset_count INTEGER NOT NULL,
     tenant TEXT NOT NULL,
-    head TEXT NOT NULL
+    head TEXT NOT NULL,
+    before TEXT,
+    n_before INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    reset_count INTEGER NOT NULL,
+    record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     session TEXT NOT NULL,
@@ -134,6 +142,55 @@ def _owner_only(path: Path) -> None:
         raise JournalError(f"{path}: {e.strerror or e}") from e
 
 
+class ClientTables:
+    """The HTTP clients' tables, in the journal's database and transactions: where a stateless
+    client's history stands (a keyed hash, no text) and what a stateful client's responses hold
+    (their text: the owner's). Rows go with their session (`Journal.forget_generation`)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def migrate(self) -> None:
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(conversations)")}
+        if "before" not in columns:  # a journal from before regenerates were kept
+            self._db.execute("ALTER TABLE conversations ADD COLUMN before TEXT")
+            self._db.execute(
+                "ALTER TABLE conversations ADD COLUMN n_before INTEGER NOT NULL DEFAULT 0"
+            )
+
+    def put_head(
+        self, session_id: str, reset_count: int, tenant: str, head: str, before: str | None,
+        n_before: int,
+    ) -> None:  # fmt: skip
+        self._db.execute(
+            "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?)",
+            (session_id, reset_count, tenant, head, before, n_before),
+        )
+
+    def heads(self) -> list[tuple[str, int, str, str, str | None, int]]:
+        """(session, reset count, tenant, head, head before its last turn, token count then) of
+        every conversation session."""
+        rows = self._db.execute(
+            "SELECT session, reset_count, tenant, head, before, n_before FROM conversations"
+        )
+        return [(str(s), int(r), str(t), str(h), b, int(n)) for s, r, t, h, b, n in rows]
+
+    def put_response(
+        self, response_id: str, session_id: str, reset_count: int, record: str
+    ) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+            (response_id, session_id, reset_count, record),
+        )
+
+    def drop_response(self, response_id: str) -> None:
+        self._db.execute("DELETE FROM responses WHERE id=?", (response_id,))
+
+    def responses(self) -> list[str]:
+        """Every stored response's record, oldest first."""
+        return [str(r[0]) for r in self._db.execute("SELECT record FROM responses ORDER BY rowid")]
+
+
 class Journal:
     def __init__(self, path: Path, sync: str = "full") -> None:
         if sync not in ("full", "normal"):
@@ -150,6 +207,7 @@ class Journal:
             # SQLite, so that the fsync can run off the engine thread; normal: survives a crash
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            ClientTables(self._db).migrate()
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -235,15 +293,17 @@ class Journal:
         all); returns the snapshot paths to delete."""
         if keep_reset_count is None:
             self._db.execute("DELETE FROM conversations WHERE session=?", (session_id,))
+            self._db.execute("DELETE FROM responses WHERE session=?", (session_id,))
             rows = self._db.execute("SELECT path FROM snapshots WHERE session=?", (session_id,))
             paths = [r[0] for r in rows]
             self._db.execute("DELETE FROM chunks WHERE session=?", (session_id,))
             self._db.execute("DELETE FROM snapshots WHERE session=?", (session_id,))
             return paths
-        self._db.execute(
-            "DELETE FROM conversations WHERE session=? AND reset_count<>?",
-            (session_id, keep_reset_count),
-        )
+        for table in ("conversations", "responses"):
+            self._db.execute(
+                f"DELETE FROM {table} WHERE session=? AND reset_count<>?",
+                (session_id, keep_reset_count),
+            )
         rows = self._db.execute(
             "SELECT path FROM snapshots WHERE session=? AND reset_count<>?",
             (session_id, keep_reset_count),
@@ -262,19 +322,6 @@ class Journal:
         paths = self.forget_generation(session_id, None)
         self._db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
         return paths
-
-    # --- conversations: where a stateless client's history stands (a keyed hash, no text) ---
-
-    def put_head(self, session_id: str, reset_count: int, tenant: str, head: str) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?)",
-            (session_id, reset_count, tenant, head),
-        )
-
-    def heads(self) -> list[tuple[str, int, str, str]]:
-        """(session, reset count, tenant, head) of every conversation session."""
-        rows = self._db.execute("SELECT session, reset_count, tenant, head FROM conversations")
-        return [(str(s), int(r), str(t), str(h)) for s, r, t, h in rows]
 
     def sessions(self) -> list[StoredSession]:
         out = []
@@ -343,6 +390,11 @@ class Journal:
         self._db.execute(
             "DELETE FROM chunks WHERE session=? AND reset_count=? AND logical_pos<?",
             (session_id, reset_count, logical_pos),
+        )
+
+    def drop_chunks(self, session_id: str, reset_count: int) -> None:
+        self._db.execute(
+            "DELETE FROM chunks WHERE session=? AND reset_count=?", (session_id, reset_count)
         )
 
     # --- snapshots ---

@@ -100,6 +100,7 @@ def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "retained_window": list(session.retained.window),
         "sampler_seed": session.sampling.seed,
         "sampler_draws": session.sampler.draws,
+        "rewinds": session.rewinds,
         "created": time.time(),
     }
 
@@ -114,6 +115,7 @@ def adopt_snapshot_meta(session: Session, meta: dict[str, Any]) -> None:
     session.retained.window = deque(meta["retained_window"])
     session.sampler.reset()
     session.sampler.advance(int(meta["sampler_draws"]))
+    session.rewinds = int(meta.get("rewinds", 0))
 
 
 class StateDirLock:
@@ -337,12 +339,10 @@ class Durability:
     def snapshot(self, session: Session, kv: bytes, scrub: bool = False) -> int:
         """Write a snapshot of the session as it is now (every decoded chunk logged); prune.
 
-        `scrub` (after a forget): keep this snapshot alone and drop every chunk, so that no file
-        holds the history before it; the write-ahead log is truncated after the commit.
-        Returns its size. On failure (disk full, ...) raises SnapshotError and the previous
-        snapshots and the journal are untouched.
-        """
-        keep = 1 if scrub else self.keep
+        `scrub` (after a forget or a rewind): keep this snapshot alone (a rewind's newer ones go
+        too) and drop every chunk, so that no file holds the history before it; the write-ahead
+        log is truncated after the commit. Returns its size. On failure (disk full, ...) raises
+        SnapshotError and the previous snapshots and the journal are untouched."""
         n_seen = session.seq.state.n_seen
         rel = f"snapshots/{session.id}/{session.reset_count}-{n_seen}.snap"
         path = self.dir / rel
@@ -361,14 +361,16 @@ class Durability:
                 SnapshotRow(session.id, session.reset_count, n_seen, rel, sum(map(len, data)), now)
             )
             kept = self.j.snapshots(session.id, session.reset_count)
-            for old in kept[keep:]:
+            doomed = [r for r in kept if r.n_seen != n_seen] if scrub else kept[self.keep :]
+            for old in doomed:
                 self.j.drop_snapshot(old)
                 self._delete_files([old.path])
-            kept = kept[:keep]
-            if len(kept) >= keep:
-                self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
+            kept = [r for r in kept if r not in doomed]
             if scrub:
+                self.j.drop_chunks(session.id, session.reset_count)
                 self.purge.request()
+            elif len(kept) >= self.keep:
+                self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
             self.commit()
         except sqlite3.Error as e:  # between steps the transaction holds this snapshot alone
             self.rollback()

@@ -251,13 +251,14 @@ class Scheduler:
         self.expire_idle(now)
 
     def expire_idle(self, now: float) -> None:
-        """Close the sessions idle for longer than `idle_timeout_s` at `now` (engine thread; a
-        test passes a later `now` rather than wait for it)."""
+        """Close the sessions idle for longer than `idle_timeout_s` (or their own, shorter one)
+        at `now` (engine thread; a test passes a later `now` rather than wait for it)."""
         for session in self.registry.all():
             if session.state is SessionState.STALE:
                 continue  # its data waits for its owner, or for the configuration it was made under
             idle = now - session.last_active
-            if idle > self.idle_timeout_s and not self.queues.busy(session.id):
+            limit = min(self.idle_timeout_s, session.idle_timeout_s or self.idle_timeout_s)
+            if idle > limit and not self.queues.busy(session.id):
                 log.info("session %s expired after %.0f s idle", session.id, idle)
                 try:
                     self.on_close(session)

@@ -167,6 +167,10 @@ class Recall:
         does (positions past it will hold other tokens)."""
         self._end_copies_at_the_stream(session)
 
+    def rewound(self, session: Session) -> None:
+        """The stream went back (a regenerated turn): copies past its end are gone."""
+        self._end_copies_at_the_stream(session)
+
     def _end_copies_at_the_stream(self, session: Session) -> None:
         n_seen = session.seq.state.n_seen
         session.recalled = [

@@ -1,0 +1,262 @@
+"""OpenAI's Responses API, stateful: `POST /v1/responses` (streamed as typed server-sent events, or
+not), `GET` and `DELETE /v1/responses/{id}`. Each stored conversation is one sinkd session
+(`runtime/responses.py`); a conversation id is a session id. Translation only."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import JSONResponse, Response
+
+from sinkd.daemon.http.errors import HttpError
+from sinkd.daemon.http.openai_api import extension
+from sinkd.daemon.http.wire import headers_of, parse_json, sampling_of, text_of, validated
+from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
+from sinkd.daemon.runtime.conversations import Turn
+from sinkd.daemon.runtime.responses import ResponseRequest, StoredResponse, new_response_id
+from sinkd.daemon.runtime.stateless import Continuation
+from sinkd.errors import SinkdError, message_of
+
+if TYPE_CHECKING:
+    from sinkd.daemon.http.front import HttpFront
+
+INCOMPLETE = {"max_tokens": "max_output_tokens", "cache_full": "max_output_tokens"}
+
+
+def _unset(v: Any) -> bool:
+    return v in (None, [], {}, False, "none", "auto")
+
+
+# (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
+UNSUPPORTED = (
+    ("tools", _unset, "no tools"),
+    ("tool_choice", _unset, "no tools"),
+    ("reasoning", _unset, "no reasoning settings"),
+    ("include", _unset, "no extra output items"),
+    ("background", _unset, "answers in the foreground"),
+    ("top_logprobs", _unset, "no logprobs"),
+    ("prompt", _unset, "no prompt templates"),
+    ("max_tool_calls", _unset, "no tools"),
+)
+HARMLESS = frozenset({"user", "service_tier", "parallel_tool_calls", "safety_identifier",
+                      "prompt_cache_key", "stream_options"})  # fmt: skip
+
+
+class ResponsesBody(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked against UNSUPPORTED and HARMLESS
+
+    model: str
+    input: str | list[Any]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    store: bool = True
+    stream: bool = False
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, str] | None = None
+    truncation: str | None = None
+    text: dict[str, Any] | None = None
+
+
+def request_of(body: ResponsesBody) -> ResponseRequest:
+    extra = body.model_extra or {}
+    for field, fine, serves in UNSUPPORTED:
+        if field in extra and not fine(extra[field]):
+            raise HttpError(400, f"{field}: not supported; sinkd serves {serves}", param=field)
+    named = {f for f, _, _ in UNSUPPORTED}
+    for field in extra:
+        if field not in named and field not in HARMLESS:
+            raise HttpError(400, f"{field}: not a field sinkd implements", param=field)
+    fmt = (body.text or {}).get("format") or {"type": "text"}
+    if fmt.get("type") != "text":
+        raise HttpError(400, "text.format: sinkd serves text responses", param="text.format")
+    if body.truncation not in (None, "disabled", "auto"):
+        raise HttpError(400, "truncation: 'disabled' or 'auto'", param="truncation")
+    instructions, items = _items(body.input, body.instructions)
+    conversation = body.conversation
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+        if not isinstance(conversation, str):
+            raise HttpError(400, "conversation.id: a string", param="conversation")
+    limit = body.max_output_tokens or 256
+    return ResponseRequest(
+        instructions=instructions,
+        items=items,
+        previous_id=body.previous_response_id,
+        conversation=conversation,
+        store=body.store,
+        max_tokens=limit,
+        sampling=sampling_of(body.temperature, body.top_p, None),
+    )
+
+
+def _items(given: str | list[Any], instructions: str | None) -> tuple[str | None, tuple[Turn, ...]]:
+    """The input as turns; leading system (developer) messages join the instructions."""
+    if isinstance(given, str):
+        return instructions, (Turn("user", given),)
+    system: list[str] = [] if instructions is None else [instructions]
+    turns: list[Turn] = []
+    for i, item in enumerate(given):
+        where = f"input[{i}]"
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+            raise HttpError(400, f"{where}: {kind!r} items are not supported (messages only)",
+                            param=where)  # fmt: skip
+        role = item.get("role")
+        text = text_of(item.get("content"), f"{where}.content")
+        if role in ("system", "developer") and not turns:
+            system.append(text)
+        elif role in ("user", "assistant"):
+            turns.append(Turn(role, text))
+        else:
+            raise HttpError(400, f"{where}.role: {role!r} is not supported here",
+                            param=f"{where}.role")  # fmt: skip
+    return ("\n\n".join(system) if system else None), tuple(turns)
+
+
+def response_object(
+    model: str, stored: StoredResponse, c: Continuation | None, done: Done | None
+) -> dict[str, Any]:
+    incomplete = INCOMPLETE.get(stored.reason)
+    return {
+        "id": stored.id,
+        "object": "response",
+        "created_at": stored.created,
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "error": None,
+        "model": model,
+        "instructions": stored.instructions or None,
+        "previous_response_id": stored.previous_id,
+        "output": [_message(stored.id, stored.text, "completed")],
+        "parallel_tool_calls": False,
+        "tool_choice": "none",
+        "tools": [],
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "store": stored.stored,
+        "metadata": {},
+        "conversation": {"id": stored.session_id},
+        "usage": {
+            "input_tokens": stored.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": stored.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": stored.input_tokens + stored.output_tokens,
+        },
+        **({"sinkd": extension(c, done)} if c is not None else {}),
+    }
+
+
+def _message(response_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"type": "message", "id": _item_id(response_id), "status": status,
+            "role": "assistant", "content": content if text or status == "completed" else []}  # fmt: skip
+
+
+def _item_id(response_id: str) -> str:
+    return "msg_" + response_id.removeprefix("resp_")
+
+
+def router(front: HttpFront) -> APIRouter:
+    api = APIRouter()
+    model_name = front.service.entry.name
+    responses = front.service.responses
+
+    @api.post("/v1/responses")
+    async def create(request: Request) -> Response:
+        principal = front.principal(request)
+        front.ready()
+        body = validated(ResponsesBody, parse_json(await front.body(request)))
+        if body.model != model_name:
+            raise HttpError(404, f"model {body.model!r} is not served here ({model_name} is)",
+                            param="model", code="model_not_found")  # fmt: skip
+        ask = request_of(body)
+        response_id = new_response_id()
+
+        def start(hook: Any) -> tuple[Continuation, Stream]:
+            return responses.respond(principal, ask, response_id, hook)
+
+        instructions = ask.instructions or ""
+        if body.stream:
+
+            def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
+                return _events(model_name, response_id, c, events, ask, instructions)
+
+            return await front.streamed(principal, start, pieces, "text/event-stream")
+        c, text, done, _ = await front.whole(principal, start)
+        stored = StoredResponse.of(response_id, c, text, done, ask)
+        return JSONResponse(response_object(model_name, stored, c, done), headers=headers_of(c))
+
+    @api.get("/v1/responses/{response_id}")
+    async def get(response_id: str, request: Request) -> Any:
+        principal = front.principal(request)
+        return response_object(model_name, responses.get(principal, response_id), None, None)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: Request) -> Any:
+        principal = front.principal(request)
+        responses.delete(principal, response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    return api
+
+
+def _events(
+    model: str,
+    response_id: str,
+    c: Continuation,
+    events: Iterator[TokenEvent | Done],
+    ask: ResponseRequest,
+    instructions: str,
+) -> Iterator[bytes]:
+    """The Responses API's typed events, each numbered, around the text's deltas."""
+    n = 0
+    item = _item_id(response_id)
+
+    def event(kind: str, **data: Any) -> bytes:
+        nonlocal n
+        n += 1
+        payload = {"type": kind, "sequence_number": n - 1, **data}
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
+
+    shell = {"id": response_id, "object": "response", "created_at": int(time.time()),
+             "status": "in_progress", "model": model, "output": [], "error": None,
+             "previous_response_id": ask.previous_id, "instructions": instructions or None,
+             "tools": [], "tool_choice": "none", "parallel_tool_calls": False}  # fmt: skip
+    yield event("response.created", response=shell)
+    yield event("response.in_progress", response=shell)
+    yield event("response.output_item.added", output_index=0,
+                item=_message(response_id, "", "in_progress"))  # fmt: skip
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield event("response.content_part.added", item_id=item, output_index=0, content_index=0,
+                part=part)  # fmt: skip
+    text: list[str] = []
+    try:
+        for e in events:
+            if isinstance(e, TokenEvent):
+                if e.text:
+                    text.append(e.text)
+                    yield event("response.output_text.delta", item_id=item, output_index=0,
+                                content_index=0, delta=e.text, logprobs=[])  # fmt: skip
+                continue
+            whole = "".join(text)
+            yield event("response.output_text.done", item_id=item, output_index=0,
+                        content_index=0, text=whole, logprobs=[])  # fmt: skip
+            yield event("response.content_part.done", item_id=item, output_index=0,
+                        content_index=0, part={**part, "text": whole})  # fmt: skip
+            yield event("response.output_item.done", output_index=0,
+                        item=_message(response_id, whole, "completed"))  # fmt: skip
+            stored = StoredResponse.of(response_id, c, whole, e, ask)
+            obj = response_object(model, stored, c, e)
+            kind = "response.incomplete" if obj["status"] == "incomplete" else "response.completed"
+            yield event(kind, response=obj)
+    except SinkdError as err:  # headers are sent: the error goes in the stream
+        yield event("error", code=type(err).__name__, message=message_of(err), param=None)

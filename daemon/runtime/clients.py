@@ -1,0 +1,100 @@
+"""What the HTTP front's clients keep on the daemon: where a stateless client's conversations stand
+(`StatelessChats`, hashes only) and a stateful client's stored responses (`Responses`), each
+journalled on the engine thread beside the sessions they belong to, and read back at resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+from collections.abc import Callable
+
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.private import secret
+from sinkd.daemon.runtime.access import Access
+from sinkd.daemon.runtime.conversations import ConversationIndex, Place
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.responses import Responses, StoredResponse
+from sinkd.daemon.runtime.stateless import Close, Create, Rewind, StatelessChats
+from sinkd.daemon.runtime.turns import Turns
+from sinkd.daemon.store.journal import ClientTables
+from sinkd.errors import SinkdError
+
+log = logging.getLogger("sinkd.clients")
+
+
+class ClientState:
+    def __init__(
+        self,
+        access: Access,
+        turns: Turns,
+        scheduler: Scheduler,
+        durability: Durability | None,
+        create: Create,
+        close: Close,
+        rewind: Rewind,
+    ) -> None:
+        self.scheduler = scheduler
+        self.durability = durability
+        self.conversations = ConversationIndex(secrets.token_bytes(32))
+        durable = durability is not None
+        self.stateless = StatelessChats(
+            access, turns, self.conversations, create, close, rewind,
+            self._put_head if durable else None,
+        )  # fmt: skip
+        self.responses = Responses(
+            access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),
+            close, rewind, self._put_response if durable else None,
+        )  # fmt: skip
+
+    def load(self) -> None:
+        """At resume (engine thread): the hash chain's key, kept with the state so that where
+        conversations stand outlives restarts, then every journalled place and response."""
+        d = self.durability
+        assert d is not None
+        self.conversations.key = secret(d.dir / "conversations.key")
+        for session_id, reset_count, tenant, head, before, n_before in ClientTables(d.j.db).heads():
+            self.conversations.place(session_id, Place(tenant, reset_count, head, before, n_before))
+            self.stateless.adopt(session_id)
+        for record in ClientTables(d.j.db).responses():
+            self.responses.adopt(StoredResponse(**json.loads(record)))
+
+    def _put_head(self, session_id: str, place: Place) -> None:
+        """Where a conversation stands (the reply is already given: a crash before this commit
+        costs the next turn a re-read of its history, nothing else)."""
+        assert place.head is not None
+        self._journal(
+            session_id,
+            lambda d: ClientTables(d.j.db).put_head(session_id, place.reset_count, place.tenant, place.head or "",
+                                   place.before, place.n_before),
+        )  # fmt: skip
+
+    def _put_response(self, item: StoredResponse | str) -> None:
+        """A response to keep, or the id of one to delete."""
+        if isinstance(item, str):  # a delete the journal did not take is not done
+            self._journal(item, lambda d: ClientTables(d.j.db).drop_response(item), quiet=False)
+            return
+        record = json.dumps(dataclasses.asdict(item))
+        self._journal(
+            item.session_id,
+            lambda d: ClientTables(d.j.db).put_response(
+                item.id, item.session_id, item.reset_count, record
+            ),
+        )
+
+    def _journal(self, what: str, write: Callable[[Durability], None], quiet: bool = True) -> None:
+        durability = self.durability
+        assert durability is not None
+
+        def run(engine: Engine) -> None:
+            write(durability)
+            durability.commit()
+
+        try:
+            self.scheduler.call(run)
+        except SinkdError as e:
+            if not quiet:
+                raise
+            log.warning("%s: not journalled: %s", what, type(e).__name__)

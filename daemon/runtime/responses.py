@@ -1,0 +1,287 @@
+"""Stateful responses (OpenAI's Responses API): each stored conversation is one sinkd session, and
+a response names the point it reached. `previous_response_id` continues the session from its latest
+response (only the new input goes in), or takes its latest turn back when it names the one before
+(a regenerate); a conversation id is a session id. With `store` off nothing is kept: a new
+conversation's session is closed once it has answered.
+
+What is stored of a response (its text, counts and place) lives beside its session and goes with
+it: a reset or close deletes it, so does DELETE. Text is the owner's alone."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from sinkd.daemon.runtime.access import Access
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    Done,
+    Handle,
+    Receipt,
+    SamplingRequest,
+    Stream,
+    TokenEvent,
+)
+from sinkd.daemon.runtime.conversations import Turn
+from sinkd.daemon.runtime.sessions import Principal, Session, SessionState
+from sinkd.daemon.runtime.stateless import Continuation
+from sinkd.daemon.runtime.turns import JobHook, Turns
+from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
+
+MAX_ITEMS = 4096
+
+
+@dataclass(frozen=True)
+class ResponseRequest:
+    instructions: str | None
+    items: tuple[Turn, ...]  # the input, in order; the last is the user's
+    previous_id: str | None = None
+    conversation: str | None = None  # a session id of the caller's
+    store: bool = True
+    max_tokens: int = 256
+    sampling: SamplingRequest | None = None
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """One response as it is kept: where its session stood once it was whole, and its text."""
+
+    id: str
+    tenant: str
+    session_id: str
+    reset_count: int
+    previous_id: str | None
+    n_end: int  # the session's token count after this response
+    created: int
+    text: str
+    input_tokens: int
+    output_tokens: int
+    reason: str  # Done's: max_tokens, stop, eog, cache_full
+    instructions: str
+    stored: bool = True
+
+    @classmethod
+    def of(
+        cls, response_id: str, c: Continuation, text: str, done: Done, request: ResponseRequest
+    ) -> StoredResponse:
+        """The response a turn made, once it is whole."""
+        r = done.receipt
+        return cls(
+            response_id, r.tenant, c.handle.session_id, r.reset_count,
+            request.previous_id if c.how != "new" else None, r.n_seen, int(time.time()), text,
+            max(r.n_seen - done.generated - c.n_seen_before, 0), done.generated, done.reason,
+            request.instructions or "", request.store,
+        )  # fmt: skip
+
+
+# a new conversation's session under these instructions, and a note if room was made for it
+Open = Callable[[Principal, str], tuple[Receipt, str]]
+Close = Callable[[Principal, Handle], None]
+Rewind = Callable[[Principal, Handle, int], None]
+Persist = Callable[[StoredResponse | str], None]  # a response to keep, or an id to delete
+
+
+def new_response_id() -> str:
+    return f"resp_{secrets.token_hex(16)}"
+
+
+class Responses:
+    def __init__(
+        self,
+        access: Access,
+        turns: Turns,
+        open_session: Open,
+        close: Close,
+        rewind: Rewind,
+        persist: Persist | None = None,
+    ) -> None:
+        self.access = access
+        self.turns = turns
+        self.open_session = open_session
+        self.close = close
+        self.rewind = rewind
+        self.persist = persist
+        self._lock = threading.Lock()
+        self._by_id: dict[str, StoredResponse] = {}
+        self._latest: dict[str, str] = {}  # session id -> its latest stored response
+
+    def adopt(self, stored: StoredResponse) -> None:
+        """A response journalled before a restart (in the order they were made)."""
+        with self._lock:
+            self._by_id[stored.id] = stored
+            self._latest[stored.session_id] = stored.id
+
+    # --- reads ---
+
+    def get(self, principal: Principal, response_id: str) -> StoredResponse:
+        """The caller's stored response, while its conversation lasts (NotFound otherwise, and
+        for another tenant's: a response id says nothing of others)."""
+        with self._lock:
+            stored = self._by_id.get(response_id)
+        if stored is None or stored.tenant != principal.tenant:
+            raise NotFound(f"no response {response_id!r} of yours")
+        if self._session(principal, stored) is None:
+            self._drop(stored.id)
+            raise NotFound(f"response {response_id!r}: its conversation was reset or closed")
+        return stored
+
+    def delete(self, principal: Principal, response_id: str) -> None:
+        """Delete a stored response (its conversation stays; it can no longer be continued from
+        this response)."""
+        stored = self.get(principal, response_id)
+        if self.persist is not None:
+            self.persist(stored.id)
+        self._drop(stored.id)
+
+    # --- a new response ---
+
+    def respond(
+        self,
+        principal: Principal,
+        request: ResponseRequest,
+        response_id: str,
+        job_hook: JobHook | None = None,
+    ) -> tuple[Continuation, Stream]:
+        """Which session answers and how, and its events; once whole the response is stored
+        under `response_id` (with `store`), and an unstored new conversation's session is
+        closed."""
+        _check(principal, request)
+        c = self._session_for(principal, request)
+        handle = c.handle
+        items = list(request.items)
+        if len(items) > 1:  # earlier input items go in as framed turns, then the last is asked
+            self.turns.history(principal, handle, [(t.role, t.content) for t in items[:-1]])
+            c = replace(c, ingested_turns=len(items) - 1)
+        chat = ChatRequest(items[-1].content, request.max_tokens, (), request.sampling)
+        try:
+            events = self.turns.chat(principal, handle, chat, job_hook)
+        except BaseException:
+            self._end_unstored(principal, request, c)
+            raise
+
+        def kept() -> Iterator[TokenEvent | Done]:
+            text: list[str] = []
+            try:
+                for event in events:
+                    if isinstance(event, TokenEvent):
+                        text.append(event.text)
+                    elif request.store:
+                        self._keep(StoredResponse.of(response_id, c, "".join(text), event, request))
+                    yield event
+            finally:
+                self._end_unstored(principal, request, c)
+
+        return c, kept()
+
+    def _session_for(self, principal: Principal, request: ResponseRequest) -> Continuation:
+        """The session that answers: the previous response's (continued, or rewound to it), the
+        named conversation's, or a new one."""
+        if request.previous_id is not None:
+            prev = self.get(principal, request.previous_id)
+            session = self._session(principal, prev)
+            assert session is not None  # `get` checked
+            _same_instructions(session, request.instructions)
+            handle = Handle(session.id, session.generation)
+            with self._lock:
+                latest = self._by_id.get(self._latest.get(session.id, ""))
+            if latest is not None and latest.id == prev.id:
+                why = f"continues its latest response {prev.id}"
+                return Continuation(handle, "continued", why, 0, _seen(session))
+            if latest is not None and latest.previous_id == prev.id:
+                self.rewind(principal, handle, prev.n_end)  # its latest turn goes back out
+                why = f"takes back {latest.id}, which followed {prev.id}"
+                return Continuation(handle, "regenerated", why, 0, prev.n_end)
+            raise FailedPrecondition(
+                f"response {prev.id} is not its conversation's latest (nor the one before it):"
+                " sinkd continues a conversation from there only"
+            )
+        if request.conversation is not None:
+            session = self._named(principal, request.conversation)
+            _same_instructions(session, request.instructions)
+            handle = Handle(session.id, session.generation)
+            why = "the request named its conversation"
+            return Continuation(handle, "named", why, 0, _seen(session))
+        receipt, made_room = self.open_session(principal, request.instructions or "")
+        why = "a new conversation" if request.store else "a new conversation, not stored"
+        why += f"; {made_room}" if made_room else ""
+        return Continuation(receipt.handle, "new", why, 0, receipt.n_seen)
+
+    def _keep(self, stored: StoredResponse) -> None:
+        if self.persist is not None:
+            self.persist(stored)
+        with self._lock:
+            self._by_id[stored.id] = stored
+            self._latest[stored.session_id] = stored.id
+
+    def _drop(self, response_id: str) -> None:
+        with self._lock:
+            stored = self._by_id.pop(response_id, None)
+            if stored is not None and self._latest.get(stored.session_id) == response_id:
+                del self._latest[stored.session_id]
+
+    def _end_unstored(
+        self, principal: Principal, request: ResponseRequest, c: Continuation
+    ) -> None:
+        """An unstored new conversation leaves nothing behind."""
+        if not request.store and c.how == "new":
+            with contextlib.suppress(NotFound):  # closed meanwhile
+                self.close(principal, c.handle)
+
+    def _session(self, principal: Principal, stored: StoredResponse) -> Session | None:
+        session = self.access.registry.get(stored.session_id)
+        if (
+            session is None
+            or session.tenant != principal.tenant
+            or session.reset_count != stored.reset_count
+            or session.state in (SessionState.STALE, SessionState.FAILED, SessionState.CLOSED)
+        ):
+            return None
+        return session
+
+    def _named(self, principal: Principal, session_id: str) -> Session:
+        session = self.access.registry.get(session_id)
+        if session is None or session.tenant != principal.tenant:
+            raise NotFound(f"no conversation {session_id!r} of yours")
+        if session.state in (SessionState.STALE, SessionState.FAILED, SessionState.CLOSED):
+            state = session.state.value
+            raise FailedPrecondition(f"conversation {session_id} cannot take a turn ({state})")
+        return session
+
+
+def _seen(session: Session) -> int:
+    return session.seq.state.n_seen
+
+
+def _same_instructions(session: Session, instructions: str | None) -> None:
+    """A conversation's instructions are its system prompt, fixed (and held as sinks) at its
+    start: the same again is fine, others are refused rather than silently ignored."""
+    if instructions is None:
+        return
+    if hashlib.sha256(instructions.encode()).hexdigest() != session.system_prompt_sha256:
+        raise InvalidInput(
+            "instructions: differ from the conversation's, which are its system prompt, fixed at"
+            " its start; omit them, send the same, or start a new conversation",
+            field="instructions",
+        )
+
+
+def _check(principal: Principal, request: ResponseRequest) -> None:
+    if principal.tenant is None:
+        raise InvalidInput("the admin token owns no sessions; use a tenant's token")
+    if request.previous_id is not None and request.conversation is not None:
+        raise InvalidInput("previous_response_id and conversation: give one, not both")
+    items = request.items
+    if not items:
+        raise InvalidInput("input: at least one user message is needed")
+    if len(items) > MAX_ITEMS:
+        raise InvalidInput(f"input: {len(items)} items; at most {MAX_ITEMS}")
+    if items[-1].role != "user" or not items[-1].content.strip():
+        raise InvalidInput("input: the last item must be a non-empty user message")
+    for i, t in enumerate(items):
+        if t.role not in ("user", "assistant"):
+            raise InvalidInput(f"input[{i}]: role {t.role!r}; user and assistant messages only")
