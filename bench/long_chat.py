@@ -9,7 +9,8 @@ the same llama.cpp and model, greedy, 2 threads.
     python bench/long_chat.py            -> bench/results/long_chat.json, long_chat_ttft.svg
 
 SINKD_LONG_CHAT_TURNS (30), SINKD_LONG_CHAT_CELLS (1024), SINKD_LONG_CHAT_SERVERS (a comma list of
-sinkd, llama-server, llama-server-ctx, llama-cpp-python; all by default). A server that is not
+sinkd, llama-server, llama-server-ctx, llama-cpp-python; all by default; a subset writes
+long_chat_<names>.json), SINKD_LONG_CHAT_WINDOW (sinkd's window; default every cell but S=4). A server that is not
 installed is reported as such, not skipped silently. Per turn: time to first token, wall time,
 prompt tokens the server processed (sinkd: the receipt's new tokens; llama-server: its
 `timings.prompt_n`; llama-cpp-python reports only what it was sent), completion tokens/s, and the
@@ -35,6 +36,7 @@ from common import RESULTS, table, write
 TURNS = int(os.environ.get("SINKD_LONG_CHAT_TURNS", "30"))
 CELLS = int(os.environ.get("SINKD_LONG_CHAT_CELLS", "1024"))
 TRAINED = 8192
+WINDOW = int(os.environ.get("SINKD_LONG_CHAT_WINDOW", str(CELLS - 4)))  # S=4: every cell used
 MAX_TOKENS = 96
 THREADS = 2
 FACTS = "My name is Ada Lovelace and I keep bees in Lisbon. Please remember that."
@@ -130,11 +132,17 @@ class SinkdHttp(Server):
              "--ctx", str(CELLS), "--max-sessions", "2", "--threads", str(THREADS),
              "--state-dir", str(self.tmp / "state"), "--http", f"127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "SINKD_HTTP_WINDOW": str(WINDOW)},
+
         )  # fmt: skip
         token = sock.parent / "http-token"
         deadline = time.monotonic() + 180
-        while not token.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while time.monotonic() < deadline:  # /health: 200 once the model is loaded
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.3)
         self.key = token.read_text().strip()
         self.wait()
 
@@ -151,11 +159,29 @@ class LlamaServer(Server):
         self.name = "llama-server" if cells == CELLS else "llama-server-ctx"
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(model_file()), "-c", str(cells), "-np", "1", "--keep", "4",
-             "--context-shift", "-t", str(THREADS), "--port", str(self.port),
+             "--context-shift", "--no-repack", "-t", str(THREADS), "--port", str(self.port),
              "--host", "127.0.0.1", "--no-webui"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self.wait()
+
+
+# llama.cpp's repacked weights crash a multi-token decode of this Q4_1 model on some CPUs (a
+# segfault seen on an AVX-512/AMX Xeon, in llama-server and llama-cpp-python alike); sinkd loads
+# weights unrepacked (docs/determinism.md), so both peers run so too: llama-server with
+# --no-repack, llama_cpp.server through this wrapper (it has no such option)
+NO_REPACK_SERVER = """
+import runpy, sys
+import llama_cpp, llama_cpp.llama_cpp as low
+default = low.llama_model_default_params
+def unrepacked():
+    p = default()
+    p.use_extra_bufts = False
+    return p
+llama_cpp.llama_model_default_params = low.llama_model_default_params = unrepacked
+sys.argv[0] = "llama_cpp.server"
+runpy.run_module("llama_cpp.server", run_name="__main__")
+"""
 
 
 class LlamaCppPython(Server):
@@ -169,7 +195,7 @@ class LlamaCppPython(Server):
             raise FileNotFoundError("llama_cpp.server's extras (pip install starlette-context ...)")
         self.cells = CELLS
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model_file()),
+            [sys.executable, "-c", NO_REPACK_SERVER, "--model", str(model_file()),
              "--n_ctx", str(CELLS), "--n_threads", str(THREADS), "--port", str(self.port),
              "--host", "127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -189,6 +215,7 @@ class Turn:
     tokens_per_s: float | None
     recalled: int  # sinkd: passages the turn recalled
     error: str = ""
+    retained: int | None = None  # sinkd: cells its session retains after the turn
 
 
 def one_turn(
@@ -223,11 +250,13 @@ def one_turn(
         processed = sent  # the new tokens alone: the receipt's count
     elif "timings" in extra:
         processed = int(extra["timings"].get("prompt_n", 0))
-    recalled = len(((extra.get("sinkd") or {}).get("recall") or {}).get("recalled") or [])
+    ours = extra.get("sinkd") or {}
+    recalled = len((ours.get("recall") or {}).get("recalled") or [])
+    retained = (ours.get("receipt") or {}).get("retained")
     rate = completion / (wall - ttft) if ttft and wall > ttft and completion > 1 else None
     ok = bool(reply.strip())
     return Turn(n, ok, ttft, wall, sent, processed, completion, rate, recalled,
-                "" if ok else "empty reply"), reply  # fmt: skip
+                "" if ok else "empty reply", retained), reply  # fmt: skip
 
 
 def conversation(server: Server) -> dict[str, Any]:
@@ -259,6 +288,25 @@ def conversation(server: Server) -> dict[str, Any]:
         "final_answer_has_name": "ada" in final.lower(),
         "final_answer_has_city": "lisbon" in final.lower(),
     }
+
+
+def compare(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
+    """From the first turn where the peer's context is full (its history past its cells, or its
+    first failure): how often the peer failed, and how often sinkd's TTFT was lower."""
+    full = next(
+        (t["n"] for t in peer["turns"]
+         if not t["ok"] or (t["prompt_sent"] or 0) + MAX_TOKENS > peer["cells"]),
+        None,
+    )  # fmt: skip
+    if full is None:
+        return {"peer": peer["server"], "full_from": None, "turns": 0, "peer_failed": 0,
+                "sinkd_faster": 0}  # fmt: skip
+    pairs = [(a, b) for a, b in zip(ours["turns"], peer["turns"], strict=True) if a["n"] >= full]
+    faster = sum(
+        1 for a, b in pairs if a["ok"] and (not b["ok"] or (a["ttft_s"] or 0) < (b["ttft_s"] or 0))
+    )
+    return {"peer": peer["server"], "full_from": full, "turns": len(pairs),
+            "peer_failed": sum(not b["ok"] for _, b in pairs), "sinkd_faster": faster}  # fmt: skip
 
 
 SERVERS = {
@@ -324,28 +372,41 @@ def main() -> None:
     rows = []
     for r in runs:
         ok = [t for t in r["turns"] if t["ok"]]
-        second = next((t for t in r["turns"] if t["n"] == 2 and t["ok"]), None)
-        plain = [t for t in ok if not t["recalled"] and t["ttft_s"]]
-        late = [t["ttft_s"] for t in plain if t["n"] > TURNS // 2]
+        second = next((t["ttft_s"] for t in r["turns"] if t["n"] == 2 and t["ok"]), None)
+        plain = [t["ttft_s"] for t in ok if not t["recalled"] and t["ttft_s"] and t["n"] >= 2]
+        recalling = [t["ttft_s"] for t in ok if t["recalled"] and t["ttft_s"]]
+        processed = [t["prompt_processed"] for t in ok if t["prompt_processed"] is not None]
         rows.append([
-            r["server"], r["cells"], f"{len(ok)}/{len(r['turns'])}",
-            second["ttft_s"] if second else "-", max(late) if late else "-",
-            max(t["wall_s"] for t in ok) if ok else "-",
-            sum(t["prompt_processed"] or 0 for t in ok), sum(1 for t in ok if t["recalled"]),
-            f"{r['kv_mib']:.0f}", f"{r['peak_rss_mib']:.0f}",
+            r["server"], r["cells"], f"{len(ok)}/{len(r['turns'])}", second or "-",
+            max(plain) if plain else "-", max(plain) / second if plain and second else "-",
+            max(recalling) if recalling else "-", max(t["wall_s"] for t in ok) if ok else "-",
+            sum(processed) if processed else "n/a", f"{r['kv_mib']:.0f}",
+            f"{r['peak_rss_mib']:.0f}",
             f"{'name' if r['final_answer_has_name'] else '-'}/"
             f"{'city' if r['final_answer_has_city'] else '-'}",
         ])  # fmt: skip
     table(
         f"one conversation of {TURNS} turns, history resent, max_tokens {MAX_TOKENS}",
-        ["server", "cells", "answered", "TTFT t2 s", "max TTFT 2nd half s", "max wall s",
-         "prompt tok processed", "recalling turns", "KV MiB", "peak RSS MiB", "facts at end"],
+        ["server", "cells", "answered", "TTFT t2 s", "max TTFT s (no recall)", "/ t2",
+         "max TTFT recalling s", "max wall s", "prompt tok processed", "KV MiB",
+         "peak RSS MiB", "facts at end"],
         rows,
     )  # fmt: skip
+    ours = next((r for r in runs if r["server"] == "sinkd"), None)
+    comparison = [compare(ours, peer) for peer in runs if ours and peer is not ours]
+    if comparison:
+        table(
+            "sinkd against each peer from the turn the peer's context is full",
+            ["peer", "full from turn", "turns since", "peer failed", "sinkd faster"],
+            [[c["peer"], c["full_from"] or "-", c["turns"], c["peer_failed"], c["sinkd_faster"]]
+             for c in comparison],
+        )  # fmt: skip
+    name = "long_chat" if set(wanted) == set(SERVERS) else "long_chat_" + "_".join(wanted)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    plot(runs, RESULTS / "long_chat_ttft.svg")
-    print(write("long_chat", {"turns": TURNS, "cells": CELLS, "max_tokens": MAX_TOKENS,
-                              "runs": runs, "not_run": missing}))  # fmt: skip
+    plot(runs, RESULTS / f"{name}_ttft.svg")
+    print(write(name, {"turns": TURNS, "cells": CELLS, "max_tokens": MAX_TOKENS,
+                              "runs": runs, "against_peers": comparison,
+                              "not_run": missing}))  # fmt: skip
 
 
 if __name__ == "__main__":

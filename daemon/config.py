@@ -71,6 +71,8 @@ class Settings(BaseSettings):
     tls_client_ca: Path | None = None  # set: TCP clients must show a certificate it signed
     # the HTTP front (OpenAI's and Ollama's APIs): host:port, loopback unless tls is set; None: off
     http: str | None = DEFAULT_HTTP
+    # the window of the sessions the HTTP front makes (its clients cannot choose); None: the model's
+    http_window: int | None = Field(default=None, ge=1)
     tenants: list[Tenant] = Field(default_factory=list)
     admin_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     n_ctx_seq: int = Field(default=1024, ge=1, le=131072)  # a chat's window of 1,020 fits

@@ -561,3 +561,162 @@ def test_stored_responses_outlive_a_restart_and_go_with_their_session(tmp_path: 
             sdk(d).responses.retrieve(first.id)
     finally:
         d.stop()
+
+
+def test_while_the_model_loads_chat_is_503_with_retry_after_and_health_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from sinkd.daemon.runtime.service import SinkdService
+
+    loading = threading.Event()
+    real = SinkdService._open_engine
+
+    def held(self: SinkdService) -> Any:
+        assert loading.wait(120), "the test never let the model load"
+        return real(self)
+
+    monkeypatch.setattr(SinkdService, "_open_engine", held)
+    d = Daemon(settings(tmp_path, durable=False, http="127.0.0.1:0"))
+    d.start()
+    try:
+        assert d.http is not None
+        health = httpx.get(f"{d.http.address}/health")
+        assert health.status_code == 503 and health.headers["retry-after"] == "1"
+        with pytest.raises(openai.InternalServerError) as err:
+            ask(sdk(d), [{"role": "user", "content": "Hi."}])
+        assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "1"
+        loading.set()
+        d.wait_ready(120)
+        assert httpx.get(f"{d.http.address}/health").status_code == 200
+        reply, _ = ask(sdk(d), [{"role": "user", "content": "Hi."}], max_tokens=2)
+        assert reply.choices[0].message.content is not None
+    finally:
+        loading.set()
+        d.stop()
+
+
+def test_past_the_tenants_call_limit_a_turn_is_429_with_retry_after(tmp_path: Path) -> None:
+    """One call in flight per tenant: a second is refused at once, not queued without end; another
+    tenant is not starved by it."""
+    import threading
+
+    from sinkd.daemon import failpoints
+
+    d = Daemon(settings(tmp_path, durable=False, http="127.0.0.1:0", max_calls_per_tenant=1))
+    d.start()
+    d.wait_ready(120)
+    held, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:  # the first turn has its answer, and still holds its slot
+        held.set()
+        release.wait(60)
+
+    def first() -> None:
+        try:
+            ask(sdk(d), [{"role": "user", "content": "Hi."}], max_tokens=2)
+        except BaseException as e:  # collected, re-raised below
+            errors.append(e)
+
+    try:
+        with failpoints.armed("generation-done", hold):
+            t = threading.Thread(target=first)
+            t.start()
+            assert held.wait(60)
+            with pytest.raises(openai.RateLimitError) as err:
+                sdk(d).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Me too."}], max_tokens=2
+                )
+            assert err.value.response.headers["retry-after"] == "1"
+            release.set()
+        t.join(60)
+        assert not t.is_alive()
+        if errors:
+            raise errors[0]
+        reply, _ = ask(sdk(d, "bob-token"), [{"role": "user", "content": "Hi."}], max_tokens=2)
+        assert reply.choices
+    finally:
+        release.set()
+        d.stop()
+
+
+def test_a_huge_declared_body_and_a_ten_thousand_turn_history_are_refused_storing_nothing(
+    tmp_path: Path,
+) -> None:
+    import http.client
+
+    d = Daemon(settings(tmp_path, durable=False, http="127.0.0.1:0"))
+    d.start()
+    d.wait_ready(120)
+    try:
+        assert d.http is not None
+        host, port = d.http.address.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Authorization", "Bearer alice-token")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(100 * 2**20))  # 100 MB said, not sent
+        conn.endheaders(b"{}")
+        assert conn.getresponse().status == 413
+
+        turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"}
+                 for i in range(10_001)]  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(sdk(d), turns)
+        assert "at most" in err.value.message
+        assert len(d.service.registry) == 0  # nothing was made of it
+    finally:
+        d.stop()
+
+
+def test_a_conversation_continues_after_kill_9_of_sinkd_serve(tmp_path: Path) -> None:
+    """The real thing: `sinkd serve` killed with SIGKILL between turns; restarted, the client's
+    resent history continues the same session (its place was journalled before the answer)."""
+    import os
+    import signal
+    import socket
+
+    from tests.test_daemon import serve_subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SINKD_HTTP": f"127.0.0.1:{port}", "SINKD_STATE_DIR": str(tmp_path / "state"),
+           "SINKD_N_CTX_SEQ": "256", "SINKD_MAX_SESSIONS": "2"}  # fmt: skip
+    sock = tmp_path / "sinkd.sock"
+    proc = serve_subprocess(sock, env)
+    try:
+        key = (tmp_path / "http-token").read_text().strip()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+        history = [{"role": "user", "content": "My name is Ada."}]
+        first, headers = ask(client, history)
+        session = headers["x-sinkd-session"]
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "What is a hive?"}]  # fmt: skip
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        proc = serve_subprocess(sock, env)
+        _, headers = ask(client, history)
+        assert headers["x-sinkd-continuation"] == "continued", headers["x-sinkd-why"]
+        assert headers["x-sinkd-session"] == session
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_no_prompt_or_reply_text_reaches_the_logs(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    marker = "Zanzibarquoll"
+    with caplog.at_level(logging.DEBUG):
+        reply, _ = ask(sdk(daemon), [{"role": "user", "content": f"Repeat {marker} please."}])
+        respond(sdk(daemon), input=f"Say {marker}.")
+        with pytest.raises(openai.BadRequestError):  # a refusal names the field, not the text
+            ask(sdk(daemon), [{"role": "user", "content": marker}], logprobs=True)
+    text, said = caplog.text, reply.choices[0].message.content or ""
+    assert marker not in text
+    assert len(said) < 12 or said not in text

@@ -22,7 +22,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from starlette.background import BackgroundTask
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sinkd.daemon.config import Settings
 from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd
@@ -134,6 +134,14 @@ class HttpFront:
         async def not_allowed(request: Request, e: Exception) -> Response:
             error = HttpError(405, f"{request.method} is not allowed on this route")
             return from_http(error, ollama(request))
+
+        @app.get("/health")
+        async def health() -> Response:
+            """For load balancers and scripts, no token (as gRPC's health service): 200 once
+            the model is loaded and the engine runs, else 503."""
+            if self.service.scheduler.ready.is_set() and self.service.scheduler.alive():
+                return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "unavailable"}, 503, headers={"Retry-After": "1"})
 
         app.include_router(openai_api.router(self))
         app.include_router(responses_api.router(self))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.private import secret
 from sinkd.daemon.runtime.access import Access
+from sinkd.daemon.runtime.api import PolicyRequest
 from sinkd.daemon.runtime.conversations import ConversationIndex, Place
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
@@ -35,6 +36,7 @@ class ClientState:
         create: Create,
         close: Close,
         rewind: Rewind,
+        window: int | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
@@ -42,7 +44,7 @@ class ClientState:
         durable = durability is not None
         self.stateless = StatelessChats(
             access, turns, self.conversations, create, close, rewind,
-            self._put_head if durable else None,
+            self._put_head if durable else None, PolicyRequest(name="sink", window=window),
         )  # fmt: skip
         self.responses = Responses(
             access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),

@@ -108,6 +108,7 @@ class SinkdService:
             lambda p, h, n: self.scheduler.call(
                 lambda e: self.lifecycle.rewind(e, self.access.owned(p, h), h.generation, n)
             ),
+            settings.http_window,
         )
         self.stateless, self.responses = self.clients.stateless, self.clients.responses
         self.scheduler.on_close = self.lifecycle.close

@@ -74,6 +74,7 @@ class StatelessChats:
         close: Close,
         rewind: Rewind,
         persist: Persist | None = None,
+        policy: PolicyRequest | None = None,
     ) -> None:
         self.access = access
         self.turns = turns
@@ -82,6 +83,7 @@ class StatelessChats:
         self.close = close
         self.rewind = rewind
         self.persist = persist
+        self.policy = policy or PolicyRequest(name="sink")  # of every session this layer makes
         self._made: set[str] = set()  # the sessions this layer made for stateless clients
 
     def turn(
@@ -153,7 +155,7 @@ class StatelessChats:
         used idle stateless conversation session is closed to make room (a client that comes back
         to it resends its history: it is read again, and says so); never another tenant's, never
         a session made over gRPC or holding stored responses (not `stateless`)."""
-        policy, note = PolicyRequest(name="sink"), ""
+        policy, note = self.policy, ""
         try:
             receipt = self.create(principal, policy, None, system)
         except ResourceExhausted:

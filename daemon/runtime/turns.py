@@ -84,12 +84,13 @@ class Turns:
         engine = self.access.engine
         if not engine.chat_template:
             raise Unsupported(f"model {self.entry.name} has no chat template")
+        session = self.access.owned(principal, handle)
         if not turns:
-            return AppendResult(0, self.access.owned(principal, handle).receipt(
-                engine.kv_bytes_per_token
-            ))  # fmt: skip
+            return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
         marks = [(role, content_mark(i)) for i, (role, _) in enumerate(turns)]
         framed = engine.vocab.render_chat(marks, add_assistant=False)
+        if session.seq.state.n_seen > len(session.system_tokens):  # after a reply, as `chat`
+            framed = "\n" + framed
         tokens = engine.vocab.tokenize_framed(framed, [content for _, content in turns])
         return self.append(principal, handle, None, tokens, job_hook, timeout)
 
