@@ -720,3 +720,65 @@ def test_no_prompt_or_reply_text_reaches_the_logs(
     text, said = caplog.text, reply.choices[0].message.content or ""
     assert marker not in text
     assert len(said) < 12 or said not in text
+
+
+def test_langchain_chat_openai_continues_its_conversation(daemon: Daemon) -> None:
+    """LangChain's ChatOpenAI, as an app built on it calls the front: whole and streamed, the
+    history it resends continuing the session (its usage counts the new turn alone)."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+    from langchain_openai import ChatOpenAI
+
+    assert daemon.http is not None
+    llm = ChatOpenAI(
+        base_url=f"{daemon.http.address}/v1", api_key="alice-token", model=MODEL,
+        temperature=0, max_tokens=12, max_retries=0,
+    )  # fmt: skip
+    history: list[Any] = [SystemMessage(SYSTEM), HumanMessage("Name a bird.")]
+    first = llm.invoke(history)
+    assert first.content and first.usage_metadata is not None
+    history += [AIMessage(first.content), HumanMessage("Another.")]
+    pieces = list(llm.stream(history, stream_usage=True))
+    text = "".join(str(p.content) for p in pieces)
+    usage = next(p.usage_metadata for p in reversed(pieces) if p.usage_metadata)
+    assert text and 0 < usage["input_tokens"] < first.usage_metadata["input_tokens"]
+
+
+def test_a_deleted_response_leaves_no_file_of_the_state_directory(tmp_path: Path) -> None:
+    """A stored response's text is plaintext at rest (journal.db and its write-ahead log); DELETE
+    removes it from every file once the purge has run."""
+    d = Daemon(settings(tmp_path, http="127.0.0.1:0", purge_interval_s=0))
+    d.start()
+    d.wait_ready(120)
+    try:
+        stored, _ = respond(sdk(d), input="Describe a lighthouse in one sentence.",
+                            max_output_tokens=24)  # fmt: skip
+        import re
+
+        # a plain run of it, as JSON writes it unescaped, long enough to be found only there
+        text = max(re.findall(r"[A-Za-z ,.]+", stored.output_text), key=len, default="").strip()
+        assert len(text) >= 12, stored.output_text
+        state = d.settings.state_dir
+
+        def holding() -> list[str]:
+            return [str(p.relative_to(state)) for p in sorted(state.rglob("*"))
+                    if p.is_file() and text.encode() in p.read_bytes()]  # fmt: skip
+
+        assert holding(), "the test looks for the text where it is stored"
+        sdk(d).responses.delete(stored.id)
+        durability = d.service.durability
+        assert durability is not None
+        d.service.scheduler.call(lambda e: durability.purge_due())
+        assert holding() == []
+    finally:
+        d.stop()
+
+
+def test_a_second_daemon_on_the_same_http_port_is_refused(daemon: Daemon, tmp_path: Path) -> None:
+    """SO_REUSEADDR (a restart binds past TIME_WAIT) lets no second listener share the port."""
+    from sinkd.errors import ListenError
+
+    assert daemon.http is not None
+    taken = daemon.http.address.removeprefix("http://")
+    other = Daemon(settings(tmp_path, durable=False, http=taken))
+    with pytest.raises(ListenError, match="could not listen on http"):
+        other.start()

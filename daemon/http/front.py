@@ -242,6 +242,9 @@ class HttpFront:
             self.local_sha256 = hashlib.sha256(token.encode()).hexdigest()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
+        # a restart (after a crash too) may bind while the old connections sit in TIME_WAIT; on
+        # Linux this lets no second listener share the port (that is SO_REUSEPORT, never set)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, int(port)))
             sock.listen(128)

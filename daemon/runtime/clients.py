@@ -76,7 +76,12 @@ class ClientState:
     def _put_response(self, item: StoredResponse | str) -> None:
         """A response to keep, or the id of one to delete."""
         if isinstance(item, str):  # a delete the journal did not take is not done
-            self._journal(item, lambda d: ClientTables(d.j.db).drop_response(item), quiet=False)
+
+            def drop(d: Durability) -> None:
+                ClientTables(d.j.db).drop_response(item)
+                d.purge.request()  # the write-ahead log's copy of its text goes too
+
+            self._journal(item, drop, quiet=False)
             return
         record = json.dumps(dataclasses.asdict(item))
         self._journal(

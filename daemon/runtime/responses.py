@@ -154,11 +154,11 @@ class Responses:
         c = self._session_for(principal, request)
         handle = c.handle
         items = list(request.items)
-        if len(items) > 1:  # earlier input items go in as framed turns, then the last is asked
-            self.turns.history(principal, handle, [(t.role, t.content) for t in items[:-1]])
-            c = replace(c, ingested_turns=len(items) - 1)
         chat = ChatRequest(items[-1].content, request.max_tokens, (), request.sampling)
         try:
+            if len(items) > 1:  # earlier input items go in as framed turns, the last is asked
+                self.turns.history(principal, handle, [(t.role, t.content) for t in items[:-1]])
+                c = replace(c, ingested_turns=len(items) - 1)
             events = self.turns.chat(principal, handle, chat, job_hook)
         except BaseException:
             self._end_unstored(principal, request, c)
