@@ -140,6 +140,9 @@ def plan_append(
         if free == 0:
             ops, state = _evict(config, state, _evictions_ahead(config, n_tokens - offset))
             free = budget - state.retained(config)
+        elif offset == 0 and (room := _room_ahead(config, state, n_tokens, free, max_batch)):
+            ops, state = _evict(config, state, room)
+            free = budget - state.retained(config)
         after_ops = state
         take = min(n_tokens - offset, free, max_batch or free)
         after = state.seen(take)
@@ -151,6 +154,24 @@ def plan_append(
     return AppendPlan(before, n_tokens, tuple(sub_batches))
 
 
+def _room_ahead(
+    config: PolicyConfig, state: SeqState, n_tokens: int, free: int, max_batch: int | None
+) -> int:
+    """E-evictions to make before a prompt-sized append (at most the ingest chunk) that does not
+    fit the free cells, so that it decodes whole, in one pass, rather than as the part that fits,
+    an eviction, and the rest: the same evictions token-at-a-time appends make, made first. 0 where
+    that is not so (no ingest chunk, a larger append, a cap below it, or too few window cells to
+    evict while one stays). Only whole: a replayed chunk plans alike."""
+    if not config.evicts or not 0 < free < n_tokens <= config.ingest_chunk:
+        return 0
+    if max_batch is not None and max_batch < n_tokens:
+        return 0
+    times = -(-(n_tokens - free) // config.evict_chunk)
+    # a window cell must stay: the prompt's positions continue from the newest one (llama.cpp
+    # refuses a batch that does not start right after what the sequence holds)
+    return times if times * config.evict_chunk < state.window_count() else 0
+
+
 def _evictions_ahead(config: PolicyConfig, remaining: int) -> int:
     """How many E-evictions to make now: one, or with an ingest chunk as many as the next
     min(remaining, ingest_chunk) tokens will need (token-at-a-time appends make the same ones, each
@@ -158,7 +179,8 @@ def _evictions_ahead(config: PolicyConfig, remaining: int) -> int:
     e = config.evict_chunk
     if config.ingest_chunk <= e or remaining <= e:
         return 1
-    return max(1, min(-(-min(remaining, config.ingest_chunk) // e), config.window // e))
+    # never the whole window at once: the batch continues from its newest cell (`_room_ahead`)
+    return max(1, min(-(-min(remaining, config.ingest_chunk) // e), (config.window - 1) // e))
 
 
 def _evict(

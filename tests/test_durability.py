@@ -281,6 +281,40 @@ def test_snapshots_fall_due_by_time_as_well_as_by_tokens(run: Run) -> None:
 
 
 @pytest.mark.model
+def test_a_session_still_to_give_its_first_token_is_snapshotted_a_step_later(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's time to first token never waits for its session's snapshot: due then, it is taken
+    at the next gap once the first token is out."""
+    c = run.start(snapshot_every_tokens=10_000, snapshot_every_s=3600)
+    h = c.create().handle
+    c.append(h, "A few tokens, far below the token interval.")
+    assert run.d is not None
+    service = run.d.service
+    snapshotter, durability = service.scheduler.snapshotter, service.durability
+    assert snapshotter is not None and durability is not None
+    session = service.registry.get(h.session_id)
+    assert session is not None
+    forced = threading.local()  # due only within this test's own calls, not the loop's
+    real = durability.due
+    monkeypatch.setattr(
+        durability, "due", lambda s, now: getattr(forced, "on", False) or real(s, now)
+    )
+
+    def due(answering: set[str]) -> int | None:
+        forced.on = True
+        try:
+            snapshotter.due(False, answering)
+        finally:
+            forced.on = False
+        return session.snap_n_seen
+
+    before = session.snap_n_seen
+    assert service.scheduler.call(lambda e: due({session.id})) == before
+    assert service.scheduler.call(lambda e: due(set())) == session.seq.state.n_seen != before
+
+
+@pytest.mark.model
 @pytest.mark.parametrize("crash", [True, False], ids=["crash-journal-only", "clean-stop-snapshot"])
 def test_a_sampling_session_draws_the_same_tokens_after_a_restart(
     run: Run, tmp_path: Path, crash: bool

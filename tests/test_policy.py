@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -378,9 +379,14 @@ def test_invariants_for_any_chunk(
     for size in sizes:
         plan = seq.plan(size, max_batch)
 
-        def check(sb: object) -> None:
+        def check(sb: Any) -> None:
+            # a sub-batch continues right after the newest cell the sequence holds, if it holds
+            # any (llama.cpp refuses a batch that does not: Y = X + 1)
+            before = [pos for pos, _ in mem.sorted_cells() if pos < sb.cache_pos]
+            if chunk < window:  # E = W empties the window, and noshift keeps the gap it leaves
+                assert not before or sb.cache_pos == max(before) + 1, (sb, before[-3:])
             # the fake applied exactly what the policy says the cache now holds
-            seq.adopt_tokens(sb)  # type: ignore[arg-type]
+            seq.adopt_tokens(sb)
             assert mem.sorted_cells() == [(c.cache_pos, c.logical_pos) for c in seq.cells()]
             # the audit's cheap span is llama.cpp's seq_pos_min/max of those cells
             held = [pos for pos, _ in mem.sorted_cells()]
@@ -475,3 +481,42 @@ def test_a_rewind_past_what_the_window_still_holds_is_refused_unchanged() -> Non
     fresh.append(3)
     fresh.rewind(1)  # nothing evicted yet: into the sinks too
     assert fresh.logical_positions() == [0]
+
+
+def test_a_prompt_that_does_not_fit_the_free_cells_evicts_first_and_decodes_whole() -> None:
+    """A chat turn meeting a nearly full window: without the ingest chunk it is cut around the
+    eviction (what fits, evict, what fits again: three passes here); with it the same evictions come first and
+    the prompt decodes in one pass, leaving exactly what token-at-a-time appends leave."""
+    cut = CacheSequence(PolicyConfig.named("sink", sinks=2, window=16, evict_chunk=4))
+    whole = CacheSequence(
+        PolicyConfig.named("sink", sinks=2, window=16, evict_chunk=4, ingest_chunk=12)
+    )
+    one_by_one = CacheSequence(PolicyConfig.named("sink", sinks=2, window=16, evict_chunk=4))
+    for seq in (cut, whole, one_by_one):
+        seq.append(15)  # 3 cells free
+    assert [sb.n_tokens for sb in cut.plan(8).sub_batches] == [3, 4, 1]
+    plan = whole.plan(8)
+    assert [sb.n_tokens for sb in plan.sub_batches] == [8]
+    assert [op for op in plan.ops if isinstance(op, Evict)] == [
+        Evict(2, 6, 2, 6),
+        Evict(6, 10, 6, 10),
+    ]
+    assert whole.next_take(8) == 8
+    whole.append(8)
+    for _ in range(8):
+        one_by_one.append(1)
+    assert whole.logical_positions() == one_by_one.logical_positions()
+    assert whole.cache_positions() == one_by_one.cache_positions()
+    assert [sb.n_tokens for sb in whole.plan(13).sub_batches] != [13]  # above the ingest chunk
+
+
+def test_a_prompt_never_evicts_the_whole_window_ahead() -> None:
+    """Its positions continue from the newest window cell: with none left (and the shift
+    deferred) they would not, and llama.cpp refuses the batch. Then it is cut as before."""
+    seq = CacheSequence(
+        PolicyConfig.named("sink", sinks=2, window=16, evict_chunk=4, ingest_chunk=16)
+    )
+    seq.append(6)  # 2 sinks, 4 window cells, 12 free
+    plan = seq.plan(13)  # one eviction ahead would take all 4
+    assert [sb.n_tokens for sb in plan.sub_batches] == [12, 1]
+    assert not plan.sub_batches[0].ops

@@ -135,6 +135,14 @@ class JobQueues:
     def busy(self, session_id: str) -> bool:
         return bool(self._queues.get(session_id))
 
+    def answering(self) -> set[str]:
+        """The sessions whose running generation has not given its first token yet."""
+        return {
+            jobs[0].session.id
+            for jobs in self._queues.values()
+            if jobs and jobs[0].gen is not None and jobs[0].generated == 0
+        }
+
     def pop(self, job: Job) -> None:
         """Remove a finished or failed head."""
         jobs = self._queues.get(job.session.id)

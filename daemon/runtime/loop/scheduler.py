@@ -161,7 +161,7 @@ class Scheduler:
                 elif self.engine is not None:
                     self.engine.idle()  # an idle daemon leaves the cores to other engines
                 if self.snapshotter is not None:
-                    self.snapshotter.due(busy=bool(self.queues))
+                    self.snapshotter.due(bool(self.queues), self.queues.answering())
             clean = True
         except BaseException as e:  # a bug outside a step: no zombie, the daemon must stop
             log.exception("the engine thread died")
