@@ -172,7 +172,8 @@ class CacheSequence:
             )
         if to_n_seen == s.n_seen:
             return None
-        removed = (to_n_seen - s.shift, s.next_cache_pos())  # no eviction yet: shift is 0
+        # window cells sit at logical - shift (the sinks too: with no eviction the shift is 0)
+        removed = (to_n_seen - s.shift, s.next_cache_pos())
         self.trace.append(
             TraceEvent(
                 at_token=s.n_seen,

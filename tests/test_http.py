@@ -782,3 +782,38 @@ def test_a_second_daemon_on_the_same_http_port_is_refused(daemon: Daemon, tmp_pa
     other = Daemon(settings(tmp_path, durable=False, http=taken))
     with pytest.raises(ListenError, match="could not listen on http"):
         other.start()
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
+    daemon: Daemon, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session is reset or closed between matching the regenerate and taking its last turn
+    back: the rewind, checked on the engine thread at the handle's generation, is refused with
+    the session's status, and the reset session holds nothing of the old turns."""
+    client, alice = sdk(daemon), Principal("alice")
+    history = [{"role": "user", "content": f"A conversation that will be {how}."}]
+    first, headers = ask(client, history)
+    session = headers["x-sinkd-session"]
+    service = daemon.service
+    real = service.stateless.rewind
+
+    def overtaken(principal: Principal, handle: Handle, to: int) -> None:
+        if how == "reset":
+            service.reset(alice, handle)
+        else:
+            service.close(alice, handle)
+        real(principal, handle, to)
+
+    monkeypatch.setattr(service.stateless, "rewind", overtaken)
+    expected = openai.ConflictError if how == "reset" else openai.NotFoundError
+    with pytest.raises(expected):
+        ask(client, history)  # a regenerate of the first reply
+    s = service.registry.get(session)
+    if how == "reset":
+        assert s is not None and s.rewinds == 0 and s.seq.state.n_seen == len(s.system_tokens)
+    else:
+        assert s is None
+    monkeypatch.setattr(service.stateless, "rewind", real)
+    _, headers = ask(client, history)  # and the client's next try starts anew
+    assert headers["x-sinkd-continuation"] == "new" and headers["x-sinkd-session"] != session

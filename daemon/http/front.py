@@ -139,7 +139,7 @@ class HttpFront:
         async def health() -> Response:
             """For load balancers and scripts, no token (as gRPC's health service): 200 once
             the model is loaded and the engine runs, else 503."""
-            if self.service.scheduler.ready.is_set() and self.service.scheduler.alive():
+            if self.serving():
                 return JSONResponse({"status": "ok"})
             return JSONResponse({"status": "unavailable"}, 503, headers={"Retry-After": "1"})
 
@@ -163,9 +163,13 @@ class HttpFront:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def serving(self) -> bool:
+        """The model is loaded and the engine runs."""
+        return self.service.scheduler.ready.is_set() and self.service.scheduler.alive()
+
     def ready(self) -> None:
         """503 while the model loads (the clients retry on Retry-After)."""
-        if not self.service.scheduler.ready.is_set() or not self.service.scheduler.alive():
+        if not self.serving():
             raise HttpError(503, "the model is loading (or the engine stopped)")
 
     def slot(self, principal: Principal) -> Slot:

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import HttpError, body
+from sinkd.daemon.http.errors import body
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
     ChatCompletionBody,
     chat_request,
+    check_model,
     headers_of,
     parse_json,
     validated,
@@ -89,9 +90,7 @@ def router(front: HttpFront) -> APIRouter:
     @api.get("/v1/models/{name}")
     async def model(name: str, request: Request) -> Any:
         front.principal(request)
-        if name != model_name:
-            raise HttpError(404, f"model {name!r} is not served here ({model_name} is)",
-                            param="model", code="model_not_found")  # fmt: skip
+        check_model(name, model_name)
         return {"id": model_name, "object": "model", "created": 0, "owned_by": "sinkd"}
 
     @api.post("/v1/chat/completions")
@@ -99,9 +98,7 @@ def router(front: HttpFront) -> APIRouter:
         principal = front.principal(request)
         front.ready()
         parsed = validated(ChatCompletionBody, parse_json(await front.body(request)))
-        if parsed.model != model_name:
-            raise HttpError(404, f"model {parsed.model!r} is not served here ({model_name} is)",
-                            param="model", code="model_not_found")  # fmt: skip
+        check_model(parsed.model, model_name)
         turn = chat_request(parsed, request.headers.get(SESSION_HEADER))
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)

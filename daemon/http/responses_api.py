@@ -15,7 +15,16 @@ from starlette.responses import JSONResponse, Response
 
 from sinkd.daemon.http.errors import HttpError
 from sinkd.daemon.http.openai_api import extension
-from sinkd.daemon.http.wire import headers_of, parse_json, sampling_of, text_of, validated
+from sinkd.daemon.http.wire import (
+    Unsupported,
+    check_model,
+    check_supported,
+    headers_of,
+    parse_json,
+    sampling_of,
+    text_of,
+    validated,
+)
 from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.responses import ResponseRequest, StoredResponse, new_response_id
@@ -32,8 +41,7 @@ def _unset(v: Any) -> bool:
     return v in (None, [], {}, False, "none", "auto")
 
 
-# (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
-UNSUPPORTED = (
+UNSUPPORTED: Unsupported = (
     ("tools", _unset, "no tools"),
     ("tool_choice", _unset, "no tools"),
     ("reasoning", _unset, "no reasoning settings"),
@@ -66,14 +74,7 @@ class ResponsesBody(BaseModel):
 
 
 def request_of(body: ResponsesBody) -> ResponseRequest:
-    extra = body.model_extra or {}
-    for field, fine, serves in UNSUPPORTED:
-        if field in extra and not fine(extra[field]):
-            raise HttpError(400, f"{field}: not supported; sinkd serves {serves}", param=field)
-    named = {f for f, _, _ in UNSUPPORTED}
-    for field in extra:
-        if field not in named and field not in HARMLESS:
-            raise HttpError(400, f"{field}: not a field sinkd implements", param=field)
+    check_supported(body, UNSUPPORTED, HARMLESS)
     fmt = (body.text or {}).get("format") or {"type": "text"}
     if fmt.get("type") != "text":
         raise HttpError(400, "text.format: sinkd serves text responses", param="text.format")
@@ -175,9 +176,7 @@ def router(front: HttpFront) -> APIRouter:
         principal = front.principal(request)
         front.ready()
         body = validated(ResponsesBody, parse_json(await front.body(request)))
-        if body.model != model_name:
-            raise HttpError(404, f"model {body.model!r} is not served here ({model_name} is)",
-                            param="model", code="model_not_found")  # fmt: skip
+        check_model(body.model, model_name)
         ask = request_of(body)
         response_id = new_response_id()
 

@@ -30,6 +30,8 @@ def headers_of(c: Continuation) -> dict[str, str]:
 
 
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
+# (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
+Unsupported = tuple[tuple[str, Callable[[Any], bool], str], ...]
 
 
 def _off(v: Any) -> bool:
@@ -53,7 +55,7 @@ def _unset(v: Any) -> bool:
 
 
 # (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
-UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+UNSUPPORTED: Unsupported = (
     ("n", _one, "one choice per request (n = 1)"),
     ("tools", _off, "no tools"),
     ("tool_choice", _no_tools, "no tools"),
@@ -168,15 +170,26 @@ def history(messages: list[dict[str, Any]]) -> tuple[str, tuple[Turn, ...]]:
     return "\n\n".join(system), tuple(turns)
 
 
-def check_supported(body: BaseModel, known: frozenset[str]) -> None:
+def check_supported(
+    body: BaseModel, unsupported: Unsupported = (), harmless: frozenset[str] = frozenset()
+) -> None:
+    """A body's fields beyond its model: those `unsupported` names are refused unless their value
+    asks nothing sinkd lacks, `harmless` ones pass, any other is refused naming it."""
     extra = body.model_extra or {}
-    for field, fine, needs in UNSUPPORTED:
+    for field, fine, needs in unsupported:
         if field in extra and not fine(extra[field]):
             raise HttpError(400, f"{field}: not supported; sinkd serves {needs}", param=field)
-    named = {f for f, _, _ in UNSUPPORTED}
+    named = {f for f, _, _ in unsupported}
     for field in extra:
-        if field not in known and field not in HARMLESS and field not in named:
+        if field not in harmless and field not in named:
             raise HttpError(400, f"{field}: not a field sinkd implements", param=field)
+
+
+def check_model(asked: str, served: str) -> None:
+    """OpenAI's 404 for a model this daemon does not serve."""
+    if asked != served:
+        raise HttpError(404, f"model {asked!r} is not served here ({served} is)",
+                        param="model", code="model_not_found")  # fmt: skip
 
 
 def stops_of(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -200,7 +213,7 @@ def sampling_of(
 
 
 def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessChatRequest:
-    check_supported(body, frozenset())
+    check_supported(body, UNSUPPORTED, HARMLESS)
     both = body.max_tokens is not None and body.max_completion_tokens is not None
     if both and body.max_tokens != body.max_completion_tokens:
         raise HttpError(400, "max_tokens and max_completion_tokens disagree",

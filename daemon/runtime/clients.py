@@ -49,6 +49,7 @@ class ClientState:
         self.responses = Responses(
             access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),
             close, rewind, self._put_response if durable else None,
+            self._drop_response if durable else None,
         )  # fmt: skip
 
     def load(self) -> None:
@@ -57,46 +58,50 @@ class ClientState:
         d = self.durability
         assert d is not None
         self.conversations.key = secret(d.dir / "conversations.key")
-        for session_id, reset_count, tenant, head, before, n_before in ClientTables(d.j.db).heads():
+        tables = ClientTables(d.j.db)
+        for session_id, reset_count, tenant, head, before, n_before in tables.heads():
             self.conversations.place(session_id, Place(tenant, reset_count, head, before, n_before))
             self.stateless.adopt(session_id)
-        for record in ClientTables(d.j.db).responses():
+        for record in tables.responses():
             self.responses.adopt(StoredResponse(**json.loads(record)))
 
     def _put_head(self, session_id: str, place: Place) -> None:
         """Where a conversation stands (the reply is already given: a crash before this commit
         costs the next turn a re-read of its history, nothing else)."""
-        assert place.head is not None
+        head = place.head
+        assert head is not None
         self._journal(
             session_id,
-            lambda d: ClientTables(d.j.db).put_head(session_id, place.reset_count, place.tenant, place.head or "",
-                                   place.before, place.n_before),
+            lambda t: t.put_head(session_id, place.reset_count, place.tenant, head, place.before,
+                                 place.n_before),
         )  # fmt: skip
 
-    def _put_response(self, item: StoredResponse | str) -> None:
-        """A response to keep, or the id of one to delete."""
-        if isinstance(item, str):  # a delete the journal did not take is not done
-
-            def drop(d: Durability) -> None:
-                ClientTables(d.j.db).drop_response(item)
-                d.purge.request()  # the write-ahead log's copy of its text goes too
-
-            self._journal(item, drop, quiet=False)
-            return
-        record = json.dumps(dataclasses.asdict(item))
+    def _put_response(self, stored: StoredResponse) -> None:
+        record = json.dumps(dataclasses.asdict(stored))
         self._journal(
-            item.session_id,
-            lambda d: ClientTables(d.j.db).put_response(
-                item.id, item.session_id, item.reset_count, record
-            ),
+            stored.session_id,
+            lambda t: t.put_response(stored.id, stored.session_id, stored.reset_count, record),
         )
 
-    def _journal(self, what: str, write: Callable[[Durability], None], quiet: bool = True) -> None:
+    def _drop_response(self, response_id: str) -> None:
+        """A delete the journal did not take is not done (raises); the write-ahead log's copy of
+        the text goes with the next purge."""
+
+        def drop(t: ClientTables) -> None:
+            t.drop_response(response_id)
+            assert self.durability is not None
+            self.durability.purge.request()
+
+        self._journal(response_id, drop, quiet=False)
+
+    def _journal(
+        self, what: str, write: Callable[[ClientTables], None], quiet: bool = True
+    ) -> None:
         durability = self.durability
         assert durability is not None
 
         def run(engine: Engine) -> None:
-            write(durability)
+            write(ClientTables(durability.j.db))
             durability.commit()
 
         try:

@@ -83,7 +83,8 @@ class StoredResponse:
 Open = Callable[[Principal, str], tuple[Receipt, str]]
 Close = Callable[[Principal, Handle], None]
 Rewind = Callable[[Principal, Handle, int], None]
-Persist = Callable[[StoredResponse | str], None]  # a response to keep, or an id to delete
+Keep = Callable[[StoredResponse], None]  # journal a response
+Drop = Callable[[str], None]  # journal a response's deletion (raises if it cannot)
 
 
 def new_response_id() -> str:
@@ -98,14 +99,15 @@ class Responses:
         open_session: Open,
         close: Close,
         rewind: Rewind,
-        persist: Persist | None = None,
+        keep: Keep | None = None,
+        drop: Drop | None = None,
     ) -> None:
         self.access = access
         self.turns = turns
         self.open_session = open_session
         self.close = close
         self.rewind = rewind
-        self.persist = persist
+        self.journal_keep, self.journal_drop = keep, drop
         self._lock = threading.Lock()
         self._by_id: dict[str, StoredResponse] = {}
         self._latest: dict[str, str] = {}  # session id -> its latest stored response
@@ -134,8 +136,8 @@ class Responses:
         """Delete a stored response (its conversation stays; it can no longer be continued from
         this response)."""
         stored = self.get(principal, response_id)
-        if self.persist is not None:
-            self.persist(stored.id)
+        if self.journal_drop is not None:
+            self.journal_drop(stored.id)
         self._drop(stored.id)
 
     # --- a new response ---
@@ -212,8 +214,8 @@ class Responses:
         return Continuation(receipt.handle, "new", why, 0, receipt.n_seen)
 
     def _keep(self, stored: StoredResponse) -> None:
-        if self.persist is not None:
-            self.persist(stored)
+        if self.journal_keep is not None:
+            self.journal_keep(stored)
         with self._lock:
             self._by_id[stored.id] = stored
             self._latest[stored.session_id] = stored.id

@@ -233,7 +233,7 @@ class StatelessChats:
         session = self.access.registry.get(handle.session_id)
         if seconds is None or session is None:
             return
-        session.idle_timeout_s = seconds if seconds > 0 else 1e-9  # 0: at the next expiry round
+        session.idle_timeout_s = seconds  # 0: closed at the next expiry round
 
 
 def _check(principal: Principal, request: StatelessChatRequest) -> str:

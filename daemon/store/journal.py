@@ -142,6 +142,9 @@ def _owner_only(path: Path) -> None:
         raise JournalError(f"{path}: {e.strerror or e}") from e
 
 
+CLIENT_TABLES = ("conversations", "responses")  # rows of a session, kept beside its own
+
+
 class ClientTables:
     """The HTTP clients' tables, in the journal's database and transactions: where a stateless
     client's history stands (a keyed hash, no text) and what a stateful client's responses hold
@@ -292,14 +295,14 @@ class Journal:
         """Drop chunks and snapshot rows of every generation but `keep_reset_count` (None: of
         all); returns the snapshot paths to delete."""
         if keep_reset_count is None:
-            self._db.execute("DELETE FROM conversations WHERE session=?", (session_id,))
-            self._db.execute("DELETE FROM responses WHERE session=?", (session_id,))
+            for table in CLIENT_TABLES:
+                self._db.execute(f"DELETE FROM {table} WHERE session=?", (session_id,))
             rows = self._db.execute("SELECT path FROM snapshots WHERE session=?", (session_id,))
             paths = [r[0] for r in rows]
             self._db.execute("DELETE FROM chunks WHERE session=?", (session_id,))
             self._db.execute("DELETE FROM snapshots WHERE session=?", (session_id,))
             return paths
-        for table in ("conversations", "responses"):
+        for table in CLIENT_TABLES:
             self._db.execute(
                 f"DELETE FROM {table} WHERE session=? AND reset_count<>?",
                 (session_id, keep_reset_count),

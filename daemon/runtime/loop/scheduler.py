@@ -257,7 +257,8 @@ class Scheduler:
             if session.state is SessionState.STALE:
                 continue  # its data waits for its owner, or for the configuration it was made under
             idle = now - session.last_active
-            limit = min(self.idle_timeout_s, session.idle_timeout_s or self.idle_timeout_s)
+            own = session.idle_timeout_s
+            limit = self.idle_timeout_s if own is None else min(own, self.idle_timeout_s)
             if idle > limit and not self.queues.busy(session.id):
                 log.info("session %s expired after %.0f s idle", session.id, idle)
                 try:
