@@ -34,12 +34,14 @@ class RecallMode(str, enum.Enum):
 @dataclass(frozen=True)
 class RecallConfig:
     """`budget`: the most tokens one recall adds to the cache (frames included); `passages`: the
-    most passages; `threshold`: the lowest retrieval score that may come back."""
+    most passages; `threshold`: the lowest BM25 score that may come back; `dense_threshold`: the
+    lowest cosine of sentence vectors that may (either suffices)."""
 
     mode: RecallMode = RecallMode.OFF
     budget: int = 96
     passages: int = 2
     threshold: float = 1.0
+    dense_threshold: float = 0.35
 
     def __post_init__(self) -> None:
         for name in ("budget", "passages"):
@@ -48,6 +50,9 @@ class RecallConfig:
                 raise ConfigError(f"recall.{name}", f"must be an integer >= 1, got {value!r}")
         if not isinstance(self.threshold, int | float) or self.threshold < 0:
             raise ConfigError("recall.threshold", f"must be >= 0, got {self.threshold!r}")
+        d = self.dense_threshold
+        if not isinstance(d, int | float) or isinstance(d, bool) or not -1 <= d <= 1.01:
+            raise ConfigError("recall.dense_threshold", f"must be a cosine in [-1, 1], got {d!r}")
 
     @classmethod
     def named(cls, mode: str | RecallMode, **kwargs: Any) -> RecallConfig:
@@ -75,6 +80,7 @@ class RecallConfig:
             "budget": self.budget,
             "passages": self.passages,
             "threshold": float(self.threshold),
+            "dense_threshold": float(self.dense_threshold),
         }
 
 
@@ -89,12 +95,21 @@ def check_recallable(policy: PolicyConfig) -> None:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A stored passage a search found: its id, transcript range, size in tokens and score."""
+    """A stored passage a search found: its id, transcript range, size in tokens, its rank score
+    (`score`: BM25 alone, or the two searches fused) and each search's own score (`lexical`:
+    BM25; `dense`: cosine of the sentence vectors, 0 where no vector was compared)."""
 
     passage_id: int
     source: tuple[int, int]
     n_tokens: int
     score: float
+    lexical: float = 0.0
+    dense: float = 0.0
+
+    def strong(self, config: RecallConfig) -> bool:
+        """Worth recalling: BM25 at the threshold, or a sentence vector as close as
+        `dense_threshold` (a paraphrase shares no word, so BM25 alone would drop it)."""
+        return self.lexical >= config.threshold or self.dense >= config.dense_threshold
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ class RecallPlan:
 
 
 def select(candidates: list[Candidate], config: RecallConfig, frame_tokens: int) -> list[Candidate]:
-    """Best first, above the threshold, at most `passages`, each with its frame within the budget;
+    """Best first, strong enough (`Candidate.strong`), at most `passages`, each with its frame within the budget;
     then in transcript order, so the text reads as it was first said."""
     chosen: list[Candidate] = []
     used = 0
@@ -136,7 +151,7 @@ def select(candidates: list[Candidate], config: RecallConfig, frame_tokens: int)
         if len(chosen) == config.passages:
             break
         cost = c.n_tokens + frame_tokens
-        if c.score < config.threshold or c.n_tokens < 1 or used + cost > config.budget:
+        if not c.strong(config) or c.n_tokens < 1 or used + cost > config.budget:
             continue
         chosen.append(c)
         used += cost

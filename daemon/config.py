@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     recall_budget: int = Field(default=96, ge=1)
     recall_passages: int = Field(default=2, ge=1, le=16)
     recall_threshold: float = Field(default=1.0, ge=0)
+    # dense search beside BM25 (sentence vectors, daemon/store/embedder.py); off: BM25 alone
+    recall_dense: bool = True
+    recall_dense_threshold: float = Field(default=0.35, ge=-1, le=1)
+    # where recalled text goes in a chat turn; "" = the model's entry in models.lock
+    recall_presentation: Literal["", "system-after", "system-before", "quoted", "user-turn"] = ""
     memory_max_tokens: int = Field(default=1_000_000, ge=1)  # per session; oldest pruned first
     memory_passages: Literal["text", "fixed"] = "text"  # cut at lines/sentences, or every 48
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

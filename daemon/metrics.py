@@ -110,7 +110,10 @@ class Metrics:
             "sinkd_memory_forgotten_passages", "Passages deleted by their owner", registry=r
         )
         self.recalls = Counter(
-            "sinkd_recalls", "Recalls, by outcome (recalled, empty)", ["outcome"], registry=r
+            "sinkd_recalls",
+            "Recalls, by outcome (recalled, empty, in_window)",
+            ["outcome"],
+            registry=r,
         )
         self.recalled_tokens = Counter(
             "sinkd_recalled_tokens", "Tokens recalled into caches (frames included)", registry=r

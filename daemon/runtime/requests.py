@@ -40,6 +40,7 @@ def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings)
         else req.budget,
         passages=settings.recall_passages if req.passages is None else req.passages,
         threshold=settings.recall_threshold if req.threshold is None else req.threshold,
+        dense_threshold=settings.recall_dense_threshold,
     )
     if config.mode is not RecallMode.OFF:
         check_recallable(policy)

@@ -36,11 +36,13 @@ from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.reads import SessionReads
+from sinkd.daemon.runtime.recall.framing import Presentation
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.remembering import Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
 from sinkd.daemon.runtime.turns import JobHook, Turns
+from sinkd.daemon.store.embedder import embedder_or_none
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.errors import PermissionDenied
 
@@ -55,6 +57,7 @@ class SinkdService:
         self.registry = Registry()
         self.identity: ModelIdentity | None = None
         self.durability: Durability | None = None
+        self.embedder = embedder_or_none() if settings.recall_dense else None
         if settings.durable:
             self.durability = Durability(
                 settings.state_dir,
@@ -65,6 +68,7 @@ class SinkdService:
                 keep=settings.snapshots_kept,
                 purge_interval_s=settings.purge_interval_s,
                 segmenting=Segmenting(settings.memory_passages),
+                embedder=self.embedder,
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)
@@ -90,7 +94,12 @@ class SinkdService:
             self.recall,
         )
         self.access = Access(self.registry, self.scheduler, self.metrics)
-        self.turns = Turns(self.access, self.scheduler, self.entry, settings.call_timeout_s)
+        presentation = Presentation.named(
+            settings.recall_presentation or self.entry.recall_presentation
+        )
+        self.turns = Turns(
+            self.access, self.scheduler, self.entry, settings.call_timeout_s, presentation
+        )
         self.memory = Remembering(
             self.access, self.scheduler, self.turns, self.recall, self.durability, settings
         )
@@ -119,7 +128,9 @@ class SinkdService:
             assert self.durability.memory is not None, "the state directory is not open"
             return self.durability.memory
         if self._memory is None:
-            self._memory = MemoryStore.temporary(Segmenting(self.settings.memory_passages))
+            self._memory = MemoryStore.temporary(
+                Segmenting(self.settings.memory_passages), self.embedder
+            )
         return self._memory
 
     def _open_engine(self) -> Engine:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sinkd.cachepolicy.recall import Candidate, RecalledSpan
+from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.forgetting import Forgetting
 from sinkd.daemon.store.passages import (
     _SCHEMA,
@@ -25,6 +26,7 @@ from sinkd.daemon.store.passages import (
     Segmenting,
     SessionKey,
     Sizes,
+    add_vector_column,
     number_old_passages,
 )
 from sinkd.daemon.store.recalls import RecallLog
@@ -39,29 +41,38 @@ class MemoryStore:
     they were made, never reused): the number is what receipts, listings and `forget` show and
     take."""
 
-    def __init__(self, db: sqlite3.Connection, segmenting: Segmenting | None = None) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        segmenting: Segmenting | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
         self.db = db
         self.segmenting = segmenting or Segmenting()
         self._folder: Path | None = None
         db.execute("PRAGMA secure_delete=ON")
         db.executescript(_SCHEMA)
         number_old_passages(db)
+        add_vector_column(db)
         db.commit()
         db.execute("PRAGMA temp_store=MEMORY")  # a query's words never reach a temporary file
         db.executescript(_SEARCH_SCHEMA)
         self.sizes = Sizes(db)
         self.table = PassageTable(db, self.sizes)
         self.evicted = EvictedText(self.table, self.segmenting)
-        self.finder = PassageSearch(db)
+        self.finder = PassageSearch(db, embedder)
         self.forgetting = Forgetting(db, self.table)
         self.recall_log = RecallLog(db)
 
     @classmethod
-    def temporary(cls, segmenting: Segmenting | None = None) -> MemoryStore:
+    def temporary(
+        cls, segmenting: Segmenting | None = None, embedder: Embedder | None = None
+    ) -> MemoryStore:
         """For a daemon without a state directory: a private file deleted at `close` (on disk,
         not in RAM, so a long stream's memory does not grow the process)."""
         folder = Path(tempfile.mkdtemp(prefix="sinkd-memory-"))  # mode 0700
-        store = cls(sqlite3.connect(folder / "memory.db", check_same_thread=False), segmenting)
+        db = sqlite3.connect(folder / "memory.db", check_same_thread=False)
+        store = cls(db, segmenting, embedder)
         store.db.execute("PRAGMA journal_mode=WAL")
         store._folder = folder
         return store
@@ -96,6 +107,20 @@ class MemoryStore:
 
     def search(self, key: SessionKey, query: str, limit: int) -> list[Candidate]:
         return self.finder.search(key, query, limit)
+
+    @property
+    def dense(self) -> bool:
+        return self.finder.embedder is not None
+
+    def index_idle(self, most: int) -> int:
+        """Between requests: give up to `most` passages their vectors, so that a search later
+        embeds little. Committed here only when no transaction of the journal's was open (then
+        nothing but vectors is in it)."""
+        opened = not self.db.in_transaction
+        n = self.finder.index(None, most)
+        if n and opened:
+            self.db.commit()
+        return n
 
     def passages(self, key: SessionKey, ids: Sequence[int] | None = None) -> list[Passage]:
         """The session generation's passages (those numbered `ids`, if given), oldest first."""
@@ -142,15 +167,15 @@ class MemoryStore:
         parent, parent_reset = parent_key.session_id, parent_key.reset_count
         child, child_reset = child_key.session_id, child_key.reset_count
         rows = self.db.execute(
-            "SELECT logical_start, logical_end, tokens, text, sealed, created, number FROM passages"
-            " WHERE session=? AND reset_count=? ORDER BY id",
+            "SELECT logical_start, logical_end, tokens, text, sealed, created, number, vector"
+            " FROM passages WHERE session=? AND reset_count=? ORDER BY id",
             (parent, parent_reset),
         ).fetchall()
-        for a, b, t, x, s, c, number in rows:  # the same numbers: its recalls name them
+        for a, b, t, x, s, c, number, v in rows:  # the same numbers: its recalls name them
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens,"
-                " text, sealed, created, number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (child, child_reset, a, b, t, x, s, c, number),
+                " text, sealed, created, number, vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (child, child_reset, a, b, t, x, s, c, number, v),
             )
             self.db.execute(
                 "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, x)

@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS passages (
     text TEXT NOT NULL,
     sealed INTEGER NOT NULL,
     created REAL NOT NULL,
-    number INTEGER
+    number INTEGER,
+    vector BLOB
 );
 CREATE INDEX IF NOT EXISTS passages_by_session ON passages (session, reset_count, logical_start);
 CREATE INDEX IF NOT EXISTS passages_open ON passages (session, reset_count) WHERE sealed=0;
@@ -104,6 +105,13 @@ def text_of(tokens: Sequence[int], piece: Callable[[int], bytes]) -> str:
 
 def unblob(blob: bytes) -> tuple[int, ...]:
     return tuple(int(t) for t in np.frombuffer(blob, dtype="<i4"))
+
+
+def add_vector_column(db: sqlite3.Connection) -> None:
+    """A store written before dense search: its passages get their vectors on the next search."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
+    if "vector" not in columns:
+        db.execute("ALTER TABLE passages ADD COLUMN vector BLOB")
 
 
 def number_old_passages(db: sqlite3.Connection) -> None:
@@ -202,7 +210,8 @@ class PassageTable:
             if old is not None:
                 self.sizes.bump(key, 0, len(toks) - old[1], size - old[2])
             self.db.execute(
-                "UPDATE passages SET logical_end=?, tokens=?, text=?, sealed=? WHERE id=?",
+                "UPDATE passages SET logical_end=?, tokens=?, text=?, sealed=?, vector=NULL"
+                " WHERE id=?",  # the text grew: its vector is made again when next searched
                 (end, data, text, int(sealed), pid),
             )
             self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))

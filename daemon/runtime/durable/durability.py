@@ -28,6 +28,7 @@ from sinkd.daemon.private import private_dir
 from sinkd.daemon.runtime.durable.purge import Purge
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import snapshots
+from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Chunk, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.errors import JournalError, ResourceExhausted
@@ -157,10 +158,12 @@ class Durability:
         every_s: float = 300.0,
         keep: int = 2,
         segmenting: Segmenting | None = None,
+        embedder: Embedder | None = None,
         purge_interval_s: float = 0.0,
     ) -> None:
         self.dir = state_dir
         self.segmenting = segmenting
+        self.embedder = embedder
         self.sync = sync
         self.sync_interval_s = sync_interval_s  # the syncer's least time between two fsyncs
         self.every_tokens = every_tokens
@@ -183,7 +186,7 @@ class Durability:
         self.config = config
         self.claim()
         self.journal = Journal(self.dir / "journal.db", self.sync)
-        self.memory = MemoryStore(self.journal.db, self.segmenting)
+        self.memory = MemoryStore(self.journal.db, self.segmenting, self.embedder)
 
     def close(self) -> None:
         if self.journal is not None:

