@@ -341,3 +341,52 @@ def test_the_store_is_bounded_oldest_first(tmp_path: Path) -> None:
     finally:
         client.close()
         d.stop()
+
+
+def test_a_turn_whose_best_match_the_window_holds_recalls_nothing_and_resumes_bit_identical(
+    tmp_path: Path,
+) -> None:
+    """The cheap path: a passage recalled by one turn and still in the window is not decoded
+    again by the next; the report says why; a kill -9 after that path resumes bit for bit."""
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    h = client.create(**POLICY).handle
+
+    def chat(message: str) -> pb.Done:
+        events = list(
+            client.s.Chat(pb.ChatRequest(handle=h, message=message, max_tokens=4), metadata=ALICE)
+        )
+        return events[-1].done
+
+    chat(f"Remember: the sentinel word is {SENTINEL}.")
+    client.append(h, LONG[:1400])
+    before = client.inspect(h).receipt.n_seen
+    first = chat("What is the sentinel word?")
+    assert first.recall.recalled, first.recall.note
+    seen = first.receipt.n_seen
+    copy = first.recall.recalled[0].stream_logical
+    again = chat("What is the sentinel word?")
+    assert not again.recall.recalled
+    assert "still in the window" in again.recall.note
+    assert f"passage {first.recall.recalled[0].passage_id}" in again.recall.note
+    # the same question and answer length, without the copy (and its frame)
+    assert again.receipt.n_seen - seen <= (seen - before) - (copy.end - copy.start)
+    logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+    client.close()
+    d.stop(snapshot=False)  # what a kill -9 leaves
+
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        after = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+        assert after.receipt.n_seen == again.receipt.n_seen
+        assert np.array_equal(
+            np.frombuffer(after.logits, dtype="<f4"), np.frombuffer(logits.logits, dtype="<f4")
+        )
+    finally:
+        client.close()
+        d.stop(snapshot=False)

@@ -82,6 +82,9 @@ class ModelEntry(BaseModel):
     qualification: dict[str, Any] = Field(default_factory=dict)  # measured by `sinkd models add`
     # what Chat samples with when the session chose nothing (bench/chat_defaults.py measured it)
     sampling: dict[str, Any] = Field(default_factory=dict)
+    # where a chat turn's recalled text goes (daemon/runtime/recall/framing.py; measured by
+    # `sinkd eval recall-chat --presentations`)
+    recall_presentation: str = "system-after"
 
     @model_validator(mode="after")
     def _has_a_source(self) -> ModelEntry:

@@ -26,7 +26,7 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
-from sinkd.daemon.runtime.recall.framing import chat_frame
+from sinkd.daemon.runtime.recall.framing import Presentation, chat_layout
 from sinkd.daemon.runtime.recall.layer import RecallAsk, chat_query
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Unsupported
@@ -36,8 +36,14 @@ JobHook = Callable[[Job], None]  # e.g. the edge ties the job to its call: cance
 
 class Turns:
     def __init__(
-        self, access: Access, scheduler: Scheduler, entry: ModelEntry, call_timeout_s: float
+        self,
+        access: Access,
+        scheduler: Scheduler,
+        entry: ModelEntry,
+        call_timeout_s: float,
+        presentation: Presentation = Presentation.SYSTEM_AFTER,
     ) -> None:
+        self.presentation = presentation  # where a chat turn's recalled text goes
         self.access = access
         self.scheduler = scheduler
         self.entry = entry
@@ -136,14 +142,14 @@ class Turns:
         prompt = question + (engine.vocab.tokenize_framed(rest, []) if rest else [])
         ask = None
         if session.recall.mode is RecallMode.AUTO and message.strip():
-            # after the user's turn, before the assistant's: the small model copies a fact best
-            # when it comes between the question and the answer (bench/README.md, "recall.py")
+            # where the passages go: the model's measured choice (framing.py)
+            layout = chat_layout(engine, self.presentation, prefix, turn, mark, len(question))
             ask = RecallAsk(
                 chat_query(message),
                 session.recall,
-                chat_frame(engine),
+                layout.frame,
                 strip_control=True,
-                insert_at=len(question),
+                insert_at=layout.insert_at,
             )
         params = requests.sampling_params(request.sampling)
         if params is None and not session.sampling.chosen:

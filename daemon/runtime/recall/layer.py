@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sinkd.cachepolicy.recall import (
     RecallConfig,
+    RecalledSpan,
     check_recallable,
     in_any,
     plan_recall,
@@ -29,6 +31,8 @@ from sinkd.errors import InvalidInput
 
 MAX_QUERY_BYTES = 4096
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
+IDLE_INDEX_PASSAGES = 8  # ~0.1 s of embedding, then the engine looks at its inbox again
+log = logging.getLogger("sinkd.recall")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,12 @@ class RecallAsk:
     # frame (the template's own) carries control tokens
     strip_control: bool = True
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
+
+
+def in_window(session: Session) -> dict[int, RecalledSpan]:
+    """Passages whose recalled copy the window still holds whole, by passage id."""
+    start = session.seq.state.window_start
+    return {s.passage_id: s for s in session.recalled if s.stream[0] >= start}
 
 
 def chat_query(message: str) -> str:
@@ -66,10 +76,25 @@ class Recall:
         self._store = store
         self.metrics = metrics
         self.max_tokens = max_tokens_per_session
+        self._indexing = True
 
     @property
     def store(self) -> MemoryStore:
         return self._store()
+
+    def index_idle(self) -> None:
+        """Engine thread, nothing queued: vectors for a few stored passages (a search embeds
+        what is still missing). An embedder that fails leaves search to BM25, not the daemon
+        dead."""
+        if not self._indexing:
+            return
+        try:
+            store = self.store
+            if store.dense:
+                store.index_idle(IDLE_INDEX_PASSAGES)
+        except Exception:
+            log.exception("indexing passages for dense recall failed; it stops until a restart")
+            self._indexing = False
 
     def refresh(self, session: Session) -> None:
         session.memory_stats = self.store.stats(session.key)
@@ -117,7 +142,17 @@ class Recall:
         frame = engine.vocab.tokenize_framed  # the template's framing, around no content
         before = frame(ask.frame[0], []) if ask.frame[0] else []
         after = frame(ask.frame[1], []) if ask.frame[1] else []
-        chosen = select(found, config, len(before) + len(after))
+        strong = [c for c in found if c.strong(config)]
+        held = in_window(session)
+        # the best match's copy is still in the window: the model has it, decode nothing again
+        # (a turn that recalled it before costs the search alone)
+        best_held = held.get(strong[0].passage_id) if strong else None
+        if best_held is None:
+            chosen = select(
+                [c for c in strong if c.passage_id not in held], config, len(before) + len(after)
+            )
+        else:
+            chosen = []
         self.metrics.recall_latency.observe(time.monotonic() - t0)
         report = RecallReport(
             query_sha256=hashlib.sha256(ask.query.encode()).hexdigest(),
@@ -128,13 +163,20 @@ class Recall:
             note="",
         )
         if not chosen:
-            note = (
-                "nothing recalled: no stored passage matched the query"
-                if not found
-                else "nothing recalled: no stored passage scored above the threshold"
-            )
+            if best_held is not None:
+                a, b = best_held.stream
+                note = (
+                    f"nothing recalled: the best match, passage {best_held.passage_id}, is still"
+                    f" in the window (its copy at logical {a}-{b})"
+                )
+                outcome = "in_window"
+            elif not found:
+                note, outcome = "nothing recalled: no stored passage matched the query", "empty"
+            else:
+                note = "nothing recalled: no stored passage scored above the thresholds"
+                outcome = "empty"
             session.last_recall = dataclasses.replace(report, note=note)
-            self.metrics.recalls.labels(outcome="empty").inc()
+            self.metrics.recalls.labels(outcome=outcome).inc()
             return []
         plan = plan_recall(
             session.policy,
@@ -188,7 +230,12 @@ class Recall:
         store = self.store
         if search:
             check_query(search)
-            found = store.search(session.key, search, limit)
+            dense_floor = session.recall.dense_threshold
+            found = [  # what either search matched: a word, or a vector close enough
+                c
+                for c in store.search(session.key, search, limit)
+                if c.lexical > 0 or c.dense >= dense_floor
+            ]
             by_id = {p.id: p for p in store.passages(session.key, [c.passage_id for c in found])}
             return [(by_id[c.passage_id], c.score) for c in found if c.passage_id in by_id]
         return [(p, None) for p in store.passages(session.key)[-limit:]]
