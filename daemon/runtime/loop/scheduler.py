@@ -69,7 +69,6 @@ class Scheduler:
         self.step_tokens = step_tokens
         self.prefill_chunk = min(prefill_chunk, step_tokens)
         self.idle_timeout_s = idle_timeout_s
-        self.recall = recall
         self.call_timeout_s = call_timeout_s
         self.engine: Engine | None = None
         self.ready = threading.Event()
@@ -161,8 +160,8 @@ class Scheduler:
                     self._guarded_step()
                 elif self.engine is not None:
                     self.engine.idle()  # an idle daemon leaves the cores to other engines
-                    if self.recall is not None:
-                        self.recall.index_idle()  # a few passages' vectors, then wait again
+                    if self.executor.recall is not None:  # a few passages' vectors, then wait
+                        self.executor.recall.index_idle()
                 if self.snapshotter is not None:
                     self.snapshotter.due(bool(self.queues), self.queues.answering())
             clean = True
