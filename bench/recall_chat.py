@@ -34,7 +34,7 @@ def main() -> None:
 
     from sinkd.daemon.models.registry import load_lock
     from sinkd.daemon.runtime.service import SinkdService
-    from sinkd.evaluation.recall_chat import ChatPlan, evaluate_chat
+    from sinkd.evaluation.recall_chat import ChatPlan, chat_table, evaluate_chat
 
     text_path = Path(os.environ.get("SINKD_RC_TEXT", "bench/texts/kjv.txt"))
     if not text_path.is_file():
@@ -49,7 +49,7 @@ def main() -> None:
         sources=tuple(env_list("SINKD_RC_SOURCES", "conversation,document")),
         samplings=tuple(env_list("SINKD_RC_SAMPLINGS", "greedy,chat")),
     )
-    rows = []
+    runs = []
     for model in models:
         presentations = env_list("SINKD_RC_PRESENTATIONS", lock.get(model).recall_presentation)
         for presentation in presentations:
@@ -69,24 +69,14 @@ def main() -> None:
                     service.stop(snapshot=False)
             data["machine"], data["dense"] = machine(), dense
             data["command"] = "python " + " ".join(sys.argv)
+            data["env"] = {k: v for k, v in os.environ.items() if k.startswith("SINKD_RC_")}
             OUT.mkdir(parents=True, exist_ok=True)
             name = f"chat_{model}_{presentation}" + (f"_{tag}" if tag else "")
             (OUT / f"{name}.json").write_text(json.dumps(data, indent=1))
             print(f"{model} / {presentation}: {time.monotonic() - t0:.0f} s -> {OUT / name}.json")
-            for c in data["cells"]:
-                rows.append([
-                    model, presentation, c["sampling"], c["tokens_back"], c["trials"],
-                    f"{c['in_window_accuracy']:.2f}", f"{c['recalled_accuracy']:.2f}",
-                    "-" if c["ratio"] is None else f"{c['ratio']:.2f}",
-                    f"{c['paraphrased_share']:.2f}", f"{c['paraphrased_accuracy']:.2f}",
-                    f"{c['lexical_accuracy']:.2f}", f"{c['retrieved']:.2f}", f"{c['mean_ttft_s']:.2f}",
-                ])  # fmt: skip
-    table(
-        "recall, chat arm: accuracy with the fact evicted and recalled vs still in the window",
-        ["model", "presentation", "sampling", "tokens back", "trials", "in window", "recalled",
-         "ratio", "no shared word", "acc (para)", "acc (lexical)", "retrieved", "TTFT s"],
-        rows,
-    )  # fmt: skip
+            runs.append(data)
+    title, columns, rows = chat_table(runs)
+    table(title, columns, [[f"{v:.2f}" if isinstance(v, float) else v for v in r] for r in rows])
 
 
 if __name__ == "__main__":

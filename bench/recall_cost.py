@@ -145,7 +145,11 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
 
 
 def chat_ttft(tmp: Path) -> dict[str, Any]:
-    """Time to first token of chat turns, recall auto vs off, the same script in both."""
+    """Time to first token of chat turns, recall auto vs off, the same script in both, rounds
+    alternating. Per fact: it is said, ~700 tokens of reading evict it, it is asked (a first
+    recall: its passage re-decoded), ~60 tokens on it is asked again in the other wording (its
+    recalled copy is still in the window: nothing recalled). Each asked turn's TTFT beside the
+    same turn's with recall off."""
     from sinkd.daemon.runtime.api import (
         ChatRequest,
         Done,
@@ -155,49 +159,62 @@ def chat_ttft(tmp: Path) -> dict[str, Any]:
         TokenEvent,
     )
     from sinkd.daemon.runtime.sessions import Principal
+    from sinkd.evaluation.facts import draw
 
     p = Principal("local")
     svc = service(tmp / "ttft")
-    filler = KJV.read_text()[500_000:503_000]
-    turns = [
-        "My name is Ada and I keep bees in Lisbon.",
-        "What do bees eat in winter?",
-        "How many eggs does a queen lay?",
-        "Remind me, where do I keep my bees?",
-        "What is my name?",
-        "How do I harvest honey safely?",
-    ]
-    out: dict[str, Any] = {}
+    text = KJV.read_text()[500_000:]
+    facts = draw(random.Random(5))[: int(6 * SCALE)]
+    asks = [("first", "paraphrase"), ("again", "lexical")]
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "auto": []}
     try:
-        for mode in ("off", "auto"):
-            h = svc.create(p, PolicyRequest("sink"), None, recall=RecallRequest(mode=mode)).handle
-            ttft, recalled = [], []
-            for i, msg in enumerate(turns):
-                if i:
-                    svc.append(p, h, filler[i * 400 : i * 400 + 400], None)
-                t0 = time.perf_counter()
-                first = None
-                done: Done | None = None
-                turn = ChatRequest(msg, 16, sampling=SamplingRequest(temperature=0.0))
-                for e in svc.chat(p, h, turn):
-                    if isinstance(e, TokenEvent) and first is None:
-                        first = time.perf_counter() - t0
-                    if isinstance(e, Done):
-                        done = e
-                if i:  # the first turn has nothing evicted yet
-                    ttft.append(first or 0.0)
-                    rec = done.recall.recalled if done is not None and done.recall else ()
-                    recalled.append(sum(r.stream[1] - r.stream[0] for r in rec))
-            out[mode] = {
-                "ttft_ms": [1000 * t for t in ttft],
-                "mean_ttft_ms": 1000 * statistics.mean(ttft),
-                "mean_recalled_tokens": statistics.mean(recalled) if recalled else 0,
-            }
-            svc.close(p, h)
+        for _ in range(2):
+            for mode in ("off", "auto"):
+                h = svc.create(
+                    p, PolicyRequest("sink"), None, recall=RecallRequest(mode=mode)
+                ).handle
+                at = 0
+                for fi, fact in enumerate(facts):
+                    svc.turns.history(p, h, [("user", fact.statement), ("assistant", "Noted.")])
+                    for kind, wording in asks:
+                        n = 2800 if kind == "first" else 240  # characters, ~4 per token
+                        svc.append(p, h, text[at : at + n], None)
+                        at += n
+                        t0 = time.perf_counter()
+                        first, done = None, None
+                        turn = ChatRequest(
+                            fact.question(wording), 8, sampling=SamplingRequest(temperature=0.0)
+                        )
+                        for e in svc.chat(p, h, turn):
+                            if isinstance(e, TokenEvent) and first is None:
+                                first = time.perf_counter() - t0
+                            elif isinstance(e, Done):
+                                done = e
+                        report = done.recall if done is not None else None
+                        rec = report.recalled if report is not None else ()
+                        runs[mode].append({
+                            "fact": fi, "ask": kind, "ttft_ms": 1000 * (first or 0.0),
+                            "recalled_tokens": sum(r.stream[1] - r.stream[0] for r in rec),
+                            "in_window": report is not None and "still in the window" in report.note,
+                        })  # fmt: skip
+                svc.close(p, h)
     finally:
         svc.stop()
-    out["added_ms_per_turn"] = out["auto"]["mean_ttft_ms"] - out["off"]["mean_ttft_ms"]
-    return out
+    rows = []
+    for kind, _ in asks:
+        off = [r["ttft_ms"] for r in runs["off"] if r["ask"] == kind]
+        auto = [r for r in runs["auto"] if r["ask"] == kind]
+        rows.append({
+            "ask": kind, "turns": len(auto),
+            "off_median_ms": statistics.median(off),
+            "auto_median_ms": statistics.median(r["ttft_ms"] for r in auto),
+            "added_median_ms": statistics.median(a["ttft_ms"] - o for a, o in zip(auto, off, strict=False)),
+            "added_max_ms": max(a["ttft_ms"] - o for a, o in zip(auto, off, strict=False)),
+            "recalled_turns": sum(r["recalled_tokens"] > 0 for r in auto),
+            "in_window_turns": sum(r["in_window"] for r in auto),
+            "mean_recalled_tokens": statistics.mean(r["recalled_tokens"] for r in auto),
+        })  # fmt: skip
+    return {"rows": rows, "turns": runs}
 
 
 FRAMES = {  # how recalled text sits in a plain stream: bare (the Recall RPC's default), or marked
@@ -267,10 +284,14 @@ def main() -> None:
         )
         data["chat_ttft"] = c = chat_ttft(Path(tmp)) if "ttft" in parts else last["chat_ttft"]
         table(
-            "Chat turn time to first token, recall auto vs off",
-            ["recall", "mean TTFT ms", "mean recalled tokens"],
-            [[m, c[m]["mean_ttft_ms"], c[m]["mean_recalled_tokens"]] for m in ("off", "auto")],
-        )
+            "Chat turn time to first token, recall auto vs off (first: the fact's first recall; "
+            "again: asked again while its recalled copy is in the window)",
+            ["ask", "turns", "off ms", "auto ms", "added ms (median)", "added ms (max)",
+             "recalled turns", "in-window turns", "recalled tokens"],
+            [[r["ask"], r["turns"], r["off_median_ms"], r["auto_median_ms"], r["added_median_ms"],
+              r["added_max_ms"], r["recalled_turns"], r["in_window_turns"],
+              r["mean_recalled_tokens"]] for r in c["rows"]],
+        )  # fmt: skip
     data["perplexity"] = perplexity() if "ppl" in parts else last["perplexity"]
     table(
         "Perplexity with a Recall every 512 tokens vs none",

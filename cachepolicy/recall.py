@@ -103,8 +103,8 @@ class Candidate:
     source: tuple[int, int]
     n_tokens: int
     score: float
-    lexical: float = 0.0
-    dense: float = 0.0
+    lexical: float
+    dense: float
 
     def strong(self, config: RecallConfig) -> bool:
         """Worth recalling: BM25 at the threshold, or a sentence vector as close as

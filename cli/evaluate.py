@@ -142,9 +142,38 @@ def eval_recall(
         Path, typer.Option("--text", help="Filler text (public domain, e.g. bench/texts/kjv.txt).")
     ],
     model: ModelOpt = None,
+    arm: Annotated[
+        str,
+        typer.Option(
+            "--arm",
+            help="passkey: keys asked by a fixed question, prefilled answer; chat: facts said in "
+            "passing, asked in other words, free answers, beside the in-window ceiling.",
+        ),
+    ] = "passkey",
     distances: Annotated[
-        str, typer.Option("--distances", help="Tokens between the key and the question.")
-    ] = "126,1000,4000",
+        str | None,
+        typer.Option(
+            "--distances",
+            help="Tokens between the key (or fact) and the question "
+            "[passkey: 126,1000,4000; chat: 1000,4000,16000].",
+        ),
+    ] = None,
+    sources: Annotated[
+        str, typer.Option("--sources", help="chat: conversation,document (where facts are said).")
+    ] = "conversation,document",
+    samplings: Annotated[
+        str, typer.Option("--samplings", help="chat: greedy,chat (the model's chat sampling).")
+    ] = "greedy,chat",
+    presentation: Annotated[
+        str | None,
+        typer.Option(
+            "--presentation",
+            help="chat: system-after, system-before, quoted or user-turn [the model's, models.lock].",
+        ),
+    ] = None,
+    streams: Annotated[
+        int, typer.Option("--streams", min=1, help="chat: streams per source, 20 facts each.")
+    ] = 1,
     trials: Annotated[int, typer.Option("--trials", min=1, help="Streams per distance.")] = 5,
     long_distances: Annotated[
         str, typer.Option("--long-distances", help="Longer distances, fewer trials.")
@@ -164,7 +193,8 @@ def eval_recall(
     as_json: JsonFlag = False,
 ) -> None:
     """Passkey retrieval by distance with and without recall (and the controls), multi-key, and
-    facts asked many chat turns later; in this process, through the daemon's service."""
+    facts asked many chat turns later; or (--arm chat) facts said in passing and asked in the
+    user's own words. In this process, through the daemon's service."""
     import tempfile
 
     from sinkd.daemon.config import Settings
@@ -173,8 +203,14 @@ def eval_recall(
 
     if not text.is_file():
         raise InvalidInput(f"no such file: {text}")
+    if arm not in ("passkey", "chat"):
+        raise InvalidInput(f"--arm: passkey or chat, got {arm!r}")
+    if arm == "chat":
+        _eval_chat(text, model, distances or "1000,4000,16000", sources, samplings, presentation,
+                   streams, out_dir, as_json)  # fmt: skip
+        return
     plan = Plan(
-        distances=_ints(distances, "--distances"),
+        distances=_ints(distances or "126,1000,4000", "--distances"),
         trials=trials,
         long_distances=_ints(long_distances, "--long-distances"),
         long_trials=long_trials,
@@ -206,13 +242,81 @@ def eval_recall(
     if as_json:
         print(json.dumps(data, indent=1))
         return
-    from rich.table import Table
-
     for title, columns, rows in report_tables(data):
-        table = Table(title=title, title_justify="left")
-        for c in columns:
-            table.add_column(c, justify="right")
-        for row in rows:
-            table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
-        out.print(table)
+        _print_table(title, columns, rows)
     err.print(f"wrote {out_dir / 'eval-recall.json'} and .png")
+
+
+def _print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+    out.print(table)
+
+
+def _names(value: str, option: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not names or set(names) - set(known):
+        raise InvalidInput(f"{option}: a comma list of {', '.join(known)}, got {value[:64]!r}")
+    return names
+
+
+def _eval_chat(
+    text: Path,
+    model: str | None,
+    distances: str,
+    sources: str,
+    samplings: str,
+    presentation: str | None,
+    streams: int,
+    out_dir: Path,
+    as_json: bool,
+) -> None:
+    """The chat arm: `streams` streams per source, 20 facts each (evaluation/recall_chat.py)."""
+    import tempfile
+
+    from sinkd.daemon.config import Settings
+    from sinkd.daemon.models.registry import load_lock
+    from sinkd.daemon.runtime.recall.framing import Presentation
+    from sinkd.daemon.runtime.service import SinkdService
+    from sinkd.evaluation.recall_chat import SAMPLINGS, SOURCES, ChatPlan, chat_table, evaluate_chat
+
+    entry = load_lock().get(model)
+    chosen = presentation or entry.recall_presentation
+    if chosen not in {p.value for p in Presentation}:
+        known = ", ".join(p.value for p in Presentation)
+        raise InvalidInput(f"--presentation: one of {known}, got {chosen!r}")
+    plan = ChatPlan(
+        distances=tuple(_ints(distances, "--distances")),
+        sources=_names(sources, "--sources", SOURCES),
+        samplings=_names(samplings, "--samplings", tuple(SAMPLINGS)),
+        streams=streams,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        kw: dict[str, Any] = {
+            "model": entry.name, "socket": Path(tmp) / "unused.sock", "durable": False,
+            "http": None, "step_tokens": 256, "prefill_chunk": 256, "n_batch": 256,
+            "n_ctx_seq": 1024, "max_sessions": 6, "call_timeout_s": 7200,
+            "recall_presentation": chosen,
+        }  # fmt: skip
+        settings = Settings(**kw)
+        service = SinkdService(settings)
+        service.start()
+        try:
+            service.wait_ready()
+            data = evaluate_chat(
+                service, text.read_text(errors="replace"), plan, progress=err.print
+            )
+        finally:
+            service.stop(snapshot=False)
+    data["command"] = "sinkd " + " ".join(sys.argv[1:])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"eval-recall-chat_{entry.name}_{chosen}.json"
+    path.write_text(json.dumps(data, indent=1))
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return
+    _print_table(*chat_table([data]))
+    err.print(f"wrote {path}")

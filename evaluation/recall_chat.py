@@ -297,3 +297,25 @@ def cells(rows: list[Trial]) -> list[dict[str, Any]]:
                 "mean_ttft_s": sum(r.ttft_s for r in cell) / len(cell),
             })  # fmt: skip
     return out
+
+
+def chat_table(runs: list[dict[str, Any]]) -> tuple[str, list[str], list[list[Any]]]:
+    """The chat arm's table over runs of `evaluate_chat` (a model and presentation each)."""
+    rows = []
+    for data in runs:
+        for c in data["cells"]:
+            rows.append([
+                data["model"], data["presentation"], c["sampling"], c["tokens_back"], c["trials"],
+                c["in_window_accuracy"], c["recalled_accuracy"],
+                "-" if c["ratio"] is None else c["ratio"], c["paraphrased_share"],
+                "-" if c["paraphrased_accuracy"] is None else c["paraphrased_accuracy"],
+                c["lexical_accuracy"], c["retrieved"], c["mean_ttft_s"],
+            ])  # fmt: skip
+    columns = ["model", "presentation", "sampling", "tokens back", "trials", "in window",
+               "recalled", "ratio", "no shared word", "acc (para)", "acc (lexical)", "retrieved",
+               "TTFT s"]  # fmt: skip
+    return (
+        "recall, chat arm: accuracy with the fact evicted and recalled vs still in the window",
+        columns,
+        rows,
+    )

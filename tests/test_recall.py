@@ -346,8 +346,10 @@ def test_the_store_is_bounded_oldest_first(tmp_path: Path) -> None:
 def test_a_turn_whose_best_match_the_window_holds_recalls_nothing_and_resumes_bit_identical(
     tmp_path: Path,
 ) -> None:
-    """The cheap path: a passage recalled by one turn and still in the window is not decoded
-    again by the next; the report says why; a kill -9 after that path resumes bit for bit."""
+    """Two paths, then a crash: a question that shares no word with the fact recalls it by its
+    sentence vector alone (BM25 finds nothing); the next turn, whose best match the window still
+    holds as that recalled copy, decodes nothing again and says why; a kill -9 after both resumes
+    bit for bit."""
     d = Daemon(settings(tmp_path))
     d.start()
     d.wait_ready(120)
@@ -360,19 +362,22 @@ def test_a_turn_whose_best_match_the_window_holds_recalls_nothing_and_resumes_bi
         )
         return events[-1].done
 
-    chat(f"Remember: the sentinel word is {SENTINEL}.")
+    chat("By the way. The wifi password is tulip42. Please carry on.")
     client.append(h, LONG[:1400])
     before = client.inspect(h).receipt.n_seen
-    first = chat("What is the sentinel word?")
+    first = chat("What is the network passphrase?")  # no word of the fact
     assert first.recall.recalled, first.recall.note
+    ids = {r.passage_id for r in first.recall.recalled}
+    held = [p.text for p in client.memory(h, limit=1000).passages if p.passage_id in ids]
+    assert any("tulip42" in t for t in held), first.recall.note
     seen = first.receipt.n_seen
-    copy = first.recall.recalled[0].stream_logical
-    again = chat("What is the sentinel word?")
+    again = chat("What is the wifi password?")
     assert not again.recall.recalled
     assert "still in the window" in again.recall.note
-    assert f"passage {first.recall.recalled[0].passage_id}" in again.recall.note
-    # the same question and answer length, without the copy (and its frame)
-    assert again.receipt.n_seen - seen <= (seen - before) - (copy.end - copy.start)
+    assert any(f"passage {i}," in again.recall.note for i in ids), again.recall.note
+    # a question and answer of about the same length, without the copies (and their frames)
+    copies = sum(r.stream_logical.end - r.stream_logical.start for r in first.recall.recalled)
+    assert again.receipt.n_seen - seen <= (seen - before) - copies + 4
     logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
     client.close()
     d.stop(snapshot=False)  # what a kill -9 leaves

@@ -23,8 +23,9 @@ from tests.fake_memory import RecordingMemory
 pytestmark = pytest.mark.unit
 
 
-def cand(pid: int, start: int, n: int, score: float) -> Candidate:
-    return Candidate(pid, (start, start + n), n, score)
+def cand(pid: int, start: int, n: int, score: float, dense: float = 0.0) -> Candidate:
+    """A BM25-only find unless `dense` is given (then its rank fuses the two)."""
+    return Candidate(pid, (start, start + n), n, score, lexical=score, dense=dense)
 
 
 def test_select_takes_the_best_within_budget_then_orders_by_transcript() -> None:
@@ -47,6 +48,20 @@ def test_select_respects_threshold_and_passage_count() -> None:
 def test_select_skips_a_passage_too_large_for_the_budget_and_takes_a_smaller_one() -> None:
     found = [cand(1, 0, 60, 9.0), cand(2, 100, 10, 1.5)]
     assert select(found, RecallConfig(budget=20, passages=2, threshold=1.0), 1) == [found[1]]
+
+
+def test_select_takes_a_paraphrase_on_its_dense_score_alone() -> None:
+    # no word shared (BM25 0), but a sentence vector close enough: strong; a far one is not
+    near = Candidate(1, (0, 5), 5, score=0.6, lexical=0.0, dense=0.6)
+    far = Candidate(2, (10, 15), 5, score=0.2, lexical=0.0, dense=0.2)
+    config = RecallConfig(budget=50, passages=3, threshold=1.0, dense_threshold=0.35)
+    assert select([near, far], config, 0) == [near]
+    assert (
+        select(
+            [near, far], RecallConfig(budget=50, passages=3, threshold=1.0, dense_threshold=0.7), 0
+        )
+        == []
+    )
 
 
 def test_plan_lays_spans_after_the_stream_and_prefix_with_frames() -> None:
