@@ -174,6 +174,9 @@ def eval_recall(
     streams: Annotated[
         int, typer.Option("--streams", min=1, help="chat: streams per source, 20 facts each.")
     ] = 1,
+    facts: Annotated[
+        int, typer.Option("--facts", min=1, max=20, help="chat: facts per stream (a quick run).")
+    ] = 20,
     trials: Annotated[int, typer.Option("--trials", min=1, help="Streams per distance.")] = 5,
     long_distances: Annotated[
         str, typer.Option("--long-distances", help="Longer distances, fewer trials.")
@@ -207,7 +210,7 @@ def eval_recall(
         raise InvalidInput(f"--arm: passkey or chat, got {arm!r}")
     if arm == "chat":
         _eval_chat(text, model, distances or "1000,4000,16000", sources, samplings, presentation,
-                   streams, out_dir, as_json)  # fmt: skip
+                   streams, facts, out_dir, as_json)  # fmt: skip
         return
     plan = Plan(
         distances=_ints(distances or "126,1000,4000", "--distances"),
@@ -271,6 +274,7 @@ def _eval_chat(
     samplings: str,
     presentation: str | None,
     streams: int,
+    facts: int,
     out_dir: Path,
     as_json: bool,
 ) -> None:
@@ -293,6 +297,7 @@ def _eval_chat(
         sources=_names(sources, "--sources", SOURCES),
         samplings=_names(samplings, "--samplings", tuple(SAMPLINGS)),
         streams=streams,
+        facts=facts,
     )
     with tempfile.TemporaryDirectory() as tmp:
         kw: dict[str, Any] = {

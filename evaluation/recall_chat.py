@@ -53,6 +53,7 @@ class ChatPlan:
     distances: tuple[int, ...] = (1000, 4000, 16000)
     sources: tuple[str, ...] = SOURCES
     streams: int = 1  # per source; each holds one fact of every kind
+    facts: int = 20  # of the 20 kinds, the first this many (fewer: a quick run)
     samplings: tuple[str, ...] = ("greedy", "chat")
     max_tokens: int = 24
     gap: int = 200  # tokens of ordinary text between two facts
@@ -150,7 +151,7 @@ def chat_stream(
     progress: Callable[[str], None],
 ) -> None:
     rng = random.Random(seed)
-    facts = draw(rng)
+    facts = draw(rng)[: plan.facts]
     filler = Filler(service, text, seed)
     h = service.create(
         PRINCIPAL, PolicyRequest("sink"), None, recall=RecallRequest(mode="auto")

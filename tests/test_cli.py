@@ -207,6 +207,46 @@ def test_eval_ppl_writes_json_and_a_plot(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arm", "needle"], "--arm"),
+        (["--arm", "chat", "--sources", "email"], "--sources"),
+        (["--arm", "chat", "--samplings", "beam"], "--samplings"),
+        (["--arm", "chat", "--presentation", "footnote"], "--presentation"),
+        (["--arm", "chat", "--distances", "1000,x"], "--distances"),
+    ],
+)
+def test_eval_recall_refuses_a_bad_arm_or_chat_option(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    code, _, err = run("eval", "recall", "--text", str(text), *args)
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.model
+def test_eval_recall_chat_arm_runs_a_small_plan_and_writes_its_cells(tmp_path: Path) -> None:
+    """Two facts said in conversation, asked 300 tokens on (still in the window here) in both
+    wordings: the CLI runs the arm end to end and reports each trial in its cell."""
+    text = tmp_path / "t.txt"
+    text.write_text((TEXT + "\n") * 40)
+    code, out, err = run("eval", "recall", "--text", str(text), "--arm", "chat", "--facts", "2",
+                         "--distances", "300", "--sources", "conversation", "--samplings", "greedy",
+                         "--out", str(tmp_path), "--json")  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert {(t["bucket"], t["wording"]) for t in data["trials"]} == {
+        (b, w) for b in ("in-window", "300") for w in ("lexical", "paraphrase")
+    }
+    assert len(data["trials"]) == 8
+    [cell] = data["cells"]
+    assert cell["trials"] == 4 and cell["tokens_back"] == 300 and cell["paraphrased_share"] == 0.5
+    assert (tmp_path / "eval-recall-chat_smollm2-135m-instruct_system-after.json").is_file()
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(("given", "others"), [(None, 0), (None, 1), ("2", 1)])
 def test_a_model_run_in_the_cli_process_shares_the_cores_unless_told(
     given: str | None, others: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
