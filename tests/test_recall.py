@@ -130,6 +130,29 @@ def test_chat_recalls_before_the_answer_and_says_what(client: Client) -> None:
     assert text.index("<|im_start|>assistant", question) > end
 
 
+def test_a_stream_nothing_asks_about_is_bit_identical_to_recall_off(client: Client) -> None:
+    """Recall auto keeps memory and makes vectors, but recalls only before a question: a stream
+    of appends and generations (nothing asked) has recall-off's logits and tokens, bit for bit."""
+    handles = {
+        mode: client.create(recall=pb.RecallSettings(mode=mode), **POLICY).handle
+        for mode in ("auto", "off")
+    }
+    for h in handles.values():
+        client.append(h, LONG[:1600])
+    got = {}
+    for mode, h in handles.items():
+        greedy = pb.Sampling(temperature=0.0)
+        request = pb.GenerateRequest(handle=h, max_tokens=24, sampling=greedy)
+        tokens = [
+            e.token.id for e in client.s.Generate(request, metadata=ALICE) if e.HasField("token")
+        ]
+        logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+        got[mode] = (tokens, logits.logits, logits.receipt.n_seen)
+    assert client.inspect(handles["auto"]).receipt.memory_tokens > 0
+    assert client.inspect(handles["off"]).receipt.memory_tokens == 0
+    assert got["auto"] == got["off"]
+
+
 def test_forget_deletes_passages_by_id_and_by_range(client: Client) -> None:
     h = planted(client)
     target = client.memory(h, search=SENTINEL).passages[0]
