@@ -6,6 +6,7 @@ same facts, questions and streams.
     SINKD_RC_PRESENTATIONS=system-after,system-before,quoted,user-turn \
     SINKD_RC_DISTANCES=1000 SINKD_RC_SOURCES=conversation python bench/recall_chat.py   # the sweep
     SINKD_RC_MODELS=smollm2-135m-instruct SINKD_RC_DENSE=0 ...    # BM25 alone
+    SINKD_RC_FACTS=5 ...                                          # 5 facts a stream (of the 20 kinds)
 
 Writes bench/results/recall/chat_<model>_<presentation>[_<tag>].json; prints the tables.
 """
@@ -48,6 +49,7 @@ def main() -> None:
         distances=tuple(int(d) for d in env_list("SINKD_RC_DISTANCES", "1000,4000,16000")),
         sources=tuple(env_list("SINKD_RC_SOURCES", "conversation,document")),
         samplings=tuple(env_list("SINKD_RC_SAMPLINGS", "greedy,chat")),
+        facts=int(os.environ.get("SINKD_RC_FACTS", "20")),
     )
     runs = []
     for model in models:

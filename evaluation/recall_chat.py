@@ -291,6 +291,7 @@ def cells(rows: list[Trial]) -> list[dict[str, Any]]:
                 "sampling": sampling, "tokens_back": int(bucket), "trials": len(cell),
                 "in_window_accuracy": base_acc, "recalled_accuracy": acc,
                 "ratio": acc / base_acc if base_acc else None,
+                "at_least_90pct_of_in_window": acc >= 0.9 * base_acc,
                 "paraphrased_share": len(para) / len(cell),
                 "paraphrased_accuracy": sum(r.right for r in para) / len(para) if para else None,
                 "lexical_accuracy": sum(r.right for r in cell if r.shares_word) / max(1, len(cell) - len(para)),

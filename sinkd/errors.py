@@ -14,6 +14,7 @@ from typing import ClassVar
 __all__ = [
     "ERROR_TRAILER",
     "Cancelled",
+    "CorruptArchive",
     "CorruptSnapshot",
     "DaemonUnavailable",
     "DeadlineExceeded",
@@ -263,6 +264,11 @@ class CorruptSnapshot(SinkdError):
 
     status = "INTERNAL"
     exit_code = 9
+
+
+class CorruptArchive(InvalidInput):
+    """A session archive (`sinkd sessions import`) is truncated, damaged, of another format
+    version, or not an archive; nothing of it was loaded."""
 
 
 # --- a refusal from a daemon that did not name its class ---
