@@ -369,52 +369,59 @@ def test_the_store_is_bounded_oldest_first(tmp_path: Path) -> None:
 def test_a_turn_whose_best_match_the_window_holds_recalls_nothing_and_resumes_bit_identical(
     tmp_path: Path,
 ) -> None:
-    """Two paths, then a crash: a question that shares no word with the fact recalls it by its
-    sentence vector alone (BM25 finds nothing); the next turn, whose best match the window still
-    holds as that recalled copy, decodes nothing again and says why; a kill -9 after both resumes
-    bit for bit."""
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
-    h = client.create(**POLICY).handle
+    """Two chat paths, then `sinkd serve` killed with SIGKILL: a question that shares no word
+    with the fact recalls it by its sentence vector alone; the next turn, whose best match the
+    window still holds as that recalled copy, decodes nothing again and says why. Restarted, the
+    session's logits are bit for bit those before the kill."""
+    import os
+    import signal
 
-    def chat(message: str) -> pb.Done:
-        events = list(
-            client.s.Chat(pb.ChatRequest(handle=h, message=message, max_tokens=4), metadata=ALICE)
-        )
-        return events[-1].done
+    from tests.test_daemon import serve_subprocess, sha
 
-    chat("By the way. The wifi password is tulip42. Please carry on.")
-    client.append(h, LONG[:1400])
-    before = client.inspect(h).receipt.n_seen
-    first = chat("What is the network passphrase?")  # no word of the fact
-    assert first.recall.recalled, first.recall.note
-    ids = {r.passage_id for r in first.recall.recalled}
-    held = [p.text for p in client.memory(h, limit=1000).passages if p.passage_id in ids]
-    assert any("tulip42" in t for t in held), first.recall.note
-    seen = first.receipt.n_seen
-    again = chat("What is the wifi password?")
-    assert not again.recall.recalled
-    assert "still in the window" in again.recall.note
-    assert any(f"passage {i}," in again.recall.note for i in ids), again.recall.note
-    # a question and answer of about the same length, without the copies (and their frames)
-    copies = sum(r.stream_logical.end - r.stream_logical.start for r in first.recall.recalled)
-    assert again.receipt.n_seen - seen <= (seen - before) - copies + 4
-    logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
-    client.close()
-    d.stop(snapshot=False)  # what a kill -9 leaves
-
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
+    config = tmp_path / "sinkd.toml"
+    config.write_text(f'[[tenants]]\nname = "alice"\ntoken_sha256 = "{sha("alice-token")}"\n')
+    env = {**os.environ, "SINKD_CONFIG": str(config), "SINKD_STATE_DIR": str(tmp_path / "state"),
+           "SINKD_N_CTX_SEQ": "256", "SINKD_MAX_SESSIONS": "2", "SINKD_HTTP": "off"}  # fmt: skip
+    sock = tmp_path / "sinkd.sock"
+    proc = serve_subprocess(sock, env)
     try:
+        client = Client(f"unix:{sock}")
+        h = client.create(**POLICY).handle
+
+        def chat(message: str) -> pb.Done:
+            request = pb.ChatRequest(handle=h, message=message, max_tokens=4)
+            return list(client.s.Chat(request, metadata=ALICE))[-1].done
+
+        chat("By the way. The wifi password is tulip42. Please carry on.")
+        client.append(h, LONG[:1400])
+        before = client.inspect(h).receipt.n_seen
+        first = chat("What is the network passphrase?")  # no word of the fact
+        assert first.recall.recalled, first.recall.note
+        ids = {r.passage_id for r in first.recall.recalled}
+        held = [p.text for p in client.memory(h, limit=1000).passages if p.passage_id in ids]
+        assert any("tulip42" in t for t in held), first.recall.note
+        seen = first.receipt.n_seen
+        again = chat("What is the wifi password?")
+        assert not again.recall.recalled
+        assert "still in the window" in again.recall.note
+        assert any(f"passage {i}," in again.recall.note for i in ids), again.recall.note
+        # a question and answer of about the same length, without the copies (and their frames)
+        copies = sum(r.stream_logical.end - r.stream_logical.start for r in first.recall.recalled)
+        assert again.receipt.n_seen - seen <= (seen - before) - copies + 4
+        logits = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
+        client.close()
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+
+        proc = serve_subprocess(sock, env)
+        client = Client(f"unix:{sock}")
         after = client.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE)
         assert after.receipt.n_seen == again.receipt.n_seen
+        assert list(after.receipt.recalled) == list(again.receipt.recalled)
         assert np.array_equal(
             np.frombuffer(after.logits, dtype="<f4"), np.frombuffer(logits.logits, dtype="<f4")
         )
-    finally:
         client.close()
-        d.stop(snapshot=False)
+    finally:
+        proc.kill()
+        proc.wait(30)
