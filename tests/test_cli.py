@@ -230,6 +230,8 @@ def test_eval_recall_refuses_a_bad_arm_or_chat_option(
 def test_eval_recall_chat_arm_runs_a_small_plan_and_writes_its_cells(tmp_path: Path) -> None:
     """Two facts said in conversation, asked 300 tokens on (still in the window here) in both
     wordings: the CLI runs the arm end to end and reports each trial in its cell."""
+    from sinkd.daemon.models.registry import load_lock
+
     text = tmp_path / "t.txt"
     text.write_text((TEXT + "\n") * 40)
     code, out, err = run("eval", "recall", "--text", str(text), "--arm", "chat", "--facts", "2",
@@ -243,7 +245,8 @@ def test_eval_recall_chat_arm_runs_a_small_plan_and_writes_its_cells(tmp_path: P
     assert len(data["trials"]) == 8
     [cell] = data["cells"]
     assert cell["trials"] == 4 and cell["tokens_back"] == 300 and cell["paraphrased_share"] == 0.5
-    assert (tmp_path / "eval-recall-chat_smollm2-135m-instruct_system-after.json").is_file()
+    assert data["presentation"] == load_lock().get(None).recall_presentation  # the lock's choice
+    assert (tmp_path / f"eval-recall-chat_{data['model']}_{data['presentation']}.json").is_file()
 
 
 @pytest.mark.unit

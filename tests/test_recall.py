@@ -15,6 +15,7 @@ import pytest
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.runtime.recall.framing import QUOTE_HEAD
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
 from tests.test_daemon import settings
@@ -120,14 +121,13 @@ def test_chat_recalls_before_the_answer_and_says_what(client: Client) -> None:
     assert done.recall.recalled, done.recall.note
     assert done.receipt.last_recall.recalled[0].passage_id == done.recall.recalled[0].passage_id
     text = client.inspect(h, text=True).retained_text
-    # the passage sits inside a system turn of its own, between the question and the answer
-    # (a first version cut the template at a NUL, which llama.cpp never saw: the passage landed
-    # after the system turn had ended)
+    # SmolLM2's presentation (models.lock): quoted inside the user's turn, before the question
     question = text.rindex("What is the sentinel word?")
-    system = text.index("<|im_start|>system", question)
-    end = text.index("<|im_end|>", system)
-    assert SENTINEL in text[system:end]
-    assert text.index("<|im_start|>assistant", question) > end
+    turn = text.rindex("<|im_start|>user", 0, question)
+    quote = text.index(QUOTE_HEAD, turn)
+    assert quote < text.index(SENTINEL, quote) < question
+    assert "<|im_end|>" not in text[turn:question]  # one user turn: the quote, then the question
+    assert text.index("<|im_start|>assistant", question) > question
 
 
 def test_a_stream_nothing_asks_about_is_bit_identical_to_recall_off(client: Client) -> None:

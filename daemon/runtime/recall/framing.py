@@ -1,6 +1,6 @@
 """How recalled passages are put before the model in a chat turn. Four presentations, measured per
-model on the chat arm of the evaluation (`sinkd eval recall-chat --presentations`; the choice is the
-model's `recall_presentation` in models.lock):
+model on the chat arm of the evaluation (`python bench/recall_chat.py`, `sinkd eval recall --arm chat
+--presentation`; the choice is the model's `recall_presentation` in models.lock):
 
 - `system-after`: a system turn of its own between the user's turn and the answer;
 - `system-before`: that system turn before the user's turn;
