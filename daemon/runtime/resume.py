@@ -118,6 +118,26 @@ class Resumer:
         if swept:
             log.info("removed %d snapshot files left by an interrupted write", swept)
 
+    def adopt(self, engine: Engine, stored: StoredSession) -> Session:
+        """One session whose rows were just written (an import), restored as at start under the
+        same gates; raises Unrestorable with the reason, leaving nothing of it registered."""
+        session = self._build(stored)
+        if session.state is SessionState.FAILED:
+            raise Unrestorable("it had failed (reset it where it was first)")
+        try:
+            self._admit(engine, session)
+            r = self._from_snapshot(engine, stored, session)
+            self.recall.resumed_spans(session)
+            self._replay(engine, [r])
+            if r.failed:
+                raise Unrestorable(r.failed)
+            self._finish(engine, r)
+            self.recall.resumed(engine, session)
+        except BaseException:
+            self._drop(engine, session)
+            raise
+        return session
+
     def _drop(self, engine: Engine, session: Session) -> None:
         if session.seq_id >= 0:
             engine.cells.release_seq(session.seq_id)

@@ -1,0 +1,142 @@
+"""Sessions that move between nodes: one session out as an archive, an archive in as a session.
+
+Export (between steps, the session idle): a snapshot of it as it is now, then the archive of that
+snapshot, the journal after it, its HTTP clients' rows, its memory and its record, generation and
+configuration. Import: the archive's checks, then the same gates as a resume (model, tokenizer,
+template, KV dtype, llama.cpp, cells per sequence; the record's checksum and generation hash; the
+snapshot's own checks), with its rows written in one transaction and the session restored from
+them exactly as at start. Anything refused rolls back: nothing of the archive stays, and the
+session keeps its id and generation, so its handle stays valid on the new node. Engine thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.runtime.durable.durability import GATES, Durability
+from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
+from sinkd.daemon.runtime.lifecycle import check_generation
+from sinkd.daemon.runtime.recall.layer import Recall
+from sinkd.daemon.runtime.resume import Resumer, Unrestorable
+from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
+from sinkd.daemon.store import archive, moving, snapshots
+from sinkd.daemon.store.archive import Archive
+from sinkd.daemon.store.journal import SCHEMA_VERSION, SnapshotRow, StoredSession
+from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied
+
+KIND = "sinkd-session"
+
+
+class Mover:
+    def __init__(
+        self,
+        durability: Durability,
+        snapshotter: Snapshotter,
+        resumer: Resumer,
+        recall: Recall,
+        registry: Registry,
+    ) -> None:
+        self.durability = durability
+        self.snapshotter = snapshotter
+        self.resumer = resumer
+        self.recall = recall
+        self.registry = registry
+
+    def export(self, engine: Engine, session: Session, generation: str) -> list[bytes]:
+        check_generation(session, generation)
+        if session.state is not SessionState.IDLE or session.unlogged:
+            raise FailedPrecondition(
+                f"session {session.id} is {session.state.value}: export it between turns"
+            )
+        d = self.durability
+        if session.has_history and session.logged_since_snap and not self.snapshotter.take(session):
+            raise FailedPrecondition(f"session {session.id}: its snapshot could not be written")
+        stored = next(s for s in d.stored() if s.id == session.id)
+        rows = d.snapshots_of(session)
+        snap = (d.dir / rows[0].path).read_bytes() if rows else b""
+        after = rows[0].n_seen if rows else 0
+        data = moving.rows_of(d.j.db, session.id, session.reset_count)
+        chunks = data["chunks"]
+        at = chunks["columns"].index("logical_pos")
+        chunks["rows"] = [r for r in chunks["rows"] if r[at] >= after]
+        manifest = {
+            "kind": KIND, "schema": SCHEMA_VERSION, "session": session.id,
+            "tenant": stored.tenant, "generation": session.generation,
+            "reset_count": session.reset_count, "record": stored.record,
+            "state": stored.state, "reason": stored.reason, "config": d.config,
+            "snapshot_n_seen": rows[0].n_seen if rows else None, "n_seen": session.seq.state.n_seen,
+            "exported_unix_time": time.time(),
+        }  # fmt: skip
+        members = {"snapshot": snap, "rows": json.dumps(data).encode()}
+        return archive.pack(Archive(manifest, members))
+
+    def import_(self, engine: Engine, data: bytes, tenant: str | None) -> Session:
+        """`tenant`: the caller's (None: the admin, who may import any tenant's session)."""
+        a = archive.unpack(data)
+        m = a.manifest
+        if m.get("kind") != KIND or m.get("schema") != SCHEMA_VERSION:
+            raise CorruptArchive(f"not a schema-{SCHEMA_VERSION} sinkd session archive")
+        try:
+            session_id, owner, reset_count = (
+                str(m["session"]),
+                str(m["tenant"]),
+                int(m["reset_count"]),
+            )
+            record, state, reason = dict(m["record"]), str(m["state"]), str(m["reason"])
+            rows = json.loads(a.members["rows"])
+            snap = a.members["snapshot"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptArchive(f"manifest incomplete: {type(e).__name__}") from None
+        if tenant is not None and owner != tenant:
+            raise PermissionDenied("this archive holds another tenant's session")
+        if self.registry.get(session_id) is not None:
+            raise FailedPrecondition(f"session {session_id} is already on this node")
+        d = self.durability
+        made_under = m.get("config", {})
+        differences = [  # every gate: an archive's lack of one is not excused (GATED_SINCE)
+            f"{k} was {made_under.get(k)!r}, this daemon runs {d.config.get(k)!r}"
+            for k in GATES
+            if made_under.get(k) != d.config.get(k)
+        ]
+        if differences:
+            raise FailedPrecondition(
+                "refused: made under another configuration: " + "; ".join(differences)
+            )
+        d.commit()  # the steps' writes before this are not the import's to roll back
+        path = None
+        try:
+            if snap:
+                n_seen = int(m["snapshot_n_seen"])
+                rel = f"snapshots/{session_id}/{reset_count}-{n_seen}.snap"
+                path = d.dir / rel
+                path.parent.mkdir(mode=0o700, exist_ok=True)
+                snapshots.write_atomic(path, snap, fsync=d.sync == "full")
+                d.j.add_snapshot(
+                    SnapshotRow(session_id, reset_count, n_seen, rel, len(snap), time.time())
+                )
+            d.j.put_session(session_id, owner, record, state, reason)
+            moving.load_rows(d.j.db, session_id, rows)
+            stored = StoredSession(session_id, owner, record, state, reason, True)
+            session = self.resumer.adopt(engine, stored)
+            d.commit()
+        except Unrestorable as e:
+            self._undo(path)
+            raise FailedPrecondition(f"refused: {e}") from None
+        except (ValueError, KeyError, TypeError) as e:
+            self._undo(path)
+            raise CorruptArchive(f"its rows do not load here: {e}") from None
+        except BaseException:  # a disk that fills, a journal that fails: nothing stays either
+            self._undo(path)
+            raise
+        return session
+
+    def _undo(self, path: Path | None) -> None:
+        self.durability.rollback()
+        if path is not None:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()  # only if empty

@@ -1,0 +1,72 @@
+"""One session generation's stored rows as data and back: what an archive carries between two
+nodes' journals (the journal's chunks after the snapshot, the HTTP clients' rows, the memory's
+passages, marks and recalled copies). Same schema on both sides: the archive names its version."""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from typing import Any
+
+# table -> the columns that file a row under its session generation; `n` and `id` are this
+# database's own row numbers, never carried (the order of the rows is)
+TABLES: dict[str, tuple[str, ...]] = {
+    "chunks": ("session", "reset_count"),
+    "conversations": ("session", "reset_count"),
+    "responses": ("session", "reset_count"),
+    "passages": ("session", "reset_count"),
+    "memory_marks": ("session", "reset_count"),
+    "passage_numbers": ("session", "reset_count"),
+    "recalls": ("session", "reset_count"),
+}
+OWN_ROW_NUMBERS = {"chunks": "n", "passages": "id"}
+
+
+def _columns(db: sqlite3.Connection, table: str) -> list[str]:
+    own = OWN_ROW_NUMBERS.get(table)
+    return [str(r[1]) for r in db.execute(f"PRAGMA table_info({table})") if r[1] != own]
+
+
+def _plain(value: Any) -> Any:
+    return {"b64": base64.b64encode(value).decode()} if isinstance(value, bytes) else value
+
+
+def _typed(value: Any) -> Any:
+    return base64.b64decode(value["b64"]) if isinstance(value, dict) else value
+
+
+def rows_of(db: sqlite3.Connection, session_id: str, reset_count: int) -> dict[str, Any]:
+    """Every row of the generation, per table: {"columns": [...], "rows": [[...], ...]}."""
+    out: dict[str, Any] = {}
+    for table in TABLES:
+        columns = _columns(db, table)
+        order = OWN_ROW_NUMBERS.get(table, "rowid")
+        rows = db.execute(
+            f"SELECT {', '.join(columns)} FROM {table} WHERE session=? AND reset_count=?"
+            f" ORDER BY {order}",
+            (session_id, reset_count),
+        )
+        out[table] = {"columns": columns, "rows": [[_plain(v) for v in r] for r in rows]}
+    return out
+
+
+def load_rows(db: sqlite3.Connection, session_id: str, data: dict[str, Any]) -> None:
+    """Insert `rows_of`'s data under `session_id`, in the caller's transaction (a failure rolls
+    back with it). Raises ValueError when a table's columns differ from this database's."""
+    for table in TABLES:
+        part = data.get(table, {"columns": _columns(db, table), "rows": []})
+        columns = list(part["columns"])
+        if columns != _columns(db, table):
+            raise ValueError(f"{table}: columns {columns} differ from this store's")
+        at = columns.index("session")
+        marks = ", ".join("?" * len(columns))
+        for row in part["rows"]:
+            values = [_typed(v) for v in row]
+            if values[at] != session_id:
+                raise ValueError(f"{table}: a row of another session")
+            cur = db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", values)
+            if table == "passages":  # the full-text index's row beside it
+                text = values[columns.index("text")]
+                db.execute(
+                    "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text)
+                )

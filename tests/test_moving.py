@@ -1,0 +1,158 @@
+"""Sessions that move: a session exported from one daemon and imported into another (each with its
+own state directory) keeps its handle, memory and logits bit for bit, and goes on as it would have;
+an archive is refused, with the reason and nothing left behind, for another tenant, another model,
+another attention kernel, a record that disagrees with its session, or any damage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sinkd.daemon.runtime.api import (
+    ChatRequest,
+    Done,
+    Handle,
+    PolicyRequest,
+    RecallRequest,
+    SamplingRequest,
+    TokenEvent,
+)
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal
+from sinkd.daemon.store import archive
+from sinkd.daemon.store.archive import Archive
+from sinkd.errors import CorruptArchive, FailedPrecondition, NotFound, PermissionDenied
+from tests.test_daemon import settings
+from tests.test_recall import LONG
+
+pytestmark = pytest.mark.model
+
+ALICE, BOB, ADMIN = Principal("alice"), Principal("bob"), Principal(None, admin=True)
+
+
+def node(tmp: Path, **kw: Any) -> SinkdService:
+    s = SinkdService(settings(tmp, **kw))
+    s.start()
+    s.wait_ready(120)
+    return s
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SinkdService, SinkdService]]:
+    a, b = node(tmp_path_factory.mktemp("a")), node(tmp_path_factory.mktemp("b"))
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def logits(s: SinkdService, p: Principal, h: Handle) -> np.ndarray:
+    session = s.access.owned(p, h)
+    assert session.last_logits is not None
+    return session.last_logits.copy()
+
+
+def planted(s: SinkdService) -> Handle:
+    """A sink session with memory and a recalled copy in its window."""
+    h = s.create(ALICE, PolicyRequest("sink", sinks=4, window=120), None,
+                 recall=RecallRequest(mode="auto")).handle  # fmt: skip
+    list(s.chat(ALICE, h, ChatRequest("The wifi password is tulip42.", 4)))
+    s.append(ALICE, h, LONG[:1400])
+    done = [
+        e
+        for e in s.chat(ALICE, h, ChatRequest("What is the wifi password?", 4))
+        if isinstance(e, Done)
+    ]
+    assert done[0].recall is not None and done[0].recall.recalled
+    return h
+
+
+def test_a_moved_session_keeps_its_handle_memory_and_logits_and_goes_on_the_same(
+    nodes: tuple[SinkdService, SinkdService],
+) -> None:
+    a, b = nodes
+    h = planted(a)
+    before = logits(a, ALICE, h)
+    data = b"".join(a.export_session(ALICE, h))
+    receipt = b.import_session(ALICE, data)
+    # the same id and generation: the client's handle is valid here
+    assert (receipt.session_id, receipt.generation) == (h.session_id, h.generation)
+    assert np.array_equal(logits(b, ALICE, h), before)
+    memory = [(p.passage_id, p.logical, p.text) for p in a.memory.memory(ALICE, h, "", 1000)]
+    assert [
+        (p.passage_id, p.logical, p.text) for p in b.memory.memory(ALICE, h, "", 1000)
+    ] == memory
+    assert (
+        b.receipt(b.access.owned(ALICE, h)).recalled == a.receipt(a.access.owned(ALICE, h)).recalled
+    )
+    greedy = SamplingRequest(temperature=0.0)
+    for s in (a, b):  # the same turn on both: the same tokens, the same logits after
+        s.append(ALICE, h, LONG[1400:1700])
+    said = [
+        "".join(e.text for e in s.chat(ALICE, h, ChatRequest("And my password?", 12, sampling=greedy))
+                if isinstance(e, TokenEvent))
+        for s in (a, b)
+    ]  # fmt: skip
+    assert said[0] == said[1]
+    assert np.array_equal(logits(a, ALICE, h), logits(b, ALICE, h))
+    b.close(ALICE, h)
+    a.close(ALICE, h)
+
+
+def test_an_archive_is_refused_for_another_tenant_or_any_damage_and_nothing_stays(
+    nodes: tuple[SinkdService, SinkdService],
+) -> None:
+    a, b = nodes
+    h = planted(a)
+    data = b"".join(a.export_session(ALICE, h))
+    with pytest.raises(NotFound):
+        a.export_session(BOB, h)  # another tenant cannot take it
+    with pytest.raises(PermissionDenied, match="another tenant"):
+        b.import_session(BOB, data)
+    for damaged in (
+        data[: len(data) // 2],
+        data[:-1],
+        data[:100] + bytes([data[100] ^ 1]) + data[101:],
+    ):
+        with pytest.raises(CorruptArchive):
+            b.import_session(ALICE, damaged)
+    # a record that disagrees with its session (its policy changed, re-packed with fresh checksums)
+    a_ = archive.unpack(data)
+    record = dict(a_.manifest["record"], policy={**a_.manifest["record"]["policy"], "sinks": 2})
+    forged = b"".join(archive.pack(Archive({**a_.manifest, "record": record}, a_.members)))
+    with pytest.raises(FailedPrecondition, match="generation hash"):
+        b.import_session(ALICE, forged)
+    assert not [s for s in b.registry.all() if s.id == h.session_id]
+    assert not list((b.durability.dir / "snapshots").glob(f"{h.session_id}*"))  # type: ignore[union-attr]
+    # the admin may move any tenant's session; then it is here, and a second import is refused
+    b.import_session(ADMIN, b"".join(a.export_session(ADMIN, h)))
+    with pytest.raises(FailedPrecondition, match="already on this node"):
+        b.import_session(ALICE, data)
+    b.close(ALICE, h)
+    a.close(ALICE, h)
+
+
+@pytest.mark.parametrize(
+    ("kw", "gate"),
+    [({"model": "gemma3-270m"}, "model"), ({"flash_attn": "off"}, "flash_attn"),
+     ({"n_ctx_seq": 512}, "n_ctx_seq")],
+)  # fmt: skip
+def test_an_archive_from_another_model_or_kernel_is_refused_by_name(
+    nodes: tuple[SinkdService, SinkdService], tmp_path: Path, kw: dict[str, Any], gate: str
+) -> None:
+    a, _ = nodes
+    h = planted(a)
+    data = b"".join(a.export_session(ALICE, h))
+    a.close(ALICE, h)
+    other = node(tmp_path, **kw)
+    try:
+        with pytest.raises(FailedPrecondition, match=f"{gate} was"):
+            other.import_session(ALICE, data)
+        assert not other.registry.all()
+        assert other.durability is not None
+        assert not list((other.durability.dir / "snapshots").iterdir())
+    finally:
+        other.stop()
