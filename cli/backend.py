@@ -6,6 +6,7 @@ Both take and give the runtime's typed objects, so commands do not care which on
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from sinkd.cachepolicy.sequence import TraceEvent
@@ -43,6 +44,8 @@ class Backend(Protocol):
     def reset(self, handle: Handle) -> Receipt: ...
     def fork(self, handle: Handle) -> Receipt: ...
     def close(self, handle: Handle) -> None: ...
+    def export_session(self, handle: Handle) -> Iterable[bytes]: ...
+    def import_session(self, data: bytes) -> Receipt: ...
     def inspect(
         self, handle: Handle, include_text: bool = False, include_logits: bool = False
     ) -> Inspection: ...
@@ -113,6 +116,12 @@ class EmbeddedBackend:
 
     def close(self, handle: Handle) -> None:
         self.service.close(self.principal, handle)
+
+    def export_session(self, handle: Handle) -> Iterable[bytes]:
+        return self.service.export_session(self.principal, handle)  # refused: not durable
+
+    def import_session(self, data: bytes) -> Receipt:
+        return self.service.import_session(self.principal, data)
 
     def inspect(
         self, handle: Handle, include_text: bool = False, include_logits: bool = False

@@ -7,8 +7,10 @@ pins one instead, and a stale one is refused like any stale handle).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,6 +21,8 @@ from sinkd.cli.errors import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.runtime.api import Handle, Receipt, to_json
+from sinkd.daemon.store.archive import write_private
+from sinkd.errors import InvalidInput
 
 app = typer.Typer(
     help="List, inspect, trace, search the memory of, reset and close your sessions on a running"
@@ -229,6 +233,56 @@ def close(
     backend = connect(address, token)
     backend.close(_handle(backend, session_id, generation))
     print(json.dumps({"closed": session_id}) if as_json else f"{session_id}: closed")
+
+
+@app.command("export")
+@handle_errors
+def export(
+    session_id: IdArg,
+    out_path: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="The archive to write (mode 0600; never over a file)."),
+    ],
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Write the session as an archive another node can import: its cells, journal, memory and
+    record. It holds the session's content (text and token ids): keep it as private as the
+    state directory."""
+    backend = connect(address, token)
+    size = write_private(out_path, backend.export_session(_handle(backend, session_id, generation)))
+    digest = hashlib.sha256(out_path.read_bytes()).hexdigest()
+    if as_json:
+        print(json.dumps({"session_id": session_id, "archive": str(out_path), "bytes": size,
+                          "sha256": digest}))  # fmt: skip
+    else:
+        out.print(f"{session_id}: exported to {out_path} ({size} bytes, sha256 {digest[:16]})")
+
+
+@app.command("import")
+@handle_errors
+def import_(
+    path: Annotated[Path, typer.Argument(help="An archive from `sinkd sessions export`.")],
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Load an archive as a session of this daemon, with the same id and generation (its handle
+    stays valid), under the gates of a resume: refused with the reason, and nothing kept, on any
+    mismatch of model, tokenizer, template, kernel or cells, or any damage."""
+    if not path.is_file():
+        raise InvalidInput(f"no such file: {path}")
+    backend = connect(address, token)
+    receipt = backend.import_session(path.read_bytes())
+    if as_json:
+        ids = {"session_id": receipt.session_id, "generation": receipt.generation}
+        print(json.dumps({**ids, "receipt": to_json(receipt)}))
+    else:
+        out.print(
+            f"{receipt.session_id}: imported at token {receipt.n_seen}, {receipt.retained} cells held"
+        )
 
 
 def _recall_cell(r: Receipt) -> str:

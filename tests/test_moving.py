@@ -5,6 +5,7 @@ another attention kernel, a record that disagrees with its session, or any damag
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,62 @@ def test_an_archive_from_another_model_or_kernel_is_refused_by_name(
         assert not list((other.durability.dir / "snapshots").iterdir())
     finally:
         other.stop()
+
+
+def test_the_cli_moves_a_session_over_grpc_and_refuses_by_its_exit_codes(tmp_path: Path) -> None:
+    """`sinkd sessions export` writes the archive 0600 from one daemon, `import` loads it into
+    another over gRPC (pieces of 1 MiB, the archive is megabytes), and the same handle answers
+    there with the same logits; another tenant exits 11 (export) and 13 (import), a damaged
+    archive 2, an existing file is never overwritten."""
+    import stat
+
+    import grpc
+
+    from sinkd.daemon.rpc.server import Daemon
+    from sinkd.proto.v1 import sinkd_pb2 as pb
+    from tests.conftest import ALICE as ALICE_MD
+    from tests.conftest import BOB as BOB_MD
+    from tests.conftest import Client
+    from tests.test_cli_daemon import sinkd
+
+    one, two = Daemon(settings(tmp_path / "one")), Daemon(settings(tmp_path / "two"))
+    for d in (one, two):
+        d.start()
+        d.wait_ready(120)
+    try:
+        src, dst = Client(one.addresses[0]), Client(two.addresses[0])
+        h = src.create(sinks=4, window=120).handle
+        src.append(h, LONG[:1400])
+        before = src.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE_MD)
+        path = tmp_path / "s.sinkd"
+        conn = ["--connect", one.addresses[0], "--token", "alice-token"]
+        code, out, err = sinkd("sessions", "export", h.session_id, "-o", str(path), *conn, "--json")
+        assert code == 0, err
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(out)["bytes"] > 1 << 20
+        code, _, err = sinkd("sessions", "export", h.session_id, "-o", str(path), *conn)
+        assert code == 2 and "exists" in err
+        code, _, _ = sinkd("sessions", "export", h.session_id, "-o", str(tmp_path / "b"),
+                           "--connect", one.addresses[0], "--token", "bob-token")  # fmt: skip
+        assert code == 11 and not (tmp_path / "b").exists()
+        damaged = tmp_path / "damaged.sinkd"
+        damaged.write_bytes(path.read_bytes()[:-10])
+        into = ["--connect", two.addresses[0]]
+        code, _, err = sinkd("sessions", "import", str(damaged), *into, "--token", "alice-token")
+        assert code == 2 and "checksum" in err, err
+        code, _, err = sinkd("sessions", "import", str(path), *into, "--token", "bob-token")
+        assert code == 13 and "another tenant" in err, err
+        code, out, err = sinkd(
+            "sessions", "import", str(path), *into, "--token", "alice-token", "--json"
+        )
+        assert code == 0, err
+        assert json.loads(out)["generation"] == h.generation
+        after = dst.s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=ALICE_MD)
+        assert after.logits == before.logits and after.receipt.n_seen == before.receipt.n_seen
+        with pytest.raises(grpc.RpcError) as refused:  # bob still cannot reach it on its new node
+            dst.s.Inspect(pb.InspectRequest(handle=h), metadata=BOB_MD)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        src.close()
+        dst.close()
+    finally:
+        one.stop()
+        two.stop()

@@ -246,6 +246,21 @@ class Client:
     def close(self, handle: Handle) -> None:
         self._call("Close", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
 
+    def export_session(self, handle: Handle) -> Iterator[bytes]:
+        """The session's archive, piece by piece."""
+        try:
+            request = pb.HandleRequest(handle=convert.handle_to_pb(handle))
+            for piece in self.s.Export(request, metadata=self.md):
+                yield piece.data
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
+
+    def import_session(self, data: bytes) -> Receipt:
+        step = 1 << 20  # gRPC's default message limit is 4 MiB
+        pieces = (pb.ArchivePiece(data=data[at : at + step]) for at in range(0, len(data), step))
+        r = self._call("Import", pieces)
+        return convert.receipt_from_pb(r.receipt)
+
     def inspect(
         self, handle: Handle, include_text: bool = False, include_logits: bool = False
     ) -> Inspection:

@@ -75,7 +75,23 @@ def _register(server: grpc.Server, service: str, servicer: object) -> None:
                 return _Undecodable(str(e))
 
         behavior = getattr(servicer, method.name)
-        if method.server_streaming:
+        if method.client_streaming:  # Import: the archive's pieces
+
+            def pieces(requests: Any, context: grpc.ServicerContext, fn: Any = behavior) -> Any:
+                def checked() -> Any:
+                    for request in requests:
+                        if isinstance(request, _Undecodable):
+                            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _bad_message(request))
+                        yield request
+
+                return fn(checked(), context)
+
+            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+                pieces,
+                request_deserializer=deserialize,
+                response_serializer=response_cls.SerializeToString,
+            )
+        elif method.server_streaming:
 
             def stream(request: Any, context: grpc.ServicerContext, fn: Any = behavior) -> Any:
                 if isinstance(request, _Undecodable):

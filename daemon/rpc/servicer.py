@@ -51,6 +51,10 @@ def abort(context: grpc.ServicerContext, error: SinkdError) -> None:
     context.abort(grpc.StatusCode[error.status], message_of(error))
 
 
+ARCHIVE_PIECE = 1 << 20  # bytes per ArchivePiece (gRPC's default message limit is 4 MiB)
+MAX_ARCHIVE_BYTES = 1 << 30  # an archive is held whole while it is checked
+
+
 def _session_of(request: Any) -> str:
     handle = getattr(request, "handle", None)
     return handle.session_id[:128] if handle is not None else ""
@@ -251,6 +255,27 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     ) -> pb.CloseResponse:
         self.service.close(principal, _handle(request.handle))
         return pb.CloseResponse()
+
+    @rpc_stream
+    def Export(
+        self, request: pb.HandleRequest, context: Any, principal: Principal
+    ) -> Iterator[pb.ArchivePiece]:
+        for piece in self.service.export_session(principal, _handle(request.handle)):
+            for at in range(0, len(piece), ARCHIVE_PIECE):
+                yield pb.ArchivePiece(data=piece[at : at + ARCHIVE_PIECE])
+
+    @rpc
+    def Import(self, request: Any, context: Any, principal: Principal) -> pb.ImportResponse:
+        pieces, size = [], 0
+        for piece in request:
+            size += len(piece.data)
+            if size > MAX_ARCHIVE_BYTES:
+                raise InvalidInput(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
+            pieces.append(piece.data)
+        receipt = self.service.import_session(principal, b"".join(pieces))
+        return pb.ImportResponse(
+            handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt)
+        )
 
     @rpc
     def Inspect(

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,20 +82,27 @@ def unpack(data: bytes) -> Archive:
     return Archive(manifest, members)
 
 
-def write_private(path: Path, pieces: list[bytes]) -> None:
+def write_private(path: Path, pieces: Iterable[bytes]) -> int:
     """Write the archive to a new file, mode 0600 (it holds the session's content); an existing
-    file is not replaced."""
+    file is not replaced, and a write that fails part way (the daemon refused, the disk filled)
+    leaves no file. Returns the bytes written."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         raise InvalidInput(f"{path}: exists; an archive never overwrites a file") from None
     except OSError as e:
         raise InvalidInput(f"{path}: {e.strerror or e}") from None
+    written = 0
     try:
         for piece in pieces:
             view = memoryview(piece)
             while view:
-                view = view[os.write(fd, view) :]
+                n = os.write(fd, view)
+                view, written = view[n:], written + n
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return written

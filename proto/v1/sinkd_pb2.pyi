@@ -302,6 +302,20 @@ class CloseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ArchivePiece(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ImportResponse(_message.Message):
+    __slots__ = ("handle", "receipt")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    handle: Handle
+    receipt: Receipt
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+
 class InspectRequest(_message.Message):
     __slots__ = ("handle", "include_text", "include_logits")
     HANDLE_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,16 @@ class SessionsStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
                 _registered_method=True)
+        self.Export = channel.unary_stream(
+                '/sinkd.v1.Sessions/Export',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
+                _registered_method=True)
+        self.Import = channel.stream_unary(
+                '/sinkd.v1.Sessions/Import',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ImportResponse.FromString,
+                _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/sinkd.v1.Sessions/Inspect',
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectRequest.SerializeToString,
@@ -141,6 +151,19 @@ class SessionsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Export(self, request, context):
+        """Move a session between nodes: its owner's or the admin's; Import under the gates of a resume
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Import(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -220,6 +243,16 @@ def add_SessionsServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.SerializeToString,
+            ),
+            'Export': grpc.unary_stream_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
+            ),
+            'Import': grpc.stream_unary_rpc_method_handler(
+                    servicer.Import,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ImportResponse.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
@@ -441,6 +474,60 @@ class Sessions:
             '/sinkd.v1.Sessions/Close',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Export',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Import(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/sinkd.v1.Sessions/Import',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ImportResponse.FromString,
             options,
             channel_credentials,
             insecure,
