@@ -4,6 +4,7 @@ run, alternating), and perplexity by stream position with and without recalls in
 
     python bench/recall_cost.py            # SINKD_BENCH_SCALE=2 doubles the decode and ppl runs
     SINKD_COST_PARTS=decode,ttft,ppl python bench/recall_cost.py   # the parts named; the rest kept
+    SINKD_COST_ROUNDS=8 ...                                        # decode: rounds of each mode (3)
 
 Writes bench/results/recall/cost.json; prints the tables.
 """
@@ -121,8 +122,9 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
     text = KJV.read_text()[300_000:303_000]
     speeds: dict[str, list[float]] = {"off": [], "manual": []}
     n = int(384 * SCALE)
+    rounds = int(os.environ.get("SINKD_COST_ROUNDS", "3"))
     try:
-        for _ in range(3):
+        for _ in range(rounds):
             for mode in ("off", "manual"):
                 s = svc.create(p, PolicyRequest("sink"), None, recall=RecallRequest(mode=mode))
                 h = s.handle
@@ -144,12 +146,14 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
     }
 
 
-def chat_ttft(tmp: Path) -> dict[str, Any]:
+def chat_ttft(tmp: Path, pause_s: float) -> dict[str, Any]:
     """Time to first token of chat turns, recall auto vs off, the same script in both, rounds
     alternating. Per fact: it is said, ~700 tokens of reading evict it, it is asked (a first
     recall: its passage re-decoded), ~60 tokens on it is asked again in the other wording (its
     recalled copy is still in the window: nothing recalled). Each asked turn's TTFT beside the
-    same turn's with recall off."""
+    same turn's with recall off. `pause_s`: the user's pause between the text and the question
+    (0: asked at once, so the search embeds every passage the text evicted; with a pause the
+    daemon has made their vectors while idle, as between the turns of a chat)."""
     from sinkd.daemon.runtime.api import (
         ChatRequest,
         Done,
@@ -162,7 +166,7 @@ def chat_ttft(tmp: Path) -> dict[str, Any]:
     from sinkd.evaluation.facts import draw
 
     p = Principal("local")
-    svc = service(tmp / "ttft")
+    svc = service(tmp / f"ttft{pause_s}")
     text = KJV.read_text()[500_000:]
     facts = draw(random.Random(5))[: int(6 * SCALE)]
     asks = [("first", "paraphrase"), ("again", "lexical")]
@@ -180,6 +184,7 @@ def chat_ttft(tmp: Path) -> dict[str, Any]:
                         n = 2800 if kind == "first" else 240  # characters, ~4 per token
                         svc.append(p, h, text[at : at + n], None)
                         at += n
+                        time.sleep(pause_s)  # the user reading and typing (the daemon idles)
                         t0 = time.perf_counter()
                         first, done = None, None
                         turn = ChatRequest(
@@ -214,7 +219,7 @@ def chat_ttft(tmp: Path) -> dict[str, Any]:
             "in_window_turns": sum(r["in_window"] for r in auto),
             "mean_recalled_tokens": statistics.mean(r["recalled_tokens"] for r in auto),
         })  # fmt: skip
-    return {"rows": rows, "turns": runs}
+    return {"pause_s": pause_s, "rows": rows, "turns": runs}
 
 
 FRAMES = {  # how recalled text sits in a plain stream: bare (the Recall RPC's default), or marked
@@ -282,15 +287,20 @@ def main() -> None:
             ["off tok/s", "idle tok/s", "idle/off"],
             [[d["off_tok_s"], d["idle_tok_s"], d["idle_vs_off"]]],
         )
-        data["chat_ttft"] = c = chat_ttft(Path(tmp)) if "ttft" in parts else last["chat_ttft"]
+        pauses = (0.0, 1.5)
+        data["chat_ttft"] = c = (
+            [chat_ttft(Path(tmp), pause) for pause in pauses]
+            if "ttft" in parts
+            else last["chat_ttft"]
+        )
         table(
             "Chat turn time to first token, recall auto vs off (first: the fact's first recall; "
             "again: asked again while its recalled copy is in the window)",
-            ["ask", "turns", "off ms", "auto ms", "added ms (median)", "added ms (max)",
+            ["pause s", "ask", "turns", "off ms", "auto ms", "added ms (median)", "added ms (max)",
              "recalled turns", "in-window turns", "recalled tokens"],
-            [[r["ask"], r["turns"], r["off_median_ms"], r["auto_median_ms"], r["added_median_ms"],
-              r["added_max_ms"], r["recalled_turns"], r["in_window_turns"],
-              r["mean_recalled_tokens"]] for r in c["rows"]],
+            [[run["pause_s"], r["ask"], r["turns"], r["off_median_ms"], r["auto_median_ms"],
+              r["added_median_ms"], r["added_max_ms"], r["recalled_turns"], r["in_window_turns"],
+              r["mean_recalled_tokens"]] for run in c for r in run["rows"]],
         )  # fmt: skip
     data["perplexity"] = perplexity() if "ppl" in parts else last["perplexity"]
     table(
