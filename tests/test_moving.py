@@ -77,8 +77,8 @@ def test_a_moved_session_keeps_its_handle_memory_and_logits_and_goes_on_the_same
     a, b = nodes
     h = planted(a)
     before = logits(a, ALICE, h)
-    data = b"".join(a.export_session(ALICE, h))
-    receipt = b.import_session(ALICE, data)
+    data = b"".join(a.moves.export(ALICE, h))
+    receipt = b.receipt(b.moves.import_(ALICE, data))
     # the same id and generation: the client's handle is valid here
     assert (receipt.session_id, receipt.generation) == (h.session_id, h.generation)
     assert np.array_equal(logits(b, ALICE, h), before)
@@ -108,30 +108,30 @@ def test_an_archive_is_refused_for_another_tenant_or_any_damage_and_nothing_stay
 ) -> None:
     a, b = nodes
     h = planted(a)
-    data = b"".join(a.export_session(ALICE, h))
+    data = b"".join(a.moves.export(ALICE, h))
     with pytest.raises(NotFound):
-        a.export_session(BOB, h)  # another tenant cannot take it
+        a.moves.export(BOB, h)  # another tenant cannot take it
     with pytest.raises(PermissionDenied, match="another tenant"):
-        b.import_session(BOB, data)
+        b.moves.import_(BOB, data)
     for damaged in (
         data[: len(data) // 2],
         data[:-1],
         data[:100] + bytes([data[100] ^ 1]) + data[101:],
     ):
         with pytest.raises(CorruptArchive):
-            b.import_session(ALICE, damaged)
+            b.moves.import_(ALICE, damaged)
     # a record that disagrees with its session (its policy changed, re-packed with fresh checksums)
     a_ = archive.unpack(data)
     record = dict(a_.manifest["record"], policy={**a_.manifest["record"]["policy"], "sinks": 2})
     forged = b"".join(archive.pack(Archive({**a_.manifest, "record": record}, a_.members)))
     with pytest.raises(FailedPrecondition, match="generation hash"):
-        b.import_session(ALICE, forged)
+        b.moves.import_(ALICE, forged)
     assert not [s for s in b.registry.all() if s.id == h.session_id]
     assert not list((b.durability.dir / "snapshots").glob(f"{h.session_id}*"))  # type: ignore[union-attr]
     # the admin may move any tenant's session; then it is here, and a second import is refused
-    b.import_session(ADMIN, b"".join(a.export_session(ADMIN, h)))
+    b.moves.import_(ADMIN, b"".join(a.moves.export(ADMIN, h)))
     with pytest.raises(FailedPrecondition, match="already on this node"):
-        b.import_session(ALICE, data)
+        b.moves.import_(ALICE, data)
     b.close(ALICE, h)
     a.close(ALICE, h)
 
@@ -146,12 +146,12 @@ def test_an_archive_from_another_model_or_kernel_is_refused_by_name(
 ) -> None:
     a, _ = nodes
     h = planted(a)
-    data = b"".join(a.export_session(ALICE, h))
+    data = b"".join(a.moves.export(ALICE, h))
     a.close(ALICE, h)
     other = node(tmp_path, **kw)
     try:
         with pytest.raises(FailedPrecondition, match=f"{gate} was"):
-            other.import_session(ALICE, data)
+            other.moves.import_(ALICE, data)
         assert not other.registry.all()
         assert other.durability is not None
         assert not list((other.durability.dir / "snapshots").iterdir())

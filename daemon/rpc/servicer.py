@@ -260,7 +260,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Export(
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> Iterator[pb.ArchivePiece]:
-        for piece in self.service.export_session(principal, _handle(request.handle)):
+        for piece in self.service.moves.export(principal, _handle(request.handle)):
             for at in range(0, len(piece), ARCHIVE_PIECE):
                 yield pb.ArchivePiece(data=piece[at : at + ARCHIVE_PIECE])
 
@@ -272,7 +272,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             if size > MAX_ARCHIVE_BYTES:
                 raise InvalidInput(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
             pieces.append(piece.data)
-        receipt = self.service.import_session(principal, b"".join(pieces))
+        receipt = self.service.receipt(self.service.moves.import_(principal, b"".join(pieces)))
         return pb.ImportResponse(
             handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt)
         )

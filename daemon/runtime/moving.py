@@ -17,18 +17,52 @@ import time
 from pathlib import Path
 
 from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.access import Access
+from sinkd.daemon.runtime.api import Handle
 from sinkd.daemon.runtime.durable.durability import GATES, Durability
 from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
 from sinkd.daemon.runtime.lifecycle import check_generation
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.resume import Resumer, Unrestorable
-from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
+from sinkd.daemon.runtime.sessions import Principal, Registry, Session, SessionState
 from sinkd.daemon.store import archive, moving, snapshots
 from sinkd.daemon.store.archive import Archive
 from sinkd.daemon.store.journal import SCHEMA_VERSION, SnapshotRow, StoredSession
 from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied
 
 KIND = "sinkd-session"
+
+
+class SessionMoves:
+    """What the edges call: who may move which session, on the engine thread."""
+
+    def __init__(self, access: Access, scheduler: Scheduler, registry: Registry, metrics: Metrics):
+        self.access = access
+        self.scheduler = scheduler
+        self.registry = registry
+        self.metrics = metrics
+        self.mover: Mover | None = None  # set at resume, on a durable daemon
+
+    def export(self, principal: Principal, handle: Handle) -> list[bytes]:
+        """The session as an archive: its owner's or the admin's (the one content the admin may
+        take: to move a session, not to read it)."""
+        session = self.access.visible(principal, handle)
+        return self.scheduler.call(lambda e: self._mover().export(e, session, handle.generation))
+
+    def import_(self, principal: Principal, data: bytes) -> Session:
+        """An archive as a session of this daemon; the admin may import any tenant's, a tenant
+        its own."""
+        tenant = None if principal.admin and principal.tenant is None else principal.tenant
+        session = self.scheduler.call(lambda e: self._mover().import_(e, data, tenant))
+        self.metrics.active_sessions.set(len(self.registry))
+        return session
+
+    def _mover(self) -> Mover:
+        if self.mover is None:
+            raise FailedPrecondition("export and import need a durable daemon (durable = true)")
+        return self.mover
 
 
 class Mover:

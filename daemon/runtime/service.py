@@ -35,7 +35,7 @@ from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
-from sinkd.daemon.runtime.moving import Mover
+from sinkd.daemon.runtime.moving import Mover, SessionMoves
 from sinkd.daemon.runtime.reads import SessionReads
 from sinkd.daemon.runtime.recall.framing import Presentation
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -45,7 +45,7 @@ from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Se
 from sinkd.daemon.runtime.turns import JobHook, Turns
 from sinkd.daemon.store.embedder import embedder_or_none
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
-from sinkd.errors import FailedPrecondition, PermissionDenied
+from sinkd.errors import PermissionDenied
 
 log = logging.getLogger("sinkd.service")
 
@@ -123,7 +123,7 @@ class SinkdService:
         self.stateless, self.responses = self.clients.stateless, self.clients.responses
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
-        self.mover: Mover | None = None  # set at resume, on a durable daemon
+        self.moves = SessionMoves(self.access, self.scheduler, self.registry, self.metrics)
 
     def _memory_store(self) -> MemoryStore:
         if self.durability is not None:
@@ -155,7 +155,7 @@ class SinkdService:
         )
         boot.resume(engine, self.entry, self.identity, self.durability, resumer)
         assert self.scheduler.snapshotter is not None
-        self.mover = Mover(
+        self.moves.mover = Mover(
             self.durability, self.scheduler.snapshotter, resumer, self.recall, self.registry
         )
         self.clients.load()
@@ -253,25 +253,6 @@ class SinkdService:
         parent = self.access.owned(principal, handle)
         child = self.scheduler.call(lambda e: self.lifecycle.fork(e, parent, handle.generation))
         return self.receipt(child)
-
-    def export_session(self, principal: Principal, handle: Handle) -> list[bytes]:
-        """The session as an archive (daemon/runtime/moving.py): its owner's or the admin's (the
-        one content the admin may take: to move a session, not to read it)."""
-        session = self.access.visible(principal, handle)
-        return self.scheduler.call(lambda e: self._moving().export(e, session, handle.generation))
-
-    def import_session(self, principal: Principal, data: bytes) -> Receipt:
-        """An archive as a session of this daemon, under the gates of a resume; the admin may
-        import any tenant's, a tenant its own."""
-        tenant = None if principal.admin and principal.tenant is None else principal.tenant
-        session = self.scheduler.call(lambda e: self._moving().import_(e, data, tenant))
-        self.metrics.active_sessions.set(len(self.registry))
-        return self.receipt(session)
-
-    def _moving(self) -> Mover:
-        if self.mover is None:
-            raise FailedPrecondition("export and import need a durable daemon (durable = true)")
-        return self.mover
 
     def close(self, principal: Principal, handle: Handle) -> None:
         """Close a session and delete what is stored of it; a stale session can be closed too. The
