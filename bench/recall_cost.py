@@ -291,6 +291,8 @@ def main() -> None:
         data["chat_ttft"] = c = (
             [chat_ttft(Path(tmp), pause) for pause in pauses]
             if "ttft" in parts
+            else [last["chat_ttft"]]
+            if isinstance(last["chat_ttft"], dict)
             else last["chat_ttft"]
         )
         table(
@@ -298,7 +300,7 @@ def main() -> None:
             "again: asked again while its recalled copy is in the window)",
             ["pause s", "ask", "turns", "off ms", "auto ms", "added ms (median)", "added ms (max)",
              "recalled turns", "in-window turns", "recalled tokens"],
-            [[run["pause_s"], r["ask"], r["turns"], r["off_median_ms"], r["auto_median_ms"],
+            [[run.get("pause_s", 0.0), r["ask"], r["turns"], r["off_median_ms"], r["auto_median_ms"],
               r["added_median_ms"], r["added_max_ms"], r["recalled_turns"], r["in_window_turns"],
               r["mean_recalled_tokens"]] for run in c for r in run["rows"]],
         )  # fmt: skip

@@ -24,7 +24,6 @@ from sinkd.daemon.runtime.durable.durability import GATES, Durability
 from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
 from sinkd.daemon.runtime.lifecycle import check_generation
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
-from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.resume import Resumer, Unrestorable
 from sinkd.daemon.runtime.sessions import Principal, Registry, Session, SessionState
 from sinkd.daemon.store import archive, moving, snapshots
@@ -71,13 +70,11 @@ class Mover:
         durability: Durability,
         snapshotter: Snapshotter,
         resumer: Resumer,
-        recall: Recall,
         registry: Registry,
     ) -> None:
         self.durability = durability
         self.snapshotter = snapshotter
         self.resumer = resumer
-        self.recall = recall
         self.registry = registry
 
     def export(self, engine: Engine, session: Session, generation: str) -> list[bytes]:

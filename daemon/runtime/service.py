@@ -156,7 +156,7 @@ class SinkdService:
         boot.resume(engine, self.entry, self.identity, self.durability, resumer)
         assert self.scheduler.snapshotter is not None
         self.moves.mover = Mover(
-            self.durability, self.scheduler.snapshotter, resumer, self.recall, self.registry
+            self.durability, self.scheduler.snapshotter, resumer, self.registry
         )
         self.clients.load()
         self.metrics.active_sessions.set(len(self.registry))
