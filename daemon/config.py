@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     # the window of the sessions the HTTP front makes (its clients cannot choose); None: the model's
     http_window: int | None = Field(default=None, ge=1)
     tenants: list[Tenant] = Field(default_factory=list)
+    # a node of a deployment behind a proxy (docs/deployment.md): its name, in the ids of the
+    # sessions it makes, so that another node answers UNAVAILABLE for them rather than NOT_FOUND
+    node: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+    # the key of the stateless clients' hash chains; None: one of this daemon's own in state_dir.
+    # Nodes that move sessions between them share one, or a moved conversation is read again
+    conversations_key_file: Path | None = None
     admin_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     n_ctx_seq: int = Field(default=1024, ge=1, le=131072)  # a chat's window of 1,020 fits
     max_sessions: int = Field(default=4, ge=1, le=256)

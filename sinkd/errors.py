@@ -32,6 +32,7 @@ __all__ = [
     "PullFailed",
     "Refused",
     "ResourceExhausted",
+    "SessionElsewhere",
     "SessionFailed",
     "ShuttingDown",
     "SinkdError",
@@ -151,6 +152,14 @@ class Cancelled(SinkdError):
 
 class ShuttingDown(SinkdError):
     """The daemon is stopping (or its engine thread is gone) and takes no more work."""
+
+    status = "UNAVAILABLE"
+    exit_code = 10
+
+
+class SessionElsewhere(SinkdError):
+    """The session is not on this node but lives on another one (made there, or moved there),
+    which the proxy cannot reach now: down, restarting, or its sessions moving. Retry later."""
 
     status = "UNAVAILABLE"
     exit_code = 10

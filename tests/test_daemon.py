@@ -774,3 +774,33 @@ def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
     assert sessions[1] is not None and sessions[1].state is SessionState.FAILED  # idle, moved
     assert sessions[2] is not None and sessions[2].state is SessionState.FAILED
     assert len(tokens(handles[0])) == 4  # the daemon serves on
+
+
+def test_only_the_admin_may_stop_the_daemon_and_health_says_so_at_once(tmp_path: Path) -> None:
+    """The admin's Stop (a drain's last step) asks for the same graceful stop as SIGTERM; a
+    tenant's is PERMISSION_DENIED. Once stopping, the HTTP front's /health is 503 (a proxy sends
+    no new work) before the listeners close."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = Daemon(settings(tmp_path, http=f"127.0.0.1:{port}"))
+    d.start()
+    d.wait_ready(120)
+    try:
+        c = Client(d.addresses[0])
+        with pytest.raises(grpc.RpcError) as refused:
+            c.admin.Stop(pb.StopRequest(), metadata=ALICE)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED and not d.stop_asked
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        c.admin.Stop(pb.StopRequest(), metadata=ADMIN)
+        assert d.stop_asked
+        assert d.http is not None
+        d.http.stopping.set()  # the first thing stop() does, before the listeners close
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 503
+        c.close()
+    finally:
+        d.stop()

@@ -216,3 +216,71 @@ def test_the_cli_moves_a_session_over_grpc_and_refuses_by_its_exit_codes(tmp_pat
     finally:
         one.stop()
         two.stop()
+
+
+def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversation_moves(
+    tmp_path: Path,
+) -> None:
+    """Two named nodes sharing a conversations key: an HTTP conversation's session moves from
+    `na` to `nb` and its next resent history continues there (only the new turn read); `na`
+    answers UNAVAILABLE for it (its owner; another tenant: NOT_FOUND), also after a restart;
+    `nb` answers UNAVAILABLE for an id `na` made that it never held, NOT_FOUND for one of its
+    own; the session moved back is `na`'s again. A node with another key refuses the archive."""
+    from sinkd.daemon.runtime.conversations import Turn
+    from sinkd.daemon.runtime.stateless import StatelessChatRequest
+    from sinkd.errors import SessionElsewhere
+
+    key = tmp_path / "conversations.key"
+    key.write_text("one key for both nodes")
+    key.chmod(0o600)
+
+    def chat(s: SinkdService, turns: list[Turn]) -> tuple[str, str, str]:
+        request = StatelessChatRequest(
+            "", tuple(turns), 6, sampling=SamplingRequest(temperature=0.0)
+        )
+        how, events = s.stateless.turn(ALICE, request)
+        text = "".join(e.text for e in events if isinstance(e, TokenEvent))
+        return how.handle.session_id, how.how, text
+
+    a = node(tmp_path / "a", node="na", conversations_key_file=key)
+    b = node(tmp_path / "b", node="nb", conversations_key_file=key)
+    try:
+        turns = [Turn("user", "My name is Ada. Say OK.")]
+        sid, how, reply = chat(a, turns)
+        assert sid.startswith("s_na-") and how == "new"
+        session = a.registry.get(sid)
+        assert session is not None
+        h = Handle(sid, session.generation)
+        b.moves.import_(ALICE, b"".join(a.moves.export(ALICE, h)))
+        a.moves.release(ALICE, h)
+        turns += [Turn("assistant", reply), Turn("user", "What is my name?")]
+        assert chat(b, turns)[:2] == (sid, "continued")  # the same session, on its new node
+        with pytest.raises(SessionElsewhere, match="moved"):
+            a.access.owned(ALICE, h)
+        with pytest.raises(NotFound):
+            a.access.owned(BOB, h)  # nothing tells another tenant it was there
+        with pytest.raises(SessionElsewhere, match="made on node 'na'"):
+            b.access.owned(ALICE, Handle("s_na-0123456789abcdef", "g"))
+        with pytest.raises(NotFound):
+            b.access.owned(ALICE, Handle("s_nb-0123456789abcdef", "g"))
+        a.stop()
+        a = node(tmp_path / "a", node="na", conversations_key_file=key)  # the same state dir
+        with pytest.raises(SessionElsewhere):
+            a.access.owned(ALICE, h)
+        back = b"".join(b.moves.export(ALICE, h))
+        a.moves.import_(ALICE, back)
+        b.moves.release(ALICE, h)
+        assert a.access.owned(ALICE, h).id == sid
+        other_key = tmp_path / "other.key"
+        other_key.write_text("another key")
+        other_key.chmod(0o600)
+        c = node(tmp_path / "c", node="nc", conversations_key_file=other_key)
+        try:
+            with pytest.raises(FailedPrecondition, match="conversations key"):
+                c.moves.import_(ALICE, back)
+            assert not c.registry.all()
+        finally:
+            c.stop()
+    finally:
+        a.stop()
+        b.stop()

@@ -91,6 +91,7 @@ class HttpFront:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.died = threading.Event()
+        self.stopping = threading.Event()
         self.on_death: Callable[[BaseException], None] = lambda e: None
 
     # --- who is calling ---
@@ -139,9 +140,12 @@ class HttpFront:
         async def health() -> Response:
             """For load balancers and scripts, no token (as gRPC's health service): 200 once
             the model is loaded and the engine runs, else 503."""
+            node = {"node": self.settings.node} if self.settings.node else {}
             if self.serving():
-                return JSONResponse({"status": "ok"})
-            return JSONResponse({"status": "unavailable"}, 503, headers={"Retry-After": "1"})
+                return JSONResponse({"status": "ok", **node})
+            return JSONResponse(
+                {"status": "unavailable", **node}, 503, headers={"Retry-After": "1"}
+            )
 
         app.include_router(openai_api.router(self))
         app.include_router(responses_api.router(self))
@@ -164,8 +168,10 @@ class HttpFront:
         return b"".join(chunks)
 
     def serving(self) -> bool:
-        """The model is loaded and the engine runs."""
-        return self.service.scheduler.ready.is_set() and self.service.scheduler.alive()
+        """The model is loaded, the engine runs, and the daemon is not stopping (a proxy's
+        health check sends no new work to a node on its way down)."""
+        scheduler = self.service.scheduler
+        return scheduler.ready.is_set() and scheduler.alive() and not self.stopping.is_set()
 
     def ready(self) -> None:
         """503 while the model loads (the clients retry on Retry-After)."""

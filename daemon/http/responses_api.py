@@ -178,7 +178,7 @@ def router(front: HttpFront) -> APIRouter:
         body = validated(ResponsesBody, parse_json(await front.body(request)))
         check_model(body.model, model_name)
         ask = request_of(body)
-        response_id = new_response_id()
+        response_id = new_response_id(front.settings.node)
 
         def start(hook: Any) -> tuple[Continuation, Stream]:
             return responses.respond(principal, ask, response_id, hook)

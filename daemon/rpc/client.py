@@ -8,6 +8,7 @@ the raw protobuf stubs, for callers that measure or test the wire itself.
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -261,6 +262,10 @@ class Client:
         r = self._call("Import", pieces)
         return convert.receipt_from_pb(r.receipt)
 
+    def release(self, handle: Handle) -> None:
+        """The session moved to another node: closed here, answered UNAVAILABLE from now on."""
+        self._call("Release", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
+
     def inspect(
         self, handle: Handle, include_text: bool = False, include_logits: bool = False
     ) -> Inspection:
@@ -312,6 +317,21 @@ class Client:
             if r.session_id == session_id:
                 return r.handle
         raise NotFound(f"no session {echo(session_id)}")
+
+    def list_all(self) -> builtins.list[Receipt]:
+        """Every session of the daemon (the admin's token)."""
+        try:
+            r = self.admin.ListAllSessions(pb.ListSessionsRequest(), metadata=self.md)
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
+        return [convert.receipt_from_pb(x) for x in r.sessions]
+
+    def stop_daemon(self) -> None:
+        """Ask the daemon to stop gracefully (the admin's token)."""
+        try:
+            self.admin.Stop(pb.StopRequest(), metadata=self.md)
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
 
     def shutdown(self) -> None:
         self.channel.close()

@@ -141,7 +141,8 @@ def _bad_message(request: _Undecodable) -> str:
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._signalled: threading.Event | None = None
+        self._signalled = threading.Event()  # a signal, a dead thread or the admin's Stop
+        self._trapped = False
         self.metrics = Metrics()
         self.service = SinkdService(settings, self.metrics)
         self.health = health.HealthServicer()
@@ -170,7 +171,7 @@ class Daemon:
         _register(
             self.server, "Sessions", SessionsServicer(self.service, authenticator, self.limits)
         )
-        _register(self.server, "Admin", AdminServicer(self.service, authenticator, None))
+        _register(self.server, "Admin", AdminServicer(self.service, authenticator, self.ask_stop))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if settings.reflection != "off":
             reflection.enable_server_reflection(
@@ -190,16 +191,14 @@ class Daemon:
         log.error("the engine thread died (%s): the daemon stops serving", type(error).__name__)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.died.set()
-        if self._signalled is not None:
-            self._signalled.set()  # serve_until_signal returns, and `sinkd serve` exits non-zero
+        self._signalled.set()  # serve_until_signal returns, and `sinkd serve` exits non-zero
 
     def _on_http_death(self, error: BaseException) -> None:
         """The HTTP front's thread died: as with the engine's, health says so and the daemon stops."""
         log.error("the HTTP front died (%s): the daemon stops serving", type(error).__name__)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.died.set()
-        if self._signalled is not None:
-            self._signalled.set()
+        self._signalled.set()
 
     def _set_health(self, status: int) -> None:
         self.health.set("", status)
@@ -290,6 +289,8 @@ class Daemon:
             return
         self._stopped.set()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.http is not None:
+            self.http.stopping.set()
         event = self.server.stop(grace)
         if self.http is not None:
             self.http.stop(grace)
@@ -300,7 +301,7 @@ class Daemon:
     def trap_signals(self) -> None:
         """From now on SIGTERM and SIGINT ask for a graceful stop. Call it before `start`: a signal
         that comes while the model loads or sessions resume then still ends in a clean stop."""
-        done = threading.Event()
+        done = self._signalled
 
         def on_signal(signum: int, frame: object) -> None:
             log.info("signal %d: shutting down", signum)
@@ -308,13 +309,21 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self._signalled = done
+        self._trapped = True
+
+    def ask_stop(self) -> None:
+        """A graceful stop from within (the admin's Stop call), as SIGTERM would."""
+        self._signalled.set()
+
+    @property
+    def stop_asked(self) -> bool:
+        return self._signalled.is_set()
 
     def serve_until_signal(self) -> None:
-        """Block until SIGTERM or SIGINT, then stop gracefully (the daemon is already started)."""
-        if self._signalled is None:
+        """Block until SIGTERM, SIGINT or the admin's Stop, then stop gracefully (the daemon is
+        already started)."""
+        if not self._trapped:
             self.trap_signals()
-        assert self._signalled is not None
         while not self._signalled.wait(0.5):
             pass
         self.stop()

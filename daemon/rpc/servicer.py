@@ -16,6 +16,7 @@ import grpc
 
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.runtime.access import admin_only
 from sinkd.daemon.runtime.api import (
     ChatRequest,
     GenerateRequest,
@@ -265,6 +266,13 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
                 yield pb.ArchivePiece(data=piece[at : at + ARCHIVE_PIECE])
 
     @rpc
+    def Release(
+        self, request: pb.HandleRequest, context: Any, principal: Principal
+    ) -> pb.CloseResponse:
+        self.service.moves.release(principal, _handle(request.handle))
+        return pb.CloseResponse()
+
+    @rpc
     def Import(self, request: Any, context: Any, principal: Principal) -> pb.ImportResponse:
         pieces, size = [], 0
         for piece in request:
@@ -350,8 +358,20 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
 class AdminServicer(_Base, pb_grpc.AdminServicer):
     """Admin calls are not admitted against the call limits: they never wait on a session."""
 
+    def __init__(
+        self, service: SinkdService, authenticator: Authenticator, ask_stop: Callable[[], None]
+    ) -> None:
+        super().__init__(service, authenticator, None)
+        self.ask_stop = ask_stop
+
     def admit(self, principal: Principal, request: Any) -> Any:
         return contextlib.nullcontext()
+
+    @rpc
+    def Stop(self, request: pb.StopRequest, context: Any, principal: Principal) -> pb.StopResponse:
+        admin_only(principal, "stopping the daemon")
+        self.ask_stop()
+        return pb.StopResponse()
 
     @rpc
     def Stats(

@@ -54,7 +54,7 @@ class Access:
         if principal.admin and principal.tenant is None:
             session = self.registry.get(handle.session_id)
             if session is None:
-                raise NotFound(f"no session {echo(handle.session_id)}")
+                raise self.registry.missing(None, handle.session_id)
             return session
         return self.owned(principal, handle)
 

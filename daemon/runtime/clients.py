@@ -5,10 +5,13 @@ journalled on the engine thread beside the sessions they belong to, and read bac
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import logging
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.private import secret
@@ -21,9 +24,21 @@ from sinkd.daemon.runtime.responses import Responses, StoredResponse
 from sinkd.daemon.runtime.stateless import Close, Create, Rewind, StatelessChats
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.journal import ClientTables
-from sinkd.errors import SinkdError
+from sinkd.errors import SinkdError, UntrustedPath
 
 log = logging.getLogger("sinkd.clients")
+
+
+def conversations_key(path: Path) -> bytes:
+    """The hash chains' key: made once in the state directory, or a file the nodes of a
+    deployment share (its owner's alone: with it, a hash would confirm a guessed history)."""
+    if path.exists() and path.stat().st_mode & 0o077:
+        raise UntrustedPath(f"{path}: the conversations key must be its owner's alone (chmod 600)")
+    return secret(path)
+
+
+def key_fingerprint(key: bytes) -> str:
+    return hmac.new(key, b"sinkd conversations key fingerprint", hashlib.sha256).hexdigest()[:16]
 
 
 class ClientState:
@@ -37,9 +52,11 @@ class ClientState:
         close: Close,
         rewind: Rewind,
         window: int | None = None,
+        key_file: Path | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
+        self.key_file = key_file
         self.conversations = ConversationIndex(secrets.token_bytes(32))
         durable = durability is not None
         self.stateless = StatelessChats(
@@ -57,13 +74,24 @@ class ClientState:
         conversations stand outlives restarts, then every journalled place and response."""
         d = self.durability
         assert d is not None
-        self.conversations.key = secret(d.dir / "conversations.key")
-        tables = ClientTables(d.j.db)
-        for session_id, reset_count, tenant, head, before, n_before in tables.heads():
-            self.conversations.place(session_id, Place(tenant, reset_count, head, before, n_before))
-            self.stateless.adopt(session_id)
-        for record in tables.responses():
+        self.conversations.key = conversations_key(self.key_file or d.dir / "conversations.key")
+        self.adopt()
+
+    def adopt(self, session_id: str | None = None) -> None:
+        """Where the journal says conversations stand, and their stored responses: every
+        session's at resume, one session's once it was imported (engine thread)."""
+        assert self.durability is not None
+        tables = ClientTables(self.durability.j.db)
+        for sid, reset_count, tenant, head, before, n_before in tables.heads(session_id):
+            self.conversations.place(sid, Place(tenant, reset_count, head, before, n_before))
+            self.stateless.adopt(sid)
+        for record in tables.responses(session_id):
             self.responses.adopt(StoredResponse(**json.loads(record)))
+
+    def key_fingerprint(self) -> str:
+        """Names the hash chains' key without telling it: an archive's conversations continue
+        on a node with the same fingerprint alone."""
+        return key_fingerprint(self.conversations.key)
 
     def _put_head(self, session_id: str, place: Place) -> None:
         """Where a conversation stands (the reply is already given: a crash before this commit

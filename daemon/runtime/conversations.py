@@ -99,6 +99,17 @@ class ConversationIndex:
         why = "no session of yours took these turns" if n_turns else "a conversation's first turn"
         return Match(None, -1, why)
 
+    def find_behind(self, tenant: str, heads: Sequence[str]) -> tuple[str, int, int] | None:
+        """The tenant's session that stands at the longest of these prefix heads, as (session
+        id, its reset count, turns it took), or None: a conversation that went on elsewhere (on
+        another node while this one was down) and comes back to the session that began it."""
+        with self._lock:
+            for turns in range(len(heads) - 1, 0, -1):
+                sid = self._by_head.get((tenant, heads[turns]))
+                if sid is not None:
+                    return sid, self._places[sid].reset_count, turns
+        return None
+
     def place(self, session_id: str, place: Place) -> None:
         """The session (at this generation) now stands at `place`."""
         with self._lock:

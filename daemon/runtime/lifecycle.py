@@ -30,7 +30,6 @@ from sinkd.daemon.runtime.sessions import (
     Registry,
     Session,
     SessionState,
-    new_session_id,
 )
 from sinkd.errors import (
     Cancelled,
@@ -102,7 +101,7 @@ class Lifecycle:
         seq_id = self.admission.acquire(engine)
         try:
             session = Session(
-                id=new_session_id(),
+                id=self.registry.new_id(),
                 tenant=tenant,
                 seq_id=seq_id,
                 policy=config,
@@ -132,7 +131,7 @@ class Lifecycle:
             failpoints.hit("engine-copy")
             engine.cells.copy(parent.seq_id, seq_id)  # physical: per-sequence KV streams
             child = Session(
-                id=new_session_id(),
+                id=self.registry.new_id(),
                 tenant=parent.tenant,
                 seq_id=seq_id,
                 policy=parent.policy,

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
@@ -32,6 +34,14 @@ from sinkd.daemon.store.journal import SCHEMA_VERSION, SnapshotRow, StoredSessio
 from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied
 
 KIND = "sinkd-session"
+Close = Callable[[Session, str], None]  # close a session at a generation (engine thread)
+
+
+class ClientRows(Protocol):
+    """The HTTP clients' state of a moved session: taken up once it is imported."""
+
+    def adopt(self, session_id: str | None = None) -> None: ...
+    def key_fingerprint(self) -> str: ...
 
 
 class SessionMoves:
@@ -58,6 +68,14 @@ class SessionMoves:
         self.metrics.active_sessions.set(len(self.registry))
         return session
 
+    def release(self, principal: Principal, handle: Handle) -> None:
+        """The session now lives on another node (its archive imported there): closed here, and
+        from now on this node answers UNAVAILABLE for it, not NOT_FOUND (a proxy that still
+        routes its calls here is about to route them there). The owner's or the admin's."""
+        session = self.access.visible(principal, handle)
+        self.scheduler.call(lambda e: self._mover().release(session, handle.generation))
+        self.metrics.active_sessions.set(len(self.registry))
+
     def _mover(self) -> Mover:
         if self.mover is None:
             raise FailedPrecondition("export and import need a durable daemon (durable = true)")
@@ -71,11 +89,15 @@ class Mover:
         snapshotter: Snapshotter,
         resumer: Resumer,
         registry: Registry,
+        close: Close,
+        clients: ClientRows,
     ) -> None:
         self.durability = durability
         self.snapshotter = snapshotter
         self.resumer = resumer
         self.registry = registry
+        self.close = close
+        self.clients = clients
 
     def export(self, engine: Engine, session: Session, generation: str) -> list[bytes]:
         check_generation(session, generation)
@@ -100,7 +122,7 @@ class Mover:
             "reset_count": session.reset_count, "record": stored.record,
             "state": stored.state, "reason": stored.reason, "config": d.config,
             "snapshot_n_seen": rows[0].n_seen if rows else None, "n_seen": session.seq.state.n_seen,
-            "exported_unix_time": time.time(),
+            "exported_unix_time": time.time(), "conversations_key": self.clients.key_fingerprint(),
         }  # fmt: skip
         members = {"snapshot": snap, "rows": json.dumps(data).encode()}
         return archive.pack(Archive(manifest, members))
@@ -137,6 +159,13 @@ class Mover:
             raise FailedPrecondition(
                 "refused: made under another configuration: " + "; ".join(differences)
             )
+        if rows.get("conversations", {}).get("rows") and (
+            m.get("conversations_key") != self.clients.key_fingerprint()
+        ):
+            raise FailedPrecondition(
+                "refused: its HTTP conversation was hashed under another conversations key; give"
+                " the nodes one conversations_key_file (docs/deployment.md)"
+            )
         d.commit()  # the steps' writes before this are not the import's to roll back
         path = None
         try:
@@ -151,6 +180,7 @@ class Mover:
                 )
             d.j.put_session(session_id, owner, record, state, reason)
             moving.load_rows(d.j.db, session_id, rows)
+            d.j.drop_moved_out(session_id)  # it came back
             stored = StoredSession(session_id, owner, record, state, reason, True)
             session = self.resumer.adopt(engine, stored)
             d.commit()
@@ -163,7 +193,20 @@ class Mover:
         except BaseException:  # a disk that fills, a journal that fails: nothing stays either
             self._undo(path)
             raise
+        self.registry.moved_out(session_id, None)
+        self.clients.adopt(session_id)
         return session
+
+    def release(self, session: Session, generation: str) -> None:
+        """Close the session here with a note that it moved (one commit: the close's)."""
+        check_generation(session, generation)
+        self.durability.j.put_moved_out(session.id, session.tenant, time.time())
+        try:
+            self.close(session, generation)
+        except BaseException:
+            self.durability.rollback()
+            raise
+        self.registry.moved_out(session.id, session.tenant)
 
     def _undo(self, path: Path | None) -> None:
         self.durability.rollback()

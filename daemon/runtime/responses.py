@@ -28,7 +28,7 @@ from sinkd.daemon.runtime.api import (
     TokenEvent,
 )
 from sinkd.daemon.runtime.conversations import Turn
-from sinkd.daemon.runtime.sessions import Principal, Session, SessionState
+from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
 from sinkd.daemon.runtime.stateless import Continuation
 from sinkd.daemon.runtime.turns import JobHook, Turns
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
@@ -87,8 +87,9 @@ Keep = Callable[[StoredResponse], None]  # journal a response
 Drop = Callable[[str], None]  # journal a response's deletion (raises if it cannot)
 
 
-def new_response_id() -> str:
-    return f"resp_{secrets.token_hex(16)}"
+def new_response_id(node: str | None = None) -> str:
+    """`resp_` and 32 hex digits (`resp_<node>-...` on a node of a deployment, as session ids)."""
+    return f"resp_{node}-{secrets.token_hex(16)}" if node else f"resp_{secrets.token_hex(16)}"
 
 
 class Responses:
@@ -125,7 +126,10 @@ class Responses:
         for another tenant's: a response id says nothing of others)."""
         with self._lock:
             stored = self._by_id.get(response_id)
-        if stored is None or stored.tenant != principal.tenant:
+        if stored is None:
+            elsewhere = made_elsewhere(self.access.registry.node, response_id)
+            raise elsewhere or NotFound(f"no response {response_id!r} of yours")
+        if stored.tenant != principal.tenant:
             raise NotFound(f"no response {response_id!r} of yours")
         if self._session(principal, stored) is None:
             self._drop(stored.id)
@@ -247,7 +251,9 @@ class Responses:
 
     def _named(self, principal: Principal, session_id: str) -> Session:
         session = self.access.registry.get(session_id)
-        if session is None or session.tenant != principal.tenant:
+        if session is None:
+            raise self.access.registry.missing(principal.tenant, session_id)
+        if session.tenant != principal.tenant:
             raise NotFound(f"no conversation {session_id!r} of yours")
         if session.state in (SessionState.STALE, SessionState.FAILED, SessionState.CLOSED):
             state = session.state.value

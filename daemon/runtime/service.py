@@ -55,7 +55,7 @@ class SinkdService:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.entry: ModelEntry = load_lock().get(settings.model)
-        self.registry = Registry()
+        self.registry = Registry(settings.node)
         self.identity: ModelIdentity | None = None
         self.durability: Durability | None = None
         self.embedder = embedder_or_none() if settings.recall_dense else None
@@ -119,6 +119,7 @@ class SinkdService:
                 lambda e: self.lifecycle.rewind(e, self.access.owned(p, h), h.generation, n)
             ),
             settings.http_window,
+            settings.conversations_key_file,
         )
         self.stateless, self.responses = self.clients.stateless, self.clients.responses
         self.scheduler.on_close = self.lifecycle.close
@@ -156,9 +157,12 @@ class SinkdService:
         boot.resume(engine, self.entry, self.identity, self.durability, resumer)
         assert self.scheduler.snapshotter is not None
         self.moves.mover = Mover(
-            self.durability, self.scheduler.snapshotter, resumer, self.registry
-        )
+            self.durability, self.scheduler.snapshotter, resumer, self.registry,
+            self.lifecycle.close, self.clients,
+        )  # fmt: skip
         self.clients.load()
+        for session_id, tenant in self.durability.j.moved_out():
+            self.registry.moved_out(session_id, tenant)
         self.metrics.active_sessions.set(len(self.registry))
 
     # --- the daemon ---

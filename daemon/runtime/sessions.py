@@ -32,7 +32,7 @@ from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
 from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held
 from sinkd.daemon.runtime.api import RecallReport, Receipt
 from sinkd.daemon.store.passages import SessionKey
-from sinkd.errors import IllegalTransition, NotFound, StaleGeneration, echo
+from sinkd.errors import IllegalTransition, NotFound, SessionElsewhere, StaleGeneration, echo
 
 
 class SessionState(str, enum.Enum):
@@ -309,16 +309,68 @@ class Session:
         return held(self.recalled, max(s.window_start, self.seq.config.sinks), s.n_seen)
 
 
-def new_session_id() -> str:
-    return "s_" + secrets.token_hex(8)
+def new_session_id(node: str | None = None) -> str:
+    """`s_` and 16 hex digits; on a node of a deployment, `s_<node>-` and 16 hex digits: the id
+    says where the session was made, so another node can tell a session it never held from one
+    that lives on a node it cannot reach."""
+    return f"s_{node}-{secrets.token_hex(8)}" if node else "s_" + secrets.token_hex(8)
+
+
+def origin_of(made_id: str) -> str | None:
+    """The node a session or response id was made on (`s_<node>-...`, `resp_<node>-...`), or
+    None (a single daemon's id)."""
+    _, _, rest = made_id.partition("_")
+    return rest.rsplit("-", 1)[0] or None if "-" in rest else None
+
+
+def made_elsewhere(node: str | None, made_id: str) -> SessionElsewhere | None:
+    """For an id this node does not know: SessionElsewhere if another node made it."""
+    origin = origin_of(made_id)
+    if not node or origin is None or origin == node:
+        return None
+    return SessionElsewhere(
+        f"{echo(made_id)} is not on node {node}: it was made on node {echo(origin)}, which the"
+        " proxy cannot reach now (down, restarting, or moving its sessions); retry"
+    )
 
 
 class Registry:
-    """Sessions by id; lookups check tenant and generation. Thread-safe."""
+    """Sessions by id; lookups check tenant and generation. Thread-safe.
 
-    def __init__(self) -> None:
+    On a node of a deployment (`node` set) a session this node does not hold is NotFound only
+    where this node would hold it: made here and never moved away. One made on another node, or
+    moved from here to another (`moved_out`, kept across restarts), is SessionElsewhere
+    (UNAVAILABLE): it lives on a node the proxy cannot reach now, and a retry can find it."""
+
+    def __init__(self, node: str | None = None) -> None:
+        self.node = node
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        self._moved_out: dict[str, str] = {}  # session id -> its tenant
+
+    def new_id(self) -> str:
+        return new_session_id(self.node)
+
+    def moved_out(self, session_id: str, tenant: str | None) -> None:
+        """The session now lives on another node (None: it came back, or never left)."""
+        with self._lock:
+            if tenant is None:
+                self._moved_out.pop(session_id, None)
+            else:
+                self._moved_out[session_id] = tenant
+
+    def missing(self, tenant: str | None, session_id: str) -> NotFound | SessionElsewhere:
+        """The error for a session this node does not hold (`tenant` None: the admin's call; a
+        moved session of another tenant's: NotFound, so that nothing tells of it)."""
+        with self._lock:
+            moved = self._moved_out.get(session_id)
+        if moved is not None and tenant in (moved, None):  # None: the admin
+            return SessionElsewhere(
+                f"session {session_id} moved from node {self.node} to another node; the proxy"
+                " sends its calls there once the move is done: retry"
+            )
+        elsewhere = made_elsewhere(self.node, session_id) if moved is None else None
+        return elsewhere or NotFound(f"no session {echo(session_id)}")
 
     def add(self, session: Session) -> None:
         with self._lock:
@@ -333,7 +385,9 @@ class Registry:
     ) -> Session:
         with self._lock:
             session = self._sessions.get(session_id)
-        if session is None or session.tenant != tenant or session.state is SessionState.CLOSED:
+        if session is None:
+            raise self.missing(tenant, session_id)
+        if session.tenant != tenant or session.state is SessionState.CLOSED:
             raise NotFound(f"no session {echo(session_id)}")
         if session.state is SessionState.STALE and not allow_stale:
             raise StaleGeneration(

@@ -22,7 +22,7 @@ from sinkd.daemon.runtime.api import (
     Stream,
     TokenEvent,
 )
-from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn
+from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import JobHook, Turns
 from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, message_of
@@ -47,8 +47,9 @@ class StatelessChatRequest:
 class Continuation:
     """Which session answered, and how it was found: "continued" (only the new turn was
     appended), "regenerated" (the session's last turn was taken back out of the cache and this
-    one appended instead: a regenerated reply or an edited last message), "new" (the history was
-    ingested), "named" (the client named it)."""
+    one appended instead: a regenerated reply or an edited last message), "caught-up" (the
+    session took the history's first turns and none since: the turns it missed were appended, then
+    the new one), "new" (the history was ingested), "named" (the client named it)."""
 
     handle: Handle
     how: str
@@ -122,9 +123,9 @@ class StatelessChats:
             if handle is None:
                 raise NotFound(f"no session {request.session_id!r} of yours to continue")
             return Continuation(handle, "named", "the request named it", 0, self._seen(handle))
-        head = self.index.head(request.system, earlier)
+        heads = chain(self.index.key, request.system, earlier)
         retake = self.index.retake_key(request.system, earlier, request.turns[-1])
-        match = self.index.find(tenant, head, len(earlier), retake)
+        match = self.index.find(tenant, heads[-1], len(earlier), retake)
         if match.session_id is not None:
             handle = self._live(principal, match.session_id, match.reset_count)
             if handle is not None and match.rewind_to is None:
@@ -140,6 +141,9 @@ class StatelessChats:
             self.index.remove(match.session_id)
         else:
             why = match.why
+            behind = self._catch_up(principal, tenant, heads, earlier)
+            if behind is not None:
+                return behind
         receipt, made_room = self.new_session(principal, request.system)
         if made_room:
             why += f"; {made_room}"
@@ -147,6 +151,27 @@ class StatelessChats:
         if earlier:
             self.turns.history(principal, handle, [(t.role, t.content) for t in earlier])
         return Continuation(handle, "new", why, len(earlier))
+
+    def _catch_up(
+        self, principal: Principal, tenant: str, heads: list[str], earlier: list[Turn]
+    ) -> Continuation | None:
+        """A session that took the first turns of this history and none since (the conversation
+        went on on another node meanwhile) takes the turns it missed, then the new one."""
+        found = self.index.find_behind(tenant, heads[:-1])
+        if found is None:
+            return None
+        session_id, reset_count, took = found
+        handle = self._live(principal, session_id, reset_count)
+        if handle is None:
+            return None
+        seen = self._seen(handle)
+        missed = earlier[took:]
+        self.turns.history(principal, handle, [(t.role, t.content) for t in missed])
+        why = (
+            f"its first {took} turns match; the {len(missed)} turns since (taken elsewhere) were"
+            " read"
+        )
+        return Continuation(handle, "caught-up", why, len(missed), seen)
 
     def new_session(
         self, principal: Principal, system: str, stateless: bool = True

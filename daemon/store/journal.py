@@ -28,6 +28,7 @@ import numpy as np
 from sinkd.errors import JournalError
 
 SCHEMA_VERSION = 1
+MOVED_OUT_KEPT = 100_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,6 +64,11 @@ CREATE TABLE IF NOT EXISTS responses (
     session TEXT NOT NULL,
     reset_count INTEGER NOT NULL,
     record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS moved_out (
+    session TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     session TEXT NOT NULL,
@@ -170,11 +176,15 @@ class ClientTables:
             (session_id, reset_count, tenant, head, before, n_before),
         )
 
-    def heads(self) -> list[tuple[str, int, str, str, str | None, int]]:
+    def heads(
+        self, session_id: str | None = None
+    ) -> list[tuple[str, int, str, str, str | None, int]]:
         """(session, reset count, tenant, head, head before its last turn, token count then) of
-        every conversation session."""
+        every conversation session (or of one)."""
+        where, args = ("WHERE session=?", (session_id,)) if session_id else ("", ())
         rows = self._db.execute(
-            "SELECT session, reset_count, tenant, head, before, n_before FROM conversations"
+            f"SELECT session, reset_count, tenant, head, before, n_before FROM conversations {where}",
+            args,
         )
         return [(str(s), int(r), str(t), str(h), b, int(n)) for s, r, t, h, b, n in rows]
 
@@ -189,9 +199,11 @@ class ClientTables:
     def drop_response(self, response_id: str) -> None:
         self._db.execute("DELETE FROM responses WHERE id=?", (response_id,))
 
-    def responses(self) -> list[str]:
-        """Every stored response's record, oldest first."""
-        return [str(r[0]) for r in self._db.execute("SELECT record FROM responses ORDER BY rowid")]
+    def responses(self, session_id: str | None = None) -> list[str]:
+        """Every stored response's record (or one session's), oldest first."""
+        where, args = ("WHERE session=?", (session_id,)) if session_id else ("", ())
+        rows = self._db.execute(f"SELECT record FROM responses {where} ORDER BY rowid", args)
+        return [str(r[0]) for r in rows]
 
 
 class Journal:
@@ -325,6 +337,27 @@ class Journal:
         paths = self.forget_generation(session_id, None)
         self._db.execute("DELETE FROM sessions WHERE id=?", (session_id,))
         return paths
+
+    def put_moved_out(self, session_id: str, tenant: str, at: float) -> None:
+        """The session left this node for another (ids and owners only; at most MOVED_OUT_KEPT
+        rows, the oldest dropped: a node that forgets one answers NOT_FOUND for it)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO moved_out VALUES (?, ?, ?)", (session_id, tenant, at)
+        )
+        self._db.execute(
+            "DELETE FROM moved_out WHERE session NOT IN"
+            " (SELECT session FROM moved_out ORDER BY at DESC LIMIT ?)",
+            (MOVED_OUT_KEPT,),
+        )
+
+    def drop_moved_out(self, session_id: str) -> None:
+        self._db.execute("DELETE FROM moved_out WHERE session=?", (session_id,))
+
+    def moved_out(self) -> list[tuple[str, str]]:
+        """(session, tenant) of the sessions that left this node."""
+        return [
+            (str(s), str(t)) for s, t in self._db.execute("SELECT session, tenant FROM moved_out")
+        ]
 
     def sessions(self) -> list[StoredSession]:
         out = []

@@ -509,3 +509,11 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StopResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -79,6 +79,11 @@ class SessionsStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ImportResponse.FromString,
                 _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/sinkd.v1.Sessions/Release',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
+                _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/sinkd.v1.Sessions/Inspect',
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.InspectRequest.SerializeToString,
@@ -169,6 +174,14 @@ class SessionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Release(self, request, context):
+        """The session now lives on another node (imported there): closed here, and this node answers
+        UNAVAILABLE for it from now on instead of NOT_FOUND
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Inspect(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -253,6 +266,11 @@ def add_SessionsServicer_to_server(servicer, server):
                     servicer.Import,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ImportResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
@@ -539,6 +557,33 @@ class Sessions:
             _registered_method=True)
 
     @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Release',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HandleRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Inspect(request,
             target,
             options=(),
@@ -726,6 +771,11 @@ class AdminStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.Stop = channel.unary_unary(
+                '/sinkd.v1.Admin/Stop',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -750,6 +800,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stop(self, request, context):
+        """A graceful stop, as SIGTERM (the last step of a drain): answered, then the daemon stops
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -767,6 +824,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListAllSessions,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'Stop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stop,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -851,6 +913,33 @@ class Admin:
             '/sinkd.v1.Admin/ListAllSessions',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Admin/Stop',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopResponse.FromString,
             options,
             channel_credentials,
             insecure,
