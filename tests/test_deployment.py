@@ -37,10 +37,12 @@ from sinkd.daemon.rpc.client import CHANNEL_OPTIONS
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
+HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
 pytestmark = [
     pytest.mark.model,
     pytest.mark.skipif(
-        shutil.which("haproxy") is None,
+        HAPROXY is None,
         reason="haproxy is not installed (`apt-get install haproxy`; .ci/run installs it)",
     ),
 ]
@@ -139,7 +141,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for name in c.d.names:
         c.start_node(name)
     c.haproxy = subprocess.Popen(
-        ["haproxy", "-f", str(folder / "haproxy.cfg")],
+        [HAPROXY, "-f", str(folder / "haproxy.cfg")],
         stdout=subprocess.DEVNULL, stderr=(folder / "haproxy.log").open("ab"),
     )  # fmt: skip
     try:

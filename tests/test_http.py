@@ -60,6 +60,23 @@ def test_models_are_listed(daemon: Daemon) -> None:
     assert [m.id for m in sdk(daemon).models.list()] == [MODEL]
 
 
+def test_the_front_answers_without_nagle_on_a_kept_alive_connection(daemon: Daemon) -> None:
+    """Every connection the front accepts has TCP_NODELAY: with Nagle on, each answer after a
+    connection's first waited ~40 ms for the client's delayed ACK (headers and body are two
+    writes), and streamed tokens went out in bursts. Checked on the server's own sockets."""
+    import socket
+
+    assert daemon.http is not None and daemon.http._server is not None
+    with httpx.Client(base_url=daemon.http.address) as client:
+        for _ in range(2):
+            assert client.get("/health").status_code == 200
+        connections = list(daemon.http._server.server_state.connections)
+        assert connections
+        for c in connections:
+            sock = c.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
 def test_a_stateless_history_continues_its_session_with_only_the_new_turn(daemon: Daemon) -> None:
     client = sdk(daemon)
     history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]

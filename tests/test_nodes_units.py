@@ -16,6 +16,8 @@ from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn, c
 from sinkd.daemon.runtime.sessions import Registry, new_session_id, origin_of
 from sinkd.errors import InvalidInput, NotFound, SessionElsewhere
 
+HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
 pytestmark = pytest.mark.unit
 
 
@@ -64,13 +66,13 @@ def base_config(tmp_path: Path, tenants: bool = True) -> Path:
     return path
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
+@pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed")
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_the_written_haproxy_configuration_is_valid_for_n_nodes(tmp_path: Path, n: int) -> None:
     d = deploy.plan(n, tmp_path / "out", base_config(tmp_path), first_port=30000)
     files = deploy.write(d, tmp_path / "out")
     check = subprocess.run(
-        ["haproxy", "-c", "-f", str(tmp_path / "out" / "haproxy.cfg")], capture_output=True
+        [HAPROXY, "-c", "-f", str(tmp_path / "out" / "haproxy.cfg")], capture_output=True
     )
     assert check.returncode == 0, check.stderr.decode()
     cfg = (tmp_path / "out" / "haproxy.cfg").read_text()

@@ -251,7 +251,9 @@ class HttpFront:
             token = local_token(s.socket.parent)
             self.local_sha256 = hashlib.sha256(token.encode()).hexdigest()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP;
+        # with proto 0 every answer after a connection's first waited ~40 ms for a delayed ACK
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         # a restart (after a crash too) may bind while the old connections sit in TIME_WAIT; on
         # Linux this lets no second listener share the port (that is SO_REUSEPORT, never set)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
