@@ -77,6 +77,7 @@ def test_the_written_haproxy_configuration_is_valid_for_n_nodes(tmp_path: Path, 
     assert check.returncode == 0, check.stderr.decode()
     cfg = (tmp_path / "out" / "haproxy.cfg").read_text()
     assert cfg.count("hash-type consistent") == 2 and cfg.count(" track sinkd_http/") == n
+    assert "option http-no-delay" in cfg  # streamed tokens are not held back in bursts
     assert stat.S_IMODE(d.conversations_key_file.stat().st_mode) == 0o600
     assert deploy.load(tmp_path / "out" / "deployment.toml") == d
     env = (tmp_path / "out" / "nodes" / "n1.env").read_text()
