@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -201,7 +202,7 @@ def stream_grpc(address: str, tenant: str, n: int) -> tuple[float, list[float], 
 
 
 def _gaps(t0: float, arrivals: list[float]) -> tuple[float, list[float], int]:
-    gaps = [1000 * (b - a) for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [1000 * (b - a) for a, b in itertools.pairwise(arrivals)]
     return 1000 * (arrivals[0] - t0), gaps, len(arrivals)
 
 
