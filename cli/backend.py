@@ -46,6 +46,7 @@ class Backend(Protocol):
     def close(self, handle: Handle) -> None: ...
     def export_session(self, handle: Handle) -> Iterable[bytes]: ...
     def import_session(self, data: bytes) -> Receipt: ...
+    def release(self, handle: Handle) -> None: ...
     def inspect(
         self, handle: Handle, include_text: bool = False, include_logits: bool = False
     ) -> Inspection: ...
@@ -122,6 +123,9 @@ class EmbeddedBackend:
 
     def import_session(self, data: bytes) -> Receipt:
         return self.service.receipt(self.service.moves.import_(self.principal, data))
+
+    def release(self, handle: Handle) -> None:
+        self.service.moves.release(self.principal, handle)  # refused: not durable
 
     def inspect(
         self, handle: Handle, include_text: bool = False, include_logits: bool = False

@@ -235,6 +235,22 @@ def close(
     print(json.dumps({"closed": session_id}) if as_json else f"{session_id}: closed")
 
 
+@app.command()
+@handle_errors
+def release(
+    session_id: IdArg,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    generation: GenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The session now lives on another node (imported there): close it on this one, which
+    answers UNAVAILABLE for it from now on rather than NOT_FOUND (docs/deployment.md)."""
+    backend = connect(address, token)
+    backend.release(_handle(backend, session_id, generation))
+    print(json.dumps({"released": session_id}) if as_json else f"{session_id}: released")
+
+
 @app.command("export")
 @handle_errors
 def export(

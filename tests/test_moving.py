@@ -211,6 +211,13 @@ def test_the_cli_moves_a_session_over_grpc_and_refuses_by_its_exit_codes(tmp_pat
         with pytest.raises(grpc.RpcError) as refused:  # bob still cannot reach it on its new node
             dst.s.Inspect(pb.InspectRequest(handle=h), metadata=BOB_MD)
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        code, out, err = sinkd("sessions", "release", h.session_id, *conn, "--json")
+        assert code == 0 and json.loads(out) == {"released": h.session_id}, err
+        with pytest.raises(grpc.RpcError) as moved:  # the old node: retry elsewhere, not gone
+            src.s.Inspect(pb.InspectRequest(handle=h), metadata=ALICE_MD)
+        assert moved.value.code() == grpc.StatusCode.UNAVAILABLE
+        code, _, err = sinkd("sessions", "inspect", h.session_id, *conn)
+        assert code == 10 and "moved" in err, err
         src.close()
         dst.close()
     finally:
@@ -263,6 +270,8 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
             b.access.owned(ALICE, Handle("s_na-0123456789abcdef", "g"))
         with pytest.raises(NotFound):
             b.access.owned(ALICE, Handle("s_nb-0123456789abcdef", "g"))
+        with pytest.raises(SessionElsewhere):  # a stored response made on a node not reached
+            b.responses.get(ALICE, "resp_na-00112233445566778899aabbccddeeff")
         a.stop()
         a = node(tmp_path / "a", node="na", conversations_key_file=key)  # the same state dir
         with pytest.raises(SessionElsewhere):

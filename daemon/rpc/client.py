@@ -41,11 +41,9 @@ from sinkd.errors import (
     ERROR_TRAILER,
     DaemonUnavailable,
     InvalidInput,
-    NotFound,
     Refused,
     SinkdError,
     by_name,
-    echo,
 )
 from sinkd.proto import convert
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -312,11 +310,13 @@ class Client:
         return [convert.receipt_from_pb(r) for r in sessions]
 
     def resolve(self, session_id: str) -> Handle:
-        """The owner's current handle for an id (the CLI names sessions by id alone)."""
+        """The owner's current handle for an id (the CLI names sessions by id alone). An id the
+        owner's list lacks is asked of the daemon as it is, which says why: gone (NOT_FOUND) or
+        on another node (UNAVAILABLE)."""
         for r in self.list():
             if r.session_id == session_id:
                 return r.handle
-        raise NotFound(f"no session {echo(session_id)}")
+        return Handle(session_id, "")
 
     def list_all(self) -> builtins.list[Receipt]:
         """Every session of the daemon (the admin's token)."""
