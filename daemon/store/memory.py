@@ -105,8 +105,10 @@ class MemoryStore:
     def prune(self, key: SessionKey, max_tokens: int) -> int:
         return self.evicted.prune(key, max_tokens)
 
-    def search(self, key: SessionKey, query: str, limit: int) -> list[Candidate]:
-        return self.finder.search(key, query, limit)
+    def search(
+        self, key: SessionKey, query: str, limit: int, embed_missing: bool = True
+    ) -> list[Candidate]:
+        return self.finder.search(key, query, limit, embed_missing)
 
     @property
     def dense(self) -> bool:

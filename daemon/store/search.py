@@ -54,9 +54,16 @@ class PassageSearch:
     def __init__(self, db: sqlite3.Connection, embedder: Embedder | None = None) -> None:
         self.db = db
         self.embedder = embedder
+        self._last_query: tuple[str, np.ndarray] | None = None
 
-    def search(self, key: SessionKey, query: str, limit: int) -> list[Candidate]:
+    def search(
+        self, key: SessionKey, query: str, limit: int, embed_missing: bool = True
+    ) -> list[Candidate]:
         """The session generation's passages that either search finds, best first.
+
+        `embed_missing` False: only the passages that have their vectors already take part in
+        the dense search (a lookup: no passage is embedded now; the newest evicted ones may not
+        have theirs yet, and BM25 still sees them).
 
         BM25 alone where no embedder is loaded. Otherwise a passage's score is its closest
         sentence's cosine to the query plus 0.15 times its BM25 over the query's best BM25: the
@@ -67,7 +74,7 @@ class PassageSearch:
         if not spans:
             return []
         lexical = self._bm25(key, query, spans)
-        dense = self._dense(key, query) if self.embedder is not None else {}
+        dense = self._dense(key, query, embed_missing) if self.embedder is not None else {}
         if not dense:
             ranked = sorted(lexical, key=lambda d: (-lexical[d], spans[d]))[:limit]
             return [self._candidate(d, lexical[d], spans, numbers, lexical, {}) for d in ranked]
@@ -132,12 +139,13 @@ class PassageSearch:
                 score[doc] = score.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
         return score
 
-    def _dense(self, key: SessionKey, query: str) -> dict[int, float]:
+    def _dense(self, key: SessionKey, query: str, embed_missing: bool) -> dict[int, float]:
         """Each passage's closest sentence to the query, by cosine (the session's passages only).
         Per sentence, not per passage: a passage cut from a turn holds other text too, and its
         mean vector drifts from the one sentence a question is about."""
         assert self.embedder is not None
-        self.index(key, MAX_EMBED_PER_SEARCH)
+        if embed_missing:
+            self.index(key, MAX_EMBED_PER_SEARCH)
         rows = self.db.execute(
             "SELECT id, vector FROM passages WHERE session=? AND reset_count=?"
             " AND vector IS NOT NULL AND LENGTH(vector) > 0",
@@ -145,11 +153,18 @@ class PassageSearch:
         ).fetchall()
         if not rows:
             return {}
-        q = self.embedder.embed([query])[0]
+        q = self._query_vector(query)
         matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(-1, DIM)
         counts = np.array([len(r[1]) // (4 * DIM) for r in rows])
         best = np.maximum.reduceat(matrix @ q, np.concatenate([[0], np.cumsum(counts)[:-1]]))
         return {int(r[0]): float(c) for r, c in zip(rows, best, strict=True)}
+
+    def _query_vector(self, query: str) -> np.ndarray:
+        """The query's vector; the last one is kept (a turn's lookup, then its full search)."""
+        assert self.embedder is not None
+        if self._last_query is None or self._last_query[0] != query:
+            self._last_query = (query, self.embedder.embed([query])[0])
+        return self._last_query[1]
 
     def index(self, key: SessionKey | None, most: int) -> int:
         """Embed the sentences of up to `most` passages that have no vectors yet (of one session,

@@ -133,7 +133,13 @@ class Recall:
         t0 = time.monotonic()
         config = ask.config
         store = self.store
-        found = store.search(session.key, ask.query, SEARCH_POOL)
+        held = in_window(session)
+        # a lookup first: the passages that have their vectors already (nothing embedded now);
+        # only a turn that will recall searches the newest evicted passages too (embedding them)
+        found = store.search(session.key, ask.query, SEARCH_POOL, embed_missing=False)
+        lookup = [c for c in found if c.strong(config)]
+        if not (lookup and lookup[0].passage_id in held):
+            found = store.search(session.key, ask.query, SEARCH_POOL)
         bodies = {
             p.id: [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
             for p in store.passages(session.key, [c.passage_id for c in found])
@@ -143,7 +149,6 @@ class Recall:
         before = frame(ask.frame[0], []) if ask.frame[0] else []
         after = frame(ask.frame[1], []) if ask.frame[1] else []
         strong = [c for c in found if c.strong(config)]
-        held = in_window(session)
         # the best match's copy is still in the window: the model has it, decode nothing again
         # (a turn that recalled it before costs the search alone)
         best_held = held.get(strong[0].passage_id) if strong else None
