@@ -27,6 +27,7 @@ else:  # pragma: no cover
 from sinkd.errors import InvalidInput
 
 HTTP_BACKEND, GRPC_BACKEND = "sinkd_http", "sinkd_grpc"
+BASE_CONFIG = "base.toml"  # the settings every node shares, copied in beside the other files
 ROUTE_HEADER, NODE_HEADER = "x-sinkd-route", "x-sinkd-node"
 
 
@@ -74,13 +75,16 @@ def plan(
     state_root: Path | None = None,
     run_dir: Path | None = None,
     tls_cert: Path | None = None,
+    install_dir: Path | None = None,
 ) -> Deployment:
-    """N nodes on this host's loopback, two ports each from `first_port` (HTTP, then gRPC)."""
+    """N nodes on this host's loopback, two ports each from `first_port` (HTTP, then gRPC).
+    The files name their paths under `install_dir` (default: the folder they are written to),
+    where the folder is to live when it runs (/etc/sinkd, say)."""
     if not 1 <= nodes <= 64:
         raise InvalidInput(f"--nodes {nodes}: between 1 and 64")
-    folder = folder.absolute()
-    state_root = (state_root or folder / "state").absolute()
-    run_dir = (run_dir or folder / "run").absolute()
+    root = (install_dir or folder).absolute()
+    state_root = (state_root or root / "state").absolute()
+    run_dir = (run_dir or root / "run").absolute()
     _tenants(base_config)  # checked now, not at the first drain
     members = tuple(
         Node(
@@ -93,7 +97,7 @@ def plan(
         for i in range(nodes)
     )
     return Deployment(
-        base_config.absolute(), folder / "conversations.key", proxy_http, proxy_grpc,
+        root / BASE_CONFIG, root / "conversations.key", proxy_http, proxy_grpc,
         run_dir / "haproxy-admin.sock", members, tls_cert,
     )  # fmt: skip
 
@@ -247,19 +251,23 @@ def deployment_toml(d: Deployment) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(d: Deployment, folder: Path, sinkd: str = "sinkd") -> list[Path]:
-    """The deployment's files in `folder`; the conversations key is made once (0600) and kept."""
+def write(d: Deployment, folder: Path, base_config: Path, sinkd: str = "sinkd") -> list[Path]:
+    """The deployment's files in `folder`, the base config copied in beside them; the
+    conversations key is made once (0600) and kept."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "nodes").mkdir(exist_ok=True)
+    root = d.base_config.parent
     files = {
         folder / "haproxy.cfg": haproxy_cfg(d),
         folder / "deployment.toml": deployment_toml(d),
-        folder / "sinkd@.service": SYSTEMD_UNIT.format(folder=folder.absolute(), sinkd=sinkd),
+        folder / "sinkd@.service": SYSTEMD_UNIT.format(folder=root, sinkd=sinkd),
         **{folder / "nodes" / f"{n.name}.env": node_env(d, n) for n in d.nodes},
     }
+    if base_config.absolute() != (folder / BASE_CONFIG).absolute():
+        files[folder / BASE_CONFIG] = base_config.read_text()
     for path, text in files.items():
         path.write_text(text)
-    key = d.conversations_key_file
+    key = folder / d.conversations_key_file.name
     if not key.exists():
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:

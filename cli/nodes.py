@@ -168,12 +168,15 @@ def init(
     tls_cert: Annotated[
         Path | None, typer.Option(help="The proxy's certificate and key (PEM).")
     ] = None,
+    install_dir: Annotated[
+        Path | None, typer.Option(help="Where FOLDER will live when it runs (default: FOLDER).")
+    ] = None,
 ) -> None:
-    """Write haproxy.cfg, deployment.toml, one environment file per node, a systemd unit and
-    the nodes' shared conversations key (0600, made once)."""
+    """Write haproxy.cfg, deployment.toml, one environment file per node, a systemd unit, a copy
+    of the base config and the nodes' shared conversations key (0600, made once)."""
     d = deploy.plan(nodes, folder, base_config, proxy_http, proxy_grpc, first_port, state_root,
-                    run_dir, tls_cert)  # fmt: skip
-    for path in deploy.write(d, folder):
+                    run_dir, tls_cert, install_dir)  # fmt: skip
+    for path in deploy.write(d, folder, base_config):
         out.print(str(path), highlight=False)
 
 

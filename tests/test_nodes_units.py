@@ -70,7 +70,7 @@ def base_config(tmp_path: Path, tenants: bool = True) -> Path:
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_the_written_haproxy_configuration_is_valid_for_n_nodes(tmp_path: Path, n: int) -> None:
     d = deploy.plan(n, tmp_path / "out", base_config(tmp_path), first_port=30000)
-    files = deploy.write(d, tmp_path / "out")
+    files = deploy.write(d, tmp_path / "out", base_config(tmp_path))
     check = subprocess.run(
         [HAPROXY, "-c", "-f", str(tmp_path / "out" / "haproxy.cfg")], capture_output=True
     )
@@ -86,8 +86,9 @@ def test_the_written_haproxy_configuration_is_valid_for_n_nodes(tmp_path: Path, 
         and f"SINKD_CONVERSATIONS_KEY_FILE={d.conversations_key_file}" in env
     )
     key = d.conversations_key_file.read_bytes()
-    deploy.write(d, tmp_path / "out")  # again: the key is kept, not replaced
-    assert d.conversations_key_file.read_bytes() == key and len(files) == n + 4
+    deploy.write(d, tmp_path / "out", base_config(tmp_path))  # again: the key is kept
+    assert d.conversations_key_file.read_bytes() == key and len(files) == n + 5
+    assert d.route_keys() == {"alice": "b" * 64}  # read from the copy beside the files
 
 
 def test_a_deployment_needs_tenants_and_the_admin(tmp_path: Path) -> None:
@@ -98,3 +99,32 @@ def test_a_deployment_needs_tenants_and_the_admin(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[proxy]\n")
     with pytest.raises(InvalidInput, match="not a sinkd deployment"):
         deploy.load(tmp_path / "bad.toml")
+
+
+@pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed")
+def test_the_proxy_takes_tls_where_it_faces_a_network(tmp_path: Path) -> None:
+    """`--tls-cert`: both frontends bind with TLS (ALPN h2 for gRPC); HAProxy accepts the file."""
+    from tests.certs import self_signed
+
+    cert, key = self_signed(tmp_path / "certs")
+    pem = tmp_path / "proxy.pem"  # HAProxy wants the certificate and its key in one file
+    pem.write_text(cert.read_text() + key.read_text())
+    d = deploy.plan(2, tmp_path / "out", base_config(tmp_path), tls_cert=pem)
+    deploy.write(d, tmp_path / "out", base_config(tmp_path))
+    cfg = (tmp_path / "out" / "haproxy.cfg").read_text()
+    assert cfg.count(f"ssl crt {pem} alpn h2,http/1.1") == 2
+    check = subprocess.run(
+        [HAPROXY, "-c", "-f", str(tmp_path / "out" / "haproxy.cfg")], capture_output=True
+    )
+    assert check.returncode == 0, check.stderr.decode()
+
+
+def test_the_shipped_deployment_is_what_init_writes(tmp_path: Path) -> None:
+    """deploy/haproxy/ is `sinkd nodes init` for three nodes installed in /etc/sinkd: written
+    again, every file is the same (the shipped one cannot drift from the generator)."""
+    shipped = Path(__file__).resolve().parent.parent / "deploy" / "haproxy"
+    d = deploy.plan(3, tmp_path, shipped / "base.toml", install_dir=Path("/etc/sinkd"),
+                    state_root=Path("/var/lib/sinkd"), run_dir=Path("/run/sinkd"))  # fmt: skip
+    for path in deploy.write(d, tmp_path, shipped / "base.toml"):
+        if path.name != "conversations.key":  # a secret: made at init, never shipped
+            assert path.read_text() == (shipped / path.relative_to(tmp_path)).read_text(), path
