@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
-from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held
+from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held, in_any
 from sinkd.daemon.runtime.api import RecallReport, Receipt
 from sinkd.daemon.store.passages import SessionKey
 from sinkd.errors import IllegalTransition, NotFound, SessionElsewhere, StaleGeneration, echo
@@ -302,6 +302,18 @@ class Session:
             memory_bytes=self.memory_stats[2],
             last_recall=self.last_recall,
         )
+
+    def penalty_history(self, n: int) -> list[int]:
+        """The repetition penalty's history: the stream's last `n` tokens, less the recalled
+        copies among them. A reply may quote what recall brought back (that is what it is for);
+        its own repeats, and the rest of the stream's, stay penalised."""
+        tokens = self.retained.tail(n)
+        if not self.recalled or not tokens:
+            return tokens
+        k = min(len(tokens), len(self.retained.window))  # the window's part ends at n_seen
+        start = self.seq.state.n_seen - k
+        kept = [t for i, t in enumerate(tokens[-k:]) if not in_any(start + i, self.recalled)]
+        return tokens[: len(tokens) - k] + kept
 
     def recalled_held(self) -> list[RecalledSpan]:
         """The recalled copies the cache holds now (cut to what the stream has not evicted)."""

@@ -135,7 +135,7 @@ class Executor:
             self.end(job)
             return
         sampler = job.gen.sampler
-        recent = session.retained.tail(sampler.history_needed)
+        recent = session.penalty_history(sampler.history_needed)
         token = sampler.sample_logits(session.last_logits, recent)
         engine = self.engine
         job.generated += 1
