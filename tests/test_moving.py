@@ -272,6 +272,11 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
             b.access.owned(ALICE, Handle("s_nb-0123456789abcdef", "g"))
         with pytest.raises(SessionElsewhere):  # a stored response made on a node not reached
             b.responses.get(ALICE, "resp_na-00112233445566778899aabbccddeeff")
+        named = StatelessChatRequest(
+            "", (Turn("user", "Hi."),), 4, session_id="s_na-00ff00ff00ff00ff"
+        )
+        with pytest.raises(SessionElsewhere):  # an HTTP client naming a session of that node
+            b.stateless.turn(ALICE, named)
         a.stop()
         a = node(tmp_path / "a", node="na", conversations_key_file=key)  # the same state dir
         with pytest.raises(SessionElsewhere):

@@ -120,6 +120,8 @@ class StatelessChats:
     ) -> Continuation:
         if request.session_id:
             handle = self._live(principal, request.session_id)
+            if handle is None and self.access.registry.get(request.session_id) is None:
+                raise self.access.registry.missing(tenant, request.session_id)  # or elsewhere
             if handle is None:
                 raise NotFound(f"no session {request.session_id!r} of yours to continue")
             return Continuation(handle, "named", "the request named it", 0, self._seen(handle))
