@@ -114,7 +114,10 @@ class Nodes:
                 report(m)
         return moved
 
-    def close(self) -> None:
+    def __enter__(self) -> Nodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         for c in self._clients.values():
             c.shutdown()
 
@@ -196,8 +199,7 @@ def drain(
     sessions moves to the node the ring now sends its tenant to, then it stops (only if every
     session moved: one that could not stays, whole, and the exit code is 1)."""
     start = time.monotonic()
-    nodes = Nodes(deploy.load(deployment), admin_token)
-    try:
+    with Nodes(deploy.load(deployment), admin_token) as nodes:
         nodes.d.node(node)
         nodes.proxy.set_state(node, "drain")
         nodes.proxy.wait_idle(node, wait_s)
@@ -205,8 +207,6 @@ def drain(
         if stop and not any(m.error for m in moved):
             nodes.client(node).stop_daemon()
             nodes.proxy.set_state(node, "maint")
-    finally:
-        nodes.close()
     _summary("drained", moved, time.monotonic() - start, as_json, node=node)
 
 
@@ -221,14 +221,11 @@ def join(
     """Put a node back in the ring, then move to it the sessions the ring now sends it (from
     every other node)."""
     start = time.monotonic()
-    nodes = Nodes(deploy.load(deployment), admin_token)
-    try:
+    with Nodes(deploy.load(deployment), admin_token) as nodes:
         nodes.proxy.set_state(nodes.d.node(node).name, "ready")
         _wait_up(nodes.proxy, node)
         others = [n for n in nodes.d.names if n != node and nodes.proxy.status(n) == "UP"]
         moved = nodes.rebalance(others, _say(as_json))
-    finally:
-        nodes.close()
     _summary("joined", moved, time.monotonic() - start, as_json, node=node)
 
 
@@ -239,12 +236,9 @@ def rebalance(
 ) -> None:
     """Move every session of the nodes that are up to the node the ring sends its tenant to."""
     start = time.monotonic()
-    nodes = Nodes(deploy.load(deployment), admin_token)
-    try:
+    with Nodes(deploy.load(deployment), admin_token) as nodes:
         up = [n for n in nodes.d.names if nodes.proxy.status(n) == "UP"]
         moved = nodes.rebalance(up, _say(as_json))
-    finally:
-        nodes.close()
     _summary("rebalanced", moved, time.monotonic() - start, as_json)
 
 
