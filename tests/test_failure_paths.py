@@ -324,6 +324,33 @@ def test_a_finished_generation_survives_a_reset_before_its_done(
 # --- requests stay bound to their generation ---
 
 
+def test_a_release_overtaking_an_append_leaves_nothing_of_it(
+    daemon: Daemon, client: Client
+) -> None:
+    """A drain's Release while an append of the session is being tokenized: the append lands
+    nowhere (it answers CANCELLED, or its session is gone), the session is closed here, and from
+    then on this node answers UNAVAILABLE for it (it moved), not NOT_FOUND."""
+    h = client.create().handle
+    tokenized, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        tokenized.set()
+        release.wait(WAIT)
+
+    calls = Threads()
+    with failpoints.armed("append-tokenized", hold):
+        key = calls.start(lambda: client.append(h, f"{TEXT} {SENTINEL}"))
+        assert tokenized.wait(WAIT)
+        client.s.Release(pb.HandleRequest(handle=h), metadata=ALICE)
+        release.set()
+        calls.join()
+    assert calls.code(key) in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert code_of(lambda: client.inspect(h)) == grpc.StatusCode.UNAVAILABLE
+    assert daemon.service.registry.get(h.session_id) is None
+    durability = daemon.service.durability
+    assert durability is not None and h.session_id not in [s.id for s in durability.stored()]
+
+
 def test_a_reset_cancels_an_append_still_being_tokenized(daemon: Daemon, client: Client) -> None:
     """The adversarial client's finding: a reset while a large append was being tokenized let the
     append land in the NEW generation. Now it is dropped unapplied."""
