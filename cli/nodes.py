@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 
 from sinkd.cli import deployment as deploy
-from sinkd.cli.console import console
+from sinkd.cli.console import console, shown
 from sinkd.cli.errors import handle_errors
 from sinkd.cli.haproxy import RuntimeApi, where
 from sinkd.cli.options import JsonFlag
@@ -126,10 +126,12 @@ def _say(as_json: bool) -> Callable[[Moved], None]:
     def say(m: Moved) -> None:
         if as_json:
             print(json.dumps({"event": "moved", **asdict(m)}), flush=True)
-        elif m.error:
-            err.print(f"{m.session_id} ({m.tenant}): not moved: {m.error}", highlight=False)
+        elif m.error:  # the daemon's words: shown as text, never read as markup
+            err.print(shown(f"{m.session_id} ({m.tenant}): not moved: {m.error}"))
         else:
-            out.print(f"{m.session_id} ({m.tenant}): {m.source} -> {m.target} in {m.seconds:.2f} s")
+            out.print(
+                shown(f"{m.session_id} ({m.tenant}): {m.source} -> {m.target} in {m.seconds:.2f} s")
+            )
 
     return say
 

@@ -324,13 +324,12 @@ def test_a_finished_generation_survives_a_reset_before_its_done(
 # --- requests stay bound to their generation ---
 
 
-def test_a_release_overtaking_an_append_leaves_nothing_of_it(
-    daemon: Daemon, client: Client
-) -> None:
-    """A drain's Release while an append of the session is being tokenized: the append lands
-    nowhere (it answers CANCELLED, or its session is gone), the session is closed here, and from
-    then on this node answers UNAVAILABLE for it (it moved), not NOT_FOUND."""
-    h = client.create().handle
+@contextlib.contextmanager
+def append_held_after_tokenizing(
+    client: Client, h: pb.Handle, text: str
+) -> Iterator[Callable[[], grpc.StatusCode | None]]:
+    """An append of `text`, in a thread, held just after it was tokenized while the block runs
+    (what overtakes it); then released and joined. Yields what gives the append's status code."""
     tokenized, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -339,12 +338,25 @@ def test_a_release_overtaking_an_append_leaves_nothing_of_it(
 
     calls = Threads()
     with failpoints.armed("append-tokenized", hold):
-        key = calls.start(lambda: client.append(h, f"{TEXT} {SENTINEL}"))
+        key = calls.start(lambda: client.append(h, text))
         assert tokenized.wait(WAIT)
+        try:
+            yield lambda: calls.code(key)
+        finally:
+            release.set()
+            calls.join()
+
+
+def test_a_release_overtaking_an_append_leaves_nothing_of_it(
+    daemon: Daemon, client: Client
+) -> None:
+    """A drain's Release while an append of the session is being tokenized: the append lands
+    nowhere (it answers CANCELLED, or its session is gone), the session is closed here, and from
+    then on this node answers UNAVAILABLE for it (it moved), not NOT_FOUND."""
+    h = client.create().handle
+    with append_held_after_tokenizing(client, h, f"{TEXT} {SENTINEL}") as append_code:
         client.s.Release(pb.HandleRequest(handle=h), metadata=ALICE)
-        release.set()
-        calls.join()
-    assert calls.code(key) in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert append_code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     assert code_of(lambda: client.inspect(h)) == grpc.StatusCode.UNAVAILABLE
     assert daemon.service.registry.get(h.session_id) is None
     durability = daemon.service.durability
@@ -355,20 +367,9 @@ def test_a_reset_cancels_an_append_still_being_tokenized(daemon: Daemon, client:
     """The adversarial client's finding: a reset while a large append was being tokenized let the
     append land in the NEW generation. Now it is dropped unapplied."""
     h = client.create().handle
-    tokenized, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        tokenized.set()
-        release.wait(WAIT)
-
-    calls = Threads()
-    with failpoints.armed("append-tokenized", hold):
-        key = calls.start(lambda: client.append(h, f"{TEXT} {SENTINEL} {TEXT}"))
-        assert tokenized.wait(WAIT)
+    with append_held_after_tokenizing(client, h, f"{TEXT} {SENTINEL} {TEXT}") as append_code:
         fresh = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
-        release.set()
-        calls.join()
-    assert calls.code(key) in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED)
+    assert append_code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED)
     r = client.inspect(fresh, text=True)
     assert r.receipt.n_seen == 0 and SENTINEL not in r.retained_text
 

@@ -74,7 +74,6 @@ class SessionMoves:
         routes its calls here is about to route them there). The owner's or the admin's."""
         session = self.access.visible(principal, handle)
         self.scheduler.call(lambda e: self._mover().release(session, handle.generation))
-        self.metrics.active_sessions.set(len(self.registry))
 
     def _mover(self) -> Mover:
         if self.mover is None:

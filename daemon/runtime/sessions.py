@@ -332,7 +332,8 @@ def origin_of(made_id: str) -> str | None:
     """The node a session or response id was made on (`s_<node>-...`, `resp_<node>-...`), or
     None (a single daemon's id)."""
     _, _, rest = made_id.partition("_")
-    return rest.rsplit("-", 1)[0] or None if "-" in rest else None
+    node, dash, _ = rest.rpartition("-")
+    return node if dash and node else None
 
 
 def made_elsewhere(node: str | None, made_id: str) -> SessionElsewhere | None:
