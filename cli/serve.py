@@ -72,7 +72,8 @@ def serve(
         typer.Option("--durable/--no-durable", help="Keep sessions across restarts (default on)."),
     ] = None,
 ) -> None:
-    """Run the gRPC daemon until SIGTERM or Ctrl-C; pulls and verifies the model first if missing."""
+    """Run the daemon until SIGTERM or Ctrl-C; pulls and verifies the model (and recall's
+    embedder) first if missing."""
     import logging
 
     from pydantic import ValidationError
@@ -97,7 +98,9 @@ def serve(
     entry = load_lock().get(settings.model)
     if not model_path(entry).is_file():
         err.print(f"model {entry.name} is not pulled yet: pulling it now")
-        models.pull_model(entry.name)
+        models.fetch(entry)
+    if settings.recall_dense:
+        models.fetch_embedder()
     daemon = Daemon(settings)
     daemon.trap_signals()
     daemon.start()

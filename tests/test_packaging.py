@@ -4,7 +4,10 @@ built from this tree into a fresh venv)."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata as md
 import json
+import re
 import subprocess
 import sys
 import sysconfig
@@ -12,6 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,3 +73,74 @@ def test_a_wheel_installs_sinkd_alone(tmp_path: Path) -> None:
     assert found["runner"] and found["message"]
     assert not Path(str(found["daemon"])).is_relative_to(site)
     assert not Path(str(found["proto"])).is_relative_to(site)
+
+
+# --- what the default install carries: the requirement tree read from the installed metadata ---
+
+# the families that must never come with an edge daemon, whatever pulls them in (a GPU framework, its
+# CUDA wheels, a model hub's trainer); by pattern, so that a renamed or new wheel of theirs matches
+HEAVY = re.compile(
+    r"^(torch|torch\w*|triton|transformers|sentence-transformers|tensorflow\S*|jax|jaxlib|"
+    r"scipy|scikit-learn|pandas|sympy)$|^nvidia-|cuda|cudnn"
+)
+MOST_INSTALLED_BYTES = 300 * 2**20  # today ~190 MB; llama-cpp-python and numpy are 110 of it
+CODE = ("sinkd", "cachepolicy", "daemon", "cli", "proto")  # not evaluation/, bench/: extras
+
+
+def requirement_tree(root: str) -> dict[str, md.Distribution]:
+    """The distributions `pip install root` brings, by canonical name (markers evaluated for this
+    interpreter, no extras)."""
+    found: dict[str, md.Distribution] = {}
+    todo = [root]
+    while todo:
+        dist = md.distribution(todo.pop())
+        name = canonicalize_name(dist.metadata["Name"])
+        if name in found:
+            continue
+        found[name] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return found
+
+
+def imported_tops() -> set[str]:
+    """The top-level modules sinkd's own code imports (any depth: lazy imports count)."""
+    tops = set()
+    for folder in CODE:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    tops.update(a.name.split(".")[0] for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    tops.add(node.module.split(".")[0])
+    return tops
+
+
+def test_the_default_install_brings_no_framework_and_stays_small() -> None:
+    tree = requirement_tree("sinkd")
+    assert "llama-cpp-python" in tree and "numpy" in tree  # the tree is read, not empty
+    heavy = sorted(n for n in tree if HEAVY.search(n))
+    assert not heavy, f"the default install brings {heavy}"
+    size = sum(f.size or 0 for d in tree.values() for f in d.files or [])
+    assert size < MOST_INSTALLED_BYTES, f"the default install is {size / 2**20:.0f} MiB"
+
+
+def test_every_default_requirement_is_imported_by_sinkd() -> None:
+    """A direct requirement the code never imports is weight for nothing (a plot library, a
+    package that only ships a file): it belongs to an extra, or to `sinkd models pull`."""
+    provides: dict[str, set[str]] = {}
+    for top, dists in md.packages_distributions().items():
+        for d in dists:
+            provides.setdefault(canonicalize_name(d), set()).add(top)
+    used = imported_tops()
+    unused = []
+    for line in md.requires("sinkd") or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra, or another Python's
+        name = canonicalize_name(req.name)
+        if not provides.get(name, set()) & used:
+            unused.append(name)
+    assert not unused, f"required but never imported: {unused}"

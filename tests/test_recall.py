@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ def test_recall_brings_an_evicted_fact_back_with_its_provenance(client: Client) 
     r = client.recall(h, "What is the sentinel word?")
     recalled = r.report.recalled
     assert recalled and recalled[0].passage_id == found[0].passage_id
+    assert r.report.search == "bm25+dense"  # the pulled embedder, loaded with the model
     assert (recalled[0].source_logical.start, recalled[0].source_logical.end) == (
         source.start,
         source.end,
@@ -282,6 +284,30 @@ def test_reset_starts_an_empty_memory_and_the_old_text_leaves_the_disk(tmp_path:
         assert on_disk(state, SENTINEL)
         client.s.Close(pb.HandleRequest(handle=h3), metadata=ALICE)
         assert not on_disk(state, SENTINEL)
+    finally:
+        client.close()
+        d.stop()
+
+
+def test_without_the_embedder_recall_searches_by_words_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not pulled yet (or offline at the first start): BM25 alone, and every report says why."""
+    shipped = Path(str(resources.files("sinkd") / "models.lock")).read_text()
+    lock = tmp_path / "models.lock"
+    lock.write_text(shipped.replace('"all-MiniLM-L6-v2.zip"', '"not-pulled.zip"'))
+    monkeypatch.setenv("SINKD_MODELS_LOCK", str(lock))
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        h = planted(client)
+        report = client.recall(h, f"What is the sentinel word {SENTINEL}?").report
+        assert report.recalled, "BM25 finds the word itself"
+        assert report.search == (
+            "bm25 alone: the embedder minilm-l6-v2 is not pulled (sinkd models pull minilm-l6-v2)"
+        )
     finally:
         client.close()
         d.stop()

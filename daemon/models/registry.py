@@ -48,9 +48,10 @@ class ModelPart(BaseModel):
     path: str = Field(min_length=1)  # member inside the wheel
 
 
-class ModelEntry(BaseModel):
-    """A models.lock entry, checked field by field when the lock is read. Keys the lock has and this
-    model does not know are kept in `model_extra` (a newer lock read by an older sinkd)."""
+class PinnedFile(BaseModel):
+    """A file sinkd fetches and verifies by content: where it comes from and what it must be.
+    Keys the lock has and this model does not know are kept in `model_extra` (a newer lock read by
+    an older sinkd)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
@@ -60,6 +61,30 @@ class ModelEntry(BaseModel):
     size: int = Field(gt=0)
     parts: tuple[ModelPart, ...] = ()  # where `sinkd models pull` fetches it (shipped entries)
     path: str | None = None  # where the file is (user entries: added or imported, never copied)
+    notes: str = ""
+    origin: str = "shipped"  # or "user": set by the lock it was read from, never by the entry
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> PinnedFile:
+        if not self.parts and not self.path:
+            raise ValueError(f"entry {self.name!r} has neither parts to pull nor a path")
+        return self
+
+    @property
+    def lock_name(self) -> str:
+        """Which list the entry comes from, for messages."""
+        return "models.lock" if self.origin == "shipped" else "its user entry (user-models.lock)"
+
+
+class EmbedderEntry(PinnedFile):
+    """Recall's sentence encoder: a zip of its weights, tokenizer and config (embedder.py)."""
+
+    weights_sha256: str = Field(pattern=SHA256)  # the safetensors file inside, checked at load
+
+
+class ModelEntry(PinnedFile):
+    """A models.lock entry for a GGUF, checked field by field when the lock is read."""
+
     architecture: str
     n_ctx_train: int = Field(gt=0)
     positional: str
@@ -76,9 +101,7 @@ class ModelEntry(BaseModel):
     backends_checked: tuple[str, ...]
     default_sinks: int = Field(ge=0)
     default_window: int = Field(gt=0)
-    notes: str = ""
     template_name: str = ""  # a llama.cpp built-in chat template, for a file that carries none
-    origin: str = "shipped"  # or "user": set by the lock it was read from, never by the entry
     qualification: dict[str, Any] = Field(default_factory=dict)  # measured by `sinkd models add`
     # what Chat samples with when the session chose nothing (bench/chat_defaults.py measured it)
     sampling: dict[str, Any] = Field(default_factory=dict)
@@ -86,16 +109,13 @@ class ModelEntry(BaseModel):
     # `sinkd eval recall-chat --presentations`)
     recall_presentation: str = "system-after"
 
-    @model_validator(mode="after")
-    def _has_a_source(self) -> ModelEntry:
-        if not self.parts and not self.path:
-            raise ValueError(f"entry {self.name!r} has neither parts to pull nor a path")
-        return self
-
-    @property
-    def lock_name(self) -> str:
-        """Which list the entry comes from, for messages."""
-        return "models.lock" if self.origin == "shipped" else "its user entry (user-models.lock)"
+    def max_budget(self, n_ctx_seq: int) -> int:
+        """The most cells a sink session may span in `n_ctx_seq` cells: within the trained
+        context and, where the model has sliding-window layers, within that window (the
+        qualification's `max_budget`: past it the local layers would drop the sinks)."""
+        bound = min(n_ctx_seq, self.n_ctx_train)
+        limit = self.shift_requires.get("max_budget")
+        return min(bound, int(limit)) if limit else bound
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
         return kv_bytes_per_token(self.n_layer, self.n_head_kv, self.head_dim, kv_type)
@@ -115,21 +135,39 @@ class ModelLock(BaseModel):
     version: int = 1
     default: str
     models: dict[str, ModelEntry]
+    embedder: str | None = None  # recall's sentence encoder, one of `embedders`
+    embedders: dict[str, EmbedderEntry] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _names(cls, data: Any) -> Any:
         """Each entry is named by its table's key."""
-        if isinstance(data, dict) and isinstance(data.get("models"), dict):
-            models = {k: {**v, "name": k} for k, v in data["models"].items()}
-            data = {**data, "models": models}
+        if isinstance(data, dict):
+            for table in ("models", "embedders"):
+                if isinstance(data.get(table), dict):
+                    named = {k: {**v, "name": k} for k, v in data[table].items()}
+                    data = {**data, table: named}
         return data
 
     @model_validator(mode="after")
     def _default_exists(self) -> ModelLock:
         if self.default not in self.models:
             raise ValueError(f"default {self.default!r} has no entry")
+        if self.embedder is not None and self.embedder not in self.embedders:
+            raise ValueError(f"embedder {self.embedder!r} has no entry")
         return self
+
+    def pinned(self, name: str | None) -> PinnedFile:
+        """A model or an embedder by name (what `sinkd models pull` fetches)."""
+        if name is not None and name in self.embedders:
+            return self.embedders[name]
+        if name is None or name in self.models:
+            return self.get(name)
+        known = ", ".join(sorted([*self.models, *self.embedders]))
+        raise ModelNotAllowed(f"{echo(name)} is not in models.lock (allowed: {known})")
+
+    def default_embedder(self) -> EmbedderEntry | None:
+        return self.embedders[self.embedder] if self.embedder else None
 
     def get(self, name: str | None) -> ModelEntry:
         key = name or self.default
@@ -236,7 +274,7 @@ def models_dir() -> Path:
     return Path(platformdirs.user_cache_dir("sinkd")) / "models"
 
 
-def model_path(entry: ModelEntry) -> Path:
+def model_path(entry: PinnedFile) -> Path:
     return Path(entry.path) if entry.path else models_dir() / entry.file
 
 
@@ -250,7 +288,7 @@ def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> st
     return h.hexdigest()
 
 
-def locate(entry: ModelEntry) -> Path:
+def locate(entry: PinnedFile) -> Path:
     path = model_path(entry)
     if not path.is_file():
         if entry.path:
@@ -260,7 +298,7 @@ def locate(entry: ModelEntry) -> Path:
 
 
 def verify_file(
-    entry: ModelEntry, path: Path, on_bytes: Callable[[int], None] | None = None
+    entry: PinnedFile, path: Path, on_bytes: Callable[[int], None] | None = None
 ) -> None:
     """Raise ModelMismatch naming the field (size, sha256) in which the file differs from the lock."""
     size = path.stat().st_size
@@ -272,7 +310,7 @@ def verify_file(
 
 
 def pull(
-    entry: ModelEntry,
+    entry: PinnedFile,
     on_total: Callable[[int], None] | None = None,
     on_bytes: Callable[[int], None] | None = None,
     pip: tuple[str, ...] = (sys.executable, "-m", "pip"),

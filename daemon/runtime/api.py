@@ -124,6 +124,7 @@ class RecallReport:
     threshold: float
     note: str
     recalled: tuple[RecalledSpan, ...] = ()
+    search: str = ""  # "bm25+dense", or "bm25 alone: why" (the embedder is off or not pulled)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.engine.loading import open_engine
-from sinkd.daemon.models.registry import ModelEntry
+from sinkd.daemon.models.registry import ModelEntry, load_lock, model_path
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity
+from sinkd.daemon.store.embedder import Embedder, EmbedderUnavailable
 from sinkd.daemon.validation import validated
 
 
@@ -26,6 +27,30 @@ def engine_config(settings: Settings) -> EngineConfig:
     if settings.n_threads:
         config = config.model_copy(update={"n_threads": settings.n_threads})
     return config
+
+
+BM25_ALONE = "bm25 alone"
+DENSE = "bm25+dense"
+
+
+def open_embedder(enabled: bool) -> tuple[Embedder | None, str]:
+    """Recall's sentence encoder, and how recall searches: "bm25+dense", or "bm25 alone: why"
+    (switched off, not pulled yet, damaged). Recall without it still works, on words alone."""
+    if not enabled:
+        return None, f"{BM25_ALONE}: recall_dense is off"
+    entry = load_lock().default_embedder()
+    if entry is None:
+        return None, f"{BM25_ALONE}: models.lock names no embedder"
+    path = model_path(entry)
+    if not path.is_file():
+        return None, (
+            f"{BM25_ALONE}: the embedder {entry.name} is not pulled"
+            f" (sinkd models pull {entry.name})"
+        )
+    try:
+        return Embedder.shared(path, entry.weights_sha256), DENSE
+    except (EmbedderUnavailable, ImportError) as e:
+        return None, f"{BM25_ALONE}: the embedder {entry.name} did not load: {e}"
 
 
 def open_for(settings: Settings, entry: ModelEntry) -> tuple[Engine, ModelIdentity]:

@@ -43,7 +43,7 @@ from sinkd.daemon.runtime.remembering import Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
 from sinkd.daemon.runtime.turns import JobHook, Turns
-from sinkd.daemon.store.embedder import embedder_or_none
+from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.errors import PermissionDenied
 
@@ -58,7 +58,7 @@ class SinkdService:
         self.registry = Registry(settings.node)
         self.identity: ModelIdentity | None = None
         self.durability: Durability | None = None
-        self.embedder = embedder_or_none() if settings.recall_dense else None
+        self.embedder: Embedder | None = None  # loaded with the model (`_open_engine`)
         if settings.durable:
             self.durability = Durability(
                 settings.state_dir,
@@ -69,7 +69,6 @@ class SinkdService:
                 keep=settings.snapshots_kept,
                 purge_interval_s=settings.purge_interval_s,
                 segmenting=Segmenting(settings.memory_passages),
-                embedder=self.embedder,
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)
@@ -137,6 +136,10 @@ class SinkdService:
         return self._memory
 
     def _open_engine(self) -> Engine:
+        """Engine thread, while health says NOT_SERVING: the model, and recall's embedder."""
+        self.embedder, self.recall.search = boot.open_embedder(self.settings.recall_dense)
+        if self.durability is not None:
+            self.durability.embedder = self.embedder
         engine, self.identity = boot.open_for(self.settings, self.entry)
         return engine
 

