@@ -80,10 +80,9 @@ def main() -> None:
         rows,
     )
     write("latency", {"budget": 256, "results": data})
-    import matplotlib
+    from sinkd.evaluation.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4), dpi=110)
     for name, d in data.items():

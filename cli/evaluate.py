@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,7 +24,7 @@ from sinkd.cli.options import (
     WindowOpt,
     offline_policy,
 )
-from sinkd.errors import InvalidInput
+from sinkd.errors import InvalidInput, Unsupported, message_of
 
 out = console()
 err = console(stderr=True)
@@ -108,21 +109,34 @@ def eval_ppl(
     }  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
-    plot(
-        results,
-        str(out_dir / f"{name}.png"),
-        f"{entry.name}, S={cfg.sinks} W={cfg.window} E={cfg.evict_chunk}, {Path(text).name}",
+    drawn = drawn_or_said(
+        lambda: plot(
+            results,
+            str(out_dir / f"{name}.png"),
+            f"{entry.name}, S={cfg.sinks} W={cfg.window} E={cfg.evict_chunk}, {Path(text).name}",
+        )
     )
     if as_json:
         print(json.dumps(results))
         return
-    table = Table(title=f"perplexity over {len(ids)} tokens ({out_dir / name}.json, .png)")
+    files = f"{out_dir / name}.json" + (", .png" if drawn else "")
+    table = Table(title=f"perplexity over {len(ids)} tokens ({files})")
     for col in ("policy", "scored", "ppl", "last bucket", "tok/s", "note"):
         table.add_column(col)
     for r in results["runs"]:
         table.add_row(r["policy"], str(r["scored_tokens"]), f"{r['ppl']:.2f}", f"{r['ppl_last_bucket']:.2f}",
                       f"{r['tokens_per_s']:.0f}", r["note"])  # fmt: skip
     out.print(table)
+
+
+def drawn_or_said(draw: Callable[[], None]) -> bool:
+    """Draw the plot; without matplotlib (an extra) say so, the JSON being written already."""
+    try:
+        draw()
+    except Unsupported as e:
+        err.print(f"no plot: {message_of(e)}", highlight=False)
+        return False
+    return True
 
 
 def _ints(value: str, option: str) -> list[int]:
@@ -241,13 +255,13 @@ def eval_recall(
         data = evaluate(make, text.read_text(errors="replace"), plan, progress=err.print)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval-recall.json").write_text(json.dumps(data, indent=1))
-    plot(data, out_dir / "eval-recall.png")
+    drawn = drawn_or_said(lambda: plot(data, out_dir / "eval-recall.png"))
     if as_json:
         print(json.dumps(data, indent=1))
         return
     for title, columns, rows in report_tables(data):
         _print_table(title, columns, rows)
-    err.print(f"wrote {out_dir / 'eval-recall.json'} and .png")
+    err.print(f"wrote {out_dir / 'eval-recall.json'}" + (" and .png" if drawn else ""))
 
 
 def _print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -22,6 +22,7 @@ from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, in_any, plan_re
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.store.memory import MemoryStore
 from sinkd.daemon.store.passages import SessionKey
+from sinkd.evaluation.plotting import pyplot
 from sinkd.evaluation.textstream import chunk_nll, token_nll
 
 Progress = Callable[[int], None]
@@ -263,10 +264,7 @@ def summary(run: PolicyRun, bucket: int) -> dict[str, Any]:
 
 def plot(results: dict[str, Any], path: str, title: str) -> None:
     """x: stream position; y: perplexity (log); one line per policy; budget and trained context marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
     for run in results["runs"]:

@@ -34,6 +34,7 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
+from sinkd.evaluation.plotting import pyplot
 
 PRINCIPAL = Principal("local")
 QUESTION = "\nWhat is the pass key?\n"
@@ -457,10 +458,7 @@ def segmenting(
 
 def plot(data: dict[str, Any], path: Path) -> None:
     """Accuracy by distance, one line per arm, the window marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     arms = sorted({r["arm"] for r in data["passkey"]})

@@ -144,3 +144,12 @@ def test_every_default_requirement_is_imported_by_sinkd() -> None:
         if not provides.get(name, set()) & used:
             unused.append(name)
     assert not unused, f"required but never imported: {unused}"
+
+
+def test_a_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sinkd.errors import Unsupported
+    from sinkd.evaluation.plotting import pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: ImportError
+    with pytest.raises(Unsupported, match=r"pip install 'sinkd\[plots\]'"):
+        pyplot()
