@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 from typing import Annotated, TextIO
@@ -26,6 +27,7 @@ from sinkd.cli.options import (
     session_backend,
 )
 from sinkd.cli.sessions import _span, receipt_table
+from sinkd.daemon.models.registry import load_lock
 from sinkd.daemon.runtime.api import (
     ChatRequest,
     Done,
@@ -146,7 +148,9 @@ class ChatLoop:
                 self.turn(line)
 
 
-CHAT_WINDOW = 1020  # S=4 + W=1,020: 1,024 cells (bench/chat_defaults.py: ITL and memory by window)
+# cells for an embedded chat (bench/chat_defaults.py: ITL and memory by window); its window fills
+# them, within what the model allows (Gemma 3's sliding window: 512 positions)
+CHAT_CELLS = 1024
 
 
 PLAIN_SAMPLING = SamplingRequest(  # SamplingParams' defaults: a remote daemon gets the same
@@ -203,9 +207,10 @@ def chat(
 
     Sampling: the model's recommended settings (models.lock), unless any option below is given;
     then the given ones, the others at their plain defaults (greedy, top-k 40, top-p 0.95, ...)."""
-    if window is None and policy in (PolicyName.SINK, PolicyName.SINK_NOSHIFT, PolicyName.WINDOW):
-        window = CHAT_WINDOW  # a conversation's worth: one long reply evicts no earlier turn
     pol = policy_request(policy.value, sinks, window, evict, compact, pin_system)
+    # a conversation's worth, as the session's cells and the model allow: one long reply evicts
+    # no earlier turn
+    pol = dataclasses.replace(pol, fill_window=window is None and policy is not PolicyName.FULL)
     given = (temperature, top_k, top_p, min_p, repeat_penalty, seed)
     sampling = None
     if any(v is not None for v in given):
@@ -218,7 +223,8 @@ def chat(
             seed=plain.seed if seed is None else seed,
             repeat_penalty=plain.repeat_penalty if repeat_penalty is None else repeat_penalty,
         )
-    backend = session_backend(embedded, address, token, model, CHAT_WINDOW + 4)
+    cells = load_lock().get(model).max_budget(CHAT_CELLS)
+    backend = session_backend(embedded, address, token, model, cells)
     try:
         receipt = backend.create(
             pol,

@@ -371,9 +371,8 @@ def test_gemma_chats_with_its_named_template_embedded_and_through_the_daemon(
 
 @pytest.mark.model
 def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Path) -> None:
-    """`sinkd chat`'s default window holds the first message through a 256-token reply; the old
-    default budget (the model's 4 + 252 cells) lost it."""
-    from sinkd.cli.chat import CHAT_WINDOW
+    """`sinkd chat`'s window (filling the session's cells) holds the first message through a
+    256-token reply; the model's default budget (4 + 252 cells) loses it."""
     from sinkd.daemon.runtime.api import ChatRequest, PolicyRequest
     from sinkd.daemon.runtime.service import SinkdService
     from sinkd.daemon.runtime.sessions import Principal
@@ -387,14 +386,14 @@ def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Pat
     try:
         reply = svc.engine.vocab.tokenize(TEXT * 4, add_bos=False)[:256]  # a reply of 256 tokens
         kept = {}
-        for window in (CHAT_WINDOW, None):
-            h = svc.create(me, PolicyRequest("sink", window=window), None).handle
+        for fill in (True, False):
+            h = svc.create(me, PolicyRequest("sink", fill_window=fill), None).handle
             list(svc.chat(me, h, ChatRequest("Hi! My name is Ada and I live in Lisbon.", 4)))
             svc.append(me, h, None, reply)
             seen = svc.reads.inspect(me, h, include_text=True)
-            kept[window] = "Lisbon" in seen.retained_text
-            if window is not None:
-                assert seen.receipt.evicted_tokens == 0
-        assert kept == {CHAT_WINDOW: True, None: False}
+            kept[fill] = "Lisbon" in seen.retained_text
+            if fill:
+                assert seen.receipt.policy.window == 1020 and seen.receipt.evicted_tokens == 0
+        assert kept == {True: True, False: False}
     finally:
         svc.stop()

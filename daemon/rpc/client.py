@@ -346,6 +346,7 @@ def _policy(p: PolicyRequest) -> pb.Policy:
         compact_interval=p.compact_interval,
         pin_system_prompt=p.pin_system_prompt,
         ingest_chunk=p.ingest_chunk,
+        fill_window=p.fill_window,
     )
 
 

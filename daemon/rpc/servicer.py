@@ -164,6 +164,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             compact_interval=_optional(p, "compact_interval"),
             pin_system_prompt=p.pin_system_prompt,
             ingest_chunk=_optional(p, "ingest_chunk"),
+            fill_window=p.fill_window,
         )
         sampling = _sampling(request.sampling) if request.HasField("sampling") else None
         r = request.recall

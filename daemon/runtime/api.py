@@ -68,6 +68,9 @@ class PolicyRequest:
     compact_interval: int | None = None
     pin_system_prompt: bool = False
     ingest_chunk: int | None = None
+    # with the window unset: W as large as the session's cells and the model allow (a chat's
+    # window), instead of the model's default
+    fill_window: bool = False
 
 
 @dataclass(frozen=True)

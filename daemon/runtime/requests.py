@@ -64,13 +64,18 @@ def resolve_policy(
     entry: ModelEntry,
     settings: Settings,
     position_limit: int | None,
+    n_cells: int | None = None,
 ) -> tuple[PolicyConfig, int]:
     """The session's policy and how many system prompt tokens are sinks. An unset K defers the
-    shift over `settings.evictions_per_shift` evictions, within `position_limit` (the model's)."""
+    shift over `settings.evictions_per_shift` evictions, within `position_limit` (the model's).
+    `fill_window` with no window: W takes what `n_cells` and `position_limit` leave after S."""
+    window = req.window
+    if window is None and req.fill_window and n_cells is not None:
+        window = filled_window(req, n_system, entry, min(n_cells, position_limit or n_cells))
     config = PolicyConfig.resolve(
         req.name,
         sinks=req.sinks,
-        window=req.window,
+        window=window,
         evict_chunk=req.evict_chunk,
         compact_interval=req.compact_interval or 0,
         ingest_chunk=req.ingest_chunk,
@@ -96,6 +101,22 @@ def resolve_policy(
     if req.compact_interval is None:
         config = config.with_deferred_shift(settings.evictions_per_shift, position_limit)
     return config, pinned
+
+
+def filled_window(req: PolicyRequest, n_system: int, entry: ModelEntry, span: int) -> int:
+    """The window that fills `span` positions after the sinks (a pinned system prompt's too)."""
+    if req.name == PolicyName.WINDOW.value:
+        sinks = 0
+    else:
+        sinks = entry.default_sinks if req.sinks is None else req.sinks
+        if req.pin_system_prompt:
+            sinks = max(sinks, n_system)
+    if span - sinks < 1:
+        raise InvalidInput(
+            f"fill_window: {sinks} sinks leave no window in the {span} positions this model and"
+            " context allow"
+        )
+    return span - sinks
 
 
 def sampling_params(request: SamplingRequest | None) -> SamplingParams | None:

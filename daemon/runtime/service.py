@@ -221,7 +221,12 @@ class SinkdService:
         engine = self.engine
         system_tokens = requests.system_tokens(engine, system_prompt)
         config, pinned = requests.resolve_policy(
-            policy, len(system_tokens), self.entry, self.settings, engine.position_limit
+            policy,
+            len(system_tokens),
+            self.entry,
+            self.settings,
+            engine.position_limit,
+            engine.n_ctx_seq,
         )
         engine.check_policy(config)
         recall_config = requests.resolve_recall(recall or RecallRequest(), config, self.settings)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Policy(_message.Message):
-    __slots__ = ("name", "sinks", "window", "evict_chunk", "compact_interval", "pin_system_prompt", "ingest_chunk")
+    __slots__ = ("name", "sinks", "window", "evict_chunk", "compact_interval", "pin_system_prompt", "ingest_chunk", "fill_window")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SINKS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Policy(_message.Message):
     COMPACT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     PIN_SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     INGEST_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FILL_WINDOW_FIELD_NUMBER: _ClassVar[int]
     name: str
     sinks: int
     window: int
@@ -22,7 +23,8 @@ class Policy(_message.Message):
     compact_interval: int
     pin_system_prompt: bool
     ingest_chunk: int
-    def __init__(self, name: _Optional[str] = ..., sinks: _Optional[int] = ..., window: _Optional[int] = ..., evict_chunk: _Optional[int] = ..., compact_interval: _Optional[int] = ..., pin_system_prompt: _Optional[bool] = ..., ingest_chunk: _Optional[int] = ...) -> None: ...
+    fill_window: bool
+    def __init__(self, name: _Optional[str] = ..., sinks: _Optional[int] = ..., window: _Optional[int] = ..., evict_chunk: _Optional[int] = ..., compact_interval: _Optional[int] = ..., pin_system_prompt: _Optional[bool] = ..., ingest_chunk: _Optional[int] = ..., fill_window: _Optional[bool] = ...) -> None: ...
 
 class Sampling(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n")
