@@ -3,6 +3,7 @@ command's sessions live (a daemon, or this process)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -12,8 +13,9 @@ from rich.text import Text
 from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cli.backend import Backend, EmbeddedBackend
 from sinkd.cli.console import console
-from sinkd.daemon.rpc.client import Client, TlsFiles, daemon_answers, default_address
+from sinkd.daemon.rpc.client import Client, TlsFiles, daemon_health, default_address
 from sinkd.daemon.runtime.api import PolicyRequest
+from sinkd.errors import InvalidInput, echo
 
 err = console(stderr=True)
 
@@ -63,9 +65,36 @@ TokenOpt = Annotated[
 tls: TlsFiles | None = None  # `sinkd --tls-ca ...`, set before the command runs
 
 
+LOADING_WAIT_S = 120.0  # how long a command waits for a daemon to load its model ($SINKD_WAIT_S)
+
+
 def connect(address: str | None, token: str | None, wait_s: float = 3.0) -> Client:
-    """A client of the daemon at `address` (DaemonUnavailable if none answers within wait_s)."""
-    return Client(address, token, wait_s=wait_s, tls=tls)
+    """A client of the daemon at `address` (DaemonUnavailable if none answers within wait_s),
+    once it serves: a daemon still loading its model is waited for, saying so, within
+    $SINKD_WAIT_S seconds (default 120)."""
+    client = Client(address, token, wait_s=wait_s, tls=tls)
+    try:
+        client.wait_serving(
+            loading_wait_s(),
+            lambda: err.print(
+                f"the daemon at {client.address} is loading the model: waiting", highlight=False
+            ),
+        )
+    except BaseException:
+        client.shutdown()
+        raise
+    return client
+
+
+def loading_wait_s() -> float:
+    raw = os.environ.get("SINKD_WAIT_S", "")
+    try:
+        value = float(raw) if raw else LOADING_WAIT_S
+    except ValueError:
+        raise InvalidInput(f"SINKD_WAIT_S: not a number of seconds: {echo(raw)}") from None
+    if not value > 0:
+        raise InvalidInput(f"SINKD_WAIT_S: must be above 0, not {echo(raw)}")
+    return value
 
 
 def offline_policy(
@@ -101,8 +130,8 @@ def session_backend(
     if address is not None:
         return connect(address, token)
     address = default_address()
-    if daemon_answers(address):
-        err.print(f"using the daemon at {address}")
+    if daemon_health(address) is not None:  # serving, or loading its model: wait for it
+        err.print(f"using the daemon at {address}", highlight=False)
         return connect(address, token)
     err.print(f"no daemon answers at {address}: running the model in this process")
     return EmbeddedBackend(model=model, n_ctx_seq=budget, max_sessions=2)

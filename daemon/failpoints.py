@@ -32,6 +32,7 @@ POINTS = (
     "swap-cleared",  # engine: two sequences being exchanged are both empty, their images in hand
     "decode-piece",  # engine: a later llama_decode of one decode_batch (a length group, a piece) is next
     "before-sync",  # syncer: replies wait for the journal's fsync, which is about to run
+    "model-loading",  # service: the engine thread starts loading the model (health NOT_SERVING)
 )
 
 _actions: dict[str, Callable[[], None]] = {}

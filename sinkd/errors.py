@@ -24,6 +24,7 @@ __all__ = [
     "InvalidInput",
     "JournalError",
     "ListenError",
+    "Loading",
     "ModelMismatch",
     "ModelMissing",
     "ModelNotAllowed",
@@ -152,6 +153,14 @@ class Cancelled(SinkdError):
 
 class ShuttingDown(SinkdError):
     """The daemon is stopping (or its engine thread is gone) and takes no more work."""
+
+    status = "UNAVAILABLE"
+    exit_code = 10
+
+
+class Loading(SinkdError):
+    """The daemon is up but its model is still loading (or its sessions resuming): try again in
+    a moment. UNAVAILABLE, which gRPC clients retry, as HTTP's 503 with Retry-After."""
 
     status = "UNAVAILABLE"
     exit_code = 10

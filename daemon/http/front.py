@@ -170,8 +170,7 @@ class HttpFront:
     def serving(self) -> bool:
         """The model is loaded, the engine runs, and the daemon is not stopping (a proxy's
         health check sends no new work to a node on its way down)."""
-        scheduler = self.service.scheduler
-        return scheduler.ready.is_set() and scheduler.alive() and not self.stopping.is_set()
+        return self.service.serving() and not self.stopping.is_set()
 
     def ready(self) -> None:
         """503 while the model loads (the clients retry on Retry-After)."""

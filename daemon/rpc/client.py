@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,17 +122,27 @@ def open_channel(address: str, tls: TlsFiles | None, sends_token: bool) -> grpc.
     return grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
 
 
-def daemon_answers(address: str, timeout: float = 1.0) -> bool:
-    """Whether a daemon serves at `address` now (a missing socket file answers at once)."""
+SERVING = "SERVING"
+NOT_SERVING = "NOT_SERVING"  # loading its model, or stopping
+
+
+def daemon_health(address: str, timeout: float = 1.0) -> str | None:
+    """SERVING or NOT_SERVING, as the daemon at `address` says now; None where none answers (a
+    missing socket file answers at once)."""
     if address.startswith("unix:") and not os.path.exists(address.removeprefix("unix:")):
-        return False
+        return None
     with grpc.insecure_channel(address) as channel:
         try:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError:
-            return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+            return None
+    return SERVING if reply.status == health_pb2.HealthCheckResponse.SERVING else NOT_SERVING
+
+
+def daemon_answers(address: str, timeout: float = 1.0) -> bool:
+    """Whether a daemon serves at `address` now."""
+    return daemon_health(address, timeout) == SERVING
 
 
 class Client:
@@ -162,6 +172,29 @@ class Client:
                 ) from None
         self.s = pb_grpc.SessionsStub(self.channel)  # type: ignore[no-untyped-call]
         self.admin = pb_grpc.AdminStub(self.channel)  # type: ignore[no-untyped-call]
+
+    def wait_serving(self, deadline_s: float, on_wait: Callable[[], None] = lambda: None) -> None:
+        """Return once the daemon says SERVING (its model loaded); `on_wait` is called once if it
+        does not yet. DaemonUnavailable past `deadline_s`, or if the daemon goes away."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        waited = False
+        try:
+            for reply in stub.Watch(health_pb2.HealthCheckRequest(), timeout=deadline_s):
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                if not waited:
+                    waited = True
+                    on_wait()
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise DaemonUnavailable(
+                    f"the daemon at {self.address} did not finish loading its model within"
+                    f" {deadline_s:g} s"
+                ) from None
+            raise DaemonUnavailable(
+                f"the daemon at {self.address} went away: {e.details()}"
+            ) from None
+        raise DaemonUnavailable(f"the daemon at {self.address} ended its health stream")
 
     def _call(self, method: str, request: Any) -> Any:
         try:

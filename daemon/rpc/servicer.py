@@ -61,13 +61,23 @@ def _session_of(request: Any) -> str:
     return handle.session_id[:128] if handle is not None else ""
 
 
+def any_time(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A call answered while the model loads too (the admin's Stop); the others get Loading."""
+    fn.any_time = True  # type: ignore[attr-defined]
+    return fn
+
+
 def rpc(fn: Callable[..., Any]) -> Method:
-    """Authenticate, admit against the call limits, run, and translate a sinkd error."""
+    """Authenticate, refuse while loading, admit against the call limits, run, and translate a
+    sinkd error."""
+    loaded = not getattr(fn, "any_time", False)
 
     @functools.wraps(fn)
     def wrapper(self: _Base, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             principal = self.auth(context)
+            if loaded:
+                self.service.check_serving()
             with self.admit(principal, request):
                 return fn(self, request, context, principal)
         except SinkdError as e:
@@ -81,6 +91,7 @@ def rpc_stream(fn: Callable[..., Iterator[Any]]) -> Method:
     def wrapper(self: _Base, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             principal = self.auth(context)
+            self.service.check_serving()
             with self.admit(principal, request):
                 yield from fn(self, request, context, principal)
         except SinkdError as e:
@@ -369,6 +380,7 @@ class AdminServicer(_Base, pb_grpc.AdminServicer):
         return contextlib.nullcontext()
 
     @rpc
+    @any_time
     def Stop(self, request: pb.StopRequest, context: Any, principal: Principal) -> pb.StopResponse:
         admin_only(principal, "stopping the daemon")
         self.ask_stop()

@@ -10,11 +10,11 @@ from sinkd.daemon.runtime.api import Handle
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import Principal, Registry, Session
 from sinkd.errors import (
+    Loading,
     NotFound,
     PermissionDenied,
     ShuttingDown,
     StaleGeneration,
-    Unsupported,
     echo,
 )
 
@@ -25,15 +25,18 @@ class Access:
         self.scheduler = scheduler
         self.metrics = metrics
 
+    def check_serving(self) -> Engine:
+        """The loaded engine; Loading (try again) before it loaded, ShuttingDown once it stopped."""
+        engine = self.scheduler.engine
+        if not self.scheduler.ready.is_set():
+            raise Loading("the model is loading; try again in a moment")
+        if engine is None or not self.scheduler.alive():
+            raise ShuttingDown("the engine has stopped: the daemon is shutting down")
+        return engine
+
     @property
     def engine(self) -> Engine:
-        """The loaded engine; ShuttingDown once it stopped, Unsupported before it loaded."""
-        engine = self.scheduler.engine
-        if engine is None or not self.scheduler.alive():
-            if self.scheduler.ready.is_set():
-                raise ShuttingDown("the engine has stopped: the daemon is shutting down")
-            raise Unsupported("the model is not loaded")
-        return engine
+        return self.check_serving()
 
     def owned(self, principal: Principal, handle: Handle, allow_stale: bool = False) -> Session:
         """The caller's own session at the handle's generation (StaleGeneration otherwise)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import SamplingParams
@@ -137,6 +138,7 @@ class SinkdService:
 
     def _open_engine(self) -> Engine:
         """Engine thread, while health says NOT_SERVING: the model, and recall's embedder."""
+        failpoints.hit("model-loading")
         self.embedder, self.recall.search = boot.open_embedder(self.settings.recall_dense)
         if self.durability is not None:
             self.durability.embedder = self.embedder
@@ -182,6 +184,15 @@ class SinkdService:
 
     def start(self) -> None:
         self.scheduler.start()
+
+    def serving(self) -> bool:
+        """The model is loaded, its sessions resumed, and the engine runs."""
+        s = self.scheduler
+        return s.ready.is_set() and s.engine is not None and s.alive()
+
+    def check_serving(self) -> None:
+        """Loading (UNAVAILABLE: try again) before the model is loaded; ShuttingDown after."""
+        self.access.check_serving()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self.scheduler.ready.wait(timeout)
