@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sinkd.daemon import failpoints
 from sinkd.daemon.rpc.server import Daemon
 from sinkd.daemon.store.passages import SessionKey
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -23,6 +26,7 @@ SECRET = "\nThe vault code is marmalade ocelot quasar 7391, said Quentin.\n"
 WORD = "ocelot"
 POLICY = {"sinks": 4, "window": 120, "evict_chunk": 16}
 FILLER = (TEXT + "\n") * 4
+WAIT_S = 60  # every wait ends; none is reached unless something is broken
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +53,15 @@ def needles(tokens: list[int]) -> list[bytes]:
 
 
 def holders(state_dir: Path, tokens: list[int]) -> dict[str, list[str]]:
-    """Which files hold the tokens, by form: {"ids": [...], "text": [...]}."""
+    """Which files hold the tokens, by form: {"ids": [...], "text": [...]}. Reads what exists: a
+    snapshot the engine writes meanwhile renames its temporary between the listing and the read
+    (an append that makes a snapshot due is answered before the snapshot is taken)."""
     found: dict[str, list[str]] = {"ids": [], "text": []}
     for p in sorted(state_dir.rglob("*")):
-        if not p.is_file():
+        try:
+            data = p.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
             continue
-        data = p.read_bytes()
         name = str(p.relative_to(state_dir))
         if any(n in data for n in needles(tokens)):
             found["ids"].append(name)
@@ -132,6 +139,49 @@ def test_reset_and_close_remove_the_token_ids(daemon: Daemon, client: Client, ho
     else:
         client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
     assert holders(state, tokens) == {"ids": [], "text": []}
+
+
+def test_a_close_overtaking_a_snapshot_in_flight_leaves_no_file(
+    daemon: Daemon, client: Client
+) -> None:
+    """The close is queued while the engine thread writes the session's snapshot (its temporary
+    written, not yet renamed): the close runs after it on the same thread and deletes it too."""
+    state = daemon.settings.state_dir
+    h = client.create(**POLICY).handle
+    folder = state / "snapshots" / h.session_id
+    queued, closed = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+            closed.set()
+        except BaseException as e:
+            errors.append(e)
+
+    closer = threading.Thread(target=close)
+
+    def mid_snapshot() -> None:  # the engine thread, this session's temporary on disk
+        if closer.ident is None and list(folder.glob(".*.tmp")):
+            closer.start()
+            queued.wait(WAIT_S)  # the close waits in the engine's inbox behind this snapshot
+
+    def close_queued() -> None:  # the Close's server thread, nothing else calls the engine now
+        if closer.is_alive() and threading.current_thread().name.startswith("sinkd-rpc"):
+            queued.set()
+
+    with (
+        failpoints.armed("snapshot-before-rename", mid_snapshot),
+        failpoints.armed("call-enqueued", close_queued),
+    ):
+        client.append(h, FILLER[:100] + SECRET + FILLER[100:400])  # a snapshot falls due
+        deadline = time.monotonic() + WAIT_S
+        while closer.ident is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the snapshot comes in the engine's next gap
+        closer.join(WAIT_S)
+    assert not errors and queued.is_set() and closed.is_set()
+    assert not folder.exists()
+    assert holders(state, secret_tokens(daemon)) == {"ids": [], "text": []}
 
 
 def test_forgetting_in_a_loop_purges_at_most_once_per_interval(tmp_path: Path) -> None:
