@@ -29,6 +29,7 @@ from sinkd.cli.options import (
 from sinkd.cli.sessions import _span, receipt_table
 from sinkd.daemon.models.registry import load_lock
 from sinkd.daemon.runtime.api import (
+    DEFAULT_MAX_TOKENS,
     ChatRequest,
     Done,
     Handle,
@@ -181,7 +182,9 @@ def chat(
     window: WindowOpt = None,
     evict: EvictOpt = None,
     compact: CompactOpt = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest reply.")] = 256,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=1, help="Longest reply.")
+    ] = DEFAULT_MAX_TOKENS,
     recall: Annotated[
         RecallModeOpt | None,
         typer.Option(

@@ -56,6 +56,13 @@ def _settled(call: Any) -> str:
 
 def test_64_tenantless_streams_leave_health_and_tenants_answering(tcp_daemon: Daemon) -> None:
     address = tcp_daemon.addresses[1]
+    with grpc.insecure_channel(address) as before:
+        alices_sessions = [
+            s.session_id
+            for s in pb_grpc.SessionsStub(before)
+            .List(pb.ListSessionsRequest(), metadata=ALICE, timeout=5)
+            .sessions
+        ]
     release = threading.Event()
     channels = [grpc.insecure_channel(address) for _ in range(8)]
     calls = []
@@ -86,15 +93,15 @@ def test_64_tenantless_streams_leave_health_and_tenants_answering(tcp_daemon: Da
         assert outcomes.count("open") == tcp_daemon.settings.max_tenantless_streams
         assert set(outcomes) == {"open", "RESOURCE_EXHAUSTED"}
 
+        # with every tenantless stream held, health and a tenant's call still find a worker: they
+        # answer (a refusal or no worker would raise, within the timeout) what they answered before
         fresh = grpc.insecure_channel(address)
-        t0 = time.monotonic()
         health = health_pb2_grpc.HealthStub(fresh).Check(health_pb2.HealthCheckRequest(), timeout=5)
         listed = pb_grpc.SessionsStub(fresh).List(
             pb.ListSessionsRequest(), metadata=ALICE, timeout=5
         )
-        elapsed = time.monotonic() - t0
         assert health.status == health_pb2.HealthCheckResponse.SERVING
-        assert listed is not None and elapsed < 1.0
+        assert [s.session_id for s in listed.sessions] == alices_sessions
         fresh.close()
     finally:
         release.set()

@@ -3,11 +3,18 @@ else (the runtime raises sinkd errors; the edges translate)."""
 
 from __future__ import annotations
 
+import logging
+import traceback
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from starlette.responses import JSONResponse
+from fastapi import HTTPException, Request
+from fastapi.routing import APIRoute
+from starlette.responses import JSONResponse, Response
 
 from sinkd.errors import SinkdError, message_of
+
+log = logging.getLogger("sinkd.http")
 
 # the gRPC status a sinkd error carries -> (HTTP status, OpenAI error type)
 _BY_STATUS = {
@@ -32,6 +39,42 @@ class HttpError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+
+
+class InternalError(SinkdError):
+    """An error that is not sinkd's own reached the edge (a bug): the client is told that much,
+    the daemon's log has where (the frames, never the message: it could quote a request)."""
+
+
+def internal(error: BaseException) -> SinkdError:
+    if isinstance(error, SinkdError):
+        return error
+    frames = "".join(traceback.format_tb(error.__traceback__))
+    log.error("internal error (%s) answering a request:\n%s", type(error).__name__, frames)
+    return InternalError(f"internal error ({type(error).__name__}); the daemon's log says where")
+
+
+def is_ollama(request: Request) -> bool:
+    """Ollama's routes answer in Ollama's convention."""
+    return request.url.path.startswith("/api/")
+
+
+class Guarded(APIRoute):
+    """A route whose unexpected error is answered in the API's error body (500), not Starlette's
+    plain text; sinkd's own errors and refusals go to the app's handlers as before."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (SinkdError, HttpError, HTTPException):
+                raise
+            except Exception as e:
+                return from_sinkd(internal(e), is_ollama(request))
+
+        return guarded
 
 
 def body(message: str, kind: str, param: str | None = None, code: str | None = None) -> Any:

@@ -9,8 +9,10 @@ serve`. A turn holds a slot of the same call limits as gRPC's engine calls.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import socket
 import threading
@@ -25,26 +27,47 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sinkd.daemon.config import Settings
-from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd
+from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd, is_ollama
 from sinkd.daemon.http.wire import headers_of
 from sinkd.daemon.private import secret
 from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
-from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
-from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.api import CancelToken, Done, Stream, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
-from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
-from sinkd.errors import ListenError, SinkdError, Unauthenticated
+from sinkd.daemon.runtime.stateless import Admit, Continuation, StatelessChatRequest
+from sinkd.errors import Cancelled, ListenError, SinkdError, Unauthenticated
 
 log = logging.getLogger("sinkd.http")
-Start = Callable[[Callable[[Job], None] | None], tuple[Continuation, Stream]]
+# a turn to start: given the call's cancel and its per-session admission
+Start = Callable[[CancelToken, Admit], tuple[Continuation, Stream]]
+DISCONNECT_POLL_S = (
+    0.25  # how often a call still starting (a history's ingest) asks after its client
+)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def local_token(folder: Path) -> str:
     """The token of a daemon without tenants: made once, 0600, in the private runtime folder."""
     return secret(folder / "http-token").decode().strip()
+
+
+@contextlib.asynccontextmanager
+async def _cancelled_if_gone(request: Request, cancel: CancelToken) -> AsyncIterator[None]:
+    """While the block runs, a client that disconnects cancels the call's engine work."""
+
+    async def watch() -> None:
+        while not cancel.cancelled:
+            if await request.is_disconnected():
+                cancel.cancel()
+                return
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
 
 
 def _collect(events: Stream) -> tuple[str, Done]:
@@ -59,16 +82,32 @@ def _collect(events: Stream) -> tuple[str, Done]:
 
 
 class Slot:
-    """One admitted call, given back once (at the answer's end, or when it never began)."""
+    """One admitted call, given back once (at the answer's end, or when it never began), with the
+    sessions it turned out to touch (each under the per-session bound, as a gRPC call's)."""
 
     def __init__(self, limits: CallLimits, tenant: str) -> None:
-        self._held = limits.admit(tenant)
-        self._held.__enter__()
-        self._once = threading.Lock()
+        self._limits, self._tenant = limits, tenant
+        self._held = [limits.admit(tenant)]
+        self._held[0].__enter__()
+        self._lock = threading.Lock()
+        self._released = False
+
+    def session(self, session_id: str) -> None:
+        """Admit the session (ResourceExhausted past max_calls_per_session)."""
+        with self._lock:
+            if self._released:
+                raise Cancelled("the client went away")
+            held = self._limits.admit_session(self._tenant, session_id)
+            held.__enter__()
+            self._held.append(held)
 
     def release(self) -> None:
-        if self._once.acquire(blocking=False):
-            self._held.__exit__(None, None, None)
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        for held in reversed(self._held):
+            held.__exit__(None, None, None)
 
 
 class HttpFront:
@@ -101,7 +140,8 @@ class HttpFront:
         if self.authenticator.open:
             scheme, _, token = header.partition(" ")
             digest = hashlib.sha256(token.strip().encode()).hexdigest()
-            if scheme.lower() == "bearer" and self.local_sha256 and digest == self.local_sha256:
+            known = self.local_sha256
+            if scheme.lower() == "bearer" and known and hmac.compare_digest(digest, known):
                 return Principal(LOCAL_TENANT, admin=False)
             raise Unauthenticated(
                 "missing or wrong api key: this daemon's local token is in its runtime folder"
@@ -116,8 +156,7 @@ class HttpFront:
 
         app = FastAPI(title="sinkd", docs_url=None, redoc_url=None, openapi_url=None)
 
-        def ollama(request: Request) -> bool:  # Ollama's routes answer in Ollama's convention
-            return request.url.path.startswith("/api/")
+        ollama = is_ollama
 
         @app.exception_handler(SinkdError)
         async def sinkd_error(request: Request, e: SinkdError) -> Response:
@@ -182,15 +221,14 @@ class HttpFront:
         return Slot(self.limits, principal.tenant or "(admin)")
 
     def stream(
-        self, slot: Slot, jobs: list[Job], pieces: Iterator[bytes], media_type: str,
+        self, slot: Slot, cancel: CancelToken, pieces: Iterator[bytes], media_type: str,
         headers: dict[str, str],
     ) -> StreamingResponse:  # fmt: skip
         """A streamed answer: holds its slot while it runs; a client that goes away cancels the
         generation (within one scheduler step)."""
 
         def release() -> None:
-            for job in jobs:
-                job.cancel()  # a no-op for a job that ended
+            cancel.cancel()  # a no-op for work that ended
             slot.release()
 
         async def body() -> AsyncIterator[bytes]:
@@ -207,37 +245,43 @@ class HttpFront:
     async def streamed(
         self,
         principal: Principal,
+        request: Request,
         start: Start,
         pieces_of: Callable[[Continuation, Stream], Iterator[bytes]],
         media_type: str,
     ) -> StreamingResponse:
         """A turn (`start`: a chat turn or a response) answered as a stream in the API's own
-        framing (`pieces_of`)."""
-        jobs: list[Job] = []
-        slot = self.slot(principal)
+        framing (`pieces_of`). A client gone while the turn starts (a long history's ingest)
+        cancels it."""
+        cancel, slot = CancelToken(), self.slot(principal)
         try:
-            c, events = await run_in_threadpool(start, jobs.append)
+            async with _cancelled_if_gone(request, cancel):
+                c, events = await run_in_threadpool(start, cancel, slot.session)
         except BaseException:
+            cancel.cancel()
             slot.release()
             raise
-        return self.stream(slot, jobs, pieces_of(c, events), media_type, headers_of(c))
+        return self.stream(slot, cancel, pieces_of(c, events), media_type, headers_of(c))
 
     async def whole(
-        self, principal: Principal, start: Start
+        self, principal: Principal, request: Request, start: Start
     ) -> tuple[Continuation, str, Done, float]:
-        """A turn answered whole: its text, its end, and the seconds it generated for."""
-        slot = self.slot(principal)
+        """A turn answered whole: its text, its end, and the seconds it generated for; a client
+        gone meanwhile cancels it."""
+        cancel, slot = CancelToken(), self.slot(principal)
         try:
-            c, events = await run_in_threadpool(start, None)
-            t0 = time.monotonic()
-            text, done = await run_in_threadpool(_collect, events)
+            async with _cancelled_if_gone(request, cancel):
+                c, events = await run_in_threadpool(start, cancel, slot.session)
+                t0 = time.monotonic()
+                text, done = await run_in_threadpool(_collect, events)
             return c, text, done, time.monotonic() - t0
         finally:
+            cancel.cancel()
             slot.release()
 
     def chat(self, principal: Principal, turn: StatelessChatRequest) -> Start:
         """A stateless client's chat turn, to start."""
-        return lambda hook: self.chats.turn(principal, turn, hook)
+        return lambda cancel, admit: self.chats.turn(principal, turn, cancel, None, admit)
 
     # --- lifecycle ---
 

@@ -8,29 +8,29 @@ import datetime
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import HttpError
+from sinkd.daemon.http.errors import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import FINISH, extension, usage
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
     headers_of,
     history,
+    max_tokens_of,
     parse_json,
-    sampling_of,
     stops_of,
     validated,
 )
-from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
+from sinkd.daemon.runtime.api import Done, SamplingRequest, Stream, TokenEvent
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
-from sinkd.errors import SinkdError, message_of
+from sinkd.errors import message_of
 
 if TYPE_CHECKING:
     from sinkd.daemon.http.front import HttpFront
@@ -39,13 +39,72 @@ VERSION = "0.12.0"  # the Ollama API version whose fields these answers carry
 
 
 class Options(BaseModel):
+    """Ollama's options: the sampling ones are honoured; any other is refused naming it
+    (`check_options`), never dropped."""
+
     model_config = ConfigDict(extra="allow")
 
     temperature: float | None = None
+    top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
     seed: int | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     num_predict: int | None = None
     stop: list[str] | None = None
+
+    def checked(self) -> Options:
+        for field in self.model_extra or {}:
+            why = OPTIONS_REFUSED.get(field, "not an option sinkd implements")
+            raise HttpError(400, f"options.{field}: {why}", param=f"options.{field}")
+        return self
+
+    def max_tokens(self) -> int:
+        """num_predict: -1 (Ollama's "no limit") and -2 ("fill the context") take the default."""
+        n = self.num_predict
+        if n is not None and n < -2:
+            raise HttpError(400, f"options.num_predict: -1, -2 or at least 1, not {n}",
+                            param="options.num_predict")  # fmt: skip
+        return max_tokens_of(("options.num_predict", None if n in (None, -1, -2) else n))
+
+    def sampling(self) -> SamplingRequest | None:
+        """None when no sampling option is set (the model's chat sampling); else the options
+        given, Ollama's defaults for the rest."""
+        given = {k: v for k, v in self.model_dump(include=set(OLLAMA_SAMPLING)).items()
+                 if v is not None}  # fmt: skip
+        if not given:
+            return None
+        return SamplingRequest(**{**OLLAMA_SAMPLING, **given})
+
+
+# Ollama's defaults for the sampling options a request leaves unset (its documented values)
+OLLAMA_SAMPLING: dict[str, Any] = {
+    "temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "seed": 0,
+    "repeat_penalty": 1.1, "repeat_last_n": 64,
+}  # fmt: skip
+_SERVER = "a setting of the daemon, not of a request (sinkd serve's settings)"
+OPTIONS_REFUSED = {
+    "num_ctx": "sinkd's sessions stream at a fixed budget of cells (S+W, the daemon's n_ctx_seq);"
+    " drop num_ctx",
+    "num_keep": "the sinks are the session's policy (S), not a request's",
+    "num_batch": _SERVER,
+    "num_gpu": _SERVER,
+    "main_gpu": _SERVER,
+    "num_thread": _SERVER,
+    "use_mmap": _SERVER,
+    "use_mlock": _SERVER,
+    "low_vram": _SERVER,
+    "numa": _SERVER,
+    "presence_penalty": "no presence penalty",
+    "frequency_penalty": "no frequency penalty",
+    "typical_p": "no typical sampling",
+    "tfs_z": "no tail-free sampling",
+    "mirostat": "no mirostat",
+    "mirostat_tau": "no mirostat",
+    "mirostat_eta": "no mirostat",
+    "penalize_newline": "the repetition penalty applies to every token",
+}
 
 
 class ChatBody(BaseModel):
@@ -108,12 +167,20 @@ def keep_alive_seconds(value: str | int | float | None) -> float | None:
     return None if seconds < 0 else seconds
 
 
+def refuse_unknown(body: BaseModel, handled: Collection[str] = ()) -> None:
+    """A field Ollama's API does not have, or sinkd does not take, is refused naming it (a null
+    is unset; `handled`: checked already); nothing is dropped silently."""
+    for field, value in (body.model_extra or {}).items():
+        if value is not None and field not in handled:
+            raise HttpError(400, f"{field}: not a field sinkd implements", param=field)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def router(front: HttpFront) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=Guarded)
     entry = front.service.entry
     name = entry.name
 
@@ -156,18 +223,19 @@ def router(front: HttpFront) -> APIRouter:
         for field in ("format", "tools", "think"):
             if getattr(body, field):
                 raise HttpError(400, f"{field}: not supported by sinkd", param=field)
-        opts = body.options or Options()
+        refuse_unknown(body)
+        opts = (body.options or Options()).checked()
         system, turns = history(body.messages)
         turn = StatelessChatRequest(
             system=system,
             turns=turns,
-            max_tokens=opts.num_predict if opts.num_predict and opts.num_predict > 0 else 256,
+            max_tokens=opts.max_tokens(),
             stops=stops_of(opts.stop),
-            sampling=sampling_of(opts.temperature, opts.top_p, opts.seed),
+            sampling=opts.sampling(),
             session_id=request.headers.get(SESSION_HEADER),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
         )
-        return await answer(principal, turn, body.model, body.stream, "message")
+        return await answer(principal, request, turn, body.model, body.stream, "message")
 
     @api.post("/api/generate")
     async def generate(request: Request) -> Response:
@@ -181,22 +249,28 @@ def router(front: HttpFront) -> APIRouter:
         for field, why in GENERATE_REFUSED.items():
             if (body.model_extra or {}).get(field):
                 raise HttpError(400, f"{field}: not supported by sinkd ({why})", param=field)
+        refuse_unknown(body, GENERATE_REFUSED)
         if not body.prompt.strip():  # Ollama loads the model on an empty prompt: nothing to do
             return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
                                  "done": True, "done_reason": "load"})  # fmt: skip
-        opts = body.options or Options()
+        opts = (body.options or Options()).checked()
         turn = StatelessChatRequest(
             system=body.system or "",
             turns=(Turn("user", body.prompt),),
-            max_tokens=opts.num_predict if opts.num_predict and opts.num_predict > 0 else 256,
+            max_tokens=opts.max_tokens(),
             stops=stops_of(opts.stop),
-            sampling=sampling_of(opts.temperature, opts.top_p, opts.seed),
+            sampling=opts.sampling(),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
         )
-        return await answer(principal, turn, body.model, body.stream, "response")
+        return await answer(principal, request, turn, body.model, body.stream, "response")
 
     async def answer(
-        principal: Principal, turn: StatelessChatRequest, model: str, stream: bool, field: str
+        principal: Principal,
+        request: Request,
+        turn: StatelessChatRequest,
+        model: str,
+        stream: bool,
+        field: str,
     ) -> Response:
         """A turn in Ollama's framing: NDJSON lines, or one object; the text under `field`
         ("message" for /api/chat, "response" for /api/generate)."""
@@ -206,8 +280,8 @@ def router(front: HttpFront) -> APIRouter:
             def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
                 return _ndjson(model, c, events, field)
 
-            return await front.streamed(principal, start, pieces, "application/x-ndjson")
-        continuation, text, done, seconds = await front.whole(principal, start)
+            return await front.streamed(principal, request, start, pieces, "application/x-ndjson")
+        continuation, text, done, seconds = await front.whole(principal, request, start)
         return JSONResponse(
             {"model": model, "created_at": _now(), **_text(field, text),
              **_final(continuation, done, seconds)},
@@ -248,5 +322,5 @@ def _ndjson(
                 line = {"model": model, "created_at": _now(), **_text(field, ""),
                         **_final(c, event, time.monotonic() - t0)}  # fmt: skip
             yield (json.dumps(line) + "\n").encode()
-    except SinkdError as e:
-        yield (json.dumps({"error": message_of(e)}) + "\n").encode()
+    except Exception as e:  # headers are sent: the error goes in the stream
+        yield (json.dumps({"error": message_of(internal(e))}) + "\n").encode()

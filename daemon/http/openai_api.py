@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import body
+from sinkd.daemon.http.errors import Guarded, body, internal
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
     ChatCompletionBody,
@@ -26,7 +26,7 @@ from sinkd.daemon.http.wire import (
 )
 from sinkd.daemon.runtime.api import Done, RecallReport, Stream, TokenEvent, to_json
 from sinkd.daemon.runtime.stateless import Continuation
-from sinkd.errors import SinkdError, message_of
+from sinkd.errors import message_of
 
 if TYPE_CHECKING:
     from sinkd.daemon.http.front import HttpFront
@@ -73,7 +73,7 @@ def usage(c: Continuation, done: Done) -> dict[str, int]:
 
 
 def router(front: HttpFront) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=Guarded)
     model_name = front.service.entry.name
 
     @api.get("/v1/models")
@@ -91,7 +91,7 @@ def router(front: HttpFront) -> APIRouter:
     async def model(name: str, request: Request) -> Any:
         front.principal(request)
         check_model(name, model_name)
-        return {"id": model_name, "object": "model", "created": 0, "owned_by": "sinkd"}
+        return {"id": model_name, "object": "model", "created": front.created, "owned_by": "sinkd"}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -107,9 +107,11 @@ def router(front: HttpFront) -> APIRouter:
                 return _sse(model_name, c, events, include_usage)
 
             return await front.streamed(
-                principal, front.chat(principal, turn), pieces, "text/event-stream"
+                principal, request, front.chat(principal, turn), pieces, "text/event-stream"
             )
-        continuation, text, done, _ = await front.whole(principal, front.chat(principal, turn))
+        continuation, text, done, _ = await front.whole(
+            principal, request, front.chat(principal, turn)
+        )
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -158,6 +160,7 @@ def _sse(
             )
             if include_usage:
                 yield chunk([], usage=usage(c, event))
-    except SinkdError as e:  # headers are sent: the error goes in the stream, as OpenAI's does
+    except Exception as error:  # headers are sent: the error goes in the stream, as OpenAI's does
+        e = internal(error)
         yield f"data: {json.dumps(body(message_of(e), 'server_error', code=type(e).__name__))}\n\n".encode()
     yield b"data: [DONE]\n\n"

@@ -13,23 +13,24 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import HttpError
+from sinkd.daemon.http.errors import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import extension
 from sinkd.daemon.http.wire import (
     Unsupported,
     check_model,
     check_supported,
     headers_of,
+    max_tokens_of,
     parse_json,
     sampling_of,
     text_of,
     validated,
 )
-from sinkd.daemon.runtime.api import Done, Stream, TokenEvent
+from sinkd.daemon.runtime.api import CancelToken, Done, Stream, TokenEvent
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.responses import ResponseRequest, StoredResponse, new_response_id
-from sinkd.daemon.runtime.stateless import Continuation
-from sinkd.errors import SinkdError, message_of
+from sinkd.daemon.runtime.stateless import Admit, Continuation
+from sinkd.errors import message_of
 
 if TYPE_CHECKING:
     from sinkd.daemon.http.front import HttpFront
@@ -86,7 +87,7 @@ def request_of(body: ResponsesBody) -> ResponseRequest:
         conversation = conversation.get("id")
         if not isinstance(conversation, str):
             raise HttpError(400, "conversation.id: a string", param="conversation")
-    limit = body.max_output_tokens or 256
+    limit = max_tokens_of(("max_output_tokens", body.max_output_tokens))
     return ResponseRequest(
         instructions=instructions,
         items=items,
@@ -167,7 +168,7 @@ def _item_id(response_id: str) -> str:
 
 
 def router(front: HttpFront) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=Guarded)
     model_name = front.service.entry.name
     responses = front.service.responses
 
@@ -180,8 +181,8 @@ def router(front: HttpFront) -> APIRouter:
         ask = request_of(body)
         response_id = new_response_id(front.settings.node)
 
-        def start(hook: Any) -> tuple[Continuation, Stream]:
-            return responses.respond(principal, ask, response_id, hook)
+        def start(cancel: CancelToken, admit: Admit) -> tuple[Continuation, Stream]:
+            return responses.respond(principal, ask, response_id, cancel, admit)
 
         instructions = ask.instructions or ""
         if body.stream:
@@ -189,8 +190,8 @@ def router(front: HttpFront) -> APIRouter:
             def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
                 return _events(model_name, response_id, c, events, ask, instructions)
 
-            return await front.streamed(principal, start, pieces, "text/event-stream")
-        c, text, done, _ = await front.whole(principal, start)
+            return await front.streamed(principal, request, start, pieces, "text/event-stream")
+        c, text, done, _ = await front.whole(principal, request, start)
         stored = StoredResponse.of(response_id, c, text, done, ask)
         return JSONResponse(response_object(model_name, stored, c, done), headers=headers_of(c))
 
@@ -257,5 +258,6 @@ def _events(
             obj = response_object(model, stored, c, e)
             kind = "response.incomplete" if obj["status"] == "incomplete" else "response.completed"
             yield event(kind, response=obj)
-    except SinkdError as err:  # headers are sent: the error goes in the stream
+    except Exception as error:  # headers are sent: the error goes in the stream
+        err = internal(error)
         yield event("error", code=type(err).__name__, message=message_of(err), param=None)

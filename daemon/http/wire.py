@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sinkd.daemon.http.errors import HttpError
-from sinkd.daemon.runtime.api import SamplingRequest
+from sinkd.daemon.runtime.api import DEFAULT_MAX_TOKENS, SamplingRequest
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 
@@ -199,6 +199,18 @@ def stops_of(stop: str | list[str] | None) -> tuple[str, ...]:
     return stops
 
 
+def max_tokens_of(*given: tuple[str, int | None]) -> int:
+    """The first limit the client set, or the default; below 1 refused naming the field (a
+    client asking for no tokens is not given 256)."""
+    for field, value in given:
+        if value is None:
+            continue
+        if value < 1:
+            raise HttpError(400, f"{field}: must be at least 1, not {value}", param=field)
+        return value
+    return DEFAULT_MAX_TOKENS
+
+
 def sampling_of(
     temperature: float | None, top_p: float | None, seed: int | None
 ) -> SamplingRequest | None:
@@ -218,12 +230,13 @@ def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessC
     if both and body.max_tokens != body.max_completion_tokens:
         raise HttpError(400, "max_tokens and max_completion_tokens disagree",
                         param="max_completion_tokens")  # fmt: skip
-    limit = body.max_completion_tokens or body.max_tokens or 256
     system, turns = history(body.messages)
     return StatelessChatRequest(
         system=system,
         turns=turns,
-        max_tokens=limit,
+        max_tokens=max_tokens_of(
+            ("max_completion_tokens", body.max_completion_tokens), ("max_tokens", body.max_tokens)
+        ),
         stops=stops_of(body.stop),
         sampling=sampling_of(body.temperature, body.top_p, body.seed),
         session_id=session_id,

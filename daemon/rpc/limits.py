@@ -41,14 +41,10 @@ class CallLimits:
                 raise ResourceExhausted(
                     f"this tenant has {self.per_tenant} calls in flight (max_calls_per_tenant)"
                 )
-            if session_id and self._sessions[key] >= self.per_session:
-                raise ResourceExhausted(
-                    f"this session has {self.per_session} calls in flight (max_calls_per_session)"
-                )
+            if session_id:
+                self._take_session(key)
             self._in_flight += 1
             self._tenants[tenant] += 1
-            if session_id:
-                self._sessions[key] += 1
         try:
             yield
         finally:
@@ -58,9 +54,32 @@ class CallLimits:
                 if not self._tenants[tenant]:
                     del self._tenants[tenant]
                 if session_id:
-                    self._sessions[key] -= 1
-                    if not self._sessions[key]:
-                        del self._sessions[key]
+                    self._give_session(key)
+
+    @contextlib.contextmanager
+    def admit_session(self, tenant: str, session_id: str) -> Iterator[None]:
+        """The per-session bound alone, for a call admitted already whose session became known
+        later (an HTTP turn finds its session by the history it sends)."""
+        key = (tenant, session_id)
+        with self._lock:
+            self._take_session(key)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._give_session(key)
+
+    def _take_session(self, key: tuple[str, str]) -> None:
+        if self._sessions[key] >= self.per_session:
+            raise ResourceExhausted(
+                f"this session has {self.per_session} calls in flight (max_calls_per_session)"
+            )
+        self._sessions[key] += 1
+
+    def _give_session(self, key: tuple[str, str]) -> None:
+        self._sessions[key] -= 1
+        if not self._sessions[key]:
+            del self._sessions[key]
 
     def in_flight(self) -> int:
         with self._lock:

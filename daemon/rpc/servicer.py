@@ -18,6 +18,8 @@ from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.access import admin_only
 from sinkd.daemon.runtime.api import (
+    DEFAULT_MAX_TOKENS,
+    CancelToken,
     ChatRequest,
     GenerateRequest,
     Handle,
@@ -25,7 +27,6 @@ from sinkd.daemon.runtime.api import (
     RecallRequest,
     SamplingRequest,
 )
-from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import ERROR_TRAILER, InvalidInput, SinkdError, message_of
@@ -146,15 +147,13 @@ def _timeout(context: grpc.ServicerContext) -> float | None:
     return remaining if remaining is not None and remaining < 1e9 else None
 
 
-def _cancel_with(context: grpc.ServicerContext) -> Callable[[Job], None]:
-    """Hook a job to the RPC: a client that goes away cancels it within one scheduler step."""
-
-    def hook(job: Job) -> None:
-        context.add_callback(job.cancel)
-        if not context.is_active():
-            job.cancel()
-
-    return hook
+def _cancel_with(context: grpc.ServicerContext) -> CancelToken:
+    """The RPC's cancel: a client that goes away cancels its work within one scheduler step."""
+    token = CancelToken()
+    context.add_callback(token.cancel)
+    if not context.is_active():
+        token.cancel()
+    return token
 
 
 def _optional(message: Any, name: str) -> Any:
@@ -204,7 +203,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             _handle(request.handle),
             text,
             tokens,
-            job_hook=_cancel_with(context),
+            cancel=_cancel_with(context),
             timeout=_timeout(context),
         )
         return pb.AppendResponse(appended=result.appended, receipt=receipt_to_pb(result.receipt))
@@ -222,7 +221,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             principal,
             _handle(request.handle),
             generate,
-            job_hook=_cancel_with(context),
+            cancel=_cancel_with(context),
             timeout=_timeout(context),
         )
         for event in events:
@@ -234,7 +233,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     ) -> Iterator[pb.GenerateEvent]:
         chat = ChatRequest(
             message=request.message,
-            max_tokens=request.max_tokens or 256,
+            max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,  # proto3: 0 is unset
             stops=tuple(request.stop),
             sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
         )
@@ -242,7 +241,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             principal,
             _handle(request.handle),
             chat,
-            job_hook=_cancel_with(context),
+            cancel=_cancel_with(context),
             timeout=_timeout(context),
         )
         for event in events:

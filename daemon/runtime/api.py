@@ -7,7 +7,8 @@ appears only in the owner's answers, never in the admin's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import TypeAlias
 
@@ -21,7 +22,9 @@ from sinkd.errors import SinkdError
 Span: TypeAlias = tuple[int, int]  # [start, end)
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
     "AppendResult",
+    "CancelToken",
     "ChatRequest",
     "Done",
     "ErrorEvent",
@@ -98,6 +101,10 @@ class SamplingRequest:
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
+# a chat reply's length when the client names none: here alone (every edge and request type reads it)
+DEFAULT_MAX_TOKENS = 256
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     max_tokens: int = 64
@@ -108,9 +115,34 @@ class GenerateRequest:
 @dataclass(frozen=True)
 class ChatRequest:
     message: str
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     stops: tuple[str, ...] = ()
     sampling: SamplingRequest | None = None  # None: the session's, or the model's chat defaults
+
+
+class CancelToken:
+    """An edge's hold on the engine work of one call, cancelled when its client goes away: the
+    runtime ties each job of the call to it, and a job tied after the cancel is cancelled at once
+    (a history still being ingested included). The edges hold this, never the jobs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancels: list[Callable[[], None]] = []
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            cancels, self._cancels = self._cancels, []
+        for cancel in cancels:
+            cancel()
+
+    def tie(self, cancel: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.cancelled:
+                self._cancels.append(cancel)
+                return
+        cancel()
 
 
 # --- answers ---

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
+    DEFAULT_MAX_TOKENS,
+    CancelToken,
     ChatRequest,
     Done,
     Handle,
@@ -29,8 +31,8 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
-from sinkd.daemon.runtime.stateless import Continuation
-from sinkd.daemon.runtime.turns import JobHook, Turns
+from sinkd.daemon.runtime.stateless import Admit, Continuation, Deadline
+from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
 
 MAX_ITEMS = 4096
@@ -43,7 +45,7 @@ class ResponseRequest:
     previous_id: str | None = None
     conversation: str | None = None  # a session id of the caller's
     store: bool = True
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingRequest | None = None
 
 
@@ -151,21 +153,26 @@ class Responses:
         principal: Principal,
         request: ResponseRequest,
         response_id: str,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
+        admit: Admit | None = None,
     ) -> tuple[Continuation, Stream]:
         """Which session answers and how, and its events; once whole the response is stored
         under `response_id` (with `store`), and an unstored new conversation's session is
         closed."""
         _check(principal, request)
+        deadline = Deadline(self.turns.call_timeout_s)
         c = self._session_for(principal, request)
         handle = c.handle
+        if admit is not None:
+            admit(handle.session_id)
         items = list(request.items)
         chat = ChatRequest(items[-1].content, request.max_tokens, (), request.sampling)
         try:
             if len(items) > 1:  # earlier input items go in as framed turns, the last is asked
-                self.turns.history(principal, handle, [(t.role, t.content) for t in items[:-1]])
+                earlier = [(t.role, t.content) for t in items[:-1]]
+                self.turns.history(principal, handle, earlier, cancel, deadline.left())
                 c = replace(c, ingested_turns=len(items) - 1)
-            events = self.turns.chat(principal, handle, chat, job_hook)
+            events = self.turns.chat(principal, handle, chat, cancel, deadline.left())
         except BaseException:
             self._end_unstored(principal, request, c)
             raise

@@ -22,6 +22,7 @@ from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.admission import Admission
 from sinkd.daemon.runtime.api import (
     AppendResult,
+    CancelToken,
     ChatRequest,
     GenerateRequest,
     Handle,
@@ -43,7 +44,7 @@ from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.remembering import Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
-from sinkd.daemon.runtime.turns import JobHook, Turns
+from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.errors import PermissionDenied
@@ -295,27 +296,27 @@ class SinkdService:
         handle: Handle,
         text: str | None,
         tokens: list[int] | None = None,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> AppendResult:
-        return self.turns.append(principal, handle, text, tokens, job_hook, timeout)
+        return self.turns.append(principal, handle, text, tokens, cancel, timeout)
 
     def generate(
         self,
         principal: Principal,
         handle: Handle,
         request: GenerateRequest,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> Stream:
-        return self.turns.generate(principal, handle, request, job_hook, timeout)
+        return self.turns.generate(principal, handle, request, cancel, timeout)
 
     def chat(
         self,
         principal: Principal,
         handle: Handle,
         request: ChatRequest,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> Stream:
-        return self.turns.chat(principal, handle, request, job_hook, timeout)
+        return self.turns.chat(principal, handle, request, cancel, timeout)

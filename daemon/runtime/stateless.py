@@ -7,12 +7,15 @@ which session answered and how it was found (`Continuation`)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sinkd.cachepolicy import CannotRewind
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
+    DEFAULT_MAX_TOKENS,
+    CancelToken,
     ChatRequest,
     Done,
     Handle,
@@ -24,7 +27,7 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
-from sinkd.daemon.runtime.turns import JobHook, Turns
+from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, message_of
 
 MAX_TURNS = 4096  # a history longer than this is refused (400), not ingested
@@ -34,7 +37,7 @@ MAX_TURNS = 4096  # a history longer than this is refused (400), not ingested
 class StatelessChatRequest:
     system: str
     turns: tuple[Turn, ...]  # user and assistant, alternating; the last is the new user message
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     stops: tuple[str, ...] = ()
     sampling: SamplingRequest | None = None
     session_id: str | None = None  # the client names its session (it must be the caller's)
@@ -56,6 +59,22 @@ class Continuation:
     why: str
     ingested_turns: int  # earlier turns appended this time (0 when continued)
     n_seen_before: int = 0  # the session's tokens before this request (0 for a new one)
+
+
+# the edge admits the session a call turned out to touch, before anything is done to it (the
+# per-session call limit: ResourceExhausted refuses the call)
+Admit = Callable[[str], None]
+
+
+class Deadline:
+    """One deadline for every engine wait of a call: a new session's history ingest, then the
+    turn."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.at - time.monotonic(), 1e-3)  # never 0: that would mean "the default"
 
 
 Create = Callable[[Principal, PolicyRequest, SamplingRequest | None, str], Receipt]
@@ -91,12 +110,16 @@ class StatelessChats:
         self,
         principal: Principal,
         request: StatelessChatRequest,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
+        admit: Admit | None = None,
     ) -> tuple[Continuation, Stream]:
+        """`cancel` and the call's deadline (`timeout`, else the daemon's) bound the history's
+        ingest and the turn alike; `admit` is given the session before anything is done to it."""
         tenant = _check(principal, request)
         earlier, new = list(request.turns[:-1]), request.turns[-1]
-        continuation = self._find(principal, tenant, request, earlier)
+        call = _Call(Deadline(timeout or self.turns.call_timeout_s), cancel, admit or _admitted)
+        continuation = self._find(principal, tenant, request, earlier, call)
         handle = continuation.handle
         session = self.access.registry.get(handle.session_id)
         before = Place(
@@ -108,7 +131,7 @@ class StatelessChats:
         )
         self.index.place(handle.session_id, before)
         chat = ChatRequest(new.content, request.max_tokens, request.stops, request.sampling)
-        events = self.turns.chat(principal, handle, chat, job_hook, timeout)
+        events = self.turns.chat(principal, handle, chat, cancel, call.deadline.left())
         return continuation, self._placed(events, before, handle, request)
 
     def _find(
@@ -117,6 +140,7 @@ class StatelessChats:
         tenant: str,
         request: StatelessChatRequest,
         earlier: list[Turn],
+        call: _Call,
     ) -> Continuation:
         if request.session_id:
             handle = self._live(principal, request.session_id)
@@ -124,12 +148,15 @@ class StatelessChats:
                 raise self.access.registry.missing(tenant, request.session_id)  # or elsewhere
             if handle is None:
                 raise NotFound(f"no session {request.session_id!r} of yours to continue")
+            call.admit(handle.session_id)
             return Continuation(handle, "named", "the request named it", 0, self._seen(handle))
         heads = chain(self.index.key, request.system, earlier)
         retake = self.index.retake_key(request.system, earlier, request.turns[-1])
         match = self.index.find(tenant, heads[-1], len(earlier), retake)
         if match.session_id is not None:
             handle = self._live(principal, match.session_id, match.reset_count)
+            if handle is not None:
+                call.admit(handle.session_id)
             if handle is not None and match.rewind_to is None:
                 return Continuation(handle, "continued", match.why, 0, self._seen(handle))
             if handle is not None and match.rewind_to is not None:
@@ -143,19 +170,25 @@ class StatelessChats:
             self.index.remove(match.session_id)
         else:
             why = match.why
-            behind = self._catch_up(principal, tenant, heads, earlier)
+            behind = self._catch_up(principal, tenant, heads, earlier, call)
             if behind is not None:
                 return behind
         receipt, made_room = self.new_session(principal, request.system)
         if made_room:
             why += f"; {made_room}"
         handle = receipt.handle
+        call.admit(handle.session_id)
         if earlier:
-            self.turns.history(principal, handle, [(t.role, t.content) for t in earlier])
+            call.history(self.turns, principal, handle, earlier)
         return Continuation(handle, "new", why, len(earlier))
 
     def _catch_up(
-        self, principal: Principal, tenant: str, heads: list[str], earlier: list[Turn]
+        self,
+        principal: Principal,
+        tenant: str,
+        heads: list[str],
+        earlier: list[Turn],
+        call: _Call,
     ) -> Continuation | None:
         """A session that took the first turns of this history and none since (the conversation
         went on on another node meanwhile) takes the turns it missed, then the new one."""
@@ -166,9 +199,10 @@ class StatelessChats:
         handle = self._live(principal, session_id, reset_count)
         if handle is None:
             return None
+        call.admit(handle.session_id)
         seen = self._seen(handle)
         missed = earlier[took:]
-        self.turns.history(principal, handle, [(t.role, t.content) for t in missed])
+        call.history(self.turns, principal, handle, missed)
         why = (
             f"its first {took} turns match; the {len(missed)} turns since (taken elsewhere) were"
             " read"
@@ -261,6 +295,25 @@ class StatelessChats:
         if seconds is None or session is None:
             return
         session.idle_timeout_s = seconds  # 0: closed at the next expiry round
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one stateless turn is bound by: its deadline, its client's cancel, its admission."""
+
+    deadline: Deadline
+    cancel: CancelToken | None
+    admit: Admit
+
+    def history(
+        self, turns: Turns, principal: Principal, handle: Handle, earlier: list[Turn]
+    ) -> None:
+        pairs = [(t.role, t.content) for t in earlier]
+        turns.history(principal, handle, pairs, self.cancel, self.deadline.left())
+
+
+def _admitted(session_id: str) -> None:
+    """No per-session admission (a caller inside the daemon)."""
 
 
 def _check(principal: Principal, request: StatelessChatRequest) -> str:

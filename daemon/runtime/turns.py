@@ -6,7 +6,6 @@ against."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from sinkd.cachepolicy.recall import RecallMode
 from sinkd.daemon import failpoints
@@ -17,6 +16,7 @@ from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     AppendResult,
+    CancelToken,
     ChatRequest,
     Done,
     ErrorEvent,
@@ -30,8 +30,6 @@ from sinkd.daemon.runtime.recall.framing import Presentation, chat_layout
 from sinkd.daemon.runtime.recall.layer import RecallAsk, chat_query
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Unsupported
-
-JobHook = Callable[[Job], None]  # e.g. the edge ties the job to its call: cancelled with it
 
 
 class Turns:
@@ -58,7 +56,7 @@ class Turns:
         handle: Handle,
         text: str | None,
         tokens: list[int] | None,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> AppendResult:
         """Append text or token ids (the owner's deliberate tool); the receipt as it left it."""
@@ -72,8 +70,8 @@ class Turns:
         if not tokens and not session.pending_prefix:  # an empty append changes nothing
             return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
         job = Job(session, tokens, generation=handle.generation)
-        if job_hook:
-            job_hook(job)
+        if cancel is not None:
+            cancel.tie(job.cancel)
         done = self.wait(self.scheduler.submit(job), timeout)
         return AppendResult(len(tokens), done.receipt)
 
@@ -82,7 +80,7 @@ class Turns:
         principal: Principal,
         handle: Handle,
         turns: list[tuple[str, str]],
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> AppendResult:
         """Append earlier chat turns (role, content) as the template frames them, each content as
@@ -98,27 +96,27 @@ class Turns:
         if session.seq.state.n_seen > len(session.system_tokens):  # after a reply, as `chat`
             framed = "\n" + framed
         tokens = engine.vocab.tokenize_framed(framed, [content for _, content in turns])
-        return self.append(principal, handle, None, tokens, job_hook, timeout)
+        return self.append(principal, handle, None, tokens, cancel, timeout)
 
     def generate(
         self,
         principal: Principal,
         handle: Handle,
         request: GenerateRequest,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> Stream:
         """Tokens as they come, then `Done`; errors raise."""
         session = self.access.owned(principal, handle)
         params = requests.sampling_params(request.sampling)
-        return self._stream(session, handle, request, params, [], None, job_hook, timeout)
+        return self._stream(session, handle, request, params, [], None, cancel, timeout)
 
     def chat(
         self,
         principal: Principal,
         handle: Handle,
         request: ChatRequest,
-        job_hook: JobHook | None = None,
+        cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> Stream:
         """One chat turn: the user's message in the template's framing (the message itself is
@@ -157,7 +155,7 @@ class Turns:
                 self.entry.sampling, session.generation, session.seq.state.n_seen, session.rewinds
             )
         generate = GenerateRequest(request.max_tokens, request.stops)
-        return self._stream(session, handle, generate, params, prompt, ask, job_hook, timeout)
+        return self._stream(session, handle, generate, params, prompt, ask, cancel, timeout)
 
     def _stream(
         self,
@@ -167,7 +165,7 @@ class Turns:
         params: SamplingParams | None,
         prompt: list[int],
         ask: RecallAsk | None,
-        job_hook: JobHook | None,
+        cancel: CancelToken | None,
         timeout: float | None,
     ) -> Stream:
         requests.check_generation_args(request.max_tokens, request.stops)
@@ -175,8 +173,8 @@ class Turns:
         spec = GenSpec(request.max_tokens, list(request.stops), sampler)
         job = Job(session, prompt, spec, generation=handle.generation)
         job.recall = ask
-        if job_hook:
-            job_hook(job)
+        if cancel is not None:
+            cancel.tie(job.cancel)
         self.scheduler.submit(job)
         return self._events(job, time.monotonic() + (timeout or self.call_timeout_s))
 
