@@ -813,7 +813,7 @@ def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
     first, headers = ask(client, history)
     session = headers["x-sinkd-session"]
     service = daemon.service
-    real = service.stateless.rewind
+    real = service.chats.rewind
 
     def overtaken(principal: Principal, handle: Handle, to: int) -> None:
         if how == "reset":
@@ -822,7 +822,7 @@ def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
             service.close(alice, handle)
         real(principal, handle, to)
 
-    monkeypatch.setattr(service.stateless, "rewind", overtaken)
+    monkeypatch.setattr(service.chats, "rewind", overtaken)
     expected = openai.ConflictError if how == "reset" else openai.NotFoundError
     with pytest.raises(expected):
         ask(client, history)  # a regenerate of the first reply
@@ -831,6 +831,6 @@ def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
         assert s is not None and s.rewinds == 0 and s.seq.state.n_seen == len(s.system_tokens)
     else:
         assert s is None
-    monkeypatch.setattr(service.stateless, "rewind", real)
+    monkeypatch.setattr(service.chats, "rewind", real)
     _, headers = ask(client, history)  # and the client's next try starts anew
     assert headers["x-sinkd-continuation"] == "new" and headers["x-sinkd-session"] != session

@@ -245,7 +245,7 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
         request = StatelessChatRequest(
             "", tuple(turns), 6, sampling=SamplingRequest(temperature=0.0)
         )
-        how, events = s.stateless.turn(ALICE, request)
+        how, events = s.chats.turn(ALICE, request)
         text = "".join(e.text for e in events if isinstance(e, TokenEvent))
         return how.handle.session_id, how.how, text
 
@@ -276,7 +276,7 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
             "", (Turn("user", "Hi."),), 4, session_id="s_na-00ff00ff00ff00ff"
         )
         with pytest.raises(SessionElsewhere):  # an HTTP client naming a session of that node
-            b.stateless.turn(ALICE, named)
+            b.chats.turn(ALICE, named)
         a.stop()
         a = node(tmp_path / "a", node="na", conversations_key_file=key)  # the same state dir
         with pytest.raises(SessionElsewhere):

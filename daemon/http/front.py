@@ -124,7 +124,7 @@ class HttpFront:
         self.limits = limits
         self.local_sha256: str | None = None
         self.created = int(time.time())
-        self.chats = service.stateless
+        self.chats = service.chats
         self.app = self._app()
         self.address = ""
         self._server: uvicorn.Server | None = None

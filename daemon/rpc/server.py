@@ -148,7 +148,7 @@ class Daemon:
         self.health = health.HealthServicer()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.died = threading.Event()  # the engine thread is gone: stop serving, exit non-zero
-        self.service.scheduler.on_death = self._on_engine_death
+        self.service.on_engine_death(self._on_engine_death)
         authenticator = Authenticator(settings)
         self.tenantless = OpenStreams(settings.max_tenantless_streams)
         self.server = grpc.server(
@@ -280,7 +280,7 @@ class Daemon:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         self.service.wait_ready(timeout)
-        if self.service.scheduler.alive() and not self.died.is_set():
+        if self.service.alive() and not self.died.is_set():
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     def stop(self, grace: float = 5.0, snapshot: bool = True) -> None:

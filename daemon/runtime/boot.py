@@ -48,7 +48,11 @@ def open_embedder(enabled: bool) -> tuple[Embedder | None, str]:
             f" (sinkd models pull {entry.name})"
         )
     try:
-        return Embedder.shared(path, entry.weights_sha256), DENSE
+        embedder = Embedder.shared(path, entry.weights_sha256)
+        # the first matrix product makes numpy's BLAS take its working buffers (~30 MiB, kept):
+        # at load, not in the middle of a stream whose memory must stay flat
+        embedder.embed(["sinkd"])
+        return embedder, DENSE
     except (EmbedderUnavailable, ImportError) as e:
         return None, f"{BM25_ALONE}: the embedder {entry.name} did not load: {e}"
 

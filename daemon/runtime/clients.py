@@ -81,7 +81,7 @@ class ClientState:
         """Where the journal says conversations stand, and their stored responses: every
         session's at resume, one session's once it was imported (engine thread)."""
         assert self.durability is not None
-        tables = ClientTables(self.durability.j.db)
+        tables = self.durability.client_tables()
         for sid, reset_count, tenant, head, before, n_before in tables.heads(session_id):
             self.conversations.place(sid, Place(tenant, reset_count, head, before, n_before))
             self.stateless.adopt(sid)
@@ -129,7 +129,7 @@ class ClientState:
         assert durability is not None
 
         def run(engine: Engine) -> None:
-            write(ClientTables(durability.j.db))
+            write(durability.client_tables())
             durability.commit()
 
         try:

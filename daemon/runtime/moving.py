@@ -28,7 +28,7 @@ from sinkd.daemon.runtime.lifecycle import check_generation
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.resume import Resumer, Unrestorable
 from sinkd.daemon.runtime.sessions import Principal, Registry, Session, SessionState
-from sinkd.daemon.store import archive, moving, snapshots
+from sinkd.daemon.store import archive, snapshots
 from sinkd.daemon.store.archive import Archive
 from sinkd.daemon.store.journal import SCHEMA_VERSION, SnapshotRow, StoredSession
 from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied
@@ -111,7 +111,7 @@ class Mover:
         rows = d.snapshots_of(session)
         snap = (d.dir / rows[0].path).read_bytes() if rows else b""
         after = rows[0].n_seen if rows else 0
-        data = moving.rows_of(d.j.db, session.id, session.reset_count)
+        data = d.rows_of(session)
         chunks = data["chunks"]
         at = chunks["columns"].index("logical_pos")
         chunks["rows"] = [r for r in chunks["rows"] if r[at] >= after]
@@ -168,19 +168,16 @@ class Mover:
         d.commit()  # the steps' writes before this are not the import's to roll back
         path = None
         try:
+            row = None
             if snap:
                 n_seen = int(m["snapshot_n_seen"])
                 rel = f"snapshots/{session_id}/{reset_count}-{n_seen}.snap"
                 path = d.dir / rel
                 path.parent.mkdir(mode=0o700, exist_ok=True)
                 snapshots.write_atomic(path, snap, fsync=d.sync == "full")
-                d.j.add_snapshot(
-                    SnapshotRow(session_id, reset_count, n_seen, rel, len(snap), time.time())
-                )
-            d.j.put_session(session_id, owner, record, state, reason)
-            moving.load_rows(d.j.db, session_id, rows)
-            d.j.drop_moved_out(session_id)  # it came back
+                row = SnapshotRow(session_id, reset_count, n_seen, rel, len(snap), time.time())
             stored = StoredSession(session_id, owner, record, state, reason, True)
+            d.adopt_rows(stored, rows, row)
             session = self.resumer.adopt(engine, stored)
             d.commit()
         except Unrestorable as e:
@@ -199,7 +196,7 @@ class Mover:
     def release(self, session: Session, generation: str) -> None:
         """Close the session here with a note that it moved (one commit: the close's)."""
         check_generation(session, generation)
-        self.durability.j.put_moved_out(session.id, session.tenant, time.time())
+        self.durability.note_moved_out(session)
         try:
             self.close(session, generation)
         except BaseException:

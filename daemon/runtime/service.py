@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
@@ -122,7 +123,8 @@ class SinkdService:
             settings.http_window,
             settings.conversations_key_file,
         )
-        self.stateless, self.responses = self.clients.stateless, self.clients.responses
+        # the HTTP front's named parts: stateless clients' chats, and stored responses
+        self.chats, self.responses = self.clients.stateless, self.clients.responses
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
         self.moves = SessionMoves(self.access, self.scheduler, self.registry, self.metrics)
@@ -167,7 +169,7 @@ class SinkdService:
             self.lifecycle.close, self.clients,
         )  # fmt: skip
         self.clients.load()
-        for session_id, tenant in self.durability.j.moved_out():
+        for session_id, tenant in self.durability.moved_out():
             self.registry.moved_out(session_id, tenant)
         self.metrics.active_sessions.set(len(self.registry))
 
@@ -185,6 +187,14 @@ class SinkdService:
 
     def start(self) -> None:
         self.scheduler.start()
+
+    def alive(self) -> bool:
+        """The engine thread runs (it may still be loading)."""
+        return self.scheduler.alive()
+
+    def on_engine_death(self, callback: Callable[[BaseException], None]) -> None:
+        """Who is told, on the engine thread, that it died of a bug."""
+        self.scheduler.on_death = callback
 
     def serving(self) -> bool:
         """The model is loaded, its sessions resumed, and the engine runs."""

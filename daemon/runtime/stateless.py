@@ -6,6 +6,7 @@ which session answered and how it was found (`Continuation`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
-from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, message_of
+from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, ShuttingDown, message_of
 
 MAX_TURNS = 4096  # a history longer than this is refused (400), not ingested
 
@@ -237,20 +238,30 @@ class StatelessChats:
         self._made.add(session_id)
 
     def _least_recent(self, principal: Principal) -> Handle | None:
-        assert principal.tenant is not None
-        idle = [
-            s
-            for s in self.access.registry.of_tenant(principal.tenant)
-            if s.id in self._made and not self.access.scheduler.queues.busy(s.id)
-        ]
-        if not idle:
-            return None
-        oldest = min(idle, key=lambda s: s.last_active)
-        return Handle(oldest.id, oldest.generation)
+        """Chosen on the engine thread, which alone knows which sessions have work queued."""
+        tenant = principal.tenant
+        assert tenant is not None
+        queues = self.access.scheduler.queues
+
+        def pick(engine: object) -> Handle | None:
+            idle = [
+                s
+                for s in self.access.registry.of_tenant(tenant)
+                if s.id in self._made and not queues.busy(s.id)
+            ]
+            if not idle:
+                return None
+            oldest = min(idle, key=lambda s: s.last_active)
+            return Handle(oldest.id, oldest.generation)
+
+        return self.access.scheduler.call(pick)
 
     def _seen(self, handle: Handle) -> int:
+        """The session's tokens now, read on the engine thread (a turn of its may be running)."""
         session = self.access.registry.get(handle.session_id)
-        return 0 if session is None else session.seq.state.n_seen
+        if session is None:
+            return 0
+        return self.access.scheduler.call(lambda e: session.seq.state.n_seen)
 
     def _live(
         self, principal: Principal, session_id: str, reset_count: int | None = None
@@ -291,10 +302,16 @@ class StatelessChats:
             yield event
 
     def _keep_alive(self, handle: Handle, seconds: float | None) -> None:
+        """The session's own idle expiry, set on the engine thread (which expires sessions)."""
         session = self.access.registry.get(handle.session_id)
         if seconds is None or session is None:
             return
-        session.idle_timeout_s = seconds  # 0: closed at the next expiry round
+
+        def keep(engine: object) -> None:
+            session.idle_timeout_s = seconds  # 0: closed at the next expiry round
+
+        with contextlib.suppress(ShuttingDown):  # the answer stands; no session outlives a stop
+            self.access.scheduler.call(keep)
 
 
 @dataclass(frozen=True)

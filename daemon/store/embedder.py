@@ -31,6 +31,9 @@ DIM = 384
 # larger): texts go through in sub-batches under it, so the working memory is a few MiB whatever
 # the text (32 lines of 256 tokens at once would take ~100 MiB, which the allocator then keeps)
 WORKING_BYTES = 4 * 2**20
+# texts tokenized at once: a search that embeds a thousand evicted log lines held a thousand of the
+# tokenizer's encodings (~40 MiB, which the allocator then keeps); their ids are kept as int32
+TOKENIZE_BATCH = 32
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -142,8 +145,11 @@ class Embedder:
         out = np.zeros((len(texts), DIM), np.float32)
         if not texts:
             return out
-        with self._lock:
-            tokens = [e.ids for e in self._tok.encode_batch(texts)]
+        tokens: list[np.ndarray] = []
+        for i in range(0, len(texts), TOKENIZE_BATCH):  # the tokenizer's objects stay few
+            with self._lock:
+                batch = self._tok.encode_batch(texts[i : i + TOKENIZE_BATCH])
+            tokens += [np.asarray(e.ids, np.int32) for e in batch]
         order = sorted(range(len(texts)), key=lambda i: len(tokens[i]))
         part: list[int] = []
         for i in order:  # the newest is the longest: it sets the sub-batch's width
@@ -158,7 +164,7 @@ class Embedder:
         """The larger of one layer's attention scores and its feed-forward activations."""
         return 4 * batch * max(self._heads * n * n, n * 4 * DIM)
 
-    def _forward(self, tokens: list[list[int]]) -> np.ndarray:
+    def _forward(self, tokens: list[np.ndarray]) -> np.ndarray:
         n = max(len(t) for t in tokens)
         ids = np.zeros((len(tokens), n), np.int64)
         mask = np.zeros((len(tokens), n), np.float32)

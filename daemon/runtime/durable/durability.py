@@ -27,9 +27,9 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.private import private_dir
 from sinkd.daemon.runtime.durable.purge import Purge
 from sinkd.daemon.runtime.sessions import Session, SessionState
-from sinkd.daemon.store import snapshots
+from sinkd.daemon.store import moving, snapshots
 from sinkd.daemon.store.embedder import Embedder
-from sinkd.daemon.store.journal import Chunk, Journal, SnapshotRow, StoredSession
+from sinkd.daemon.store.journal import Chunk, ClientTables, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.errors import JournalError, ResourceExhausted
 
@@ -169,7 +169,7 @@ class Durability:
         self.every_tokens = every_tokens
         self.every_s = every_s
         self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest
-        self.journal: Journal | None = None
+        self._journal: Journal | None = None
         self.memory: MemoryStore | None = None
         self.purge = Purge(purge_interval_s)  # what deletes leave in the index and the log
         self.lock = StateDirLock(state_dir)
@@ -185,21 +185,27 @@ class Durability:
     def open(self, config: dict[str, Any]) -> None:
         self.config = config
         self.claim()
-        self.journal = Journal(self.dir / "journal.db", self.sync)
-        self.memory = MemoryStore(self.journal.db, self.segmenting, self.embedder)
+        self._journal = Journal(self.dir / "journal.db", self.sync)
+        self.memory = MemoryStore(self._journal.db, self.segmenting, self.embedder)
 
     def close(self) -> None:
-        if self.journal is not None:
+        if self._journal is not None:
             self.purge.run_due(self.memory, at_once=True)
-            self.journal.close()
-            self.journal = None
+            self._journal.close()
+            self._journal = None
             self.memory = None
         self.lock.release()
 
     @property
-    def j(self) -> Journal:
-        assert self.journal is not None, "durability is not open"
-        return self.journal
+    def journal(self) -> Journal:
+        """The open journal: the state directory's rows, for this class alone (the others ask
+        it by name, below)."""
+        assert self._journal is not None, "durability is not open"
+        return self._journal
+
+    @property
+    def is_open(self) -> bool:
+        return self._journal is not None
 
     def commit(self, defer_sync: bool = False) -> bool:
         """Commit the journal, then delete the snapshot files it no longer references (never
@@ -208,9 +214,9 @@ class Durability:
         With sync=full the commit is fsynced here, unless `defer_sync`: then True says the caller
         owes a `sync_journal()` before it acknowledges what was committed (the reply gate does that off
         the engine thread). A commit that deletes files is always synced here first."""
-        owed = self.j.commit()
+        owed = self.journal.commit()
         if owed and (not defer_sync or self.purge.pending or self._doomed):
-            self.j.sync()
+            self.journal.sync()
             owed = False
         self.purge_due()
         doomed, self._doomed = self._doomed, []
@@ -227,12 +233,12 @@ class Durability:
 
     def sync_journal(self) -> None:
         """Make every commit so far durable (any thread; JournalError if the fsync fails)."""
-        self.j.sync()
+        self.journal.sync()
 
     def rollback(self) -> None:
         """Undo what was written since the last commit; the files it would have deleted stay."""
         with contextlib.suppress(sqlite3.Error):
-            self.j.rollback()
+            self.journal.rollback()
         self._doomed.clear()
         self.purge.cancel()
         if self.memory is not None:
@@ -251,13 +257,13 @@ class Durability:
     # --- reads, for resume ---
 
     def snapshots_of(self, session: Session) -> list[SnapshotRow]:
-        return self.j.snapshots(session.id, session.reset_count)
+        return self.journal.snapshots(session.id, session.reset_count)
 
     def chunks_after(self, session: Session, logical_pos: int) -> Iterator[Chunk]:
-        return self.j.chunks(session.id, session.reset_count, logical_pos)
+        return self.journal.chunks(session.id, session.reset_count, logical_pos)
 
     def chunk_stats(self, session: Session) -> tuple[int, int]:
-        return self.j.chunk_stats(session.id, session.reset_count)
+        return self.journal.chunk_stats(session.id, session.reset_count)
 
     # --- transitions ---
 
@@ -267,7 +273,7 @@ class Durability:
         record = session_record(session, self.config)
         if live:
             record["failure"] = ""
-        self.j.put_session(
+        self.journal.put_session(
             session.id,
             session.tenant,
             record,
@@ -282,18 +288,18 @@ class Durability:
     def reset(self, session: Session) -> None:
         """Journal a reset (call `fresh` once it is committed: a refused commit changes nothing)."""
         self.put(session, live=True)
-        self._delete_files(self.j.forget_generation(session.id, session.reset_count))
+        self._delete_files(self.journal.forget_generation(session.id, session.reset_count))
         self.forget_memory(session.id, session.reset_count)
         self.purge.request()  # the old generation's chunks leave the write-ahead log too
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
         self.put(session)
-        self._delete_files(self.j.forget_generation(session.id, None))
+        self._delete_files(self.journal.forget_generation(session.id, None))
         self.fresh(session)
 
     def closed(self, session: Session) -> None:
-        self._delete_files(self.j.delete_session(session.id))
+        self._delete_files(self.journal.delete_session(session.id))
         self.forget_memory(session.id, None)
         self.purge.request()
 
@@ -319,7 +325,7 @@ class Durability:
     def log(
         self, session: Session, logical: int, cache: int, tokens: list[int], draws: int | None
     ) -> None:
-        self.j.add_chunk(session.id, session.reset_count, logical, cache, tokens, draws)
+        self.journal.add_chunk(session.id, session.reset_count, logical, cache, tokens, draws)
         session.log_chunks += 1
         session.log_tokens += len(tokens)
         session.logged_since_snap += len(tokens)
@@ -360,20 +366,20 @@ class Durability:
         failpoints.hit("snapshot-before-journal")
         now = time.time()
         try:
-            self.j.add_snapshot(
+            self.journal.add_snapshot(
                 SnapshotRow(session.id, session.reset_count, n_seen, rel, sum(map(len, data)), now)
             )
-            kept = self.j.snapshots(session.id, session.reset_count)
+            kept = self.journal.snapshots(session.id, session.reset_count)
             doomed = [r for r in kept if r.n_seen != n_seen] if scrub else kept[self.keep :]
             for old in doomed:
-                self.j.drop_snapshot(old)
+                self.journal.drop_snapshot(old)
                 self._delete_files([old.path])
             kept = [r for r in kept if r not in doomed]
             if scrub:
-                self.j.drop_chunks(session.id, session.reset_count)
+                self.journal.drop_chunks(session.id, session.reset_count)
                 self.purge.request()
             elif len(kept) >= self.keep:
-                self.j.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
+                self.journal.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
             self.commit()
         except sqlite3.Error as e:  # between steps the transaction holds this snapshot alone
             self.rollback()
@@ -382,13 +388,15 @@ class Durability:
         session.snap_n_seen = n_seen
         session.snap_time = now
         session.logged_since_snap = 0
-        session.log_chunks, session.log_tokens = self.j.chunk_stats(session.id, session.reset_count)
+        session.log_chunks, session.log_tokens = self.journal.chunk_stats(
+            session.id, session.reset_count
+        )
         return sum(map(len, data))
 
     def sweep(self) -> int:
         """Delete what a crash left in the snapshot folder: half-written temporaries, snapshots the
         journal never recorded, folders of sessions it no longer has. Returns how many."""
-        referenced = self.j.snapshot_paths()
+        referenced = self.journal.snapshot_paths()
         removed = 0
         root = self.dir / "snapshots"
         for folder in root.iterdir():
@@ -401,8 +409,38 @@ class Durability:
         return removed
 
     def stored(self) -> list[StoredSession]:
-        return self.j.sessions()
+        return self.journal.sessions()
 
     def drop_snapshot(self, row: SnapshotRow) -> None:
-        self.j.drop_snapshot(row)
+        self.journal.drop_snapshot(row)
         self._delete_files([row.path])
+
+    # --- what other parts keep in the state directory, asked by name ---
+
+    def client_tables(self) -> ClientTables:
+        """The HTTP clients' tables (where conversations stand, stored responses)."""
+        return ClientTables(self.journal.db)
+
+    def moved_out(self) -> list[tuple[str, str]]:
+        """(session, tenant) of the sessions that moved to another node."""
+        return self.journal.moved_out()
+
+    def note_moved_out(self, session: Session) -> None:
+        """The session moves to another node (committed with its close)."""
+        self.journal.put_moved_out(session.id, session.tenant, time.time())
+
+    def rows_of(self, session: Session) -> dict[str, Any]:
+        """The session generation's rows, as an archive carries them."""
+        return moving.rows_of(self.journal.db, session.id, session.reset_count)
+
+    def adopt_rows(
+        self, stored: StoredSession, rows: dict[str, Any], snapshot: SnapshotRow | None
+    ) -> None:
+        """An imported session's rows and snapshot, in the transaction the caller commits."""
+        if snapshot is not None:
+            self.journal.add_snapshot(snapshot)
+        self.journal.put_session(
+            stored.id, stored.tenant, stored.record, stored.state, stored.reason
+        )
+        moving.load_rows(self.journal.db, stored.id, rows)
+        self.journal.drop_moved_out(stored.id)  # it came back
