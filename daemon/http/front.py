@@ -41,9 +41,8 @@ from sinkd.errors import Cancelled, ListenError, SinkdError, Unauthenticated
 log = logging.getLogger("sinkd.http")
 # a turn to start: given the call's cancel and its per-session admission
 Start = Callable[[CancelToken, Admit], tuple[Continuation, Stream]]
-DISCONNECT_POLL_S = (
-    0.25  # how often a call still starting (a history's ingest) asks after its client
-)
+# how often a call still starting (a history's ingest) asks whether its client is still there
+DISCONNECT_POLL_S = 0.25
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
