@@ -19,8 +19,8 @@ from pathlib import Path
 from batching import run as raw_batching
 from common import daemon_settings, in_child, percentile, table, together, write
 
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from common import daemon_settings, percentile, table, write
 
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 

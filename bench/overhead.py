@@ -33,8 +33,8 @@ from common import DecodeClock, daemon_settings, default_threads, in_child, tabl
 from sinkd.daemon.config import THREADS_ENV
 from sinkd.daemon.engine.llama import EngineConfig, cells_per_stream, flash_attention_exact
 from sinkd.daemon.models.registry import load_lock, model_path
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.daemon.runtime.api import GenerateRequest, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT as TEXT

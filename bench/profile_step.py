@@ -20,8 +20,8 @@ from pathlib import Path
 from common import RESULTS, daemon_settings, table, together, write
 from concurrency import MD, generate, session
 
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb

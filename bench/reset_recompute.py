@@ -17,8 +17,8 @@ from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
 

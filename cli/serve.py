@@ -80,7 +80,7 @@ def serve(
 
     from sinkd.daemon.config import load_settings
     from sinkd.daemon.models.registry import load_lock, model_path
-    from sinkd.daemon.rpc.server import Daemon
+    from sinkd.daemon.node import Daemon
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.test_daemon import ALICE, BOB, Client, settings
 

@@ -300,7 +300,7 @@ def test_a_qualified_gemma_copy_equals_its_shipped_entry_and_proposes_its_templa
 def test_a_user_entry_streams_through_the_daemon_and_resumes(
     imported: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sinkd.daemon.rpc.server import Daemon
+    from sinkd.daemon.node import Daemon
     from tests.conftest import TEXT, Client
     from tests.test_daemon import settings
 
@@ -337,7 +337,7 @@ def test_gemma_chats_with_its_named_template_embedded_and_through_the_daemon(
     tmp_path: Path,
 ) -> None:
     """The file has no chat template; its lock entry names llama.cpp's built-in `gemma` one."""
-    from sinkd.daemon.rpc.server import Daemon
+    from sinkd.daemon.node import Daemon
     from sinkd.proto.v1 import sinkd_pb2 as pb
     from tests.conftest import ALICE, Client
     from tests.test_daemon import settings

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkd.cli.main import app
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from tests.test_daemon import settings
 
 pytestmark = pytest.mark.model

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkd.cli.main import app
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.test_daemon import ALICE, Client, settings

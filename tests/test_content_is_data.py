@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import Client

@@ -116,8 +116,8 @@ def test_an_engine_follows_its_share_and_computes_the_same_bits(
 def test_a_daemon_counts_while_it_decodes_and_leaves_the_cores_when_idle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from sinkd.daemon.node import Daemon
     from sinkd.daemon.rpc.client import Client
-    from sinkd.daemon.rpc.server import Daemon
     from sinkd.proto.v1 import sinkd_pb2 as pb
     from tests.test_daemon import ALICE, settings
 

@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 import pytest
 
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 from tests.conftest import TEXT

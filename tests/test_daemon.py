@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import GenerateRequest, Handle, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, SessionState
@@ -103,7 +103,9 @@ def code_of(call: Any) -> grpc.StatusCode:
 def test_health_serves_only_once_loaded(tmp_path: Path, daemon: Daemon) -> None:
     unstarted = Daemon(settings(tmp_path))
     req = health_pb2.HealthCheckRequest()
-    assert unstarted.health.Check(req, None).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert (
+        unstarted.grpc.health.Check(req, None).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(daemon.addresses[0]))
     assert stub.Check(req).status == health_pb2.HealthCheckResponse.SERVING
 

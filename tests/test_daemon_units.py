@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from sinkd.cachepolicy import PolicyConfig
+from sinkd.daemon.callers.auth import Authenticator
 from sinkd.daemon.config import Settings
-from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.runtime.loop.textout import TextAssembler
 from sinkd.daemon.runtime.sessions import ModelIdentity, generation_hash
 from sinkd.errors import InvalidInput, Unauthenticated

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from sinkd.cli.main import app
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Journal

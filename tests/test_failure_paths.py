@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from sinkd.cli.main import app
 from sinkd.daemon import failpoints
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.errors import DeadlineExceeded, EngineError, ShuttingDown
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -564,4 +564,4 @@ def test_health_goes_serving_after_the_load_and_back_at_stop(tmp_path: Path) -> 
         assert health(d.addresses[0]) == health_pb2.HealthCheckResponse.SERVING
     finally:
         d.stop()
-    assert d.health.Check(req, None).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert d.grpc.health.Check(req, None).status == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.store.passages import SessionKey
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import ALICE, TEXT, Client

@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import Handle
 from sinkd.daemon.runtime.sessions import Principal
 from tests.test_daemon import settings

@@ -22,7 +22,7 @@ import pytest
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.http import front as front_module
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import CancelToken, Handle, TokenEvent
 from sinkd.daemon.runtime.stateless import Continuation
 from sinkd.proto.v1 import sinkd_pb2 as pb

@@ -1,4 +1,5 @@
-"""The package's arrows point down: rpc -> runtime -> engine, store, models -> cachepolicy ->
+"""The package's arrows point down: node -> rpc, http (the edges, which share callers/ and never
+import each other) -> runtime -> engine, store, models -> cachepolicy ->
 sinkd.errors; inside runtime, the session operations -> loop -> durable, recall -> the session data
 (sessions, api); only the engine imports llama_cpp; only the transport (rpc, proto) imports grpc;
 the CLI drives no engine (it goes through the service, the client or its offline backend); no
@@ -29,7 +30,17 @@ LEAVES = {
     "failpoints",
     "private",
 }  # sinkd.daemon.<leaf>: anyone may import
-RANK = {"models": 1, "engine": 1, "store": 1, "runtime": 2, "rpc": 3, "http": 3}
+RANK = {
+    "models": 1,
+    "engine": 1,
+    "store": 1,
+    "runtime": 2,
+    "callers": 3,  # who calls and what they may hold: shared by the edges
+    "rpc": 4,
+    "http": 4,
+    "node": 5,  # the service and its edges put together
+}
+EDGES = ("sinkd.daemon.rpc", "sinkd.daemon.http", "sinkd.cli")
 # inside runtime: the session data at the bottom, the session operations (its root) at the top
 RUNTIME_DATA = {"sessions", "api"}
 RUNTIME_RANK = {"recall": 1, "durable": 1, "loop": 2}
@@ -84,6 +95,31 @@ def test_every_arrow_points_down() -> None:
             # evaluation drives the engine (perplexity) or the service (recall), not the transport
             if module.startswith("sinkd.evaluation") and (theirs or 0) > RANK["runtime"]:
                 wrong.append(f"{module} -> {target}")
+    assert not wrong, wrong
+
+
+def test_the_edges_talk_to_the_service_not_its_loop_or_journal() -> None:
+    """gRPC, HTTP and the CLI's embedded backend reach the runtime through the service's named
+    parts: never the engine thread's loop (its scheduler, queues, jobs) or the journal."""
+    wrong = []
+    for module, path in modules():
+        if module.startswith(EDGES):
+            for target in imports(path):
+                if target.startswith(("sinkd.daemon.runtime.loop", "sinkd.daemon.store.journal")):
+                    wrong.append(f"{module} -> {target}")
+    assert not wrong, wrong
+
+
+def test_the_two_edges_do_not_import_each_other() -> None:
+    wrong = []
+    for module, path in modules():
+        for mine, theirs in (("rpc", "http"), ("http", "rpc")):
+            if module.startswith(f"sinkd.daemon.{mine}"):
+                wrong += [
+                    f"{module} -> {t}"
+                    for t in imports(path)
+                    if t.startswith(f"sinkd.daemon.{theirs}")
+                ]
     assert not wrong, wrong
 
 
@@ -145,6 +181,7 @@ def test_no_module_takes_the_service_whole() -> None:
         "sinkd.cli.",
         "sinkd.evaluation.",
         "sinkd.daemon.runtime.service",
+        "sinkd.daemon.node",
     )
     users = {
         m

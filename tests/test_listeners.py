@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import daemon_answers
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.errors import ListenError
 from tests.test_daemon import settings
 
@@ -58,8 +58,8 @@ def test_a_stale_socket_of_a_killed_daemon_is_replaced(tmp_path: Path) -> None:
     stale.close()
     d = Daemon(settings(tmp_path, durable=False, socket=sock, tcp=None))
     try:
-        assert d._bind_unix(sock) == f"unix:{sock}"
-        assert sock.lstat().st_ino == d._socket_inode
+        assert d.grpc._bind_unix(sock) == f"unix:{sock}"
+        assert sock.lstat().st_ino == d.grpc._socket_inode
     finally:
-        d.server.stop(0)
-        d._remove_own_socket()
+        d.grpc.stop(0)
+        d.grpc.remove_own_socket()

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.errors import ERROR_TRAILER
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import ADMIN, ALICE, Client

@@ -168,7 +168,7 @@ def test_the_cli_moves_a_session_over_grpc_and_refuses_by_its_exit_codes(tmp_pat
 
     import grpc
 
-    from sinkd.daemon.rpc.server import Daemon
+    from sinkd.daemon.node import Daemon
     from sinkd.proto.v1 import sinkd_pb2 as pb
     from tests.conftest import ALICE as ALICE_MD
     from tests.conftest import BOB as BOB_MD

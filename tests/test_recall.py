@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.recall.framing import QUOTE_HEAD
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client

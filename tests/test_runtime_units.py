@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from sinkd import errors
 from sinkd.cachepolicy import CacheFull, ConfigError, PolicyConfig
+from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.loop.placement import runs, swaps_for_one_run
 from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.loop.syncer import Syncer

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import TEXT
 from tests.test_daemon import ADMIN, ALICE, BOB, Client, stop_without_snapshots

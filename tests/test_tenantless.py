@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from sinkd.daemon.rpc.server import Daemon
+from sinkd.daemon.node import Daemon
 from sinkd.errors import ListenError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
@@ -110,9 +110,9 @@ def test_64_tenantless_streams_leave_health_and_tenants_answering(tcp_daemon: Da
         for ch in channels:
             ch.close()
     deadline = time.monotonic() + 10  # cancelled streams give their workers back
-    while tcp_daemon.tenantless.count() and time.monotonic() < deadline:
+    while tcp_daemon.grpc.tenantless.count() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert tcp_daemon.tenantless.count() == 0
+    assert tcp_daemon.grpc.tenantless.count() == 0
 
 
 def test_reflection_needs_a_token_where_tokens_exist(tcp_daemon: Daemon) -> None:
@@ -137,5 +137,5 @@ def test_a_second_daemon_cannot_share_a_tcp_port(tmp_path: Path) -> None:
         with pytest.raises(ListenError, match="could not listen"):
             second.start()
     finally:
-        first.server.stop(0)
-        first._remove_own_socket()
+        first.grpc.stop(0)
+        first.grpc.remove_own_socket()

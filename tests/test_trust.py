@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkd.cli.main import app
+from sinkd.daemon.node import Daemon
 from sinkd.daemon.private import check_private_dir, check_socket_owner, private_dir
 from sinkd.daemon.rpc.client import Client, TlsFiles
-from sinkd.daemon.rpc.server import Daemon
 from sinkd.daemon.store.journal import Journal
 from sinkd.errors import DaemonUnavailable, InvalidInput, JournalError, UntrustedPath
 from tests.certs import self_signed

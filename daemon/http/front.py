@@ -26,12 +26,12 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from sinkd.daemon.callers.auth import Authenticator
+from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.config import Settings
 from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd, is_ollama
 from sinkd.daemon.http.wire import headers_of
 from sinkd.daemon.private import secret
-from sinkd.daemon.rpc.auth import Authenticator
-from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.runtime.api import CancelToken, Done, Stream, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal

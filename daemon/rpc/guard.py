@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from sinkd.daemon.rpc.auth import Authenticator
+from sinkd.daemon.callers.auth import Authenticator
 from sinkd.errors import SinkdError
 
 HEALTH = "/grpc.health.v1.Health/"

@@ -1,16 +1,15 @@
-"""The daemon: gRPC server, health and reflection around the service; graceful stop on SIGTERM/SIGINT.
+"""The gRPC edge: the server, its listeners, health and reflection around the service.
 
-Health is NOT_SERVING until the model has loaded and again once shutdown begins.
+Health is NOT_SERVING until the model has loaded and again once shutdown begins (the node says when).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
 import socket
 import stat
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -20,19 +19,16 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sinkd.daemon.callers.auth import Authenticator
+from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.config import Settings
-from sinkd.daemon.http.front import HttpFront
-from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.private import private_dir
-from sinkd.daemon.rpc.auth import Authenticator
 from sinkd.daemon.rpc.guard import OpenStreams, TenantlessCalls
-from sinkd.daemon.rpc.limits import CallLimits
 from sinkd.daemon.rpc.servicer import AdminServicer, SessionsServicer
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.errors import ListenError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 
-log = logging.getLogger("sinkd.server")
 SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["Sessions"].full_name,
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -138,18 +134,21 @@ def _bad_message(request: _Undecodable) -> str:
     return f"the request is not a valid sinkd.v1 message (text fields must be UTF-8): {request.why}"
 
 
-class Daemon:
-    def __init__(self, settings: Settings) -> None:
+class GrpcFront:
+    """The gRPC server of one node: Sessions, Admin, health and reflection, on the Unix socket and
+    the TCP port the settings name."""
+
+    def __init__(
+        self,
+        service: SinkdService,
+        settings: Settings,
+        authenticator: Authenticator,
+        limits: CallLimits,
+        ask_stop: Callable[[], None],
+    ) -> None:
         self.settings = settings
-        self._signalled = threading.Event()  # a signal, a dead thread or the admin's Stop
-        self._trapped = False
-        self.metrics = Metrics()
-        self.service = SinkdService(settings, self.metrics)
         self.health = health.HealthServicer()
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.died = threading.Event()  # the engine thread is gone: stop serving, exit non-zero
-        self.service.on_engine_death(self._on_engine_death)
-        authenticator = Authenticator(settings)
+        self.set_serving(False)
         self.tenantless = OpenStreams(settings.max_tenantless_streams)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(
@@ -163,47 +162,50 @@ class Daemon:
             maximum_concurrent_rpcs=settings.rpc_workers,  # past it: RESOURCE_EXHAUSTED, no queue
             options=_channel_options(settings),
         )
-        self.limits = CallLimits(
-            total=settings.rpc_workers - settings.rpc_reserved_workers,
-            per_tenant=settings.max_calls_per_tenant,
-            per_session=settings.max_calls_per_session,
-        )
-        _register(
-            self.server, "Sessions", SessionsServicer(self.service, authenticator, self.limits)
-        )
-        _register(self.server, "Admin", AdminServicer(self.service, authenticator, self.ask_stop))
+        _register(self.server, "Sessions", SessionsServicer(service, authenticator, limits))
+        _register(self.server, "Admin", AdminServicer(service, authenticator, ask_stop))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if settings.reflection != "off":
             reflection.enable_server_reflection(
                 (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
             )
-        self.http = (
-            HttpFront(self.service, settings, authenticator, self.limits) if settings.http else None
-        )
-        if self.http is not None:
-            self.http.on_death = self._on_http_death
-        self.addresses: list[str] = []
         self._socket_inode: int | None = None
-        self._stopped = threading.Event()
 
-    def _on_engine_death(self, error: BaseException) -> None:
-        """Engine thread: it died of a bug. Say so at once (health NOT_SERVING), then stop."""
-        log.error("the engine thread died (%s): the daemon stops serving", type(error).__name__)
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.died.set()
-        self._signalled.set()  # serve_until_signal returns, and `sinkd serve` exits non-zero
-
-    def _on_http_death(self, error: BaseException) -> None:
-        """The HTTP front's thread died: as with the engine's, health says so and the daemon stops."""
-        log.error("the HTTP front died (%s): the daemon stops serving", type(error).__name__)
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.died.set()
-        self._signalled.set()
-
-    def _set_health(self, status: int) -> None:
+    def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         self.health.set("", status)
         for name in SERVICE_NAMES:
             self.health.set(name, status)
+
+    def listen(self) -> list[str]:
+        """Bind the Unix socket and the TCP port (if any); the addresses bound."""
+        s = self.settings
+        addresses = [self._bind_unix(s.socket)]
+        if s.tcp:
+            if s.tls_cert and s.tls_key:
+                try:
+                    creds = grpc.ssl_server_credentials(
+                        [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
+                        root_certificates=s.tls_client_ca.read_bytes() if s.tls_client_ca else None,
+                        require_client_auth=s.tls_client_ca is not None,
+                    )
+                except OSError as e:
+                    raise ListenError(f"TLS: {e.filename}: {e.strerror}") from None
+                port = self.server.add_secure_port(s.tcp, creds)
+            else:
+                try:
+                    port = self.server.add_insecure_port(s.tcp)
+                except RuntimeError:  # grpc raises where it cannot bind at all
+                    port = 0
+            if not port:
+                raise ListenError(f"could not listen on {s.tcp}")
+            host = s.tcp.rsplit(":", 1)[0]
+            addresses.append(f"{host}:{port}")
+        return addresses
 
     def _bind_unix(self, path: Path) -> str:
         private_dir(path.parent)  # its folder: this user's alone, or refused
@@ -224,7 +226,7 @@ class Daemon:
         self._socket_inode = path.lstat().st_ino  # ours: the only socket `stop` may remove
         return f"unix:{path}"
 
-    def _remove_own_socket(self) -> None:
+    def remove_own_socket(self) -> None:
         path = self.settings.socket
         try:
             if self._socket_inode is not None and path.lstat().st_ino == self._socket_inode:
@@ -234,96 +236,9 @@ class Daemon:
         self._socket_inode = None
 
     def start(self) -> None:
-        """Lock the state directory, bind, start serving, then load the model in the engine thread
-        (health flips when done). A listener that cannot be had leaves nothing behind (the socket it
-        made is removed, the lock let go)."""
-        self.service.claim()  # the state directory's lock first: a second daemon binds nothing
-        try:
-            self._listen()
-        except BaseException:
-            self._remove_own_socket()
-            if self.http is not None:
-                self.http.stop(0)
-            self.service.unclaim()
-            raise
         self.server.start()
-        self.service.start()
 
-    def _listen(self) -> None:
-        s = self.settings
-        self.addresses.append(self._bind_unix(s.socket))
-        if s.tcp:
-            if s.tls_cert and s.tls_key:
-                try:
-                    creds = grpc.ssl_server_credentials(
-                        [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
-                        root_certificates=s.tls_client_ca.read_bytes() if s.tls_client_ca else None,
-                        require_client_auth=s.tls_client_ca is not None,
-                    )
-                except OSError as e:
-                    raise ListenError(f"TLS: {e.filename}: {e.strerror}") from None
-                port = self.server.add_secure_port(s.tcp, creds)
-            else:
-                try:
-                    port = self.server.add_insecure_port(s.tcp)
-                except RuntimeError:  # grpc raises where it cannot bind at all
-                    port = 0
-            if not port:
-                raise ListenError(f"could not listen on {s.tcp}")
-            host = s.tcp.rsplit(":", 1)[0]
-            self.addresses.append(f"{host}:{port}")
-        if self.http is not None:
-            self.http.start()
-            self.addresses.append(self.http.address)
-        if s.metrics_port:
-            self.metrics.serve(s.metrics_port)
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        self.service.wait_ready(timeout)
-        if self.service.alive() and not self.died.is_set():
-            self._set_health(health_pb2.HealthCheckResponse.SERVING)
-
-    def stop(self, grace: float = 5.0, snapshot: bool = True) -> None:
-        """Stop accepting, cancel in-flight work, free the context (in its own thread), return."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.http is not None:
-            self.http.stopping.set()
-        event = self.server.stop(grace)
-        if self.http is not None:
-            self.http.stop(grace)
-        self.service.stop(snapshot=snapshot)
-        event.wait(grace + 1)
-        self._remove_own_socket()  # only the one it made: another daemon's stays
-
-    def trap_signals(self) -> None:
-        """From now on SIGTERM and SIGINT ask for a graceful stop. Call it before `start`: a signal
-        that comes while the model loads or sessions resume then still ends in a clean stop."""
-        done = self._signalled
-
-        def on_signal(signum: int, frame: object) -> None:
-            log.info("signal %d: shutting down", signum)
-            done.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        self._trapped = True
-
-    def ask_stop(self) -> None:
-        """A graceful stop from within (the admin's Stop call), as SIGTERM would."""
-        self._signalled.set()
-
-    @property
-    def stop_asked(self) -> bool:
-        return self._signalled.is_set()
-
-    def serve_until_signal(self) -> None:
-        """Block until SIGTERM, SIGINT or the admin's Stop, then stop gracefully (the daemon is
-        already started)."""
-        if not self._trapped:
-            self.trap_signals()
-        while not self._signalled.wait(0.5):
-            pass
-        self.stop()
+    def stop(self, grace: float) -> threading.Event:
+        """Stop accepting; in-flight calls get `grace` seconds. Set when all have ended."""
+        done: threading.Event = self.server.stop(grace)
+        return done

@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from sinkd.daemon.rpc.auth import Authenticator
-from sinkd.daemon.rpc.limits import CallLimits
+from sinkd.daemon.callers.auth import Authenticator
+from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.runtime.access import admin_only
 from sinkd.daemon.runtime.api import (
     DEFAULT_MAX_TOKENS,

@@ -1,9 +1,9 @@
-"""Backpressure for a thread-pool server: a call that waits on the engine holds a worker, so no
-tenant, session or flood may take them all.
+"""Backpressure shared by both edges: a call that waits on the engine holds a worker (a gRPC
+pool thread, an HTTP turn's thread), so no tenant, session or flood may take them all.
 
-Engine calls (every Sessions method) are admitted against three bounds: the pool less a reserve
-(health checks, admin calls and refusals always find a worker), a bound per tenant and a bound per
-session. Past one, the call is refused at once with RESOURCE_EXHAUSTED naming the bound: it never
+Engine calls (every Sessions method, every HTTP turn) are admitted against three bounds: the pool
+less a reserve (health checks, admin calls and refusals always find a worker), a bound per tenant
+and a bound per session. Past one, the call is refused at once with RESOURCE_EXHAUSTED naming the bound: it never
 queues behind a worker it cannot get.
 """
 
