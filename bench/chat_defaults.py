@@ -22,7 +22,7 @@ from common import percentile, start_service, table, write
 
 from sinkd.daemon.runtime.api import (
     ChatRequest,
-    GenerateRequest,
+    GenerationOptions,
     PolicyRequest,
     SamplingRequest,
     TokenEvent,
@@ -72,7 +72,7 @@ def replies(
 
     def one(i: int) -> None:
         h = svc.create(ME, PolicyRequest("sink", window=1020), sampling).handle
-        for ev in svc.chat(ME, h, ChatRequest(PROMPTS[i], max_tokens)):
+        for ev in svc.chat(ME, h, ChatRequest(PROMPTS[i], GenerationOptions(max_tokens))):
             if isinstance(ev, TokenEvent):
                 out[i].append(ev.id)
         svc.close(ME, h)
@@ -96,7 +96,7 @@ def itl_by_window(tmp: Path, shapes: list[tuple[int, int]], tokens: int) -> list
                 svc.append(ME, h, None, text[i : min(i + 1024, cells)])  # the window full
             lat = [
                 ev.latency_ms
-                for ev in svc.generate(ME, h, GenerateRequest(tokens))
+                for ev in svc.generate(ME, h, GenerationOptions(tokens))
                 if isinstance(ev, TokenEvent) and ev.index > 0
             ]
             rows.append(

@@ -188,13 +188,19 @@ def stream_http(base: str, tenant: str, n: int) -> tuple[float, list[float], int
 
 def stream_grpc(address: str, tenant: str, n: int) -> tuple[float, list[float], int]:
     from sinkd.daemon.rpc.client import Client
-    from sinkd.daemon.runtime.api import ChatRequest, PolicyRequest, SamplingRequest, TokenEvent
+    from sinkd.daemon.runtime.api import (
+        ChatRequest,
+        GenerationOptions,
+        PolicyRequest,
+        SamplingRequest,
+        TokenEvent,
+    )
 
     c = Client(address, token(tenant))
     h = c.create(PolicyRequest(name="sink")).handle
     t0 = time.perf_counter()
     greedy = SamplingRequest(temperature=0.0, seed=0)
-    arrivals = [time.perf_counter() for e in c.chat(h, ChatRequest(QUESTION, n, (), greedy))
+    arrivals = [time.perf_counter() for e in c.chat(h, ChatRequest(QUESTION, GenerationOptions(n, (), greedy)))
                 if isinstance(e, TokenEvent)]  # fmt: skip
     c.close(h)
     c.shutdown()

@@ -58,12 +58,21 @@ class Daemon:
 
 def over_grpc(d: Daemon, n: int) -> int:
     from sinkd.daemon.rpc.client import Client
-    from sinkd.daemon.runtime.api import ChatRequest, PolicyRequest, SamplingRequest, TokenEvent
+    from sinkd.daemon.runtime.api import (
+        ChatRequest,
+        GenerationOptions,
+        PolicyRequest,
+        SamplingRequest,
+        TokenEvent,
+    )
 
     c = Client(f"unix:{d.sock}")
     h = c.create(PolicyRequest(name="sink"), "You are a storyteller.").handle
     greedy = SamplingRequest(temperature=0.0, top_p=1.0, seed=0)
-    tokens = sum(isinstance(e, TokenEvent) for e in c.chat(h, ChatRequest(QUESTION, n, (), greedy)))
+    tokens = sum(
+        isinstance(e, TokenEvent)
+        for e in c.chat(h, ChatRequest(QUESTION, GenerationOptions(n, (), greedy)))
+    )
     c.close(h)
     return tokens
 

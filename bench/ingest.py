@@ -30,7 +30,7 @@ from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.decoding import BatchItem
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
-from sinkd.daemon.runtime.api import GenerateRequest, PolicyRequest, TokenEvent
+from sinkd.daemon.runtime.api import GenerationOptions, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT
@@ -114,7 +114,7 @@ def decoding_beside(svc: SinkdService, tokens: list[int], ingest: int | None) ->
         time.sleep(1.0)  # the append is under way (its length dwarfs this wait)
     t0 = time.perf_counter()
     ttft, lat = 0.0, []
-    for p in svc.generate(ME, h, GenerateRequest(24)):
+    for p in svc.generate(ME, h, GenerationOptions(24)):
         if isinstance(p, TokenEvent):
             if p.index == 0:
                 ttft = 1000 * (time.perf_counter() - t0)

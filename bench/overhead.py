@@ -35,7 +35,7 @@ from sinkd.daemon.engine.llama import EngineConfig, cells_per_stream, flash_atte
 from sinkd.daemon.models.registry import load_lock, model_path
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.runtime.api import GenerateRequest, PolicyRequest, TokenEvent
+from sinkd.daemon.runtime.api import GenerationOptions, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -100,7 +100,7 @@ def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
     stamps = [
         time.perf_counter()
         for ev in client.s.Generate(
-            pb.GenerateRequest(handle=h, max_tokens=tokens + 1), metadata=md
+            pb.GenerationOptions(handle=h, max_tokens=tokens + 1), metadata=md
         )
         if ev.HasField("token")
     ]
@@ -113,7 +113,7 @@ def service_run(svc: Any, prompt: list[int], tokens: int) -> float:
     me = Principal("local")
     h = svc.create(me, PolicyRequest("sink", sinks=4, window=252), None).handle
     svc.append(me, h, None, prompt)
-    stamps = [time.perf_counter() for e in svc.generate(me, h, GenerateRequest(tokens + 1))
+    stamps = [time.perf_counter() for e in svc.generate(me, h, GenerationOptions(tokens + 1))
               if isinstance(e, TokenEvent)]  # fmt: skip
     svc.close(me, h)
     return tokens / (stamps[-1] - stamps[0])

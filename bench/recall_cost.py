@@ -109,7 +109,7 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
     """Decode tok/s, one session at a time, recall idle (memory kept, nothing recalled) vs off,
     alternating rounds in one process; the window is full, so every 16 tokens evict."""
     from sinkd.daemon.runtime.api import (
-        GenerateRequest,
+        GenerationOptions,
         PolicyRequest,
         RecallRequest,
         SamplingRequest,
@@ -130,7 +130,7 @@ def decode_speed(tmp: Path) -> dict[str, Any]:
                 h = s.handle
                 svc.append(p, h, text, None)
                 t0 = time.perf_counter()
-                sampled = GenerateRequest(n, sampling=SamplingRequest(temperature=0.8, seed=7))
+                sampled = GenerationOptions(n, sampling=SamplingRequest(temperature=0.8, seed=7))
                 got = sum(1 for e in svc.generate(p, h, sampled) if isinstance(e, TokenEvent))
                 speeds[mode].append(got / (time.perf_counter() - t0))
                 svc.close(p, h)
@@ -157,6 +157,7 @@ def chat_ttft(tmp: Path, pause_s: float) -> dict[str, Any]:
     from sinkd.daemon.runtime.api import (
         ChatRequest,
         Done,
+        GenerationOptions,
         PolicyRequest,
         RecallRequest,
         SamplingRequest,
@@ -188,7 +189,8 @@ def chat_ttft(tmp: Path, pause_s: float) -> dict[str, Any]:
                         t0 = time.perf_counter()
                         first, done = None, None
                         turn = ChatRequest(
-                            fact.question(wording), 8, sampling=SamplingRequest(temperature=0.0)
+                            fact.question(wording),
+                            GenerationOptions(8, sampling=SamplingRequest(temperature=0.0)),
                         )
                         for e in svc.chat(p, h, turn):
                             if isinstance(e, TokenEvent) and first is None:

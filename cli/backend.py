@@ -13,7 +13,7 @@ from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     Inspection,
     PassageView,
@@ -39,7 +39,7 @@ class Backend(Protocol):
     def append(
         self, handle: Handle, text: str | None = None, tokens: list[int] | None = None
     ) -> AppendResult: ...
-    def generate(self, handle: Handle, request: GenerateRequest) -> Stream: ...
+    def generate(self, handle: Handle, options: GenerationOptions) -> Stream: ...
     def chat(self, handle: Handle, request: ChatRequest) -> Stream: ...
     def reset(self, handle: Handle) -> Receipt: ...
     def fork(self, handle: Handle) -> Receipt: ...
@@ -103,8 +103,8 @@ class EmbeddedBackend:
     ) -> AppendResult:
         return self.service.append(self.principal, handle, text, tokens)
 
-    def generate(self, handle: Handle, request: GenerateRequest) -> Stream:
-        return self.service.generate(self.principal, handle, request)
+    def generate(self, handle: Handle, options: GenerationOptions) -> Stream:
+        return self.service.generate(self.principal, handle, options)
 
     def chat(self, handle: Handle, request: ChatRequest) -> Stream:
         return self.service.chat(self.principal, handle, request)

@@ -32,6 +32,7 @@ from sinkd.daemon.runtime.api import (
     DEFAULT_MAX_TOKENS,
     ChatRequest,
     Done,
+    GenerationOptions,
     Handle,
     RecallReport,
     RecallRequest,
@@ -118,7 +119,9 @@ class ChatLoop:
 
     def turn(self, message: str) -> None:
         done: Done | None = None
-        for event in self.backend.chat(self.handle, ChatRequest(message, self.max_tokens)):
+        for event in self.backend.chat(
+            self.handle, ChatRequest(message, GenerationOptions(self.max_tokens))
+        ):
             if isinstance(event, TokenEvent):
                 self.out.write(terminal_safe(event.text))
                 self.out.flush()

@@ -39,7 +39,7 @@ from sinkd.cli.options import (
 from sinkd.daemon.metrics import rss_bytes
 from sinkd.daemon.runtime.api import (
     ChatRequest,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     RecallRequest,
     Receipt,
@@ -243,16 +243,15 @@ class Narrator:
             self.counts.recalled_passages += len(result.report.recalled)
 
     def _ask(self) -> tuple[str, Receipt]:
-        stops = ("\n\n",)
+        options = GenerationOptions(self.config.max_tokens, ("\n\n",))
         if self._chat:
             try:
-                ask = ChatRequest(NARRATION_REQUEST, self.config.max_tokens, stops)
+                ask = ChatRequest(NARRATION_REQUEST, options)
                 return self._collect(self.backend.chat(self.handle, ask))
             except Unsupported:  # embedded and remote raise the same class
                 self._chat = False  # a model without a chat template: plain continuation
         self.backend.append(self.handle, "\nWhat just happened, in one sentence:")
-        request = GenerateRequest(self.config.max_tokens, stops)
-        return self._collect(self.backend.generate(self.handle, request))
+        return self._collect(self.backend.generate(self.handle, options))
 
     def _collect(self, events: Stream) -> tuple[str, Receipt]:
         parts, receipt = [], None

@@ -24,7 +24,7 @@ from typing import Any
 from sinkd.daemon.runtime.api import (
     ChatRequest,
     Done,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     PolicyRequest,
     RecallRequest,
@@ -89,12 +89,14 @@ class Filler:
 
 
 def _answer(service: SinkdService, handle: Handle, max_tokens: int = 8) -> str:
-    events = service.generate(PRINCIPAL, handle, GenerateRequest(max_tokens, sampling=GREEDY))
+    events = service.generate(PRINCIPAL, handle, GenerationOptions(max_tokens, sampling=GREEDY))
     return "".join(e.text for e in events if isinstance(e, TokenEvent))
 
 
 def _chat(service: SinkdService, handle: Handle, message: str, max_tokens: int) -> Stream:
-    return service.chat(PRINCIPAL, handle, ChatRequest(message, max_tokens, sampling=GREEDY))
+    return service.chat(
+        PRINCIPAL, handle, ChatRequest(message, GenerationOptions(max_tokens, sampling=GREEDY))
+    )
 
 
 def _append_tokens(service: SinkdService, handle: Handle, tokens: list[int]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from sinkd.daemon.runtime.api import (
     ChatRequest,
     Done,
+    GenerationOptions,
     Handle,
     PolicyRequest,
     RecallRequest,
@@ -109,7 +110,7 @@ def _ask(
         t0 = time.monotonic()
         ttft = 0.0
         text, done = "", None
-        request = ChatRequest(question, max_tokens, sampling=SAMPLINGS[sampling])
+        request = ChatRequest(question, GenerationOptions(max_tokens, sampling=SAMPLINGS[sampling]))
         for e in service.chat(PRINCIPAL, h, request):
             if isinstance(e, TokenEvent):
                 if not text:

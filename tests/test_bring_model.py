@@ -373,7 +373,7 @@ def test_gemma_chats_with_its_named_template_embedded_and_through_the_daemon(
 def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Path) -> None:
     """`sinkd chat`'s window (filling the session's cells) holds the first message through a
     256-token reply; the model's default budget (4 + 252 cells) loses it."""
-    from sinkd.daemon.runtime.api import ChatRequest, PolicyRequest
+    from sinkd.daemon.runtime.api import ChatRequest, GenerationOptions, PolicyRequest
     from sinkd.daemon.runtime.service import SinkdService
     from sinkd.daemon.runtime.sessions import Principal
     from tests.conftest import TEXT
@@ -388,7 +388,13 @@ def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Pat
         kept = {}
         for fill in (True, False):
             h = svc.create(me, PolicyRequest("sink", fill_window=fill), None).handle
-            list(svc.chat(me, h, ChatRequest("Hi! My name is Ada and I live in Lisbon.", 4)))
+            list(
+                svc.chat(
+                    me,
+                    h,
+                    ChatRequest("Hi! My name is Ada and I live in Lisbon.", GenerationOptions(4)),
+                )
+            )
             svc.append(me, h, None, reply)
             seen = svc.reads.inspect(me, h, include_text=True)
             kept[fill] = "Lisbon" in seen.retained_text

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
 from sinkd.daemon.node import Daemon
-from sinkd.daemon.runtime.api import GenerateRequest, Handle, PolicyRequest, TokenEvent
+from sinkd.daemon.runtime.api import GenerationOptions, Handle, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -123,7 +123,7 @@ def test_tenants_cannot_see_or_touch_each_other(client: Client) -> None:
     for call in (
         lambda: client.inspect(h, md=BOB),
         lambda: client.append(h, "x", md=BOB),
-        lambda: client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2), metadata=BOB),
+        lambda: client.s.Generate(pb.GenerationOptions(handle=h, max_tokens=2), metadata=BOB),
         lambda: client.s.Chat(pb.ChatRequest(handle=h, message="hi"), metadata=BOB),
         lambda: client.s.Reset(req, metadata=BOB),
         lambda: client.s.Fork(req, metadata=BOB),
@@ -186,7 +186,7 @@ def test_reset_stales_the_handle_frees_cells_and_leaves_nothing(
         lambda: client.append(h, "x"),
         lambda: client.inspect(h),
         lambda: client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE),
-        lambda: client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2), metadata=ALICE),
+        lambda: client.s.Generate(pb.GenerationOptions(handle=h, max_tokens=2), metadata=ALICE),
     ):
         assert code_of(call) == grpc.StatusCode.FAILED_PRECONDITION
     # the next stream inherits nothing: it continues exactly as a fresh session does
@@ -298,7 +298,7 @@ def test_cancelled_generate_stops_within_a_step(daemon: Daemon, client: Client) 
     h = client.create().handle
     client.append(h, TEXT[:200])
     n0 = client.inspect(h).receipt.n_seen
-    call = client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=200), metadata=ALICE)
+    call = client.s.Generate(pb.GenerationOptions(handle=h, max_tokens=200), metadata=ALICE)
     got = 0
     for ev in call:
         got += ev.HasField("token")
@@ -378,7 +378,7 @@ def test_bad_requests_get_clear_statuses(client: Client) -> None:
     )
     assert code_of(lambda: client.generate(h)) == grpc.StatusCode.INVALID_ARGUMENT  # empty session
     sampling = pb.Sampling(temperature=9.0)
-    req = pb.GenerateRequest(handle=h, max_tokens=2, sampling=sampling)
+    req = pb.GenerationOptions(handle=h, max_tokens=2, sampling=sampling)
     assert (
         code_of(lambda: client.s.Generate(req, metadata=ALICE)) == grpc.StatusCode.INVALID_ARGUMENT
     )
@@ -414,7 +414,7 @@ def test_stop_with_sessions_open_cancels_and_frees(tmp_path: Path) -> None:
 
     def long_generate() -> None:
         try:
-            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2000), metadata=ALICE):
+            for _ in c.s.Generate(pb.GenerationOptions(handle=h, max_tokens=2000), metadata=ALICE):
                 streaming.set()
         except grpc.RpcError as e:
             codes.append(e.code())
@@ -662,7 +662,7 @@ def opened(svc: SinkdService, policy: PolicyRequest, prompt: list[int]) -> Handl
 
 def generated(svc: SinkdService, handle: Handle, n: int) -> list[int]:
     """The ids of `n` greedy tokens generated in process."""
-    events = svc.generate(Principal("local"), handle, GenerateRequest(n))
+    events = svc.generate(Principal("local"), handle, GenerationOptions(n))
     return [e.id for e in events if isinstance(e, TokenEvent)]
 
 
@@ -761,7 +761,7 @@ def test_a_refused_exchange_fails_the_two_sessions_it_touched_and_no_other(
         raise EngineError("llama.cpp took 0 of the image's bytes (failpoint)")
 
     def tokens(handle: Handle) -> list[int]:
-        events = svc.generate(me, handle, GenerateRequest(4))
+        events = svc.generate(me, handle, GenerationOptions(4))
         return [e.id for e in events if isinstance(e, TokenEvent)]
 
     with failpoints.armed("swap-cleared", refuse):

@@ -16,6 +16,7 @@ import pytest
 from sinkd.daemon.runtime.api import (
     ChatRequest,
     Done,
+    GenerationOptions,
     Handle,
     PolicyRequest,
     RecallRequest,
@@ -60,11 +61,11 @@ def planted(s: SinkdService) -> Handle:
     """A sink session with memory and a recalled copy in its window."""
     h = s.create(ALICE, PolicyRequest("sink", sinks=4, window=120), None,
                  recall=RecallRequest(mode="auto")).handle  # fmt: skip
-    list(s.chat(ALICE, h, ChatRequest("The wifi password is tulip42.", 4)))
+    list(s.chat(ALICE, h, ChatRequest("The wifi password is tulip42.", GenerationOptions(4))))
     s.append(ALICE, h, LONG[:1400])
     done = [
         e
-        for e in s.chat(ALICE, h, ChatRequest("What is the wifi password?", 4))
+        for e in s.chat(ALICE, h, ChatRequest("What is the wifi password?", GenerationOptions(4)))
         if isinstance(e, Done)
     ]
     assert done[0].recall is not None and done[0].recall.recalled
@@ -93,7 +94,7 @@ def test_a_moved_session_keeps_its_handle_memory_and_logits_and_goes_on_the_same
     for s in (a, b):  # the same turn on both: the same tokens, the same logits after
         s.append(ALICE, h, LONG[1400:1700])
     said = [
-        "".join(e.text for e in s.chat(ALICE, h, ChatRequest("And my password?", 12, sampling=greedy))
+        "".join(e.text for e in s.chat(ALICE, h, ChatRequest("And my password?", GenerationOptions(12, sampling=greedy)))
                 if isinstance(e, TokenEvent))
         for s in (a, b)
     ]  # fmt: skip
@@ -243,7 +244,7 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
 
     def chat(s: SinkdService, turns: list[Turn]) -> tuple[str, str, str]:
         request = StatelessChatRequest(
-            "", tuple(turns), 6, sampling=SamplingRequest(temperature=0.0)
+            "", tuple(turns), GenerationOptions(6, sampling=SamplingRequest(temperature=0.0))
         )
         how, events = s.chats.turn(ALICE, request)
         text = "".join(e.text for e in events if isinstance(e, TokenEvent))
@@ -273,7 +274,7 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
         with pytest.raises(SessionElsewhere):  # a stored response made on a node not reached
             b.responses.get(ALICE, "resp_na-00112233445566778899aabbccddeeff")
         named = StatelessChatRequest(
-            "", (Turn("user", "Hi."),), 4, session_id="s_na-00ff00ff00ff00ff"
+            "", (Turn("user", "Hi."),), GenerationOptions(4), session_id="s_na-00ff00ff00ff00ff"
         )
         with pytest.raises(SessionElsewhere):  # an HTTP client naming a session of that node
             b.chats.turn(ALICE, named)

@@ -26,7 +26,13 @@ from sinkd.daemon.http.wire import (
     stops_of,
     validated,
 )
-from sinkd.daemon.runtime.api import Done, SamplingRequest, Stream, TokenEvent
+from sinkd.daemon.runtime.api import (
+    Done,
+    GenerationOptions,
+    SamplingRequest,
+    Stream,
+    TokenEvent,
+)
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
@@ -59,6 +65,10 @@ class Options(BaseModel):
             why = OPTIONS_REFUSED.get(field, "not an option sinkd implements")
             raise HttpError(400, f"options.{field}: {why}", param=f"options.{field}")
         return self
+
+    def generation(self) -> GenerationOptions:
+        """The options as one reply's generation options: the wire read once, here."""
+        return GenerationOptions(self.max_tokens(), stops_of(self.stop), self.sampling())
 
     def max_tokens(self) -> int:
         """num_predict: -1 (Ollama's "no limit") and -2 ("fill the context") take the default."""
@@ -229,9 +239,7 @@ def router(front: HttpFront) -> APIRouter:
         turn = StatelessChatRequest(
             system=system,
             turns=turns,
-            max_tokens=opts.max_tokens(),
-            stops=stops_of(opts.stop),
-            sampling=opts.sampling(),
+            options=opts.generation(),
             session_id=request.headers.get(SESSION_HEADER),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
         )
@@ -257,9 +265,7 @@ def router(front: HttpFront) -> APIRouter:
         turn = StatelessChatRequest(
             system=body.system or "",
             turns=(Turn("user", body.prompt),),
-            max_tokens=opts.max_tokens(),
-            stops=stops_of(opts.stop),
-            sampling=opts.sampling(),
+            options=opts.generation(),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
         )
         return await answer(principal, request, turn, body.model, body.stream, "response")

@@ -26,7 +26,7 @@ from sinkd.daemon.http.wire import (
     text_of,
     validated,
 )
-from sinkd.daemon.runtime.api import CancelToken, Done, Stream, TokenEvent
+from sinkd.daemon.runtime.api import CancelToken, Done, GenerationOptions, Stream, TokenEvent
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.responses import ResponseRequest, StoredResponse, new_response_id
 from sinkd.daemon.runtime.stateless import Admit, Continuation
@@ -94,8 +94,7 @@ def request_of(body: ResponsesBody) -> ResponseRequest:
         previous_id=body.previous_response_id,
         conversation=conversation,
         store=body.store,
-        max_tokens=limit,
-        sampling=sampling_of(body.temperature, body.top_p, None),
+        options=GenerationOptions(limit, (), sampling_of(body.temperature, body.top_p, None)),
     )
 
 

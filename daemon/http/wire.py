@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sinkd.daemon.http.errors import HttpError
-from sinkd.daemon.runtime.api import DEFAULT_MAX_TOKENS, SamplingRequest
+from sinkd.daemon.runtime.api import DEFAULT_MAX_TOKENS, GenerationOptions, SamplingRequest
 from sinkd.daemon.runtime.conversations import Turn
 from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 
@@ -234,10 +234,13 @@ def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessC
     return StatelessChatRequest(
         system=system,
         turns=turns,
-        max_tokens=max_tokens_of(
-            ("max_completion_tokens", body.max_completion_tokens), ("max_tokens", body.max_tokens)
+        options=GenerationOptions(
+            max_tokens_of(
+                ("max_completion_tokens", body.max_completion_tokens),
+                ("max_tokens", body.max_tokens),
+            ),
+            stops_of(body.stop),
+            sampling_of(body.temperature, body.top_p, body.seed),
         ),
-        stops=stops_of(body.stop),
-        sampling=sampling_of(body.temperature, body.top_p, body.seed),
         session_id=session_id,
     )

@@ -25,7 +25,7 @@ from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
     Done,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     Inspection,
     PassageView,
@@ -246,25 +246,26 @@ class Client:
         except grpc.RpcError as e:
             raise self._refused(e) from None
 
-    def generate(self, handle: Handle, request: GenerateRequest) -> Stream:
+    def generate(self, handle: Handle, options: GenerationOptions) -> Stream:
         req = pb.GenerateRequest(
             handle=convert.handle_to_pb(handle),
-            max_tokens=request.max_tokens,
-            stop=list(request.stops),
+            max_tokens=options.max_tokens,
+            stop=list(options.stops),
         )
-        if request.sampling is not None:
-            req.sampling.CopyFrom(_sampling(request.sampling))
+        if options.sampling is not None:
+            req.sampling.CopyFrom(_sampling(options.sampling))
         return self._stream("Generate", req)
 
     def chat(self, handle: Handle, request: ChatRequest) -> Stream:
+        options = request.options
         req = pb.ChatRequest(
             handle=convert.handle_to_pb(handle),
             message=request.message,
-            max_tokens=request.max_tokens,
-            stop=list(request.stops),
+            max_tokens=options.max_tokens,
+            stop=list(options.stops),
         )
-        if request.sampling is not None:
-            req.sampling.CopyFrom(_sampling(request.sampling))
+        if options.sampling is not None:
+            req.sampling.CopyFrom(_sampling(options.sampling))
         return self._stream("Chat", req)
 
     def reset(self, handle: Handle) -> Receipt:

@@ -21,7 +21,7 @@ from sinkd.daemon.runtime.api import (
     DEFAULT_MAX_TOKENS,
     CancelToken,
     ChatRequest,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     PolicyRequest,
     RecallRequest,
@@ -128,6 +128,14 @@ def _handle(h: pb.Handle) -> Handle:
     return handle_from_pb(h)
 
 
+def _options(request: pb.GenerateRequest | pb.ChatRequest) -> GenerationOptions:
+    return GenerationOptions(
+        max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,  # proto3: 0 is unset
+        stops=tuple(request.stop),
+        sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
+    )
+
+
 def _sampling(s: pb.Sampling) -> SamplingRequest:
     """The request's sampling fields; the runtime validates them (INVALID_ARGUMENT by name)."""
     return SamplingRequest(
@@ -212,15 +220,10 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Generate(
         self, request: pb.GenerateRequest, context: Any, principal: Principal
     ) -> Iterator[pb.GenerateEvent]:
-        generate = GenerateRequest(
-            max_tokens=request.max_tokens or 64,
-            stops=tuple(request.stop),
-            sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
-        )
         events = self.service.generate(
             principal,
             _handle(request.handle),
-            generate,
+            _options(request),
             cancel=_cancel_with(context),
             timeout=_timeout(context),
         )
@@ -231,12 +234,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Chat(
         self, request: pb.ChatRequest, context: Any, principal: Principal
     ) -> Iterator[pb.GenerateEvent]:
-        chat = ChatRequest(
-            message=request.message,
-            max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,  # proto3: 0 is unset
-            stops=tuple(request.stop),
-            sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
-        )
+        chat = ChatRequest(request.message, _options(request))
         events = self.service.chat(
             principal,
             _handle(request.handle),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import TypeAlias
 
 import numpy as np
@@ -29,7 +29,7 @@ __all__ = [
     "Done",
     "ErrorEvent",
     "Event",
-    "GenerateRequest",
+    "GenerationOptions",
     "Handle",
     "Inspection",
     "ModelInfo",
@@ -101,23 +101,26 @@ class SamplingRequest:
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
-# a chat reply's length when the client names none: here alone (every edge and request type reads it)
+# a reply's length when the client names none: here alone (every edge and request type reads it)
 DEFAULT_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    max_tokens: int = 64
+class GenerationOptions:
+    """How one reply is generated: built once at the edge from its wire format, carried as is by
+    every request type, turned into the engine's spec once (`runtime/turns.py`)."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
     stops: tuple[str, ...] = ()
-    sampling: SamplingRequest | None = None  # None: the session's own sampler
+    # None: the session's own sampler (a chat turn of a session that chose none: the model's
+    # recommended chat sampling)
+    sampling: SamplingRequest | None = None
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     message: str
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    stops: tuple[str, ...] = ()
-    sampling: SamplingRequest | None = None  # None: the session's, or the model's chat defaults
+    options: GenerationOptions = field(default_factory=GenerationOptions)
 
 
 class CancelToken:

@@ -15,17 +15,16 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
-    DEFAULT_MAX_TOKENS,
     CancelToken,
     ChatRequest,
     Done,
+    GenerationOptions,
     Handle,
     Receipt,
-    SamplingRequest,
     Stream,
     TokenEvent,
 )
@@ -45,8 +44,7 @@ class ResponseRequest:
     previous_id: str | None = None
     conversation: str | None = None  # a session id of the caller's
     store: bool = True
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    sampling: SamplingRequest | None = None
+    options: GenerationOptions = field(default_factory=GenerationOptions)
 
 
 @dataclass(frozen=True)
@@ -166,7 +164,7 @@ class Responses:
         if admit is not None:
             admit(handle.session_id)
         items = list(request.items)
-        chat = ChatRequest(items[-1].content, request.max_tokens, (), request.sampling)
+        chat = ChatRequest(items[-1].content, request.options)
         try:
             if len(items) > 1:  # earlier input items go in as framed turns, the last is asked
                 earlier = [(t.role, t.content) for t in items[:-1]]

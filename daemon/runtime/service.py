@@ -25,7 +25,7 @@ from sinkd.daemon.runtime.api import (
     AppendResult,
     CancelToken,
     ChatRequest,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     PolicyRequest,
     RecallRequest,
@@ -315,11 +315,11 @@ class SinkdService:
         self,
         principal: Principal,
         handle: Handle,
-        request: GenerateRequest,
+        options: GenerationOptions,
         cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> Stream:
-        return self.turns.generate(principal, handle, request, cancel, timeout)
+        return self.turns.generate(principal, handle, options, cancel, timeout)
 
     def chat(
         self,

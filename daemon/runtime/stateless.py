@@ -10,15 +10,15 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sinkd.cachepolicy import CannotRewind
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
-    DEFAULT_MAX_TOKENS,
     CancelToken,
     ChatRequest,
     Done,
+    GenerationOptions,
     Handle,
     PolicyRequest,
     Receipt,
@@ -38,9 +38,7 @@ MAX_TURNS = 4096  # a history longer than this is refused (400), not ingested
 class StatelessChatRequest:
     system: str
     turns: tuple[Turn, ...]  # user and assistant, alternating; the last is the new user message
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    stops: tuple[str, ...] = ()
-    sampling: SamplingRequest | None = None
+    options: GenerationOptions = field(default_factory=GenerationOptions)
     session_id: str | None = None  # the client names its session (it must be the caller's)
     # how long the session may stay idle after this turn (None: the daemon's; 0: closed once it
     # has answered)
@@ -131,7 +129,7 @@ class StatelessChats:
             self._seen(handle),
         )
         self.index.place(handle.session_id, before)
-        chat = ChatRequest(new.content, request.max_tokens, request.stops, request.sampling)
+        chat = ChatRequest(new.content, request.options)
         events = self.turns.chat(principal, handle, chat, cancel, call.deadline.left())
         return continuation, self._placed(events, before, handle, request)
 

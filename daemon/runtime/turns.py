@@ -20,7 +20,7 @@ from sinkd.daemon.runtime.api import (
     ChatRequest,
     Done,
     ErrorEvent,
-    GenerateRequest,
+    GenerationOptions,
     Handle,
     Stream,
 )
@@ -102,14 +102,14 @@ class Turns:
         self,
         principal: Principal,
         handle: Handle,
-        request: GenerateRequest,
+        options: GenerationOptions,
         cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> Stream:
         """Tokens as they come, then `Done`; errors raise."""
         session = self.access.owned(principal, handle)
-        params = requests.sampling_params(request.sampling)
-        return self._stream(session, handle, request, params, [], None, cancel, timeout)
+        params = requests.sampling_params(options.sampling)
+        return self._stream(session, handle, options, params, [], None, cancel, timeout)
 
     def chat(
         self,
@@ -149,28 +149,28 @@ class Turns:
                 strip_control=True,
                 insert_at=layout.insert_at,
             )
-        params = requests.sampling_params(request.sampling)
+        params = requests.sampling_params(request.options.sampling)
         if params is None and not session.sampling.chosen:
             params = requests.chat_sampling(
                 self.entry.sampling, session.generation, session.seq.state.n_seen, session.rewinds
             )
-        generate = GenerateRequest(request.max_tokens, request.stops)
-        return self._stream(session, handle, generate, params, prompt, ask, cancel, timeout)
+        return self._stream(session, handle, request.options, params, prompt, ask, cancel, timeout)
 
     def _stream(
         self,
         session: Session,
         handle: Handle,
-        request: GenerateRequest,
+        options: GenerationOptions,
         params: SamplingParams | None,
         prompt: list[int],
         ask: RecallAsk | None,
         cancel: CancelToken | None,
         timeout: float | None,
     ) -> Stream:
-        requests.check_generation_args(request.max_tokens, request.stops)
+        """The one place a request's options become the engine's spec."""
+        requests.check_generation_args(options.max_tokens, options.stops)
         sampler = session.sampler if params is None else Sampler(params)
-        spec = GenSpec(request.max_tokens, list(request.stops), sampler)
+        spec = GenSpec(options.max_tokens, list(options.stops), sampler)
         job = Job(session, prompt, spec, generation=handle.generation)
         job.recall = ask
         if cancel is not None:
