@@ -30,7 +30,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.evaluation import SAMPLE_TEXT
-from sinkd.evaluation.recall import run_parallel
+from sinkd.evaluation.recall_trials import run_parallel
 
 SCALE = float(os.environ.get("SINKD_BENCH_SCALE", "1"))
 ME = Principal("local")

@@ -124,7 +124,7 @@ class DecodeClock:
 def together(jobs: list[Callable[[], None]]) -> float:
     """Run the jobs at once, one thread each; the wall seconds until the last ends (an error in
     any is raised here)."""
-    from sinkd.evaluation.recall import run_parallel
+    from sinkd.evaluation.recall_trials import run_parallel
 
     t0 = time.perf_counter()
     run_parallel(jobs, parallel=len(jobs))

@@ -49,7 +49,7 @@ def make_service(tmp: Path) -> Any:
 
 
 def plan_for(full: bool) -> Any:
-    from sinkd.evaluation.recall import Plan
+    from sinkd.evaluation.recall_trials import Plan
 
     if full:  # the issue's sizes; about 5 hours on this 2-core machine
         return Plan(
@@ -83,7 +83,7 @@ def segmenting_only() -> None:
     """Passages cut at text boundaries vs every 48 tokens: passkey with recall, 10 trials."""
     import json
 
-    from sinkd.evaluation.recall import segmenting
+    from sinkd.evaluation.recall_trials import segmenting
 
     text = (ROOT / "bench" / "texts" / "kjv.txt").read_text()[100_000:]
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,7 +102,7 @@ def conversation_only(full: bool) -> None:
     the last run's JSON (the passkey part takes an hour; this a few minutes)."""
     import json
 
-    from sinkd.evaluation.recall import conversation, report_tables
+    from sinkd.evaluation.recall_trials import conversation, report_tables
 
     name = "passkey-full" if full else "passkey"
     path = OUT / f"{name}.json"
@@ -125,7 +125,7 @@ def conversation_only(full: bool) -> None:
 
 
 def main() -> None:
-    from sinkd.evaluation.recall import evaluate, plot, report_tables
+    from sinkd.evaluation.recall_trials import evaluate, plot, report_tables
 
     if os.environ.get("SINKD_RECALL_ONLY") == "segmenting":
         segmenting_only()

@@ -232,7 +232,7 @@ FRAMES = {  # how recalled text sits in a plain stream: bare (the Recall RPC's d
 
 def perplexity() -> list[dict[str, Any]]:
     from sinkd.cachepolicy import PolicyConfig
-    from sinkd.cachepolicy.recall import RecallConfig
+    from sinkd.cachepolicy.recall_plan import RecallConfig
     from sinkd.daemon.engine.llama import EngineConfig
     from sinkd.daemon.engine.loading import open_engine
     from sinkd.evaluation.ppl import buckets, score_policy, score_recall

@@ -4,8 +4,8 @@ No engine, no network: this package imports neither ``llama_cpp`` nor ``grpc``.
 """
 
 from sinkd.cachepolicy.config import PolicyConfig, PolicyName, PositionMode
-from sinkd.cachepolicy.errors import CacheFull, CannotRewind, ConfigError
 from sinkd.cachepolicy.plan import AppendPlan, Evict, Op, SeqState, Shift, SubBatch, plan_append
+from sinkd.cachepolicy.policy_errors import CacheFull, CannotRewind, ConfigError
 from sinkd.cachepolicy.sequence import CacheSequence, Cell, Receipt, TraceEvent
 from sinkd.errors import SinkdError
 

@@ -15,7 +15,7 @@ import enum
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from sinkd.cachepolicy.errors import ConfigError
+from sinkd.cachepolicy.policy_errors import ConfigError
 
 
 class PositionMode(str, enum.Enum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sinkd.cachepolicy.config import PolicyConfig, PositionMode
-from sinkd.cachepolicy.errors import CacheFull, ConfigError
+from sinkd.cachepolicy.policy_errors import CacheFull, ConfigError
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sinkd.cachepolicy.config import PolicyConfig
-from sinkd.cachepolicy.errors import CacheFull, CannotRewind
 from sinkd.cachepolicy.plan import AppendPlan, Evict, SeqState, Shift, SubBatch, plan_append
-from sinkd.cachepolicy.recall import RecalledSpan
+from sinkd.cachepolicy.policy_errors import CacheFull, CannotRewind
+from sinkd.cachepolicy.recall_plan import RecalledSpan
 
 DEFAULT_TRACE_CAPACITY = 256
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from sinkd.cachepolicy import PolicyName
 from sinkd.cli.backend import Backend
 from sinkd.cli.console import console, terminal_safe
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import (
     CompactOpt,
     ConnectOpt,

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from sinkd.cli.console import console
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import (
     CompactOpt,
     EvictOpt,
@@ -216,7 +216,7 @@ def eval_recall(
 
     from sinkd.daemon.config import Settings
     from sinkd.daemon.runtime.service import SinkdService
-    from sinkd.evaluation.recall import Plan, evaluate, plot, report_tables
+    from sinkd.evaluation.recall_trials import Plan, evaluate, plot, report_tables
 
     if not text.is_file():
         raise InvalidInput(f"no such file: {text}")

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from sinkd.cli.console import console
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.daemon.models.registry import (
     ModelEntry,
     PinnedFile,

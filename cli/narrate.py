@@ -24,7 +24,7 @@ from rich.text import Text
 
 from sinkd.cli.backend import Backend
 from sinkd.cli.console import console, shown
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import (
     ConnectOpt,
     EvictOpt,

@@ -23,7 +23,7 @@ import typer
 
 from sinkd.cli import deployment as deploy
 from sinkd.cli.console import console, shown
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.haproxy import RuntimeApi, where
 from sinkd.cli.options import JsonFlag
 from sinkd.daemon.rpc.client import Client

@@ -10,7 +10,7 @@ import typer
 
 from sinkd.cli import models
 from sinkd.cli.console import console
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import (
     ModelOpt,
     ThreadsOpt,

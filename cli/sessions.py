@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from sinkd.cli.console import console, shown
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
 from sinkd.daemon.rpc.client import Client
 from sinkd.daemon.runtime.api import Handle, Receipt, to_json

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from sinkd.cachepolicy import PolicyName
 from sinkd.cli.console import console
-from sinkd.cli.errors import handle_errors
+from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import (
     CompactOpt,
     EvictOpt,

@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     keepalive_s: float = Field(default=60.0, ge=1)
     max_connection_idle_s: float = Field(default=600.0, ge=1)
     max_streams_per_connection: int = Field(default=64, ge=1)
-    # recall: evicted text is stored per session and brought back (see cachepolicy/recall.py);
+    # recall: evicted text is stored per session and brought back (see cachepolicy/recall_plan.py);
     # the mode applies to the sink policy, the controls default to off
     recall_mode: Literal["off", "manual", "auto"] = "auto"
     recall_budget: int = Field(default=96, ge=1)

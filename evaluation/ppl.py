@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sinkd.cachepolicy import CacheFull, CacheSequence, PolicyConfig
-from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, in_any, plan_recall, select
+from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan, in_any, plan_recall, select
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.store.memory import MemoryStore
 from sinkd.daemon.store.passages import SessionKey

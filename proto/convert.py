@@ -7,7 +7,7 @@ The servicer converts its answers here; the CLI's client converts them back. Ran
 from __future__ import annotations
 
 from sinkd.cachepolicy import PolicyConfig
-from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan
+from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import (
     Done,

@@ -3,7 +3,7 @@ exit code, which the servicer and the CLI read at the edges and nowhere else.
 
 The remote CLI gets the same class back (the servicer names it in the `sinkd-error` trailer), so
 embedded and remote runs exit with the same code for the same error. This module is the root of the
-hierarchy and imports nothing of sinkd: the pure policy's own errors (`sinkd.cachepolicy.errors`)
+hierarchy and imports nothing of sinkd: the pure policy's own errors (`sinkd.cachepolicy.policy_errors`)
 derive from `SinkdError` here without the policy importing the daemon.
 """
 
@@ -313,7 +313,7 @@ class Refused(SinkdError):
 
 
 def _classes() -> dict[str, type[SinkdError]]:
-    import sinkd.cachepolicy.errors  # noqa: F401  (the policy's classes, by name too)
+    import sinkd.cachepolicy.policy_errors  # noqa: F401  (the policy's classes, by name too)
 
     found: dict[str, type[SinkdError]] = {}
     todo: list[type[SinkdError]] = [SinkdError]

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from sinkd.cachepolicy import PolicyConfig
-from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, RecallMode
+from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan, RecallMode
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import Done, PassageView, RecallReport, Receipt, TokenEvent
 from sinkd.proto import convert

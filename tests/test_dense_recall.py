@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sinkd.cachepolicy.recall import RecallConfig
+from sinkd.cachepolicy.recall_plan import RecallConfig
 from sinkd.daemon.runtime.boot import DENSE, open_embedder
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Journal

@@ -24,7 +24,7 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.http import front as front_module
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import CancelToken, Handle, TokenEvent
-from sinkd.daemon.runtime.stateless import Continuation
+from sinkd.daemon.runtime.conversations.chats import Continuation
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.conftest import ALICE, TEXT, Client
 from tests.test_daemon import settings

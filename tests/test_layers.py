@@ -1,10 +1,10 @@
 """The package's arrows point down: node -> rpc, http (the edges, which share callers/ and never
-import each other) -> runtime -> engine, store, models -> cachepolicy ->
-sinkd.errors; inside runtime, the session operations -> loop -> durable, recall -> the session data
-(sessions, api); only the engine imports llama_cpp; only the transport (rpc, proto) imports grpc;
-the CLI drives no engine (it goes through the service, the client or its offline backend); no
-module takes the service whole; no `dict[str, Any]` or `(kind, payload)` tuple crosses from the
-runtime to its edges."""
+import each other) -> runtime -> engine, store, models -> cachepolicy -> sinkd.errors; inside
+runtime, the service -> the conversation layer -> the session operations -> loop -> durable, recall
+-> the session data (sessions, api); only the engine imports llama_cpp; only the transport (rpc,
+proto) imports grpc; the CLI drives no engine (it goes through the service, the client or its
+offline backend); no module takes the service whole; no `dict[str, Any]` or `(kind, payload)`
+tuple crosses from the runtime to its edges."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ RANK = {
 EDGES = ("sinkd.daemon.rpc", "sinkd.daemon.http", "sinkd.cli")
 # inside runtime: the session data at the bottom, the session operations (its root) at the top
 RUNTIME_DATA = {"sessions", "api"}
-RUNTIME_RANK = {"recall": 1, "durable": 1, "loop": 2}
+# the session operations at its root (3); the conversation layer for HTTP clients above them, and
+# the service, which composes it all, on top
+RUNTIME_RANK = {"recall": 1, "durable": 1, "loop": 2, "conversations": 4, "service": 5}
 RUNTIME_TOP = 3
 
 
@@ -302,3 +304,66 @@ def test_protobuf_conversion_covers_every_field() -> None:
         mine = {f.name for f in dataclasses.fields(ours)}
         wire = {f.name for f in theirs.DESCRIPTOR.fields}
         assert mine == wire, (ours.__name__, mine ^ wire)
+
+
+def _documented_map() -> dict[str, set[str]]:
+    """docs/development.md's layout block: each folder it names and the modules it lists there."""
+    import re
+
+    text = (ROOT / "docs" / "development.md").read_text()
+    block = text.split("```\nsinkd/", 1)[1].split("```", 1)[0]
+    entries: dict[str, set[str]] = {}
+    parents: dict[int, str] = {}
+    current = ""
+    for line in ("sinkd/" + block).splitlines():
+        indent = len(line) - len(line.lstrip())
+        head = line.split()[0] if line.strip() else ""
+        if indent < 30 and head.endswith("/") and not line.startswith("bench/"):
+            parents[indent] = (parents.get(indent - 2, "") + head) if indent else head
+            current = parents[indent]
+            entries[current] = set()
+        elif line.startswith("bench/"):
+            current = ""
+        if current:
+            entries[current] |= set(re.findall(r"(?<![\w/])(\w+\.py)\b", line))
+    return entries
+
+
+def test_the_development_docs_map_is_the_tree() -> None:
+    """Every folder of the package and every module in it is in the map, and nothing the map names
+    is missing: the map is read by people finding their way, so it must not drift."""
+    documented = _documented_map()
+    actual: dict[str, set[str]] = {}
+    for folder in ["sinkd", *PACKAGES]:
+        for path in (ROOT / folder).rglob("*.py"):
+            if "_pb2" in path.name or path.parent.name == "v1":
+                continue
+            rel = path.parent.relative_to(ROOT).as_posix() + "/"
+            found = actual.setdefault(rel, set())
+            if path.name != "__init__.py":
+                found.add(path.name)
+    wrong = []
+    for folder, names in actual.items():
+        if folder not in documented:
+            wrong.append(f"{folder}: not in docs/development.md's map")
+        elif documented[folder] != names:
+            wrong.append(f"{folder}: missing {names - documented[folder]}, "
+                         f"gone {documented[folder] - names}")  # fmt: skip
+    wrong += [f"{folder}: no such folder" for folder in documented.keys() - actual.keys()]
+    assert not wrong, wrong
+
+
+def test_every_package_folder_is_installed() -> None:
+    """A folder with an __init__.py that pyproject.toml does not list works in the editable
+    install and is missing from the wheel."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = set()
+    for folder, name in PACKAGES.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert found - listed == set(), found - listed

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sinkd.cachepolicy import CacheSequence, ConfigError, PolicyConfig
-from sinkd.cachepolicy.recall import (
+from sinkd.cachepolicy.recall_plan import (
     Candidate,
     RecallConfig,
     check_recallable,

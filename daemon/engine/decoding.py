@@ -18,7 +18,7 @@ import numpy as np
 
 from sinkd.cachepolicy import CacheSequence
 from sinkd.daemon import failpoints
-from sinkd.daemon.engine.memory import SequenceCells
+from sinkd.daemon.engine.cells import SequenceCells
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.errors import EngineError, InvalidInput
 

@@ -63,9 +63,9 @@ from sinkd.cachepolicy import (
 )
 from sinkd.daemon.config import machine_threads, threads_given
 from sinkd.daemon.engine import compat, teams
+from sinkd.daemon.engine.cells import SequenceCells
 from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.decoding import BatchItem, Decoder, Outputs
-from sinkd.daemon.engine.memory import SequenceCells
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.daemon.models.registry import ModelEntry, kv_bytes_per_token

@@ -29,13 +29,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sinkd.daemon.callers.auth import Authenticator
 from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.config import Settings
-from sinkd.daemon.http.errors import HttpError, from_http, from_sinkd, is_ollama
+from sinkd.daemon.http.error_bodies import HttpError, from_http, from_sinkd, is_ollama
 from sinkd.daemon.http.wire import headers_of
 from sinkd.daemon.private import secret
 from sinkd.daemon.runtime.api import CancelToken, Done, Stream, TokenEvent
+from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
-from sinkd.daemon.runtime.stateless import Admit, Continuation, StatelessChatRequest
 from sinkd.errors import Cancelled, ListenError, SinkdError, Unauthenticated
 
 log = logging.getLogger("sinkd.http")

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import Guarded, HttpError, internal
+from sinkd.daemon.http.error_bodies import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import FINISH, extension, usage
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
@@ -33,9 +33,9 @@ from sinkd.daemon.runtime.api import (
     Stream,
     TokenEvent,
 )
-from sinkd.daemon.runtime.conversations import Turn
+from sinkd.daemon.runtime.conversations.chains import Turn
+from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.sessions import Principal
-from sinkd.daemon.runtime.stateless import Continuation, StatelessChatRequest
 from sinkd.errors import message_of
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """OpenAI's API: `GET /v1/models`, `POST /v1/chat/completions` (streamed as server-sent events, or
-not). A stateless client's history continues the caller's session that took it (`stateless.py`);
-each answer says which session answered and how it was found, in `x-sinkd-*` headers and in a
+not). A stateless client's history continues the caller's session that took it
+(`runtime/conversations/chats.py`); each answer says which session answered and how it was found, in `x-sinkd-*` headers and in a
 `sinkd` field the SDKs ignore."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import Guarded, body, internal
+from sinkd.daemon.http.error_bodies import Guarded, body, internal
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
     ChatCompletionBody,
@@ -25,7 +25,7 @@ from sinkd.daemon.http.wire import (
     validated,
 )
 from sinkd.daemon.runtime.api import Done, RecallReport, Stream, TokenEvent, to_json
-from sinkd.daemon.runtime.stateless import Continuation
+from sinkd.daemon.runtime.conversations.chats import Continuation
 from sinkd.errors import message_of
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from sinkd.daemon.http.errors import Guarded, HttpError, internal
+from sinkd.daemon.http.error_bodies import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import extension
 from sinkd.daemon.http.wire import (
     Unsupported,
@@ -27,9 +27,13 @@ from sinkd.daemon.http.wire import (
     validated,
 )
 from sinkd.daemon.runtime.api import CancelToken, Done, GenerationOptions, Stream, TokenEvent
-from sinkd.daemon.runtime.conversations import Turn
-from sinkd.daemon.runtime.responses import ResponseRequest, StoredResponse, new_response_id
-from sinkd.daemon.runtime.stateless import Admit, Continuation
+from sinkd.daemon.runtime.conversations.chains import Turn
+from sinkd.daemon.runtime.conversations.chats import Admit, Continuation
+from sinkd.daemon.runtime.conversations.responses import (
+    ResponseRequest,
+    StoredResponse,
+    new_response_id,
+)
 from sinkd.errors import message_of
 
 if TYPE_CHECKING:

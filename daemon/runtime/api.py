@@ -15,7 +15,7 @@ from typing import TypeAlias
 import numpy as np
 
 from sinkd.cachepolicy import PolicyConfig
-from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan
+from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.errors import SinkdError
 

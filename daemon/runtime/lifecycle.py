@@ -15,7 +15,7 @@ import logging
 import time
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
-from sinkd.cachepolicy.recall import RecallConfig
+from sinkd.cachepolicy.recall_plan import RecallConfig
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams

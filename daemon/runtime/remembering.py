@@ -3,7 +3,7 @@ read the stored passages, forget them (from disk, at once)."""
 
 from __future__ import annotations
 
-from sinkd.cachepolicy.recall import RecallMode
+from sinkd.cachepolicy.recall_plan import RecallMode
 from sinkd.daemon.config import Settings
 from sinkd.daemon.runtime import lifecycle, requests
 from sinkd.daemon.runtime.access import Access

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sinkd.cachepolicy import PolicyConfig, PolicyName
-from sinkd.cachepolicy.recall import RecallConfig, RecallMode, check_recallable
+from sinkd.cachepolicy.recall_plan import RecallConfig, RecallMode, check_recallable
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import SamplingParams

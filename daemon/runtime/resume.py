@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
-from sinkd.cachepolicy.recall import RecallConfig
+from sinkd.cachepolicy.recall_plan import RecallConfig
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.metrics import Metrics

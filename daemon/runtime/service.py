@@ -33,12 +33,12 @@ from sinkd.daemon.runtime.api import (
     SamplingRequest,
     Stream,
 )
-from sinkd.daemon.runtime.clients import ClientState
+from sinkd.daemon.runtime.conversations.clients import ClientState
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
-from sinkd.daemon.runtime.moving import Mover, SessionMoves
+from sinkd.daemon.runtime.migration import Mover, SessionMoves
 from sinkd.daemon.runtime.reads import SessionReads
 from sinkd.daemon.runtime.recall.framing import Presentation
 from sinkd.daemon.runtime.recall.layer import Recall

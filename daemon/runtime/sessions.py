@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from sinkd.cachepolicy import CacheSequence, Evict, PolicyConfig, SubBatch
-from sinkd.cachepolicy.recall import RecallConfig, RecalledSpan, held, in_any
+from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan, held, in_any
 from sinkd.daemon.runtime.api import RecallReport, Receipt
 from sinkd.daemon.store.passages import SessionKey
 from sinkd.errors import IllegalTransition, NotFound, SessionElsewhere, StaleGeneration, echo

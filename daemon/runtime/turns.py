@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from sinkd.cachepolicy.recall import RecallMode
+from sinkd.cachepolicy.recall_plan import RecallMode
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.engine.vocab import content_mark

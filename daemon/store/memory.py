@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sinkd.cachepolicy.recall import Candidate, RecalledSpan
+from sinkd.cachepolicy.recall_plan import Candidate, RecalledSpan
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.forgetting import Forgetting
 from sinkd.daemon.store.passages import (
@@ -29,7 +29,7 @@ from sinkd.daemon.store.passages import (
     add_vector_column,
     number_old_passages,
 )
-from sinkd.daemon.store.recalls import RecallLog
+from sinkd.daemon.store.recalled_copies import RecallLog
 from sinkd.daemon.store.search import PassageSearch, query_terms
 from sinkd.daemon.store.writing import EvictedText
 

@@ -10,7 +10,7 @@ import sqlite3
 
 import numpy as np
 
-from sinkd.cachepolicy.recall import Candidate
+from sinkd.cachepolicy.recall_plan import Candidate
 from sinkd.daemon.store.embedder import DIM, Embedder
 from sinkd.daemon.store.passages import SessionKey
 

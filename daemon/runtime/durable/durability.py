@@ -27,7 +27,7 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.private import private_dir
 from sinkd.daemon.runtime.durable.purge import Purge
 from sinkd.daemon.runtime.sessions import Session, SessionState
-from sinkd.daemon.store import moving, snapshots
+from sinkd.daemon.store import generation_rows, snapshots
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Chunk, ClientTables, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
@@ -431,7 +431,7 @@ class Durability:
 
     def rows_of(self, session: Session) -> dict[str, Any]:
         """The session generation's rows, as an archive carries them."""
-        return moving.rows_of(self.journal.db, session.id, session.reset_count)
+        return generation_rows.rows_of(self.journal.db, session.id, session.reset_count)
 
     def adopt_rows(
         self, stored: StoredSession, rows: dict[str, Any], snapshot: SnapshotRow | None
@@ -442,5 +442,5 @@ class Durability:
         self.journal.put_session(
             stored.id, stored.tenant, stored.record, stored.state, stored.reason
         )
-        moving.load_rows(self.journal.db, stored.id, rows)
+        generation_rows.load_rows(self.journal.db, stored.id, rows)
         self.journal.drop_moved_out(stored.id)  # it came back

@@ -27,8 +27,8 @@ from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import Job, JobQueues
-from sinkd.daemon.runtime.loop.moves import place_in_one_run
 from sinkd.daemon.runtime.loop.stepplan import Slot
+from sinkd.daemon.runtime.loop.swaps import place_in_one_run
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.errors import (

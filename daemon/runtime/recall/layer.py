@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sinkd.cachepolicy.recall import (
+from sinkd.cachepolicy.recall_plan import (
     RecallConfig,
     RecalledSpan,
     check_recallable,

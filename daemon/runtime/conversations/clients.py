@@ -17,11 +17,11 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.private import secret
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import PolicyRequest
-from sinkd.daemon.runtime.conversations import ConversationIndex, Place
+from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place
+from sinkd.daemon.runtime.conversations.chats import Close, Create, Rewind, StatelessChats
+from sinkd.daemon.runtime.conversations.responses import Responses, StoredResponse
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
-from sinkd.daemon.runtime.responses import Responses, StoredResponse
-from sinkd.daemon.runtime.stateless import Close, Create, Rewind, StatelessChats
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.journal import ClientTables
 from sinkd.errors import SinkdError, UntrustedPath

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from sinkd.cachepolicy.recall import RecalledSpan
+from sinkd.cachepolicy.recall_plan import RecalledSpan
 from sinkd.daemon.store.passages import SessionKey
 
 

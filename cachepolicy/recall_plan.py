@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sinkd.cachepolicy.config import PolicyConfig
-from sinkd.cachepolicy.errors import ConfigError
 from sinkd.cachepolicy.plan import AppendPlan, SeqState, plan_append
+from sinkd.cachepolicy.policy_errors import ConfigError
 
 
 class RecallMode(str, enum.Enum):

@@ -28,9 +28,9 @@ from sinkd.daemon.runtime.api import (
     Stream,
     TokenEvent,
 )
-from sinkd.daemon.runtime.conversations import Turn
+from sinkd.daemon.runtime.conversations.chains import Turn
+from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, Deadline
 from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
-from sinkd.daemon.runtime.stateless import Admit, Continuation, Deadline
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
 

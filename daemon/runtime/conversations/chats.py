@@ -26,7 +26,7 @@ from sinkd.daemon.runtime.api import (
     Stream,
     TokenEvent,
 )
-from sinkd.daemon.runtime.conversations import ConversationIndex, Place, Turn, chain
+from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Turn, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, ShuttingDown, message_of
