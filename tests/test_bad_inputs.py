@@ -15,7 +15,9 @@ import pytest
 
 from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.test_daemon import ALICE, BOB, Client, settings
+from tests.support.clients import Client
+from tests.support.settings import settings
+from tests.support.tokens import ALICE, BOB
 
 pytestmark = pytest.mark.model
 OK = grpc.StatusCode.OK

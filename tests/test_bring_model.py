@@ -301,8 +301,9 @@ def test_a_user_entry_streams_through_the_daemon_and_resumes(
     imported: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sinkd.daemon.node import Daemon
-    from tests.conftest import TEXT, Client
-    from tests.test_daemon import settings
+    from tests.support.clients import Client
+    from tests.support.settings import settings
+    from tests.support.texts import TEXT
 
     lock, _ = imported
     monkeypatch.setenv("SINKD_USER_LOCK", str(lock))
@@ -339,8 +340,9 @@ def test_gemma_chats_with_its_named_template_embedded_and_through_the_daemon(
     """The file has no chat template; its lock entry names llama.cpp's built-in `gemma` one."""
     from sinkd.daemon.node import Daemon
     from sinkd.proto.v1 import sinkd_pb2 as pb
-    from tests.conftest import ALICE, Client
-    from tests.test_daemon import settings
+    from tests.support.clients import Client
+    from tests.support.settings import settings
+    from tests.support.tokens import ALICE
 
     result = runner.invoke(
         app,
@@ -376,8 +378,8 @@ def test_the_first_message_survives_a_long_reply_in_a_default_chat(tmp_path: Pat
     from sinkd.daemon.runtime.api import ChatRequest, GenerationOptions, PolicyRequest
     from sinkd.daemon.runtime.service import SinkdService
     from sinkd.daemon.runtime.sessions import Principal
-    from tests.conftest import TEXT
-    from tests.test_daemon import settings
+    from tests.support.settings import settings
+    from tests.support.texts import TEXT
 
     me = Principal("local")
     svc = SinkdService(settings(tmp_path, durable=False, n_ctx_seq=1024))

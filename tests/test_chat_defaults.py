@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from sinkd.cli.main import app
 from sinkd.daemon.node import Daemon
-from tests.test_daemon import settings
+from tests.support.settings import settings
 
 pytestmark = pytest.mark.model
 runner = CliRunner()

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkd.cli.main import app
-from tests.conftest import TEXT
+from tests.support.texts import TEXT
 
 runner = CliRunner()
 

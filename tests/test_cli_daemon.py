@@ -9,16 +9,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from sinkd.cli.main import app
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.test_daemon import ALICE, Client, settings
+from tests.support.cli import runner, sinkd
+from tests.support.clients import Client
+from tests.support.settings import settings
+from tests.support.tokens import ALICE
 
 pytestmark = pytest.mark.model
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +29,6 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     d.wait_ready(60)
     yield d.addresses[0]
     d.stop()
-
-
-def sinkd(*args: str, input: str | None = None) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args), input=input, env={"COLUMNS": "120"})
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_chat_then_sessions_commands(address: str) -> None:
@@ -220,7 +216,8 @@ def test_the_same_error_exits_with_the_same_code_embedded_and_remote(tmp_path: P
 def test_sessions_memory_and_forget(address: str) -> None:
     """The owner lists, searches and deletes the memory from the CLI; bad targets exit 2, an
     unknown passage 11, another tenant sees nothing (11)."""
-    from tests.test_recall import SENTINEL, planted
+    from tests.support.clients import planted
+    from tests.support.texts import SENTINEL
 
     client = Client(address)
     h = planted(client)
@@ -257,7 +254,8 @@ def test_sessions_memory_and_forget(address: str) -> None:
 def test_text_from_the_stream_is_printed_as_text_not_markup_or_escapes(address: str) -> None:
     """A passage or the retained text holding `[/x]` (rich raises), `[ERROR]` (rich hides it) and an
     escape sequence (the terminal obeys it) prints as it is, the escape shown, not sent."""
-    from tests.test_recall import LONG, POLICY
+    from tests.support.texts import LONG
+    from tests.support.texts import RECALL_POLICY as POLICY
 
     client = Client(address)
     h = client.create(**POLICY).handle

@@ -12,8 +12,8 @@ import pytest
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.conftest import Client
-from tests.test_daemon import settings
+from tests.support.clients import Client
+from tests.support.settings import settings
 
 pytestmark = pytest.mark.model
 

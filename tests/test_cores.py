@@ -20,7 +20,7 @@ from sinkd.daemon.engine import cores, teams
 from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.decoding import BatchItem
 from sinkd.daemon.engine.llama import Engine
-from tests.conftest import TEXT
+from tests.support.texts import TEXT
 
 MakeEngine = Callable[..., Engine]
 
@@ -119,7 +119,8 @@ def test_a_daemon_counts_while_it_decodes_and_leaves_the_cores_when_idle(
     from sinkd.daemon.node import Daemon
     from sinkd.daemon.rpc.client import Client
     from sinkd.proto.v1 import sinkd_pb2 as pb
-    from tests.test_daemon import ALICE, settings
+    from tests.support.settings import settings
+    from tests.support.tokens import ALICE
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.delenv(THREADS_ENV, raising=False)

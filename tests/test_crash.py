@@ -32,8 +32,10 @@ import pytest
 from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
-from tests.conftest import TEXT
-from tests.test_daemon import ALICE, serve_subprocess, settings
+from tests.support.daemons import serve_subprocess
+from tests.support.settings import settings
+from tests.support.texts import TEXT
+from tests.support.tokens import ALICE
 
 pytestmark = pytest.mark.model
 

@@ -4,7 +4,6 @@ continuous batching, cancellation, admission, invariants and shutdown."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import signal
 import subprocess
@@ -23,40 +22,21 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.config import Settings
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import GenerationOptions, Handle, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
-from tests.certs import self_signed
-from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
+from tests.support.certs import self_signed
+from tests.support.clients import Client, code_of
+from tests.support.daemons import serve_subprocess
+from tests.support.services import in_one_step
+from tests.support.settings import settings
+from tests.support.texts import TEXT
+from tests.support.tokens import ADMIN, ALICE, BOB
 
 pytestmark = pytest.mark.model
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def settings(tmp: Path, **kw: Any) -> Settings:
-    base: dict[str, Any] = {
-        "socket": tmp / "sinkd.sock",
-        "state_dir": tmp / "state",
-        "tenants": [
-            {"name": "alice", "token_sha256": sha("alice-token")},
-            {"name": "bob", "token_sha256": sha("bob-token")},
-        ],
-        "admin_token_sha256": sha("admin-token"),
-        "max_sessions": 6,
-        "n_ctx_seq": 256,
-        "step_tokens": 64,
-        "n_batch": 256,
-        "http": None,  # each daemon of the suite would take the default port
-    }
-    base.update(kw)
-    return Settings(**base)
 
 
 @pytest.fixture(scope="module")
@@ -66,38 +46,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.wait_ready(120)
     yield d
     d.stop()
-
-
-def serve_subprocess(sock: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`sinkd serve` in its own process, returned once its health check says SERVING."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sinkd.cli.main", "serve", "--socket", str(sock)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-    )  # fmt: skip
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"unix:{sock}"))
-            if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                return proc
-        except grpc.RpcError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(proc.stderr.read().decode() if proc.stderr else "no output")
-
-
-def stop_without_snapshots(d: Daemon) -> None:
-    """Stop writing nothing more to the state directory (no stop snapshots): resume then finds what
-    a kill -9 would leave, the journal's tail to replay. The real kill -9 is tests/test_crash.py."""
-    d.stop(snapshot=False)
-
-
-def code_of(call: Any) -> grpc.StatusCode:
-    with pytest.raises(grpc.RpcError) as err:
-        result = call()
-        if hasattr(result, "__iter__") and not isinstance(result, pb.InspectResponse):
-            list(result)
-    return err.value.code()
 
 
 def test_health_serves_only_once_loaded(tmp_path: Path, daemon: Daemon) -> None:
@@ -629,28 +577,6 @@ def local_service(tmp_path: Path) -> Iterator[SinkdService]:
     svc.wait_ready(120)
     yield svc
     svc.stop()
-
-
-def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
-    """Start `calls` (each a job submitted to the engine) so that their jobs enter the same step:
-    the engine thread is held by a call until every job waits in its inbox. Returns futures."""
-    held, go = threading.Event(), threading.Event()
-
-    def hold(engine: Any) -> None:
-        held.set()
-        assert go.wait(60)
-
-    pool = ThreadPoolExecutor(len(calls) + 1)
-    blocker = pool.submit(svc.scheduler.call, hold)
-    assert held.wait(60)  # the engine thread is busy: the jobs wait in its inbox
-    futures = [pool.submit(call) for call in calls]
-    deadline = time.monotonic() + 30
-    while svc.scheduler._inbox.qsize() < len(calls) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    go.set()
-    blocker.result(60)
-    pool.shutdown(wait=False)
-    return futures
 
 
 def opened(svc: SinkdService, policy: PolicyRequest, prompt: list[int]) -> Handle:

@@ -32,18 +32,12 @@ from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Journal
 from sinkd.errors import JournalError
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.conftest import TEXT
-from tests.test_daemon import (
-    ADMIN,
-    ALICE,
-    BOB,
-    Client,
-    code_of,
-    in_one_step,
-    settings,
-    sha,
-    stop_without_snapshots,
-)
+from tests.support.clients import Client, code_of
+from tests.support.daemons import stop_without_snapshots
+from tests.support.services import in_one_step
+from tests.support.settings import settings
+from tests.support.texts import TEXT
+from tests.support.tokens import ADMIN, ALICE, BOB, sha
 
 # --- formats (no model) ---
 

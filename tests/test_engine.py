@@ -14,7 +14,7 @@ from sinkd.daemon.engine.decoding import BatchItem
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.validation import validated
 from sinkd.errors import EngineError, InvalidInput, Unsupported
-from tests.conftest import TEXT
+from tests.support.texts import TEXT
 
 pytestmark = pytest.mark.model
 

@@ -27,7 +27,9 @@ from sinkd.daemon.node import Daemon
 from sinkd.errors import DeadlineExceeded, EngineError, ShuttingDown
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.test_daemon import ADMIN, ALICE, BOB, Client, code_of, settings
+from tests.support.clients import Client, code_of
+from tests.support.settings import settings
+from tests.support.tokens import ADMIN, ALICE, BOB
 
 pytestmark = pytest.mark.model
 SENTINEL = "ZEBRAQUARTZ"

@@ -17,7 +17,7 @@ import pytest
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import Handle
 from sinkd.daemon.runtime.sessions import Principal
-from tests.test_daemon import settings
+from tests.support.settings import settings
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m-instruct"
@@ -437,7 +437,7 @@ def test_a_regenerate_takes_the_last_turn_back_reads_nothing_again_and_resumes(
     """The same history without its last reply (a chat UI's regenerate), or with its last message
     edited, continues the session: the last turn leaves the cache, the new one alone goes in. The
     rewound session resumes bit for bit from what a crash leaves."""
-    from tests.test_daemon import stop_without_snapshots
+    from tests.support.daemons import stop_without_snapshots
 
     d = start(tmp_path)
     alice = Principal("alice")
@@ -695,7 +695,7 @@ def test_a_conversation_continues_after_kill_9_of_sinkd_serve(tmp_path: Path) ->
     import signal
     import socket
 
-    from tests.test_daemon import serve_subprocess
+    from tests.support.daemons import serve_subprocess
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

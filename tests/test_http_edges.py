@@ -26,8 +26,10 @@ from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import CancelToken, Handle, TokenEvent
 from sinkd.daemon.runtime.conversations.chats import Continuation
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.conftest import ALICE, TEXT, Client
-from tests.test_daemon import settings
+from tests.support.clients import Client
+from tests.support.settings import settings
+from tests.support.texts import TEXT
+from tests.support.tokens import ALICE
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m-instruct"

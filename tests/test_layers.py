@@ -367,3 +367,14 @@ def test_every_package_folder_is_installed() -> None:
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([name, *rel.parts]))
     assert found - listed == set(), found - listed
+
+
+def test_tests_import_their_helpers_from_support_not_from_each_other() -> None:
+    """A test module imported by another runs its module fixtures' imports and ties the two
+    together: what they share lives in tests/support/."""
+    wrong = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for target in imports(path):
+            if target.split(".")[0] == "tests" and not target.startswith("tests.support"):
+                wrong.append(f"{path.relative_to(ROOT)} -> {target}")
+    assert not wrong, wrong

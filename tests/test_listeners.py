@@ -9,7 +9,7 @@ import pytest
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.rpc.client import daemon_answers
 from sinkd.errors import ListenError
-from tests.test_daemon import settings
+from tests.support.settings import settings
 
 
 @pytest.mark.model

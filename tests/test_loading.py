@@ -19,8 +19,9 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.node import Daemon
 from sinkd.errors import ERROR_TRAILER
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.conftest import ADMIN, ALICE, Client
-from tests.test_daemon import settings
+from tests.support.clients import Client
+from tests.support.settings import settings
+from tests.support.tokens import ADMIN, ALICE
 
 pytestmark = pytest.mark.model
 WAIT_S = 60  # every wait here ends; none is reached unless something is broken

@@ -28,8 +28,8 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store import archive
 from sinkd.daemon.store.archive import Archive
 from sinkd.errors import CorruptArchive, FailedPrecondition, NotFound, PermissionDenied
-from tests.test_daemon import settings
-from tests.test_recall import LONG
+from tests.support.settings import settings
+from tests.support.texts import LONG
 
 pytestmark = pytest.mark.model
 
@@ -171,10 +171,10 @@ def test_the_cli_moves_a_session_over_grpc_and_refuses_by_its_exit_codes(tmp_pat
 
     from sinkd.daemon.node import Daemon
     from sinkd.proto.v1 import sinkd_pb2 as pb
-    from tests.conftest import ALICE as ALICE_MD
-    from tests.conftest import BOB as BOB_MD
-    from tests.conftest import Client
-    from tests.test_cli_daemon import sinkd
+    from tests.support.cli import sinkd
+    from tests.support.clients import Client
+    from tests.support.tokens import ALICE as ALICE_MD
+    from tests.support.tokens import BOB as BOB_MD
 
     one, two = Daemon(settings(tmp_path / "one")), Daemon(settings(tmp_path / "two"))
     for d in (one, two):

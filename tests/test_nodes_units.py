@@ -104,7 +104,7 @@ def test_a_deployment_needs_tenants_and_the_admin(tmp_path: Path) -> None:
 @pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed")
 def test_the_proxy_takes_tls_where_it_faces_a_network(tmp_path: Path) -> None:
     """`--tls-cert`: both frontends bind with TLS (ALPN h2 for gRPC); HAProxy accepts the file."""
-    from tests.certs import self_signed
+    from tests.support.certs import self_signed
 
     cert, key = self_signed(tmp_path / "certs")
     pem = tmp_path / "proxy.pem"  # HAProxy wants the certificate and its key in one file

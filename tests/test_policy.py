@@ -21,7 +21,7 @@ from sinkd.cachepolicy import (
     Shift,
     plan_append,
 )
-from tests.fake_memory import RecordingMemory
+from tests.support.fake_memory import RecordingMemory
 
 pytestmark = pytest.mark.unit
 

@@ -18,15 +18,13 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.recall.framing import QUOTE_HEAD
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.conftest import ADMIN, ALICE, BOB, TEXT, Client
-from tests.test_daemon import settings
+from tests.support.clients import Client, planted
+from tests.support.settings import settings
+from tests.support.texts import LONG, SENTINEL
+from tests.support.texts import RECALL_POLICY as POLICY
+from tests.support.tokens import ADMIN, ALICE, BOB
 
 pytestmark = pytest.mark.model
-
-SENTINEL = "zebraquartz"
-FACT = f"\nNote: the sentinel word is {SENTINEL} and the code is 4711.\n"
-POLICY = {"sinks": 4, "window": 120, "evict_chunk": 16}
-LONG = (TEXT + "\n") * 4
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +34,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.wait_ready(120)
     yield d
     d.stop()
-
-
-def planted(client: Client, md: list[tuple[str, str]] = ALICE, **policy: int) -> pb.Handle:
-    """A sink session whose memory holds the sentinel fact (evicted by the text after it)."""
-    h = client.create(md=md, **{**POLICY, **policy}).handle
-    client.append(h, LONG[:200] + FACT, md=md)
-    client.append(h, LONG[200:1600], md=md)
-    receipt = client.inspect(h, md=md).receipt
-    assert receipt.recent_logical.start > 60, "the fact should have left the window"
-    return h
 
 
 def code(e: grpc.RpcError) -> grpc.StatusCode:
@@ -424,7 +412,8 @@ def test_a_turn_whose_best_match_the_window_holds_recalls_nothing_and_resumes_bi
     import os
     import signal
 
-    from tests.test_daemon import serve_subprocess, sha
+    from tests.support.daemons import serve_subprocess
+    from tests.support.tokens import sha
 
     config = tmp_path / "sinkd.toml"
     config.write_text(f'[[tenants]]\nname = "alice"\ntoken_sha256 = "{sha("alice-token")}"\n')

@@ -18,7 +18,7 @@ from sinkd.cachepolicy.recall_plan import (
     plan_recall,
     select,
 )
-from tests.fake_memory import RecordingMemory
+from tests.support.fake_memory import RecordingMemory
 
 pytestmark = pytest.mark.unit
 

@@ -23,9 +23,11 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
-from tests.conftest import TEXT
-from tests.test_daemon import ADMIN, ALICE, BOB, Client, stop_without_snapshots
-from tests.test_daemon import settings as daemon_settings
+from tests.support.clients import Client
+from tests.support.daemons import stop_without_snapshots
+from tests.support.settings import settings as daemon_settings
+from tests.support.texts import TEXT
+from tests.support.tokens import ADMIN, ALICE, BOB
 
 pytestmark = pytest.mark.model
 STRESS_SECONDS = float(os.environ.get("SINKD_STRESS_SECONDS", "30"))

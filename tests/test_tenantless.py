@@ -19,8 +19,8 @@ from sinkd.daemon.node import Daemon
 from sinkd.errors import ListenError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
-from tests.conftest import ALICE
-from tests.test_daemon import settings
+from tests.support.settings import settings
+from tests.support.tokens import ALICE
 
 pytestmark = pytest.mark.model
 

@@ -18,8 +18,8 @@ from sinkd.daemon.private import check_private_dir, check_socket_owner, private_
 from sinkd.daemon.rpc.client import Client, TlsFiles
 from sinkd.daemon.store.journal import Journal
 from sinkd.errors import DaemonUnavailable, InvalidInput, JournalError, UntrustedPath
-from tests.certs import self_signed
-from tests.test_daemon import settings
+from tests.support.certs import self_signed
+from tests.support.settings import settings
 
 OTHER_UID = os.getuid() + 1  # a uid that is not ours, for the checks that take one
 
