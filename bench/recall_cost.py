@@ -162,6 +162,7 @@ def chat_ttft(tmp: Path, pause_s: float) -> dict[str, Any]:
         RecallRequest,
         SamplingRequest,
         TokenEvent,
+        Turn,
     )
     from sinkd.daemon.runtime.sessions import Principal
     from sinkd.evaluation.facts import draw
@@ -180,7 +181,9 @@ def chat_ttft(tmp: Path, pause_s: float) -> dict[str, Any]:
                 ).handle
                 at = 0
                 for fi, fact in enumerate(facts):
-                    svc.turns.history(p, h, [("user", fact.statement), ("assistant", "Noted.")])
+                    svc.turns.history(
+                        p, h, [Turn("user", fact.statement), Turn("assistant", "Noted.")]
+                    )
                     for kind, wording in asks:
                         n = 2800 if kind == "first" else 240  # characters, ~4 per token
                         svc.append(p, h, text[at : at + n], None)

@@ -28,6 +28,7 @@ from sinkd.daemon.runtime.api import (
     RecallRequest,
     SamplingRequest,
     TokenEvent,
+    Turn,
 )
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
@@ -165,10 +166,13 @@ def chat_stream(
     def put(segment: str, fact: Fact | None = None) -> None:
         if source == "conversation":
             if fact is None:
-                turns = [("user", "Read on with me: " + segment), ("assistant", filler.chars(60))]
+                turns = [
+                    Turn("user", "Read on with me: " + segment),
+                    Turn("assistant", filler.chars(60)),
+                ]
             else:
                 said = f"{rng.choice(LEADS)} {fact.statement} {rng.choice(TAILS)}"
-                turns = [("user", said), ("assistant", rng.choice(ACKS))]
+                turns = [Turn("user", said), Turn("assistant", rng.choice(ACKS))]
             service.turns.history(PRINCIPAL, h, turns)
         else:
             body = segment if fact is None else f"\n{fact.statement}\n"

@@ -234,7 +234,7 @@ def test_a_released_session_answers_unavailable_on_its_old_node_and_its_conversa
     answers UNAVAILABLE for it (its owner; another tenant: NOT_FOUND), also after a restart;
     `nb` answers UNAVAILABLE for an id `na` made that it never held, NOT_FOUND for one of its
     own; the session moved back is `na`'s again. A node with another key refuses the archive."""
-    from sinkd.daemon.runtime.conversations.chains import Turn
+    from sinkd.daemon.runtime.api import Turn
     from sinkd.daemon.runtime.conversations.chats import StatelessChatRequest
     from sinkd.errors import SessionElsewhere
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sinkd.cli import deployment as deploy
-from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Turn, chain
+from sinkd.daemon.runtime.api import Turn
+from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, chain
 from sinkd.daemon.runtime.sessions import Registry, new_session_id, origin_of
 from sinkd.errors import InvalidInput, NotFound, SessionElsewhere
 

@@ -32,8 +32,8 @@ from sinkd.daemon.runtime.api import (
     SamplingRequest,
     Stream,
     TokenEvent,
+    Turn,
 )
-from sinkd.daemon.runtime.conversations.chains import Turn
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import message_of

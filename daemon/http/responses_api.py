@@ -26,8 +26,7 @@ from sinkd.daemon.http.wire import (
     text_of,
     validated,
 )
-from sinkd.daemon.runtime.api import CancelToken, Done, GenerationOptions, Stream, TokenEvent
-from sinkd.daemon.runtime.conversations.chains import Turn
+from sinkd.daemon.runtime.api import CancelToken, Done, GenerationOptions, Stream, TokenEvent, Turn
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation
 from sinkd.daemon.runtime.conversations.responses import (
     ResponseRequest,

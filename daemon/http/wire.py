@@ -11,8 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sinkd.daemon.http.error_bodies import HttpError
-from sinkd.daemon.runtime.api import DEFAULT_MAX_TOKENS, GenerationOptions, SamplingRequest
-from sinkd.daemon.runtime.conversations.chains import Turn
+from sinkd.daemon.runtime.api import DEFAULT_MAX_TOKENS, GenerationOptions, SamplingRequest, Turn
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)

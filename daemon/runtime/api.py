@@ -44,6 +44,7 @@ __all__ = [
     "Stream",
     "TokenEvent",
     "TraceEvent",
+    "Turn",
     "to_json",
 ]
 
@@ -115,6 +116,14 @@ class GenerationOptions:
     # None: the session's own sampler (a chat turn of a session that chose none: the model's
     # recommended chat sampling)
     sampling: SamplingRequest | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a conversation as a client sends it: "user", "assistant" (or "system")."""
+
+    role: str
+    content: str
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from sinkd.daemon.runtime.api import (
     GenerationOptions,
     Handle,
     Stream,
+    Turn,
 )
 from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
@@ -79,11 +80,11 @@ class Turns:
         self,
         principal: Principal,
         handle: Handle,
-        turns: list[tuple[str, str]],
+        turns: list[Turn],
         cancel: CancelToken | None = None,
         timeout: float | None = None,
     ) -> AppendResult:
-        """Append earlier chat turns (role, content) as the template frames them, each content as
+        """Append earlier chat turns as the template frames them, each content as
         text: what a stateless client's history brings to a new session, through its policy."""
         engine = self.access.engine
         if not engine.chat_template:
@@ -91,11 +92,11 @@ class Turns:
         session = self.access.owned(principal, handle)
         if not turns:
             return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
-        marks = [(role, content_mark(i)) for i, (role, _) in enumerate(turns)]
+        marks = [(t.role, content_mark(i)) for i, t in enumerate(turns)]
         framed = engine.vocab.render_chat(marks, add_assistant=False)
         if session.seq.state.n_seen > len(session.system_tokens):  # after a reply, as `chat`
             framed = "\n" + framed
-        tokens = engine.vocab.tokenize_framed(framed, [content for _, content in turns])
+        tokens = engine.vocab.tokenize_framed(framed, [t.content for t in turns])
         return self.append(principal, handle, None, tokens, cancel, timeout)
 
     def generate(

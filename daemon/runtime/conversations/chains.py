@@ -15,13 +15,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sinkd.daemon.runtime.api import Turn
+
 ROLES = ("system", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class Turn:
-    role: str
-    content: str
 
 
 def link(key: bytes, head: str, turn: Turn) -> str:

@@ -25,8 +25,9 @@ from sinkd.daemon.runtime.api import (
     SamplingRequest,
     Stream,
     TokenEvent,
+    Turn,
 )
-from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Turn, chain
+from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, ShuttingDown, message_of
@@ -118,7 +119,7 @@ class StatelessChats:
         tenant = _check(principal, request)
         earlier, new = list(request.turns[:-1]), request.turns[-1]
         call = _Call(Deadline(timeout or self.turns.call_timeout_s), cancel, admit or _admitted)
-        continuation = self._find(principal, tenant, request, earlier, call)
+        continuation, seen = self._find(principal, tenant, request, earlier, call)
         handle = continuation.handle
         session = self.access.registry.get(handle.session_id)
         before = Place(
@@ -126,7 +127,7 @@ class StatelessChats:
             -1 if session is None else session.reset_count,
             None,  # until this turn is whole; it can be taken again meanwhile
             self.index.retake_key(request.system, earlier, new),
-            self._seen(handle),
+            seen,
         )
         self.index.place(handle.session_id, before)
         chat = ChatRequest(new.content, request.options)
@@ -140,7 +141,8 @@ class StatelessChats:
         request: StatelessChatRequest,
         earlier: list[Turn],
         call: _Call,
-    ) -> Continuation:
+    ) -> tuple[Continuation, int]:
+        """The session to answer, how it was found, and its tokens before the new turn."""
         if request.session_id:
             handle = self._live(principal, request.session_id)
             if handle is None and self.access.registry.get(request.session_id) is None:
@@ -148,7 +150,8 @@ class StatelessChats:
             if handle is None:
                 raise NotFound(f"no session {request.session_id!r} of yours to continue")
             call.admit(handle.session_id)
-            return Continuation(handle, "named", "the request named it", 0, self._seen(handle))
+            seen = self._seen(handle)
+            return Continuation(handle, "named", "the request named it", 0, seen), seen
         heads = chain(self.index.key, request.system, earlier)
         retake = self.index.retake_key(request.system, earlier, request.turns[-1])
         match = self.index.find(tenant, heads[-1], len(earlier), retake)
@@ -157,11 +160,13 @@ class StatelessChats:
             if handle is not None:
                 call.admit(handle.session_id)
             if handle is not None and match.rewind_to is None:
-                return Continuation(handle, "continued", match.why, 0, self._seen(handle))
+                seen = self._seen(handle)
+                return Continuation(handle, "continued", match.why, 0, seen), seen
             if handle is not None and match.rewind_to is not None:
                 try:  # its last turn goes back out of the cache: nothing is read again
                     self.rewind(principal, handle, match.rewind_to)
-                    return Continuation(handle, "regenerated", match.why, 0, match.rewind_to)
+                    back = match.rewind_to
+                    return Continuation(handle, "regenerated", match.why, 0, back), back
                 except CannotRewind as e:
                     why = f"its last turn cannot be taken back ({message_of(e)})"
             else:
@@ -177,9 +182,10 @@ class StatelessChats:
             why += f"; {made_room}"
         handle = receipt.handle
         call.admit(handle.session_id)
+        seen = receipt.n_seen
         if earlier:
-            call.history(self.turns, principal, handle, earlier)
-        return Continuation(handle, "new", why, len(earlier))
+            seen = call.history(self.turns, principal, handle, earlier)
+        return Continuation(handle, "new", why, len(earlier)), seen
 
     def _catch_up(
         self,
@@ -188,7 +194,7 @@ class StatelessChats:
         heads: list[str],
         earlier: list[Turn],
         call: _Call,
-    ) -> Continuation | None:
+    ) -> tuple[Continuation, int] | None:
         """A session that took the first turns of this history and none since (the conversation
         went on on another node meanwhile) takes the turns it missed, then the new one."""
         found = self.index.find_behind(tenant, heads[:-1])
@@ -201,12 +207,12 @@ class StatelessChats:
         call.admit(handle.session_id)
         seen = self._seen(handle)
         missed = earlier[took:]
-        call.history(self.turns, principal, handle, missed)
+        now = call.history(self.turns, principal, handle, missed)
         why = (
             f"its first {took} turns match; the {len(missed)} turns since (taken elsewhere) were"
             " read"
         )
-        return Continuation(handle, "caught-up", why, len(missed), seen)
+        return Continuation(handle, "caught-up", why, len(missed), seen), now
 
     def new_session(
         self, principal: Principal, system: str, stateless: bool = True
@@ -322,9 +328,10 @@ class _Call:
 
     def history(
         self, turns: Turns, principal: Principal, handle: Handle, earlier: list[Turn]
-    ) -> None:
-        pairs = [(t.role, t.content) for t in earlier]
-        turns.history(principal, handle, pairs, self.cancel, self.deadline.left())
+    ) -> int:
+        """Ingest `earlier`; the session's tokens after it."""
+        result = turns.history(principal, handle, earlier, self.cancel, self.deadline.left())
+        return result.receipt.n_seen
 
 
 def _admitted(session_id: str) -> None:

@@ -27,8 +27,8 @@ from sinkd.daemon.runtime.api import (
     Receipt,
     Stream,
     TokenEvent,
+    Turn,
 )
-from sinkd.daemon.runtime.conversations.chains import Turn
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, Deadline
 from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
 from sinkd.daemon.runtime.turns import Turns
@@ -167,8 +167,7 @@ class Responses:
         chat = ChatRequest(items[-1].content, request.options)
         try:
             if len(items) > 1:  # earlier input items go in as framed turns, the last is asked
-                earlier = [(t.role, t.content) for t in items[:-1]]
-                self.turns.history(principal, handle, earlier, cancel, deadline.left())
+                self.turns.history(principal, handle, items[:-1], cancel, deadline.left())
                 c = replace(c, ingested_turns=len(items) - 1)
             events = self.turns.chat(principal, handle, chat, cancel, deadline.left())
         except BaseException:
