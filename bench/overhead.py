@@ -100,7 +100,7 @@ def daemon_run(client: Client, prompt: list[int], tokens: int) -> float:
     stamps = [
         time.perf_counter()
         for ev in client.s.Generate(
-            pb.GenerationOptions(handle=h, max_tokens=tokens + 1), metadata=md
+            pb.GenerateRequest(handle=h, max_tokens=tokens + 1), metadata=md
         )
         if ev.HasField("token")
     ]

@@ -71,7 +71,7 @@ def test_tenants_cannot_see_or_touch_each_other(client: Client) -> None:
     for call in (
         lambda: client.inspect(h, md=BOB),
         lambda: client.append(h, "x", md=BOB),
-        lambda: client.s.Generate(pb.GenerationOptions(handle=h, max_tokens=2), metadata=BOB),
+        lambda: client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2), metadata=BOB),
         lambda: client.s.Chat(pb.ChatRequest(handle=h, message="hi"), metadata=BOB),
         lambda: client.s.Reset(req, metadata=BOB),
         lambda: client.s.Fork(req, metadata=BOB),
@@ -134,7 +134,7 @@ def test_reset_stales_the_handle_frees_cells_and_leaves_nothing(
         lambda: client.append(h, "x"),
         lambda: client.inspect(h),
         lambda: client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE),
-        lambda: client.s.Generate(pb.GenerationOptions(handle=h, max_tokens=2), metadata=ALICE),
+        lambda: client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2), metadata=ALICE),
     ):
         assert code_of(call) == grpc.StatusCode.FAILED_PRECONDITION
     # the next stream inherits nothing: it continues exactly as a fresh session does
@@ -246,7 +246,7 @@ def test_cancelled_generate_stops_within_a_step(daemon: Daemon, client: Client) 
     h = client.create().handle
     client.append(h, TEXT[:200])
     n0 = client.inspect(h).receipt.n_seen
-    call = client.s.Generate(pb.GenerationOptions(handle=h, max_tokens=200), metadata=ALICE)
+    call = client.s.Generate(pb.GenerateRequest(handle=h, max_tokens=200), metadata=ALICE)
     got = 0
     for ev in call:
         got += ev.HasField("token")
@@ -326,7 +326,7 @@ def test_bad_requests_get_clear_statuses(client: Client) -> None:
     )
     assert code_of(lambda: client.generate(h)) == grpc.StatusCode.INVALID_ARGUMENT  # empty session
     sampling = pb.Sampling(temperature=9.0)
-    req = pb.GenerationOptions(handle=h, max_tokens=2, sampling=sampling)
+    req = pb.GenerateRequest(handle=h, max_tokens=2, sampling=sampling)
     assert (
         code_of(lambda: client.s.Generate(req, metadata=ALICE)) == grpc.StatusCode.INVALID_ARGUMENT
     )
@@ -362,7 +362,7 @@ def test_stop_with_sessions_open_cancels_and_frees(tmp_path: Path) -> None:
 
     def long_generate() -> None:
         try:
-            for _ in c.s.Generate(pb.GenerationOptions(handle=h, max_tokens=2000), metadata=ALICE):
+            for _ in c.s.Generate(pb.GenerateRequest(handle=h, max_tokens=2000), metadata=ALICE):
                 streaming.set()
         except grpc.RpcError as e:
             codes.append(e.code())

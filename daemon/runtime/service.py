@@ -53,9 +53,19 @@ from sinkd.errors import PermissionDenied
 log = logging.getLogger("sinkd.service")
 
 
+# opens the engine for the settings' model: llama.cpp's (`boot.open_for`), or a test's fake
+EngineOpener = Callable[[Settings, ModelEntry], tuple[Engine, ModelIdentity]]
+
+
 class SinkdService:
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        open_engine: EngineOpener = boot.open_for,
+    ) -> None:
         self.settings = settings
+        self._open_for = open_engine
         self.metrics = metrics or Metrics()
         self.entry: ModelEntry = load_lock().get(settings.model)
         self.registry = Registry(settings.node)
@@ -145,7 +155,7 @@ class SinkdService:
         self.embedder, self.recall.search = boot.open_embedder(self.settings.recall_dense)
         if self.durability is not None:
             self.durability.embedder = self.embedder
-        engine, self.identity = boot.open_for(self.settings, self.entry)
+        engine, self.identity = self._open_for(self.settings, self.entry)
         return engine
 
     def _resume(self, engine: Engine) -> None:

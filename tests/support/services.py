@@ -1,13 +1,32 @@
-"""The service in process, driven past its edges: calls whose jobs share one engine step."""
+"""The service in process, driven past its edges: on the fake engine, and calls whose jobs share
+one engine step."""
 
 from __future__ import annotations
 
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from sinkd.daemon.runtime.service import SinkdService
+from tests.support.fake_engine import FakeEngine, open_fake
+from tests.support.settings import settings
+
+
+def fake_service(tmp: Path, **kw: Any) -> SinkdService:
+    """A started service on the fake engine: not durable, recall by words alone, four sessions."""
+    config = {"durable": False, "recall_dense": False, "max_sessions": 4, **kw}
+    service = SinkdService(settings(tmp, **config), open_engine=open_fake)
+    service.start()
+    service.wait_ready(30)
+    return service
+
+
+def fake_engine_of(service: SinkdService) -> FakeEngine:
+    engine = service.scheduler.engine
+    assert isinstance(engine, FakeEngine)
+    return engine
 
 
 def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:

@@ -1,0 +1,220 @@
+"""The conversation layer for stateless clients, against the fake engine: which session answers a
+resent history, and how it was found (continued, regenerated, caught-up, new, named), what a
+reset or a close does to that, and which session makes room at the limit. Seconds, not minutes:
+the real model's part (the bits a continued session computes, the HTTP wire) is tests/test_http.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinkd.daemon.runtime.api import (
+    GenerationOptions,
+    Handle,
+    SamplingRequest,
+    TokenEvent,
+    Turn,
+)
+from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal
+from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, StaleGeneration
+from tests.support.services import fake_engine_of, fake_service
+
+pytestmark = pytest.mark.unit
+ALICE, BOB = Principal("alice"), Principal("bob")
+GREEDY = GenerationOptions(12, sampling=SamplingRequest(temperature=0.0))
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[SinkdService]:
+    s = fake_service(tmp_path)
+    yield s
+    s.stop()
+
+
+def say(
+    service: SinkdService, history: list[Turn], who: Principal = ALICE, **kw: Any
+) -> tuple[Continuation, str]:
+    """One turn of a client that resends `history` whole (its last turn is the new message)."""
+    request = StatelessChatRequest("You are terse.", tuple(history), GREEDY, **kw)
+    found, events = service.chats.turn(who, request)
+    reply = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    return found, reply
+
+
+def n_seen(service: SinkdService, session_id: str) -> int:
+    session = service.registry.get(session_id)
+    assert session is not None
+    return session.seq.state.n_seen
+
+
+def test_a_resent_history_continues_its_session_with_only_the_new_turn(
+    service: SinkdService,
+) -> None:
+    history = [Turn("user", "Hello, who are you?")]
+    first, reply = say(service, history)
+    assert first.how == "new" and first.ingested_turns == 0
+    sid = first.handle.session_id
+    after_first = n_seen(service, sid)
+    decoded = fake_engine_of(service).decoded
+    history += [Turn("assistant", reply), Turn("user", "And what do you do?")]
+    second, _ = say(service, history)
+    assert (second.how, second.handle.session_id) == ("continued", sid), second.why
+    assert second.ingested_turns == 0 and second.n_seen_before == after_first
+    # nothing of the history was decoded again: the new turn's framing and the reply alone
+    new_turn = len(
+        fake_engine_of(service).vocab.tokenize("\n<|im_start|>user\nAnd what do you do?")
+    )
+    assert fake_engine_of(service).decoded - decoded <= new_turn + 8 + GREEDY.max_tokens
+
+
+def test_the_same_last_message_again_is_a_regenerate_that_reads_nothing_again(
+    service: SinkdService,
+) -> None:
+    history = [Turn("user", "Tell me a word.")]
+    first, reply = say(service, history)
+    sid = first.handle.session_id
+    again, reply_again = say(service, history)
+    assert (again.how, again.handle.session_id) == ("regenerated", sid), again.why
+    assert again.n_seen_before == first.n_seen_before or first.how == "new"
+    session = service.registry.get(sid)
+    assert session is not None and session.rewinds == 1
+    assert reply_again  # a turn was generated from the taken-back point
+    edited, _ = say(service, [Turn("user", "Tell me two words.")])  # an edited first message
+    assert edited.how == "new"  # a conversation's first turn is matched by its message too
+    history += [Turn("assistant", reply_again), Turn("user", "Another?")]
+    say(service, history)
+    history[-1] = Turn("user", "Another one, please?")  # the last message edited
+    edit, _ = say(service, history)
+    assert (edit.how, edit.handle.session_id) == ("regenerated", sid), edit.why
+
+
+def test_a_session_that_missed_turns_taken_elsewhere_catches_up(service: SinkdService) -> None:
+    history = [Turn("user", "Start here.")]
+    first, reply = say(service, history)
+    sid = first.handle.session_id
+    # the conversation went on on another node: two turns this session never took
+    history += [
+        Turn("assistant", reply),
+        Turn("user", "Meanwhile, elsewhere."),
+        Turn("assistant", "A reply this node never gave."),
+        Turn("user", "Back here."),
+    ]
+    back, _ = say(service, history)
+    assert (back.how, back.handle.session_id) == ("caught-up", sid), back.why
+    assert back.ingested_turns == 2
+
+
+def test_a_history_no_session_took_starts_one_and_reads_its_turns(service: SinkdService) -> None:
+    history = [
+        Turn("user", "First."),
+        Turn("assistant", "One."),
+        Turn("user", "Second."),
+        Turn("assistant", "Two."),
+        Turn("user", "Third?"),
+    ]
+    found, _ = say(service, history)
+    assert found.how == "new" and found.ingested_turns == 4, found.why
+    assert "no session" in found.why or found.why
+
+
+def test_another_tenant_never_continues_or_learns_of_a_session(service: SinkdService) -> None:
+    history = [Turn("user", "A shared opening line.")]
+    mine, reply = say(service, history)
+    history += [Turn("assistant", reply), Turn("user", "Go on.")]
+    theirs, _ = say(service, history, who=BOB)
+    assert theirs.how == "new" and theirs.handle.session_id != mine.handle.session_id
+    with pytest.raises(NotFound):  # naming alice's session as bob: nothing to find
+        say(service, [Turn("user", "Hi.")], who=BOB, session_id=mine.handle.session_id)
+
+
+def test_after_a_reset_the_history_is_read_again_in_a_new_session(service: SinkdService) -> None:
+    history = [Turn("user", "Remember this.")]
+    first, reply = say(service, history)
+    service.reset(ALICE, first.handle)
+    history += [Turn("assistant", reply), Turn("user", "Did you?")]
+    again, _ = say(service, history)
+    assert again.how == "new" and again.handle.session_id != first.handle.session_id, again.why
+    assert again.ingested_turns == 2
+    with pytest.raises(StaleGeneration):  # the reset session's old handle is refused
+        service.reset(ALICE, first.handle)
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
+    service: SinkdService, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between matching the regenerate and taking the last turn back, the session is reset or
+    closed: the rewind, checked on the engine thread at the handle's generation, is refused; the
+    reset session holds nothing of the old turns; the client's next try starts anew."""
+    history = [Turn("user", f"A conversation that will be {how}.")]
+    first, _ = say(service, history)
+    sid = first.handle.session_id
+    real = service.chats.rewind
+
+    def overtaken(principal: Principal, handle: Handle, to: int) -> None:
+        (service.reset if how == "reset" else service.close)(ALICE, handle)
+        real(principal, handle, to)
+
+    monkeypatch.setattr(service.chats, "rewind", overtaken)
+    with pytest.raises(StaleGeneration if how == "reset" else NotFound):
+        say(service, history)
+    session = service.registry.get(sid)
+    if how == "reset":
+        assert session is not None and session.rewinds == 0
+        # the system prompt alone, decoded or waiting to be: nothing of the old turns
+        held = session.seq.state.n_seen + len(session.pending_prefix)
+        assert held == len(session.system_tokens)
+    else:
+        assert session is None
+    monkeypatch.setattr(service.chats, "rewind", real)
+    again, _ = say(service, history)
+    assert again.how == "new" and again.handle.session_id != sid
+
+
+def test_a_named_session_is_continued_as_named_and_checked(service: SinkdService) -> None:
+    first, _ = say(service, [Turn("user", "Name me.")])
+    sid = first.handle.session_id
+    named, _ = say(service, [Turn("user", "Whatever the history.")], session_id=sid)
+    assert (named.how, named.handle.session_id) == ("named", sid)
+    with pytest.raises(NotFound):
+        say(service, [Turn("user", "Hi.")], session_id="s-no-such-session")
+
+
+def test_past_the_session_limit_the_callers_least_recent_conversation_makes_room(
+    tmp_path: Path,
+) -> None:
+    service = fake_service(tmp_path, max_sessions=2)
+    try:
+        oldest, _ = say(service, [Turn("user", "Conversation one.")])
+        kept, _ = say(service, [Turn("user", "Conversation two.")])
+        with pytest.raises(ResourceExhausted):  # bob has no conversation to give up
+            say(service, [Turn("user", "Bob's.")], who=BOB)
+        third, _ = say(service, [Turn("user", "Conversation three.")])
+        assert third.how == "new" and oldest.handle.session_id in third.why
+        assert service.registry.get(oldest.handle.session_id) is None
+        assert service.registry.get(kept.handle.session_id) is not None
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize(
+    "turns",
+    [
+        [],
+        [Turn("assistant", "I speak first.")],
+        [Turn("user", "Hi."), Turn("user", "Two user turns in a row.")],
+        [Turn("user", "   ")],
+    ],
+)
+def test_a_history_that_is_no_conversation_is_refused(
+    service: SinkdService, turns: list[Turn]
+) -> None:
+    with pytest.raises(InvalidInput):
+        say(service, turns)
+    assert not service.registry.of_tenant("alice")  # nothing was made

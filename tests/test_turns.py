@@ -1,0 +1,119 @@
+"""The turn operations and the scheduler's admission against the fake engine: appends past n_batch
+cut to fit, the window's evictions carried out on the cells as the policy planned them, generation
+bounds and stops, cancels, stale handles, the session limit. Logic only: what the real model
+computes is tests/test_daemon.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sinkd.daemon.runtime.api import (
+    CancelToken,
+    ChatRequest,
+    Done,
+    GenerationOptions,
+    PolicyRequest,
+    SamplingRequest,
+    TokenEvent,
+)
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal
+from sinkd.errors import Cancelled, InvalidInput, ResourceExhausted, StaleGeneration
+from tests.support.services import fake_engine_of, fake_service
+
+pytestmark = pytest.mark.unit
+ALICE = Principal("alice")
+WINDOW = PolicyRequest(name="sink", sinks=4, window=60, evict_chunk=8)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[SinkdService]:
+    s = fake_service(tmp_path, n_batch=64, step_tokens=32)
+    yield s
+    s.stop()
+
+
+def events(stream: Iterator[TokenEvent | Done]) -> tuple[list[TokenEvent], Done]:
+    tokens, done = [], None
+    for event in stream:
+        if isinstance(event, TokenEvent):
+            tokens.append(event)
+        else:
+            done = event
+    assert done is not None
+    return tokens, done
+
+
+def test_a_long_append_is_cut_below_n_batch_and_the_window_holds(service: SinkdService) -> None:
+    """1,000 tokens through a 64-token batch (the fake refuses a larger one, as llama.cpp would
+    abort): each eviction the policy planned is carried out on the cells, which end as its
+    account says (the auditor checks each step against the cells too)."""
+    h = service.create(ALICE, WINDOW).handle
+    result = service.append(ALICE, h, "word " * 200)
+    receipt = result.receipt
+    assert receipt.n_seen == 1 + 1000  # BOS, then one token per byte
+    assert receipt.retained <= 4 + 60
+    session = service.registry.get(h.session_id)
+    assert session is not None
+    held = sorted(fake_engine_of(service).cells.seqs[session.seq_id])
+    spans = (receipt.anchors_cache, receipt.recent_cache)
+    assert held == [p for start, end in spans for p in range(start, end)]  # the policy's account
+    assert receipt.evictions > 0 and receipt.evicted_tokens == receipt.n_seen - receipt.retained
+
+
+def test_generation_is_bounded_seeded_and_stops_where_asked(service: SinkdService) -> None:
+    h = service.create(ALICE, WINDOW).handle
+    service.append(ALICE, h, "Once upon a time")
+    tokens, done = events(service.generate(ALICE, h, GenerationOptions(5)))
+    assert len(tokens) <= 5 and done.reason in ("max_tokens", "eog")
+    sampled = GenerationOptions(20, sampling=SamplingRequest(temperature=1.0, seed=7))
+    forks = [service.fork(ALICE, h).handle for _ in range(2)]
+    a, b = (events(service.generate(ALICE, f, sampled))[0] for f in forks)
+    assert [t.id for t in a] == [t.id for t in b]  # the same seed, the same stream, the same draws
+    text = "".join(t.text for t in a)
+    if len(text) > 2:  # stop at what the reply says: it ends before the stop string
+        stop = text[2]
+        f = service.fork(ALICE, h).handle
+        cut, done = events(
+            service.generate(ALICE, f, GenerationOptions(20, (stop,), sampled.sampling))
+        )
+        assert done.reason == "stop" and stop not in "".join(t.text for t in cut)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 4097])
+def test_a_generation_bound_out_of_range_is_refused(service: SinkdService, max_tokens: int) -> None:
+    h = service.create(ALICE, WINDOW).handle
+    service.append(ALICE, h, "Hello")
+    with pytest.raises(InvalidInput, match="max_tokens"):
+        list(service.generate(ALICE, h, GenerationOptions(max_tokens)))
+
+
+def test_a_cancelled_token_cancels_the_turn_before_it_decodes(service: SinkdService) -> None:
+    h = service.create(ALICE, WINDOW).handle
+    service.append(ALICE, h, "Hello")
+    token = CancelToken()
+    token.cancel()  # the client went away before its turn was queued
+    with pytest.raises(Cancelled):
+        list(service.chat(ALICE, h, ChatRequest("Are you there?"), cancel=token))
+    receipt = service.receipt(service.access.owned(ALICE, h))
+    assert receipt.n_seen == 1 + len("Hello")  # nothing of the cancelled turn went in
+
+
+def test_a_reset_stales_the_handle(service: SinkdService) -> None:
+    h = service.create(ALICE, WINDOW).handle
+    service.append(ALICE, h, "Hello")
+    fresh = service.reset(ALICE, h)
+    assert fresh.generation != h.generation and fresh.n_seen == 0
+    with pytest.raises(StaleGeneration):
+        service.append(ALICE, h, "more")
+
+
+def test_past_the_session_limit_create_is_refused_until_one_closes(service: SinkdService) -> None:
+    handles = [service.create(ALICE, WINDOW).handle for _ in range(service.max_sessions())]
+    with pytest.raises(ResourceExhausted):
+        service.create(ALICE, WINDOW)
+    service.close(ALICE, handles[0])
+    assert service.create(ALICE, WINDOW).handle.session_id != handles[0].session_id
