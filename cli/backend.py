@@ -122,7 +122,7 @@ class EmbeddedBackend:
         return self.service.moves.export(self.principal, handle)  # refused: not durable
 
     def import_session(self, data: bytes) -> Receipt:
-        return self.service.receipt(self.service.moves.import_(self.principal, data))
+        return self.service.moves.import_(self.principal, data)
 
     def release(self, handle: Handle) -> None:
         self.service.moves.release(self.principal, handle)  # refused: not durable

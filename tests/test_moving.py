@@ -79,7 +79,7 @@ def test_a_moved_session_keeps_its_handle_memory_and_logits_and_goes_on_the_same
     h = planted(a)
     before = logits(a, ALICE, h)
     data = b"".join(a.moves.export(ALICE, h))
-    receipt = b.receipt(b.moves.import_(ALICE, data))
+    receipt = b.moves.import_(ALICE, data)
     # the same id and generation: the client's handle is valid here
     assert (receipt.session_id, receipt.generation) == (h.session_id, h.generation)
     assert np.array_equal(logits(b, ALICE, h), before)

@@ -5,6 +5,7 @@ computes is tests/test_daemon.py's."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import Cancelled, InvalidInput, ResourceExhausted, StaleGeneration
+from tests.support.fake_engine import IM_START
 from tests.support.services import fake_engine_of, fake_service
 
 pytestmark = pytest.mark.unit
@@ -117,3 +119,35 @@ def test_past_the_session_limit_create_is_refused_until_one_closes(service: Sink
         service.create(ALICE, WINDOW)
     service.close(ALICE, handles[0])
     assert service.create(ALICE, WINDOW).handle.session_id != handles[0].session_id
+
+
+def test_a_chat_turn_is_framed_for_where_the_session_stands_when_it_starts(
+    service: SinkdService,
+) -> None:
+    """Two turns queued on one session before either starts: the second follows the first's
+    reply, so it opens on a new line, as any turn after a reply does. The caller cannot know
+    that when it asks; the job decides on the engine thread as it starts."""
+    h = service.create(ALICE, PolicyRequest(name="sink", sinks=4, window=200)).handle
+    session = service.registry.get(h.session_id)
+    assert session is not None
+    held, go = threading.Event(), threading.Event()
+
+    def hold(engine: object) -> None:
+        held.set()
+        assert go.wait(30)
+
+    holder = threading.Thread(target=service.scheduler.call, args=(hold,))
+    holder.start()
+    assert held.wait(30)  # the engine thread is busy: both turns wait in its inbox
+    options = GenerationOptions(6, sampling=SamplingRequest(temperature=0.0))
+    first = service.chat(ALICE, h, ChatRequest("First?", options))
+    second = service.chat(ALICE, h, ChatRequest("Second?", options))
+    go.set()
+    holder.join(30)
+    events(first)
+    events(second)
+    stream = service.scheduler.call(lambda e: list(session.retained.all()))
+    opened = [i for i, t in enumerate(stream) if t == IM_START]
+    assert len(opened) == 2 * 2  # each user turn and its reply's header (no system prompt)
+    newline = fake_engine_of(service).vocab.tokenize("\n")
+    assert all(stream[i - 1 : i] == newline for i in opened[1:]), stream

@@ -289,7 +289,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             if size > MAX_ARCHIVE_BYTES:
                 raise InvalidInput(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
             pieces.append(piece.data)
-        receipt = self.service.receipt(self.service.moves.import_(principal, b"".join(pieces)))
+        receipt = self.service.moves.import_(principal, b"".join(pieces))
         return pb.ImportResponse(
             handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt)
         )

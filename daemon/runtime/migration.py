@@ -21,7 +21,7 @@ from typing import Protocol
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.access import Access
-from sinkd.daemon.runtime.api import Handle
+from sinkd.daemon.runtime.api import Handle, Receipt
 from sinkd.daemon.runtime.durable.durability import GATES, Durability
 from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
 from sinkd.daemon.runtime.lifecycle import check_generation
@@ -60,13 +60,18 @@ class SessionMoves:
         session = self.access.visible(principal, handle)
         return self.scheduler.call(lambda e: self._mover().export(e, session, handle.generation))
 
-    def import_(self, principal: Principal, data: bytes) -> Session:
+    def import_(self, principal: Principal, data: bytes) -> Receipt:
         """An archive as a session of this daemon; the admin may import any tenant's, a tenant
-        its own."""
+        its own. Its receipt, read on the engine thread as it was imported."""
         tenant = None if principal.admin and principal.tenant is None else principal.tenant
-        session = self.scheduler.call(lambda e: self._mover().import_(e, data, tenant))
+
+        def imported(engine: Engine) -> Receipt:
+            session = self._mover().import_(engine, data, tenant)
+            return session.receipt(engine.kv_bytes_per_token)
+
+        receipt = self.scheduler.call(imported)
         self.metrics.active_sessions.set(len(self.registry))
-        return session
+        return receipt
 
     def release(self, principal: Principal, handle: Handle) -> None:
         """The session now lives on another node (its archive imported there): closed here, and

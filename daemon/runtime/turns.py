@@ -6,6 +6,7 @@ against."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from sinkd.cachepolicy.recall_plan import RecallMode
 from sinkd.daemon import failpoints
@@ -31,6 +32,14 @@ from sinkd.daemon.runtime.recall.framing import Presentation, chat_layout
 from sinkd.daemon.runtime.recall.layer import RecallAsk, chat_query
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Unsupported
+
+AFTER = ("", "\n")  # a turn's framing at a session's start, and after a reply
+
+
+def after_reply(session: Session) -> int:
+    """Engine thread: 1 when the session's stream holds more than its system prompt (the next
+    turn opens on a new line), else 0; an index into `AFTER`."""
+    return int(session.seq.state.n_seen > len(session.system_tokens))
 
 
 class Turns:
@@ -94,10 +103,22 @@ class Turns:
             return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
         marks = [(t.role, content_mark(i)) for i, t in enumerate(turns)]
         framed = engine.vocab.render_chat(marks, add_assistant=False)
-        if session.seq.state.n_seen > len(session.system_tokens):  # after a reply, as `chat`
-            framed = "\n" + framed
-        tokens = engine.vocab.tokenize_framed(framed, [t.content for t in turns])
-        return self.append(principal, handle, None, tokens, cancel, timeout)
+        contents = [t.content for t in turns]
+        # after a reply the turns open on a new line, as `chat`'s: which one is decided as the
+        # job starts, on the engine thread, where the session stands then
+        framings = [engine.vocab.tokenize_framed(prefix + framed, contents) for prefix in AFTER]
+
+        taken: list[int] = []
+
+        def frame(job: Job) -> None:
+            job.tokens = framings[after_reply(job.session)]
+            taken.append(len(job.tokens))
+
+        job = Job(session, framings[0], generation=handle.generation, on_start=frame)
+        if cancel is not None:
+            cancel.tie(job.cancel)
+        done = self.wait(self.scheduler.submit(job), timeout)
+        return AppendResult(taken[0], done.receipt)
 
     def generate(
         self,
@@ -129,11 +150,37 @@ class Turns:
             raise Unsupported(
                 f"model {self.entry.name} has no chat template; use append and generate"
             )
-        message = request.message
+        # both framings of the turn (after a reply it opens on a new line), tokenized here; which
+        # one goes in, and the seed of the model's chat sampling, is decided as the job starts, on
+        # the engine thread, where the session stands then
+        framings = [self._chat_turn(session, request.message, prefix) for prefix in AFTER]
+        params = requests.sampling_params(request.options.sampling)
+        seeded = params is None and not session.sampling.chosen
+        entry = self.entry
+
+        def frame(job: Job) -> None:
+            s = job.session
+            job.tokens, job.recall = framings[after_reply(s)]
+            if seeded and job.gen is not None:
+                n_seen = s.seq.state.n_seen
+                chat = requests.chat_sampling(entry.sampling, s.generation, n_seen, s.rewinds)
+                if chat is not None:
+                    job.gen.sampler = Sampler(chat)
+
+        prompt, ask = framings[0]
+        return self._stream(
+            session, handle, request.options, params, prompt, ask, cancel, timeout, frame
+        )
+
+    def _chat_turn(
+        self, session: Session, message: str, prefix: str
+    ) -> tuple[list[int], RecallAsk | None]:
+        """The user's turn in the template's framing (the message as text) and, when the session
+        recalls on its own, where its recalled passages go."""
+        engine = self.access.engine
         mark = content_mark(0)  # the message goes in as text, the template's framing around it
         turn = engine.vocab.render_chat([("user", mark)], add_assistant=False)
         text = engine.vocab.render_chat([("user", mark)], add_assistant=True)
-        prefix = "\n" if session.seq.state.n_seen > len(session.system_tokens) else ""
         if not text.startswith(turn):  # a template that does not end the turn before the header
             turn = text
         question = engine.vocab.tokenize_framed(prefix + turn, [message])
@@ -150,12 +197,7 @@ class Turns:
                 strip_control=True,
                 insert_at=layout.insert_at,
             )
-        params = requests.sampling_params(request.options.sampling)
-        if params is None and not session.sampling.chosen:
-            params = requests.chat_sampling(
-                self.entry.sampling, session.generation, session.seq.state.n_seen, session.rewinds
-            )
-        return self._stream(session, handle, request.options, params, prompt, ask, cancel, timeout)
+        return prompt, ask
 
     def _stream(
         self,
@@ -167,12 +209,13 @@ class Turns:
         ask: RecallAsk | None,
         cancel: CancelToken | None,
         timeout: float | None,
+        on_start: Callable[[Job], None] | None = None,
     ) -> Stream:
         """The one place a request's options become the engine's spec."""
         requests.check_generation_args(options.max_tokens, options.stops)
         sampler = session.sampler if params is None else Sampler(params)
         spec = GenSpec(options.max_tokens, list(options.stops), sampler)
-        job = Job(session, prompt, spec, generation=handle.generation)
+        job = Job(session, prompt, spec, generation=handle.generation, on_start=on_start)
         job.recall = ask
         if cancel is not None:
             cancel.tie(job.cancel)

@@ -111,6 +111,8 @@ class Executor:
             raise SessionFailed(
                 f"session {session.id} failed ({session.failure}); reset or close it"
             )
+        if job.on_start is not None:
+            job.on_start(job)
         if job.recall is not None and self.recall is not None:
             try:  # recalled passages go in where the job says (after the question)
                 at = job.recall.insert_at

@@ -41,8 +41,12 @@ class Job:
         tokens: list[int],
         gen: GenSpec | None = None,
         generation: str | None = None,
+        on_start: Callable[[Job], None] | None = None,
     ) -> None:
         self.session = session
+        # engine thread, as the job starts: what depends on where the session stands then (a chat
+        # turn's framing after a reply, its sampling's seed) is decided here, not by the caller
+        self.on_start = on_start
         self.generation = session.generation if generation is None else generation
         self.tokens = tokens
         self.gen = gen
