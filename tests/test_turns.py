@@ -151,3 +151,20 @@ def test_a_chat_turn_is_framed_for_where_the_session_stands_when_it_starts(
     assert len(opened) == 2 * 2  # each user turn and its reply's header (no system prompt)
     newline = fake_engine_of(service).vocab.tokenize("\n")
     assert all(stream[i - 1 : i] == newline for i in opened[1:]), stream
+
+
+def test_an_empty_append_changes_nothing_or_decodes_what_a_reset_left_pending(
+    service: SinkdService,
+) -> None:
+    h = service.create(ALICE, WINDOW, system_prompt="Be brief.").handle
+    before = service.append(ALICE, h, "Hello").receipt.n_seen
+    empty = service.append(ALICE, h, "")
+    assert (empty.appended, empty.receipt.n_seen) == (0, before)
+    fresh = service.reset(ALICE, h)
+    assert fresh.n_seen == 0  # the system prompt waits to go in with the next append
+    h = fresh.handle
+    session = service.access.owned(ALICE, h)
+    after = service.append(ALICE, h, "")
+    assert after.appended == 0 and after.receipt.n_seen == len(session.system_tokens)
+    listed = {r.session_id: r.n_seen for r in service.reads.list_sessions(ALICE)}
+    assert listed == {h.session_id: len(session.system_tokens)}

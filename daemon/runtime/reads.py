@@ -38,7 +38,8 @@ class SessionReads:
         self.entry = entry
 
     def receipt(self, session: Session) -> Receipt:
-        return session.receipt(self.access.engine.kv_bytes_per_token)
+        """Read on the engine thread, between steps: a step may be changing the session now."""
+        return self.scheduler.call(lambda e: session.receipt(e.kv_bytes_per_token))
 
     def inspect(
         self, principal: Principal, handle: Handle, include_text: bool, include_logits: bool = False
@@ -71,11 +72,15 @@ class SessionReads:
     def list_sessions(self, principal: Principal) -> list[Receipt]:
         if principal.tenant is None:
             return []
-        return [self.receipt(s) for s in self.registry.of_tenant(principal.tenant)]
+        sessions = self.registry.of_tenant(principal.tenant)
+        return self.scheduler.call(lambda e: [s.receipt(e.kv_bytes_per_token) for s in sessions])
 
     def list_all(self, principal: Principal) -> list[Receipt]:
         admin_only(principal, "listing every session")
-        return [self.receipt(s).for_admin() for s in self.registry.all()]
+        sessions = self.registry.all()
+        return self.scheduler.call(
+            lambda e: [s.receipt(e.kv_bytes_per_token).for_admin() for s in sessions]
+        )
 
     def list_models(self, principal: Principal) -> list[ModelInfo]:
         admin_only(principal, "listing the models")

@@ -288,15 +288,22 @@ class SinkdService:
     def reset(self, principal: Principal, handle: Handle) -> Receipt:
         session = self.access.owned(principal, handle)
         t0 = time.monotonic()
-        self.scheduler.call(lambda e: self.lifecycle.reset(e, session, handle.generation))
+        receipt = self.scheduler.call(
+            lambda e: self.lifecycle.reset(e, session, handle.generation).receipt(
+                e.kv_bytes_per_token
+            )
+        )
         self.metrics.resets.inc()
         self.metrics.reset_latency.observe(time.monotonic() - t0)
-        return self.receipt(session)
+        return receipt
 
     def fork(self, principal: Principal, handle: Handle) -> Receipt:
         parent = self.access.owned(principal, handle)
-        child = self.scheduler.call(lambda e: self.lifecycle.fork(e, parent, handle.generation))
-        return self.receipt(child)
+        return self.scheduler.call(
+            lambda e: self.lifecycle.fork(e, parent, handle.generation).receipt(
+                e.kv_bytes_per_token
+            )
+        )
 
     def close(self, principal: Principal, handle: Handle) -> None:
         """Close a session and delete what is stored of it; a stale session can be closed too. The

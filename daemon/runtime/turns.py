@@ -77,8 +77,8 @@ class Turns:
         else:
             engine.vocab.check_tokens(tokens)
         failpoints.hit("append-tokenized")
-        if not tokens and not session.pending_prefix:  # an empty append changes nothing
-            return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
+        # an empty append decodes what the session has pending (a reset's system prompt), or
+        # nothing: the engine thread knows which, and answers the receipt as it stands
         job = Job(session, tokens, generation=handle.generation)
         if cancel is not None:
             cancel.tie(job.cancel)
@@ -100,7 +100,7 @@ class Turns:
             raise Unsupported(f"model {self.entry.name} has no chat template")
         session = self.access.owned(principal, handle)
         if not turns:
-            return AppendResult(0, session.receipt(engine.kv_bytes_per_token))
+            return self.append(principal, handle, None, [], cancel, timeout)
         marks = [(t.role, content_mark(i)) for i, t in enumerate(turns)]
         framed = engine.vocab.render_chat(marks, add_assistant=False)
         contents = [t.content for t in turns]
