@@ -49,9 +49,10 @@ def bare(
 ) -> tuple[float, dict[str, float]]:
     """The minimal loop: one context, one sequence, greedy sampler, one token per llama_decode;
     with or without flash attention (the daemon's engine runs it at 256 cells)."""
-    model = llama.llama_model_load_from_file(
-        str(model_path(load_lock().get(None))).encode(), llama.llama_model_default_params()
-    )
+    mp = llama.llama_model_default_params()
+    mp.use_extra_bufts = False  # as the engine loads it: no repacked weights (on this machine's
+    # AMX build, a repacked model segfaults in llama_decode; the engine never repacks: its NOTE)
+    model = llama.llama_model_load_from_file(str(model_path(load_lock().get(None))).encode(), mp)
     cp = llama.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 256, 256, 256, 1
     cp.n_threads = cp.n_threads_batch = threads
