@@ -136,8 +136,11 @@ def test_chat_embedded_runs_without_a_daemon() -> None:
 def test_narrate_a_long_bursty_log_at_flat_memory() -> None:
     """20,000 lines in bursts of 2,000 (with 5,000-byte lines and invalid UTF-8) through S=4, W=60.
 
-    Bound stated: resident memory grows by less than 24 MiB from the first narration after the
-    first eviction to the end (about 330 MiB in all; measured growth here is well under 1 MiB)."""
+    Bound stated: from the first narration after the first eviction to the end, the floor of
+    resident memory (about 350 MiB) rises by less than 24 MiB. Its floor, not a sample: from one
+    narration to the next it swings by ~30 MiB and back (under load: 350, 349, 379, 379, 350, 378,
+    382, 387, 355 ... 355 MiB over 25 narrations, no trend; where the swing comes from is not yet
+    known), so one sample against another says which phase each caught. A leak raises the floor."""
     gen = subprocess.Popen(
         [sys.executable, "tests/loggen.py", "20000", "2000", "0.8"], stdout=subprocess.PIPE
     )
@@ -165,9 +168,11 @@ def test_narrate_a_long_bursty_log_at_flat_memory() -> None:
     assert "running the model in this process" in proc.stderr.decode().splitlines()[0]
     assert summary["retained"] <= 64 and summary["evicted_tokens"] > 0
     assert summary["retained"] + summary["evicted_tokens"] == summary["tokens_seen"]
-    evicting = [n for n in narrations if n["evictions"] > 0]
-    growth = narrations[-1]["rss_bytes"] - evicting[0]["rss_bytes"]
-    assert growth < 24 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB"
+    rss = [n["rss_bytes"] for n in narrations if n["evictions"] > 0]
+    half = len(rss) // 2
+    assert half >= 2, rss  # two samples a half at least: the swing's low phase is in each
+    growth = min(rss[half:]) - min(rss[:half])
+    assert growth < 24 * 2**20, f"RSS floor rose {growth / 2**20:.1f} MiB: {rss}"
 
 
 @pytest.mark.unit
