@@ -41,6 +41,16 @@ def key_fingerprint(key: bytes) -> str:
     return hmac.new(key, b"sinkd conversations key fingerprint", hashlib.sha256).hexdigest()[:16]
 
 
+def http_policy(window: int | None) -> PolicyRequest:
+    """The policy of the sessions the HTTP front makes: the sink policy with the window
+    `http_window` names, else one that fills the session's cells (a chat UI's side prompts, a title
+    or tags request of a few hundred tokens, must keep their instructions: the model's default
+    window, 252 in a 1,024-cell allocation, evicted them before the answer)."""
+    if window is not None:
+        return PolicyRequest(name="sink", window=window)
+    return PolicyRequest(name="sink", fill_window=True)
+
+
 class ClientState:
     def __init__(
         self,
@@ -61,7 +71,7 @@ class ClientState:
         durable = durability is not None
         self.stateless = StatelessChats(
             access, turns, self.conversations, create, close, rewind,
-            self._put_head if durable else None, PolicyRequest(name="sink", window=window),
+            self._put_head if durable else None, http_policy(window),
         )  # fmt: skip
         self.responses = Responses(
             access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),
