@@ -6,6 +6,7 @@ the real model's part (the bits a continued session computes, the HTTP wire) is 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,18 @@ def service(tmp_path: Path) -> Iterator[SinkdService]:
 
 
 def say(
-    service: SinkdService, history: list[Turn], who: Principal = ALICE, **kw: Any
+    service: SinkdService,
+    history: list[Turn],
+    who: Principal = ALICE,
+    seed: int | None = None,
+    **kw: Any,
 ) -> tuple[Continuation, str]:
-    """One turn of a client that resends `history` whole (its last turn is the new message)."""
-    request = StatelessChatRequest("You are terse.", tuple(history), GREEDY, **kw)
+    """One turn of a client that resends `history` whole (its last turn is the new message),
+    greedy, or sampled with `seed`."""
+    options = GREEDY
+    if seed is not None:
+        options = GenerationOptions(12, sampling=SamplingRequest(temperature=1.0, seed=seed))
+    request = StatelessChatRequest("You are terse.", tuple(history), options, **kw)
     found, events = service.chats.turn(who, request)
     reply = "".join(e.text for e in events if isinstance(e, TokenEvent))
     return found, reply
@@ -79,19 +88,127 @@ def test_the_same_last_message_again_is_a_regenerate_that_reads_nothing_again(
     history = [Turn("user", "Tell me a word.")]
     first, reply = say(service, history)
     sid = first.handle.session_id
-    again, reply_again = say(service, history)
+    history += [Turn("assistant", reply), Turn("user", "Another?")]
+    second, _ = say(service, history)
+    again, reply_again = say(service, history)  # the last reply regenerated
     assert (again.how, again.handle.session_id) == ("regenerated", sid), again.why
-    assert again.n_seen_before == first.n_seen_before or first.how == "new"
+    assert again.n_seen_before == second.n_seen_before  # back where the turn began
     session = service.registry.get(sid)
     assert session is not None and session.rewinds == 1
     assert reply_again  # a turn was generated from the taken-back point
-    edited, _ = say(service, [Turn("user", "Tell me two words.")])  # an edited first message
-    assert edited.how == "new"  # a conversation's first turn is matched by its message too
-    history += [Turn("assistant", reply_again), Turn("user", "Another?")]
-    say(service, history)
     history[-1] = Turn("user", "Another one, please?")  # the last message edited
     edit, _ = say(service, history)
     assert (edit.how, edit.handle.session_id) == ("regenerated", sid), edit.why
+
+
+def test_a_first_message_again_is_a_conversation_of_its_own(service: SinkdService) -> None:
+    """Two chats that open with the same message are two conversations (a chat UI's title request
+    repeats a chat's first message): content alone never takes another's turn back. A
+    regenerated first reply reads its one message again, in a session of its own."""
+    opening = [Turn("user", "Hello!")]
+    one, reply_one = say(service, opening, seed=1)
+    two, reply_two = say(service, opening, seed=2)
+    assert reply_one != reply_two  # two conversations as they go on, told apart by their replies
+    assert (one.how, two.how) == ("new", "new"), two.why
+    assert two.handle.session_id != one.handle.session_id
+    session = service.registry.get(one.handle.session_id)
+    assert session is not None and session.rewinds == 0  # the first chat was not touched
+    for found, reply in ((one, reply_one), (two, reply_two)):
+        on, _ = say(service, [*opening, Turn("assistant", reply), Turn("user", "Go on.")])
+        assert (on.how, on.handle.session_id) == ("continued", found.handle.session_id)
+
+
+def test_room_another_call_made_is_taken_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls starting conversations at the limit pick the same least recent one: the second
+    finds it closed already, which is room, not a 404."""
+    service = fake_service(tmp_path, max_sessions=2)
+    try:
+        say(service, [Turn("user", "One.")])
+        say(service, [Turn("user", "Two.")])
+        real = service.chats.close
+
+        def raced(principal: Principal, handle: Handle) -> None:
+            real(principal, handle)  # another call closed it first
+            real(principal, handle)  # then this one
+
+        monkeypatch.setattr(service.chats, "close", raced)
+        third, _ = say(service, [Turn("user", "Three.")])
+        assert third.how == "new" and "for room" in third.why
+    finally:
+        service.stop()
+
+
+def test_a_session_made_for_a_call_is_no_room_for_another_before_its_first_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a new conversation's session being made and its first turn being queued, the
+    session is idle to the engine, not to its caller: another new conversation at the limit is
+    told 429, and does not close it."""
+    service = fake_service(tmp_path, max_sessions=1)
+    try:
+        real = service.chats.turns.chat
+        others: list[str] = []
+        calls = []
+
+        def meanwhile(*args: Any, **kw: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:  # the first call, its session made, its turn not yet queued
+                try:
+                    say(service, [Turn("user", "Another conversation.")])
+                    others.append("answered")
+                except ResourceExhausted:
+                    others.append("429")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(service.chats.turns, "chat", meanwhile)
+        first, reply = say(service, [Turn("user", "The first conversation.")])
+        assert others == ["429"] and first.how == "new" and reply
+    finally:
+        service.stop()
+
+
+def test_a_flood_of_one_first_message_gets_answers_or_429_never_404_or_409(
+    tmp_path: Path,
+) -> None:
+    """Twelve calls at once, one tenant, one first message, four sessions: each is answered or
+    told the daemon is full; none is told its conversation is missing or busy."""
+    service = fake_service(tmp_path, max_sessions=4)
+    held, go = threading.Event(), threading.Event()
+
+    def hold(engine: object) -> None:
+        held.set()
+        assert go.wait(30)
+
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        try:
+            say(service, [Turn("user", "Same opening.")])
+            result = "answered"
+        except ResourceExhausted:
+            result = "429"
+        except Exception as e:  # collected and asserted on the test's thread
+            result = f"{type(e).__name__}: {e}"
+        with lock:
+            outcomes.append(result)
+
+    try:
+        holder = threading.Thread(target=service.scheduler.call, args=(hold,))
+        holder.start()
+        assert held.wait(30)  # the engine thread is busy: every call's create waits in line
+        threads = [threading.Thread(target=call) for _ in range(12)]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in [holder, *threads]:
+            t.join(60)
+        assert len(outcomes) == 12 and set(outcomes) <= {"answered", "429"}, outcomes
+        assert "answered" in outcomes
+    finally:
+        service.stop()
 
 
 def test_a_session_that_missed_turns_taken_elsewhere_catches_up(service: SinkdService) -> None:
@@ -153,8 +270,10 @@ def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
     closed: the rewind, checked on the engine thread at the handle's generation, is refused; the
     reset session holds nothing of the old turns; the client's next try starts anew."""
     history = [Turn("user", f"A conversation that will be {how}.")]
-    first, _ = say(service, history)
+    first, reply = say(service, history)
     sid = first.handle.session_id
+    history += [Turn("assistant", reply), Turn("user", "And then?")]
+    say(service, history)  # its second turn: the one a regenerate takes back
     real = service.chats.rewind
 
     def overtaken(principal: Principal, handle: Handle, to: int) -> None:

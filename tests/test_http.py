@@ -812,6 +812,11 @@ def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
     history = [{"role": "user", "content": f"A conversation that will be {how}."}]
     first, headers = ask(client, history)
     session = headers["x-sinkd-session"]
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And then?"},
+    ]
+    ask(client, history)  # its second turn: the one a regenerate takes back
     service = daemon.service
     real = service.chats.rewind
 
@@ -825,7 +830,7 @@ def test_a_reset_or_close_that_overtakes_a_regenerate_wins_and_leaks_nothing(
     monkeypatch.setattr(service.chats, "rewind", overtaken)
     expected = openai.ConflictError if how == "reset" else openai.NotFoundError
     with pytest.raises(expected):
-        ask(client, history)  # a regenerate of the first reply
+        ask(client, history)  # a regenerate of the second reply
     s = service.registry.get(session)
     if how == "reset":
         assert s is not None and s.rewinds == 0 and s.seq.state.n_seen == len(s.system_tokens)

@@ -248,7 +248,7 @@ def router(front: HttpFront) -> APIRouter:
     @api.post("/api/generate")
     async def generate(request: Request) -> Response:
         """One prompt, framed by the chat template as a user turn under `system`: a conversation
-        of one turn (the same prompt again is a regenerate of it)."""
+        of one turn (the same prompt again is a conversation of its own)."""
         principal = front.principal(request)
         front.ready()
         body = validated(GenerateBody, parse_json(await front.body(request)))

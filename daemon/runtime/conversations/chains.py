@@ -75,13 +75,19 @@ class ConversationIndex:
 
     def retake_key(self, system: str, earlier: Sequence[Turn], new: Turn) -> str:
         """What a turn taken again must match: the history before it (its last message may be
-        edited), or for a conversation's first turn the message too (else every new conversation
-        under the same system prompt would take back another's first turn)."""
+        edited). A first turn is never taken again (`find`); its key holds the message too, so no
+        two first turns share one."""
         return self.head(system, [*earlier] if earlier else [new])
 
     def find(self, tenant: str, head: str, n_turns: int, retake: str) -> Match:
         """The session of this tenant's whose history has this head, if any; else one whose last
-        turn this one takes again (`retake_key`: a regenerated reply or an edited message)."""
+        turn this one takes again (`retake_key`: a regenerated reply or an edited message). A
+        conversation's first turn matches none: the same first message may open many
+        conversations (a chat UI's title request repeats a chat's first message), and content
+        alone never takes another conversation's turn back; a regenerated first reply reads its
+        one message again, in a session of its own."""
+        if n_turns == 0:
+            return Match(None, -1, "a conversation's first turn: a conversation of its own")
         with self._lock:
             sid = self._by_head.get((tenant, head))
             if sid is not None:
@@ -92,8 +98,7 @@ class ConversationIndex:
                 at = self._places[sid]
                 why = f"its {n_turns} earlier turns match and its last turn is taken again"
                 return Match(sid, at.reset_count, why, rewind_to=at.n_before)
-        why = "no session of yours took these turns" if n_turns else "a conversation's first turn"
-        return Match(None, -1, why)
+        return Match(None, -1, "no session of yours took these turns")
 
     def find_behind(self, tenant: str, heads: Sequence[str]) -> tuple[str, int, int] | None:
         """The tenant's session that stands at the longest of these prefix heads, as (session

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,9 +31,17 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
-from sinkd.errors import InvalidInput, NotFound, ResourceExhausted, ShuttingDown, message_of
+from sinkd.errors import (
+    InvalidInput,
+    NotFound,
+    ResourceExhausted,
+    ShuttingDown,
+    StaleGeneration,
+    message_of,
+)
 
-MAX_TURNS = 4096  # a history longer than this is refused (400), not ingested
+MAX_TURNS = 4096
+ROOM_TRIES = 4  # a new conversation at the session limit: how often room is sought  # a history longer than this is refused (400), not ingested
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,10 @@ class StatelessChats:
         self.persist = persist
         self.policy = policy or PolicyRequest(name="sink")  # of every session this layer makes
         self._made: set[str] = set()  # the sessions this layer made for stateless clients
+        # made for a call whose first turn is not whole yet, until when: never room for another
+        # (idle between its creation and its first job, it is not idle to its caller)
+        self._starting: dict[str, float] = {}
+        self._starting_lock = threading.Lock()
 
     def turn(
         self,
@@ -131,7 +144,11 @@ class StatelessChats:
         )
         self.index.place(handle.session_id, before)
         chat = ChatRequest(new.content, request.options)
-        events = self.turns.chat(principal, handle, chat, cancel, call.deadline.left())
+        try:
+            events = self.turns.chat(principal, handle, chat, cancel, call.deadline.left())
+        except BaseException:
+            self._started(handle.session_id)
+            raise
         return continuation, self._placed(events, before, handle, request)
 
     def _find(
@@ -220,22 +237,48 @@ class StatelessChats:
         """A session for a new conversation. At the session limit, the caller's least recently
         used idle stateless conversation session is closed to make room (a client that comes back
         to it resends its history: it is read again, and says so); never another tenant's, never
-        a session made over gRPC or holding stored responses (not `stateless`)."""
-        policy, note = self.policy, ""
-        try:
-            receipt = self.create(principal, policy, None, system)
-        except ResourceExhausted:
-            victim = self._least_recent(principal)
-            if victim is None:
-                raise
-            self.index.remove(victim.session_id)
-            self.close(principal, victim)
-            self._made.discard(victim.session_id)
-            receipt = self.create(principal, policy, None, system)
-            note = f"closed its least recently used conversation {victim.session_id} for room"
+        a session made over gRPC or holding stored responses (not `stateless`). Calls starting
+        conversations at once may pick the same one: closed already is room made, and the room
+        another call took is sought again, a few times, before the caller hears 429."""
+        policy, closed = self.policy, []
+        for attempt in range(ROOM_TRIES):
+            try:
+                receipt = self.create(principal, policy, None, system)
+                break
+            except ResourceExhausted:
+                victim = self._least_recent(principal)
+                if victim is None or attempt == ROOM_TRIES - 1:
+                    raise
+                self.index.remove(victim.session_id)
+                self._made.discard(victim.session_id)
+                with contextlib.suppress(NotFound, StaleGeneration):  # another call closed it
+                    self.close(principal, victim)
+                closed.append(victim.session_id)
+        note = (
+            f"closed its least recently used conversation {', '.join(closed)} for room"
+            if closed
+            else ""
+        )
         if stateless:
+            with self._starting_lock:
+                self._starting[receipt.handle.session_id] = (
+                    time.monotonic() + self.turns.call_timeout_s
+                )
             self._made.add(receipt.handle.session_id)
         return receipt, note
+
+    def _started(self, session_id: str) -> None:
+        """The call that made the session is over: it may give way like any other now."""
+        with self._starting_lock:
+            self._starting.pop(session_id, None)
+
+    def _is_starting(self, session_id: str) -> bool:
+        with self._starting_lock:
+            until = self._starting.get(session_id)
+            if until is not None and until < time.monotonic():  # its call ended long ago
+                del self._starting[session_id]
+                until = None
+            return until is not None
 
     def adopt(self, session_id: str) -> None:
         """A conversation session resumed after a restart is this layer's again."""
@@ -251,7 +294,7 @@ class StatelessChats:
             idle = [
                 s
                 for s in self.access.registry.of_tenant(tenant)
-                if s.id in self._made and not queues.busy(s.id)
+                if s.id in self._made and not queues.busy(s.id) and not self._is_starting(s.id)
             ]
             if not idle:
                 return None
@@ -290,20 +333,23 @@ class StatelessChats:
         """The turn's events; once it is whole, the session stands at the history plus the reply
         as it produced it (a turn cut short stands nowhere: only taking it again continues)."""
         reply: list[str] = []
-        for event in events:
-            if isinstance(event, TokenEvent):
-                reply.append(event.text)
-            else:
-                turns = [*request.turns, Turn("assistant", "".join(reply))]
-                head = self.index.head(request.system, turns)
-                place = dataclasses.replace(
-                    before, reset_count=event.receipt.reset_count, head=head
-                )
-                self.index.place(handle.session_id, place)
-                if self.persist is not None:
-                    self.persist(handle.session_id, place)
-                self._keep_alive(handle, request.keep_alive_s)
-            yield event
+        try:
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    reply.append(event.text)
+                else:
+                    turns = [*request.turns, Turn("assistant", "".join(reply))]
+                    head = self.index.head(request.system, turns)
+                    place = dataclasses.replace(
+                        before, reset_count=event.receipt.reset_count, head=head
+                    )
+                    self.index.place(handle.session_id, place)
+                    if self.persist is not None:
+                        self.persist(handle.session_id, place)
+                    self._keep_alive(handle, request.keep_alive_s)
+                yield event
+        finally:
+            self._started(handle.session_id)
 
     def _keep_alive(self, handle: Handle, seconds: float | None) -> None:
         """The session's own idle expiry, set on the engine thread (which expires sessions)."""
