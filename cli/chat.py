@@ -29,7 +29,6 @@ from sinkd.cli.options import (
 from sinkd.cli.sessions import _span, receipt_table
 from sinkd.daemon.models.registry import load_lock
 from sinkd.daemon.runtime.api import (
-    DEFAULT_MAX_TOKENS,
     ChatRequest,
     Done,
     GenerationOptions,
@@ -61,7 +60,7 @@ def recall_line(report: RecallReport) -> str:
 
 class ChatLoop:
     def __init__(
-        self, backend: Backend, handle: Handle, max_tokens: int, out: TextIO, err: Console
+        self, backend: Backend, handle: Handle, max_tokens: int | None, out: TextIO, err: Console
     ) -> None:
         self.backend = backend
         self.handle = handle
@@ -186,8 +185,9 @@ def chat(
     evict: EvictOpt = None,
     compact: CompactOpt = None,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", min=1, help="Longest reply.")
-    ] = DEFAULT_MAX_TOKENS,
+        int | None,
+        typer.Option("--max-tokens", min=1, help="Longest reply (unset: to the end of the turn)."),
+    ] = None,
     recall: Annotated[
         RecallModeOpt | None,
         typer.Option(

@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     max_calls_per_tenant: int = Field(default=8, ge=1)  # engine calls in flight per tenant
     max_calls_per_session: int = Field(default=2, ge=1)  # in flight on one session
     call_timeout_s: float = Field(default=600.0, gt=0)  # a call without a deadline waits this long
+    # a reply whose client names no max tokens runs to the end of its turn, at most this long (a
+    # looping reply is cut sooner by the repetition guard); a chat UI sends none
+    max_reply_tokens: int = Field(default=4096, ge=1, le=4096)
     # health Watch and reflection streams need no tenant and hold a worker while open: at most
     # this many at once, within the reserve (so Health.Check and tenants' calls always answer)
     max_tenantless_streams: int = Field(default=2, ge=0)

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sinkd.daemon.runtime.api import (
@@ -20,10 +21,12 @@ from sinkd.daemon.runtime.api import (
     SamplingRequest,
     TokenEvent,
 )
+from sinkd.daemon.runtime.loop.jobs import loops
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import Cancelled, InvalidInput, ResourceExhausted, StaleGeneration
-from tests.support.fake_engine import IM_START
+from tests.support import fake_engine
+from tests.support.fake_engine import BYTE0, IM_START, N_VOCAB
 from tests.support.services import fake_engine_of, fake_service
 
 pytestmark = pytest.mark.unit
@@ -168,3 +171,38 @@ def test_an_empty_append_changes_nothing_or_decodes_what_a_reset_left_pending(
     assert after.appended == 0 and after.receipt.n_seen == len(session.system_tokens)
     listed = {r.session_id: r.n_seen for r in service.reads.list_sessions(ALICE)}
     assert listed == {h.session_id: len(session.system_tokens)}
+
+
+@pytest.mark.parametrize(
+    ("ids", "looping"),
+    [
+        ([7] * 64, True),  # one token over and over
+        ([1, 2, 3] * 22, True),  # a short block past the span
+        (list(range(40)) * 4, True),  # a 40-token block four times
+        ([1, 2, 3] * 10, False),  # too short a span to call a loop
+        (list(range(200)), False),  # no repeat
+        (list(range(40)) * 3 + list(range(39)), False),  # three times and a bit: not yet
+    ],
+)
+def test_the_repetition_guard_sees_a_loop_and_nothing_else(ids: list[int], looping: bool) -> None:
+    assert loops(ids) is looping
+
+
+def test_an_unbounded_reply_that_loops_is_cut_and_a_bounded_one_is_not(
+    service: SinkdService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client names no max tokens: the reply runs to its turn's end, a loop cut by the guard
+    (reason "repetition") long before the cap. A client that names max tokens gets them all."""
+
+    def abc_forever(cells: dict[int, int]) -> np.ndarray:
+        row = np.zeros(N_VOCAB, np.float32)
+        row[BYTE0 + ord("abc"[len(cells) % 3])] = 1.0
+        return row
+
+    monkeypatch.setattr(fake_engine, "next_token_logits", abc_forever)
+    h = service.create(ALICE, WINDOW).handle
+    service.append(ALICE, h, "Say abc.")
+    tokens, done = events(service.generate(ALICE, h, GenerationOptions()))
+    assert done.reason == "repetition" and 64 <= len(tokens) < 256
+    tokens, done = events(service.generate(ALICE, h, GenerationOptions(100)))
+    assert done.reason == "max_tokens" and len(tokens) == 100

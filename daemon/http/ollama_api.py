@@ -70,7 +70,7 @@ class Options(BaseModel):
         """The options as one reply's generation options: the wire read once, here."""
         return GenerationOptions(self.max_tokens(), stops_of(self.stop), self.sampling())
 
-    def max_tokens(self) -> int:
+    def max_tokens(self) -> int | None:
         """num_predict: -1 (Ollama's "no limit") and -2 ("fill the context") take the default."""
         n = self.num_predict
         if n is not None and n < -2:
@@ -221,7 +221,19 @@ def router(front: HttpFront) -> APIRouter:
         wanted = asked.get("model") or asked.get("name") if isinstance(asked, dict) else None
         if wanted not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {wanted!r} not found ({name} is served here)")
-        return {"details": tag()["details"], "model_info": {}, "modified_at": tag()["modified_at"]}
+        arch = entry.architecture
+        return {
+            "details": tag()["details"],
+            # the trained context: what clients size their trimming by. sinkd reads only a
+            # conversation's new turn however long it is; a history no session took is read whole,
+            # and the trained context bounds that (docs/http.md, "/api/show")
+            "model_info": {
+                "general.architecture": arch,
+                f"{arch}.context_length": entry.n_ctx_train,
+            },
+            "capabilities": ["completion"],  # no tools, vision or embeddings (refused by name)
+            "modified_at": tag()["modified_at"],
+        }
 
     @api.post("/api/chat")
     async def chat(request: Request) -> Response:

@@ -31,7 +31,14 @@ from sinkd.errors import message_of
 if TYPE_CHECKING:
     from sinkd.daemon.http.front import HttpFront
 
-FINISH = {"max_tokens": "length", "cache_full": "length", "stop": "stop", "eog": "stop"}
+# a reply cut short is "length" (a loop the repetition guard cut too: OpenAI has no other word)
+FINISH = {
+    "max_tokens": "length",
+    "cache_full": "length",
+    "repetition": "length",
+    "stop": "stop",
+    "eog": "stop",
+}
 
 
 def extension(c: Continuation, done: Done | None) -> dict[str, Any]:

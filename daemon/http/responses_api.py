@@ -38,7 +38,11 @@ from sinkd.errors import message_of
 if TYPE_CHECKING:
     from sinkd.daemon.http.front import HttpFront
 
-INCOMPLETE = {"max_tokens": "max_output_tokens", "cache_full": "max_output_tokens"}
+INCOMPLETE = {
+    "max_tokens": "max_output_tokens",
+    "cache_full": "max_output_tokens",
+    "repetition": "max_output_tokens",
+}
 
 
 def _unset(v: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sinkd.daemon.http.error_bodies import HttpError
-from sinkd.daemon.runtime.api import DEFAULT_MAX_TOKENS, GenerationOptions, SamplingRequest, Turn
+from sinkd.daemon.runtime.api import GenerationOptions, SamplingRequest, Turn
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)
@@ -198,16 +198,16 @@ def stops_of(stop: str | list[str] | None) -> tuple[str, ...]:
     return stops
 
 
-def max_tokens_of(*given: tuple[str, int | None]) -> int:
-    """The first limit the client set, or the default; below 1 refused naming the field (a
-    client asking for no tokens is not given 256)."""
+def max_tokens_of(*given: tuple[str, int | None]) -> int | None:
+    """The first limit the client set, or None (none set); below 1 refused naming the field (a
+    client asking for no tokens is not given a whole reply)."""
     for field, value in given:
         if value is None:
             continue
         if value < 1:
             raise HttpError(400, f"{field}: must be at least 1, not {value}", param=field)
         return value
-    return DEFAULT_MAX_TOKENS
+    return None  # the reply runs to the end of its turn (the daemon's cap and repetition guard)
 
 
 def sampling_of(

@@ -249,7 +249,7 @@ class Client:
     def generate(self, handle: Handle, options: GenerationOptions) -> Stream:
         req = pb.GenerateRequest(
             handle=convert.handle_to_pb(handle),
-            max_tokens=options.max_tokens,
+            max_tokens=options.max_tokens or 0,  # 0: unset
             stop=list(options.stops),
         )
         if options.sampling is not None:
@@ -261,7 +261,7 @@ class Client:
         req = pb.ChatRequest(
             handle=convert.handle_to_pb(handle),
             message=request.message,
-            max_tokens=options.max_tokens,
+            max_tokens=options.max_tokens or 0,  # 0: unset
             stop=list(options.stops),
         )
         if options.sampling is not None:

@@ -18,7 +18,6 @@ from sinkd.daemon.callers.auth import Authenticator
 from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.runtime.access import admin_only
 from sinkd.daemon.runtime.api import (
-    DEFAULT_MAX_TOKENS,
     CancelToken,
     ChatRequest,
     GenerationOptions,
@@ -130,7 +129,7 @@ def _handle(h: pb.Handle) -> Handle:
 
 def _options(request: pb.GenerateRequest | pb.ChatRequest) -> GenerationOptions:
     return GenerationOptions(
-        max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,  # proto3: 0 is unset
+        max_tokens=request.max_tokens or None,  # proto3: 0 is unset
         stops=tuple(request.stop),
         sampling=_sampling(request.sampling) if request.HasField("sampling") else None,
     )

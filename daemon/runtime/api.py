@@ -22,7 +22,6 @@ from sinkd.errors import SinkdError
 Span: TypeAlias = tuple[int, int]  # [start, end)
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS",
     "AppendResult",
     "CancelToken",
     "ChatRequest",
@@ -102,16 +101,14 @@ class SamplingRequest:
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
-# a reply's length when the client names none: here alone (every edge and request type reads it)
-DEFAULT_MAX_TOKENS = 256
-
-
 @dataclass(frozen=True)
 class GenerationOptions:
     """How one reply is generated: built once at the edge from its wire format, carried as is by
     every request type, turned into the engine's spec once (`runtime/turns.py`)."""
 
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    # None: the client named none; the reply runs to the end of its turn, cut by the repetition
+    # guard or at the daemon's `max_reply_tokens` (config.py: the one default)
+    max_tokens: int | None = None
     stops: tuple[str, ...] = ()
     # None: the session's own sampler (a chat turn of a session that chose none: the model's
     # recommended chat sampling)

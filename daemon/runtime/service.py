@@ -111,7 +111,12 @@ class SinkdService:
             settings.recall_presentation or self.entry.recall_presentation
         )
         self.turns = Turns(
-            self.access, self.scheduler, self.entry, settings.call_timeout_s, presentation
+            self.access,
+            self.scheduler,
+            self.entry,
+            settings.call_timeout_s,
+            presentation,
+            settings.max_reply_tokens,
         )
         self.memory = Remembering(
             self.access, self.scheduler, self.turns, self.recall, self.durability, settings

@@ -50,8 +50,10 @@ class Turns:
         entry: ModelEntry,
         call_timeout_s: float,
         presentation: Presentation = Presentation.SYSTEM_AFTER,
+        max_reply_tokens: int = requests.MAX_GENERATE_TOKENS,
     ) -> None:
         self.presentation = presentation  # where a chat turn's recalled text goes
+        self.max_reply_tokens = max_reply_tokens  # an unset max tokens: to the turn's end, or this
         self.access = access
         self.scheduler = scheduler
         self.entry = entry
@@ -212,9 +214,11 @@ class Turns:
         on_start: Callable[[Job], None] | None = None,
     ) -> Stream:
         """The one place a request's options become the engine's spec."""
-        requests.check_generation_args(options.max_tokens, options.stops)
+        unset = options.max_tokens is None
+        limit = self.max_reply_tokens if options.max_tokens is None else options.max_tokens
+        requests.check_generation_args(limit, options.stops)
         sampler = session.sampler if params is None else Sampler(params)
-        spec = GenSpec(options.max_tokens, list(options.stops), sampler)
+        spec = GenSpec(limit, list(options.stops), sampler, repetition_guard=unset)
         job = Job(session, prompt, spec, generation=handle.generation, on_start=on_start)
         job.recall = ask
         if cancel is not None:

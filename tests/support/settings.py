@@ -23,6 +23,8 @@ def settings(tmp: Path, **kw: Any) -> Settings:
         "step_tokens": 64,
         "n_batch": 256,
         "http": None,  # each daemon of the suite would take the default port
+        # a reply no test bounds stops here, not at 4,096 tokens: the suite's time, not a claim
+        "max_reply_tokens": 256,
     }
     base.update(kw)
     return Settings(**base)

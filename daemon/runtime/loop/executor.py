@@ -26,7 +26,7 @@ from sinkd.daemon.runtime.api import Done, TokenEvent
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
-from sinkd.daemon.runtime.loop.jobs import Job, JobQueues
+from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
 from sinkd.daemon.runtime.loop.stepplan import Slot
 from sinkd.daemon.runtime.loop.swaps import place_in_one_run
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -157,6 +157,9 @@ class Executor:
         elif job.generated >= job.gen.max_tokens:
             job.reason = "max_tokens"
             text += job.assembler.flush()
+        elif job.gen.repetition_guard and self._loops(job, token):
+            job.reason = "repetition"
+            text += job.assembler.flush()
         job.final = bool(job.reason)
         job.pending = token
         session.transition(SessionState.GENERATING)
@@ -167,6 +170,11 @@ class Executor:
             draws = session.sampler.draws if job.gen.sampler is session.sampler else None
             self.durability.log(session, at.logical_pos, at.cache_pos, [token], draws)
         self.gate.emit(job, TokenEvent(token, text, job.generated - 1, latency_ms))
+
+    @staticmethod
+    def _loops(job: Job, token: int) -> bool:
+        job.ids.append(token)
+        return job.generated % REPEAT_CHECK_EVERY == 0 and loops(job.ids)
 
     # --- the plan: evict, decode, record ---
 

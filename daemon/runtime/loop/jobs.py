@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,31 @@ class GenSpec:
     max_tokens: int
     stops: list[str]
     sampler: Sampler
+    # the client named no max tokens: a reply that loops (one block of tokens over and over) is
+    # cut, reason "repetition"
+    repetition_guard: bool = False
+
+
+REPEAT_CHECK_EVERY = 16  # tokens between two looks for a loop (a look is a few byte compares)
+REPEAT_TIMES = 4  # a block repeated this many times in a row is a loop
+REPEAT_MIN_SPAN = 64  # ... spanning at least this many tokens (a list of short items is not)
+REPEAT_MAX_BLOCK = 64  # the longest block looked for
+
+
+def loops(ids: list[int]) -> bool:
+    """Whether the newest tokens are one block of up to REPEAT_MAX_BLOCK tokens repeated at least
+    REPEAT_TIMES times in a row and over at least REPEAT_MIN_SPAN tokens: a small model's loop,
+    which only max tokens would end otherwise."""
+    tail = ids[-REPEAT_TIMES * REPEAT_MAX_BLOCK :]
+    raw = array("i", tail).tobytes()
+    for block in range(1, REPEAT_MAX_BLOCK + 1):
+        times = max(REPEAT_TIMES, -(-REPEAT_MIN_SPAN // block))
+        if block * times > len(tail):
+            break
+        unit = raw[-block * 4 :]
+        if raw[-block * times * 4 :] == unit * times:
+            return True
+    return False
 
 
 class Job:
@@ -57,6 +83,7 @@ class Job:
         self.final = False  # the pending token is the last one
         self.reason = ""
         self.generated = 0
+        self.ids: list[int] = []  # what it generated, kept for the repetition guard alone
         self.assembler = TextAssembler(gen.stops if gen else [])
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()  # put in C: per token
         self.cancelled = threading.Event()
