@@ -192,6 +192,9 @@ def test_an_ollama_client_lists_and_chats(daemon: Daemon) -> None:
         host=daemon.http.address, headers={"Authorization": "Bearer alice-token"}
     )
     assert [m.model for m in client.list().models] == [MODEL]
+    shown = client.show(MODEL)  # what a client sizes its trimming by: the trained context
+    assert shown.modelinfo == {"general.architecture": "llama", "llama.context_length": 8192}
+    assert shown.capabilities == ["completion"]
     parts = list(
         client.chat(
             model=MODEL,
