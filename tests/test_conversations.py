@@ -355,3 +355,34 @@ def test_a_conversation_session_fills_its_cells_unless_a_window_is_set(
         assert (session.seq.state.evictions == 0) == (http_window is None)
     finally:
         service.stop()
+
+
+@pytest.mark.parametrize("keep_system", [True, False])
+def test_a_client_that_trims_its_oldest_turns_keeps_its_session(
+    service: SinkdService, keep_system: bool
+) -> None:
+    """Twelve turns from a client that sends only its newest four turns and the new message (as
+    LibreChat, Continue or LangChain's trim_messages do to fit a context), with its system prompt
+    or without: one session throughout, nothing read again, `why` saying what was dropped."""
+    history: list[Turn] = []
+    sid = ""
+    for turn in range(12):
+        history.append(Turn("user", f"Question number {turn}?"))
+        sent = history[-5:]
+        system = "You are terse." if keep_system or turn == 0 else ""
+        found, events = service.chats.turn(ALICE, StatelessChatRequest(system, tuple(sent), GREEDY))
+        reply = "".join(e.text for e in events if isinstance(e, TokenEvent))
+        if turn == 0:
+            assert found.how == "new"
+            sid = found.handle.session_id
+        else:
+            assert (found.how, found.handle.session_id) == ("continued", sid), (turn, found.why)
+            assert found.ingested_turns == 0
+        if len(history) > 5:
+            assert f"dropped the {len(history) - 5} oldest" in found.why, found.why
+        history.append(Turn("assistant", reply))
+    # an edit inside what the client still sends is no match: never continue on a mismatch
+    edited = [Turn("user", "Question number 9, edited?"), *history[-3:]]
+    edited.append(Turn("user", "And now?"))
+    found, _ = say(service, edited)
+    assert found.how == "new" and found.handle.session_id != sid

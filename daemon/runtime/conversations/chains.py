@@ -59,6 +59,28 @@ class Place:
     n_before: int = 0
 
 
+@dataclass(frozen=True)
+class Took:
+    """Every turn a conversation session took, as keyed digests in order (for clients that trim:
+    the turns they still send are the newest of these), and its system prompt's."""
+
+    tenant: str
+    reset_count: int
+    system: bytes
+    turns: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    """A session whose newest turns are a trimmed history's: how many matched, how many the
+    client dropped, and the dropped turns' digests (the session still holds them)."""
+
+    session_id: str
+    reset_count: int
+    matched: int
+    dropped: tuple[bytes, ...]
+
+
 class ConversationIndex:
     """Per tenant: the chain head each conversation session (at one generation) stands at, and
     the one it stood at before its last turn."""
@@ -69,6 +91,59 @@ class ConversationIndex:
         self._places: dict[str, Place] = {}  # session id -> where it stands
         self._by_head: dict[tuple[str, str], str] = {}
         self._by_before: dict[tuple[str, str], str] = {}
+        # in memory only: after a restart a trimmed history starts anew (a whole one continues)
+        self._took: dict[str, Took] = {}
+        self._by_last: dict[tuple[str, bytes], set[str]] = {}  # (tenant, last turn) -> sessions
+
+    def digest(self, turn: Turn) -> bytes:
+        """One turn alone, keyed (content without its outer whitespace, as `link`)."""
+        body = f"{turn.role}\x00{turn.content.strip()}".encode()
+        return hmac.new(self.key, body, hashlib.sha256).digest()[:16]
+
+    def took(self, session_id: str, took: Took) -> None:
+        """The session has now taken these turns (the history as it stands after a whole turn)."""
+        with self._lock:
+            self._forget_took(session_id)
+            self._took[session_id] = took
+            if took.turns:
+                self._by_last.setdefault((took.tenant, took.turns[-1]), set()).add(session_id)
+
+    def taken(self, session_id: str) -> Took | None:
+        with self._lock:
+            return self._took.get(session_id)
+
+    def find_trimmed(self, tenant: str, system: str, earlier: Sequence[Turn]) -> list[Trimmed]:
+        """Sessions whose newest turns are exactly `earlier` (at least a user turn and its reply)
+        while the client dropped older ones: a client that trims its history to fit (LibreChat,
+        Continue, LangChain's `trim_messages`). Its system prompt is the session's, or dropped
+        (empty). Every turn it sends must match; any edit is no match."""
+        if len(earlier) < 2:
+            return []
+        sent = tuple(self.digest(t) for t in earlier)
+        system_digest = self.digest(Turn("system", system))
+        no_system = self.digest(Turn("system", ""))
+        found = []
+        with self._lock:
+            for sid in sorted(self._by_last.get((tenant, sent[-1]), ())):
+                took = self._took[sid]
+                n = len(took.turns)
+                if n < len(sent) or took.turns[n - len(sent) :] != sent:
+                    continue  # an edit, or turns the session never took
+                if system and took.system != system_digest:
+                    continue  # another system prompt: another conversation
+                if n == len(sent) and (system or took.system == no_system):
+                    continue  # nothing dropped: a whole history matches by its head
+                dropped = took.turns[: n - len(sent)]
+                found.append(Trimmed(sid, took.reset_count, len(sent), dropped))
+        return found
+
+    def _forget_took(self, session_id: str) -> None:
+        old = self._took.pop(session_id, None)
+        if old is not None and old.turns:
+            holders = self._by_last.get((old.tenant, old.turns[-1]), set())
+            holders.discard(session_id)
+            if not holders:
+                self._by_last.pop((old.tenant, old.turns[-1]), None)
 
     def head(self, system: str, turns: Sequence[Turn]) -> str:
         return chain(self.key, system, turns)[-1]
@@ -125,6 +200,7 @@ class ConversationIndex:
         """The session no longer stands anywhere (closed, reset, its history rewritten)."""
         with self._lock:
             self._drop(session_id)
+            self._forget_took(session_id)
 
     def _drop(self, session_id: str) -> None:
         old = self._places.pop(session_id, None)

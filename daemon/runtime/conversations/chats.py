@@ -28,7 +28,7 @@ from sinkd.daemon.runtime.api import (
     TokenEvent,
     Turn,
 )
-from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, chain
+from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Took, chain
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import (
@@ -191,6 +191,9 @@ class StatelessChats:
             self.index.remove(match.session_id)
         else:
             why = match.why
+            trimmed = self._trimmed(principal, tenant, request, earlier, call)
+            if trimmed is not None:
+                return trimmed
             behind = self._catch_up(principal, tenant, heads, earlier, call)
             if behind is not None:
                 return behind
@@ -203,6 +206,29 @@ class StatelessChats:
         if earlier:
             seen = call.history(self.turns, principal, handle, earlier)
         return Continuation(handle, "new", why, len(earlier)), seen
+
+    def _trimmed(
+        self,
+        principal: Principal,
+        tenant: str,
+        request: StatelessChatRequest,
+        earlier: list[Turn],
+        call: _Call,
+    ) -> tuple[Continuation, int] | None:
+        """A session whose newest turns are this history's, the client having dropped the oldest
+        to fit its context (its system prompt kept or dropped): it continues, nothing read again."""
+        for found in self.index.find_trimmed(tenant, request.system, earlier):
+            handle = self._live(principal, found.session_id, found.reset_count)
+            if handle is None:
+                continue
+            call.admit(handle.session_id)
+            seen = self._seen(handle)
+            why = (
+                f"its newest {found.matched} turns match; the client dropped the"
+                f" {len(found.dropped)} oldest"
+            )
+            return Continuation(handle, "continued", why, 0, seen), seen
+        return None
 
     def _catch_up(
         self,
@@ -344,12 +370,32 @@ class StatelessChats:
                         before, reset_count=event.receipt.reset_count, head=head
                     )
                     self.index.place(handle.session_id, place)
+                    self._took(handle.session_id, place, request, turns)
                     if self.persist is not None:
                         self.persist(handle.session_id, place)
                     self._keep_alive(handle, request.keep_alive_s)
                 yield event
         finally:
             self._started(handle.session_id)
+
+    def _took(
+        self, session_id: str, place: Place, request: StatelessChatRequest, turns: list[Turn]
+    ) -> None:
+        """Every turn the session holds now: those a trimming client dropped (still the session's)
+        and the history with this reply."""
+        index = self.index
+        sent = tuple(index.digest(t) for t in request.turns[:-1])
+        base: tuple[bytes, ...] = ()
+        prev = index.taken(session_id)
+        if prev is not None and prev.reset_count == place.reset_count:
+            cut = len(prev.turns) - len(sent)
+            if cut >= 0 and prev.turns[cut:] == sent:
+                base = prev.turns[:cut]
+        system = index.digest(Turn("system", request.system))
+        if prev is not None and not request.system:  # a client that dropped the system prompt
+            system = prev.system
+        took = base + tuple(index.digest(t) for t in turns)
+        index.took(session_id, Took(place.tenant, place.reset_count, system, took))
 
     def _keep_alive(self, handle: Handle, seconds: float | None) -> None:
         """The session's own idle expiry, set on the engine thread (which expires sessions)."""
