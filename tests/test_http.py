@@ -763,6 +763,44 @@ def test_langchain_chat_openai_continues_its_conversation(daemon: Daemon) -> Non
     assert text and 0 < usage["input_tokens"] < first.usage_metadata["input_tokens"]
 
 
+def test_langchain_trim_messages_keeps_one_session_across_twelve_turns(daemon: Daemon) -> None:
+    """LangChain's trim_messages drops the oldest turns each turn (the system prompt kept), as an
+    app fitting its context does; sent with the openai SDK: one session across twelve turns, each
+    reading its new message alone, and `why` saying how many turns the client dropped."""
+    from langchain_core.messages import (
+        AIMessage,
+        HumanMessage,
+        SystemMessage,
+        convert_to_openai_messages,
+        trim_messages,
+    )
+
+    client = sdk(daemon)
+    history: list[Any] = [SystemMessage(SYSTEM)]
+    session = ""
+    for turn in range(12):
+        history.append(HumanMessage(f"Tell me one word about the number {turn}."))
+        sent = trim_messages(
+            history, strategy="last", token_counter=len, max_tokens=5,
+            include_system=True, start_on="human",
+        )  # fmt: skip
+        reply, headers = ask(client, convert_to_openai_messages(sent), max_tokens=6)
+        if turn == 0:
+            assert headers["x-sinkd-continuation"] == "new"
+            session = headers["x-sinkd-session"]
+        else:
+            assert headers["x-sinkd-continuation"] == "continued", (turn, headers["x-sinkd-why"])
+            assert headers["x-sinkd-session"] == session
+            ext = reply.model_extra["sinkd"]
+            recalled = bool(ext["recall"] and ext["recall"]["recalled"])
+            budget = 96 if recalled else 0  # a recall adds at most its budget (frames included)
+            assert reply.usage.prompt_tokens < 40 + budget  # its own message, never the history
+        if len(sent) < len(history):
+            assert "the client dropped" in headers["x-sinkd-why"], headers["x-sinkd-why"]
+        history.append(AIMessage(reply.choices[0].message.content))
+    assert len(history) > 2 * 5  # it did trim, many times over
+
+
 def test_a_deleted_response_leaves_no_file_of_the_state_directory(tmp_path: Path) -> None:
     """A stored response's text is plaintext at rest (journal.db and its write-ahead log); DELETE
     removes it from every file once the purge has run."""
