@@ -386,3 +386,25 @@ def test_a_client_that_trims_its_oldest_turns_keeps_its_session(
     edited.append(Turn("user", "And now?"))
     found, _ = say(service, edited)
     assert found.how == "new" and found.handle.session_id != sid
+
+
+def test_one_shot_requests_give_way_before_a_continued_conversation(tmp_path: Path) -> None:
+    """A chat UI sends a title, tags and follow-ups request beside each chat, each a one-turn
+    conversation: at the session limit those give way first (segmented LRU), and the chat, though
+    least recently used, keeps its session."""
+    service = fake_service(tmp_path, max_sessions=3)
+    try:
+        chat = [Turn("user", "Let us talk about rivers.")]
+        first, reply = say(service, chat)
+        chat += [Turn("assistant", reply), Turn("user", "Which is the longest?")]
+        second, reply = say(service, chat)
+        assert second.how == "continued"
+        titles = [say(service, [Turn("user", f"Title for chat {i}?")])[0] for i in range(2)]
+        third, _ = say(service, [Turn("user", "Suggest follow-ups.")])  # at the limit
+        assert titles[0].handle.session_id in third.why  # the oldest one-shot made room
+        assert service.registry.get(first.handle.session_id) is not None
+        chat += [Turn("assistant", reply), Turn("user", "And the widest?")]
+        back, _ = say(service, chat)
+        assert (back.how, back.handle.session_id) == ("continued", first.handle.session_id)
+    finally:
+        service.stop()

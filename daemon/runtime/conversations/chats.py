@@ -118,6 +118,7 @@ class StatelessChats:
         # (idle between its creation and its first job, it is not idle to its caller)
         self._starting: dict[str, float] = {}
         self._starting_lock = threading.Lock()
+        self._answered: dict[str, int] = {}  # whole turns each made session answered
 
     def turn(
         self,
@@ -260,9 +261,10 @@ class StatelessChats:
     def new_session(
         self, principal: Principal, system: str, stateless: bool = True
     ) -> tuple[Receipt, str]:
-        """A session for a new conversation. At the session limit, the caller's least recently
-        used idle stateless conversation session is closed to make room (a client that comes back
-        to it resends its history: it is read again, and says so); never another tenant's, never
+        """A session for a new conversation. At the session limit, one of the caller's idle
+        stateless conversation sessions is closed to make room: one answered once and never
+        continued first, least recently used first in each (a client that comes back to it
+        resends its history: it is read again, and says so); never another tenant's, never
         a session made over gRPC or holding stored responses (not `stateless`). Calls starting
         conversations at once may pick the same one: closed already is room made, and the room
         another call took is sought again, a few times, before the caller hears 429."""
@@ -277,6 +279,8 @@ class StatelessChats:
                     raise
                 self.index.remove(victim.session_id)
                 self._made.discard(victim.session_id)
+                with self._starting_lock:
+                    self._answered.pop(victim.session_id, None)
                 with contextlib.suppress(NotFound, StaleGeneration):  # another call closed it
                     self.close(principal, victim)
                 closed.append(victim.session_id)
@@ -324,7 +328,10 @@ class StatelessChats:
             ]
             if not idle:
                 return None
-            oldest = min(idle, key=lambda s: s.last_active)
+            # segmented LRU: a conversation answered once and never continued (a chat UI's
+            # title, tags or follow-up request; a one-shot call) is on probation and gives way
+            # before any that was continued; least recently used first within each
+            oldest = min(idle, key=lambda s: (self._answered.get(s.id, 0) > 1, s.last_active))
             return Handle(oldest.id, oldest.generation)
 
         return self.access.scheduler.call(pick)
@@ -371,6 +378,10 @@ class StatelessChats:
                     )
                     self.index.place(handle.session_id, place)
                     self._took(handle.session_id, place, request, turns)
+                    with self._starting_lock:
+                        self._answered[handle.session_id] = (
+                            self._answered.get(handle.session_id, 0) + 1
+                        )
                     if self.persist is not None:
                         self.persist(handle.session_id, place)
                     self._keep_alive(handle, request.keep_alive_s)
