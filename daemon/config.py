@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     rpc_reserved_workers: int = Field(default=4, ge=1)  # kept for health, admin and short calls
     max_calls_per_tenant: int = Field(default=8, ge=1)  # engine calls in flight per tenant
     max_calls_per_session: int = Field(default=2, ge=1)  # in flight on one session
+    # a tenant below its fair share of the engine calls waits this long for a slot when all are
+    # taken, while tenants past theirs are refused (0: refused at once); callers/limits.py
+    fair_wait_s: float = Field(default=30.0, ge=0)
     call_timeout_s: float = Field(default=600.0, gt=0)  # a call without a deadline waits this long
     # a reply whose client names no max tokens runs to the end of its turn, at most this long (a
     # looping reply is cut sooner by the repetition guard); a chat UI sends none

@@ -35,6 +35,7 @@ class Daemon:
             total=settings.rpc_workers - settings.rpc_reserved_workers,
             per_tenant=settings.max_calls_per_tenant,
             per_session=settings.max_calls_per_session,
+            fair_wait_s=settings.fair_wait_s,
         )
         self.grpc = GrpcFront(self.service, settings, authenticator, self.limits, self.ask_stop)
         self.http = (

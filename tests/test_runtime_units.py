@@ -348,3 +348,45 @@ def test_a_chat_turns_recall_searches_the_end_of_the_message_within_the_query_bo
     check_query(query)  # what an explicit Recall may ask, no more
     assert chat_query("short question") == "short question"
     assert chat_query("é" * 3000).startswith("é")  # never half a character
+
+
+def test_a_flooding_tenant_leaves_another_served_within_one_call() -> None:
+    """Tenant a holds every slot of the pool and floods for more; tenant b, below its fair share,
+    waits (bounded) instead of being refused; while it waits, a is refused even the slot that
+    frees, which b takes as soon as one of a's calls ends."""
+    import threading
+
+    limits = CallLimits(total=4, per_tenant=8, per_session=4, fair_wait_s=30)
+    held = [limits.admit("a") for _ in range(4)]
+    for h in held:
+        h.__enter__()
+    outcome: list[str] = []
+    admitted = threading.Event()
+
+    def b_calls() -> None:
+        try:
+            with limits.admit("b"):
+                outcome.append("answered")
+                admitted.set()
+        except ResourceExhausted as e:
+            outcome.append(f"refused: {e}")
+            admitted.set()
+
+    b = threading.Thread(target=b_calls)
+    b.start()
+    assert limits.await_waiting(1, 30)  # b waits for a slot
+    # a flood's next call: past its share (4 of 4, a share of 2) while b waits
+    with pytest.raises(ResourceExhausted, match="fair share 2"), limits.admit("a"):
+        pass
+    held.pop().__exit__(None, None, None)  # one of a's calls ends
+    assert admitted.wait(30) and outcome == ["answered"]
+    b.join(30)
+    for h in held:
+        h.__exit__(None, None, None)
+    assert limits.in_flight() == 0 and limits.waiting() == 0
+
+
+def test_without_a_fair_wait_a_full_pool_refuses_at_once() -> None:
+    limits = CallLimits(total=1, per_tenant=1, per_session=1)
+    with limits.admit("a"), pytest.raises(ResourceExhausted, match="busy"), limits.admit("b"):
+        pass
