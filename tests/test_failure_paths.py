@@ -509,6 +509,41 @@ def test_an_exhausted_pool_still_answers_health(tmp_path: Path) -> None:
         d.stop()
 
 
+def test_a_tenant_flooding_a_full_pool_leaves_another_tenant_answered(tmp_path: Path) -> None:
+    """Alice holds the whole pool (four engine calls held at a failpoint) and floods it with more:
+    refused at once. Bob's call, below his fair share, waits for a slot instead of being refused,
+    and is answered as soon as one of alice's calls ends."""
+    d = start_daemon(tmp_path, rpc_workers=6, rpc_reserved_workers=2, max_calls_per_tenant=8)
+    try:
+        c = Client(d.addresses[0])
+        mine = [c.create().handle for _ in range(4)]
+        theirs = c.create(md=BOB).handle
+        release = threading.Event()
+        entered = threading.Semaphore(0)
+        holding = iter(range(4))  # alice's four calls are held; any call after passes
+
+        def hold() -> None:
+            if next(holding, None) is not None:
+                entered.release()
+                release.wait(WAIT)
+
+        calls = Threads()
+        with failpoints.armed("handle-checked", hold):
+            keys = [calls.start(lambda h=h: c.append(h, "x")) for h in mine]
+            for _ in mine:
+                assert entered.acquire(timeout=WAIT)  # the pool's four engine slots: alice's
+            flood = [code_of(lambda: c.append(mine[0], "y")) for _ in range(10)]
+            assert flood == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 10
+            bob = calls.start(lambda: c.append(theirs, "z", md=BOB))
+            assert d.limits.await_waiting(1, WAIT)  # bob waits for a slot, not refused
+            release.set()
+            calls.join()
+        assert calls.code(bob) is None  # answered
+        assert [calls.code(k) for k in keys] == [None] * 4
+    finally:
+        d.stop()
+
+
 # --- bounded messages, and who may call what ---
 
 
