@@ -234,6 +234,54 @@ def test_the_per_session_call_limit_holds_over_http(daemon: Daemon) -> None:
     assert answers == [200]
 
 
+def test_a_tenant_flooding_the_pool_over_http_leaves_another_answered(tmp_path: Path) -> None:
+    """Alice's four turns hold the whole pool (at a failpoint at their end) and her flood is
+    refused with 429; bob's turn, below his fair share, waits for a slot and is answered."""
+    d = Daemon(
+        settings(tmp_path, http="127.0.0.1:0", rpc_workers=6, rpc_reserved_workers=2,
+                 max_calls_per_tenant=8)
+    )  # fmt: skip
+    d.start()
+    d.wait_ready(120)
+    try:
+        held, release = threading.Semaphore(0), threading.Event()
+        holding = iter(range(4))
+
+        def hold() -> None:  # alice's first four turns wait at their end; any later one passes
+            if next(holding, None) is not None:
+                held.release()
+                release.wait(WAIT_S)
+
+        def turn(key: str, text: str) -> int:
+            r = httpx.post(f"{url(d)}/v1/chat/completions",
+                           json={"model": MODEL, "max_tokens": 2,
+                                 "messages": [{"role": "user", "content": text}]},
+                           headers={"authorization": f"Bearer {key}"}, timeout=WAIT_S)  # fmt: skip
+            return r.status_code
+
+        answers: list[int] = []
+        with failpoints.armed("generation-done", hold):
+            mine = [
+                threading.Thread(target=lambda i=i: answers.append(turn(KEY, f"Alice {i}.")))
+                for i in range(4)
+            ]
+            for t in mine:
+                t.start()
+            for _ in mine:
+                assert held.acquire(timeout=WAIT_S)  # the pool's four slots: alice's
+            assert [turn(KEY, "More.") for _ in range(6)] == [429] * 6  # her flood
+            bobs: list[int] = []
+            bob = threading.Thread(target=lambda: bobs.append(turn("bob-token", "Bob here.")))
+            bob.start()
+            assert d.limits.await_waiting(1, WAIT_S)  # bob waits for a slot, not refused
+            release.set()
+            for t in [*mine, bob]:
+                t.join(WAIT_S)
+        assert bobs == [200] and answers == [200] * 4
+    finally:
+        d.stop()
+
+
 # --- a new conversation's ingest ends with its client or its deadline ---
 
 LONG_HISTORY = [

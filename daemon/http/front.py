@@ -216,7 +216,9 @@ class HttpFront:
             raise HttpError(503, "the model is loading (or the engine stopped)")
 
     def slot(self, principal: Principal) -> Slot:
-        """A call slot of the limits gRPC's engine calls share (ResourceExhausted: 429 now)."""
+        """A call slot of the limits gRPC's engine calls share (ResourceExhausted: 429), taken in
+        a worker thread: below its fair share of a full pool, a call waits for one there, never on
+        the event loop."""
         return Slot(self.limits, principal.tenant or "(admin)")
 
     def stream(
@@ -252,7 +254,7 @@ class HttpFront:
         """A turn (`start`: a chat turn or a response) answered as a stream in the API's own
         framing (`pieces_of`). A client gone while the turn starts (a long history's ingest)
         cancels it."""
-        cancel, slot = CancelToken(), self.slot(principal)
+        cancel, slot = CancelToken(), await run_in_threadpool(self.slot, principal)
         try:
             async with _cancelled_if_gone(request, cancel):
                 c, events = await run_in_threadpool(start, cancel, slot.session)
@@ -267,7 +269,7 @@ class HttpFront:
     ) -> tuple[Continuation, str, Done, float]:
         """A turn answered whole: its text, its end, and the seconds it generated for; a client
         gone meanwhile cancels it."""
-        cancel, slot = CancelToken(), self.slot(principal)
+        cancel, slot = CancelToken(), await run_in_threadpool(self.slot, principal)
         try:
             async with _cancelled_if_gone(request, cancel):
                 c, events = await run_in_threadpool(start, cancel, slot.session)
