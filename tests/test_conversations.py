@@ -408,3 +408,17 @@ def test_one_shot_requests_give_way_before_a_continued_conversation(tmp_path: Pa
         assert (back.how, back.handle.session_id) == ("continued", first.handle.session_id)
     finally:
         service.stop()
+
+
+def test_a_closed_conversation_leaves_nothing_in_the_layer(service: SinkdService) -> None:
+    """However a session closes (here its client closes it over the service), the conversation
+    layer forgets where it stood and what it took: nothing piles up over a daemon's life."""
+    history = [Turn("user", "Short-lived.")]
+    found, reply = say(service, history)
+    sid = found.handle.session_id
+    assert service.chats.index.taken(sid) is not None
+    service.close(ALICE, found.handle)
+    assert service.chats.index.taken(sid) is None
+    history += [Turn("assistant", reply), Turn("user", "Still there?")]
+    again, _ = say(service, history)
+    assert again.how == "new" and again.ingested_turns == 2

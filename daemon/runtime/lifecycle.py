@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 
 from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.cachepolicy.recall_plan import RecallConfig
@@ -73,6 +74,9 @@ class Lifecycle:
         self.admission = admission
         self.metrics = metrics
         self.durability = durability
+        # told each session id as it closes (engine thread): what is kept beside the session
+        # elsewhere (the HTTP conversations' index) goes with it
+        self.on_closed: Callable[[str], None] = lambda session_id: None
 
     def _admit(self, engine: Engine, session: Session) -> Session:
         """Register a new session; journal it (undone if the journal refuses)."""
@@ -235,3 +239,4 @@ class Lifecycle:
         if engine is not None and session.seq_id >= 0:
             engine.cells.release_seq(session.seq_id)
         self.metrics.active_sessions.set(len(self.registry))
+        self.on_closed(session.id)

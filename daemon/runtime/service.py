@@ -140,6 +140,7 @@ class SinkdService:
         )
         # the HTTP front's named parts: stateless clients' chats, and stored responses
         self.chats, self.responses = self.clients.stateless, self.clients.responses
+        self.lifecycle.on_closed = self.chats.forget
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
         self.moves = SessionMoves(self.access, self.scheduler, self.registry, self.metrics)

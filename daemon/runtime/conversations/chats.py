@@ -277,12 +277,8 @@ class StatelessChats:
                 victim = self._least_recent(principal)
                 if victim is None or attempt == ROOM_TRIES - 1:
                     raise
-                self.index.remove(victim.session_id)
-                self._made.discard(victim.session_id)
-                with self._starting_lock:
-                    self._answered.pop(victim.session_id, None)
                 with contextlib.suppress(NotFound, StaleGeneration):  # another call closed it
-                    self.close(principal, victim)
+                    self.close(principal, victim)  # which forgets it here (`forget`)
                 closed.append(victim.session_id)
         note = (
             f"closed its least recently used conversation {', '.join(closed)} for room"
@@ -309,6 +305,15 @@ class StatelessChats:
                 del self._starting[session_id]
                 until = None
             return until is not None
+
+    def forget(self, session_id: str) -> None:
+        """Engine thread, as a session closes (any way: a client, expiry, room, a move): nothing
+        of it stays in this layer."""
+        self.index.remove(session_id)
+        self._made.discard(session_id)
+        with self._starting_lock:
+            self._answered.pop(session_id, None)
+            self._starting.pop(session_id, None)
 
     def adopt(self, session_id: str) -> None:
         """A conversation session resumed after a restart is this layer's again."""
