@@ -12,7 +12,7 @@ import contextlib
 import ctypes
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import llama_cpp as llama
@@ -93,9 +93,13 @@ class Vocabulary:
             failpoints.hit("tokenize")
             return self._tokenize(text, add_bos, special)
 
-    def tokenize_framed(self, framed: str, contents: list[str], add_bos: bool = False) -> list[int]:
+    def tokenize_framed(
+        self, framed: str, contents: Sequence[str | list[int]], add_bos: bool = False
+    ) -> list[int]:
         """A template's rendering with `content_mark(i)` where content i goes: the framing with
-        its control tokens, each content as text (it cannot open a turn of its own)."""
+        its control tokens, each content as text (it cannot open a turn of its own). A content
+        given as token ids is one tokenized already, as text (`tokenize`): one text framed two
+        ways is tokenized once."""
         out: list[int] = []
         rest = framed
         for i, content in enumerate(contents):
@@ -105,7 +109,7 @@ class Vocabulary:
                     "this model's chat template rewrites message content; send token ids instead"
                 )
             out += self.tokenize(head, add_bos=add_bos and not out, special=True)
-            out += self.tokenize(content)
+            out += self.tokenize(content) if isinstance(content, str) else content
         out += self.tokenize(rest, add_bos=add_bos and not out, special=True)
         return out
 

@@ -105,7 +105,7 @@ class Turns:
             return self.append(principal, handle, None, [], cancel, timeout)
         marks = [(t.role, content_mark(i)) for i, t in enumerate(turns)]
         framed = engine.vocab.render_chat(marks, add_assistant=False)
-        contents = [t.content for t in turns]
+        contents = [engine.vocab.tokenize(t.content) for t in turns]  # once, for both framings
         # after a reply the turns open on a new line, as `chat`'s: which one is decided as the
         # job starts, on the engine thread, where the session stands then
         framings = [engine.vocab.tokenize_framed(prefix + framed, contents) for prefix in AFTER]
@@ -155,7 +155,8 @@ class Turns:
         # both framings of the turn (after a reply it opens on a new line), tokenized here; which
         # one goes in, and the seed of the model's chat sampling, is decided as the job starts, on
         # the engine thread, where the session stands then
-        framings = [self._chat_turn(session, request.message, prefix) for prefix in AFTER]
+        message = engine.vocab.tokenize(request.message)  # as text, once, for both framings
+        framings = [self._chat_turn(session, request.message, message, p) for p in AFTER]
         params = requests.sampling_params(request.options.sampling)
         seeded = params is None and not session.sampling.chosen
         entry = self.entry
@@ -175,7 +176,7 @@ class Turns:
         )
 
     def _chat_turn(
-        self, session: Session, message: str, prefix: str
+        self, session: Session, message: str, message_tokens: list[int], prefix: str
     ) -> tuple[list[int], RecallAsk | None]:
         """The user's turn in the template's framing (the message as text) and, when the session
         recalls on its own, where its recalled passages go."""
@@ -185,7 +186,7 @@ class Turns:
         text = engine.vocab.render_chat([("user", mark)], add_assistant=True)
         if not text.startswith(turn):  # a template that does not end the turn before the header
             turn = text
-        question = engine.vocab.tokenize_framed(prefix + turn, [message])
+        question = engine.vocab.tokenize_framed(prefix + turn, [message_tokens])
         rest = text[len(turn) :]
         prompt = question + (engine.vocab.tokenize_framed(rest, []) if rest else [])
         ask = None
