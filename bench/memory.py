@@ -14,7 +14,7 @@ from sinkd.cachepolicy import CacheSequence, PolicyConfig
 from sinkd.daemon.engine.llama import EngineConfig
 from sinkd.daemon.engine.loading import open_engine
 from sinkd.daemon.metrics import rss_bytes
-from sinkd.daemon.runtime.admission import admitted_sessions
+from sinkd.daemon.runtime.loop.residency import admitted_sessions
 from sinkd.evaluation import SAMPLE_TEXT as TEXT
 
 

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     n_ctx_seq: int = Field(default=1024, ge=1, le=131072)  # a chat's window of 1,020 fits
     max_sessions: int = Field(default=4, ge=1, le=256)
     max_kv_bytes: int | None = Field(default=None, ge=1)
+    # sessions beyond the resident ones (max_sessions): parked, their state on disk (a snapshot,
+    # 23 MB for 1,020 cells of the default model), restored by their next call; 0: none parked
+    # (a session past max_sessions is refused, or makes room by closing, as before)
+    max_parked_sessions: int = Field(default=64, ge=0, le=65536)
     n_batch: int = Field(default=256, ge=1, le=8192)
     step_tokens: int = Field(default=256, ge=1)
     # a session's prefill per step, whatever the load: 128 tokens (~0.8 s here) bound what a long

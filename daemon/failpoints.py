@@ -27,6 +27,7 @@ POINTS = (
     "prefill-chunk",  # executor: a prefill chunk was decoded and recorded
     "engine-copy",  # lifecycle: a fork is about to copy the parent's cells
     "sequence-acquired",  # admission: a sequence was taken for a new session, not yet cleared
+    "before-restore",  # residency: a parked session has a free sequence, its cells not yet read
     "tokenize",  # engine: inside a text operation, off the engine thread
     "call-enqueued",  # scheduler: a call is in the inbox, its caller about to wait
     "swap-cleared",  # engine: two sequences being exchanged are both empty, their images in hand

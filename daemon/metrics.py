@@ -124,7 +124,38 @@ class Metrics:
             registry=r,
             buckets=_LATENCY_BUCKETS,
         )
+        self.parks = Counter(
+            "sinkd_parks",
+            "Idle sessions parked: their state on disk, their cells freed",
+            registry=r,
+        )
+        self.park_seconds = Histogram(
+            "sinkd_park_seconds",
+            "Park: snapshot (if behind) and cells freed",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.restores = Counter(
+            "sinkd_restores", "Parked sessions brought back into cells for a call", registry=r
+        )
+        self.restore_seconds = Histogram(
+            "sinkd_restore_seconds",
+            "Restore: snapshot read, verified, cells written and checked",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.restore_failures = Counter(
+            "sinkd_restore_failures",
+            "Parked sessions that could not be restored (stale)",
+            registry=r,
+        )
         self.active_sessions = Gauge("sinkd_active_sessions", "Open sessions", registry=r)
+        self.resident_sessions = Gauge(
+            "sinkd_resident_sessions", "Sessions holding cells in the context", registry=r
+        )
+        self.parked_sessions = Gauge(
+            "sinkd_parked_sessions", "Sessions parked (state on disk, no cells)", registry=r
+        )
         self.cells_in_use = Gauge(
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r
         )

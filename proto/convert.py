@@ -160,6 +160,9 @@ def receipt_to_pb(r: Receipt) -> pb.Receipt:
         memory_tokens=r.memory_tokens,
         memory_bytes=r.memory_bytes,
         last_recall=None if r.last_recall is None else report_to_pb(r.last_recall),
+        residency=r.residency,
+        restores=r.restores,
+        restored_ms=r.restored_ms,
     )
 
 
@@ -199,6 +202,9 @@ def receipt_from_pb(m: pb.Receipt) -> Receipt:
         memory_tokens=m.memory_tokens,
         memory_bytes=m.memory_bytes,
         last_recall=report_from_pb(m.last_recall) if m.HasField("last_recall") else None,
+        residency=m.residency,
+        restores=m.restores,
+        restored_ms=m.restored_ms,
     )
 
 
@@ -306,6 +312,10 @@ def stats_to_pb(s: Stats) -> pb.StatsResponse:
         stale_sessions=s.stale_sessions,
         snapshots=s.snapshots,
         snapshot_failures=s.snapshot_failures,
+        parked_sessions=s.parked_sessions,
+        max_parked_sessions=s.max_parked_sessions,
+        parks=s.parks,
+        restores=s.restores,
     )
 
 

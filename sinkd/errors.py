@@ -35,6 +35,7 @@ __all__ = [
     "ResourceExhausted",
     "SessionElsewhere",
     "SessionFailed",
+    "SessionLimit",
     "ShuttingDown",
     "SinkdError",
     "SnapshotError",
@@ -141,6 +142,11 @@ class ResourceExhausted(SinkdError):
 
     status = "RESOURCE_EXHAUSTED"
     exit_code = 8
+
+
+class SessionLimit(ResourceExhausted):
+    """No more sessions may be open: the resident sessions and the parked ones beyond them are
+    at their limits (closing one makes room; waiting does not)."""
 
 
 class Cancelled(SinkdError):

@@ -123,7 +123,7 @@ def test_room_another_call_made_is_taken_not_refused(
 ) -> None:
     """Two calls starting conversations at the limit pick the same least recent one: the second
     finds it closed already, which is room, not a 404."""
-    service = fake_service(tmp_path, max_sessions=2)
+    service = fake_service(tmp_path, max_sessions=2, max_parked_sessions=0)
     try:
         say(service, [Turn("user", "One.")])
         say(service, [Turn("user", "Two.")])
@@ -146,7 +146,7 @@ def test_a_session_made_for_a_call_is_no_room_for_another_before_its_first_turn(
     """Between a new conversation's session being made and its first turn being queued, the
     session is idle to the engine, not to its caller: another new conversation at the limit is
     told 429, and does not close it."""
-    service = fake_service(tmp_path, max_sessions=1)
+    service = fake_service(tmp_path, max_sessions=1, max_parked_sessions=0)
     try:
         real = service.chats.turns.chat
         others: list[str] = []
@@ -308,7 +308,7 @@ def test_a_named_session_is_continued_as_named_and_checked(service: SinkdService
 def test_past_the_session_limit_the_callers_least_recent_conversation_makes_room(
     tmp_path: Path,
 ) -> None:
-    service = fake_service(tmp_path, max_sessions=2)
+    service = fake_service(tmp_path, max_sessions=2, max_parked_sessions=0)
     try:
         oldest, _ = say(service, [Turn("user", "Conversation one.")])
         kept, _ = say(service, [Turn("user", "Conversation two.")])
@@ -392,7 +392,7 @@ def test_one_shot_requests_give_way_before_a_continued_conversation(tmp_path: Pa
     """A chat UI sends a title, tags and follow-ups request beside each chat, each a one-turn
     conversation: at the session limit those give way first (segmented LRU), and the chat, though
     least recently used, keeps its session."""
-    service = fake_service(tmp_path, max_sessions=3)
+    service = fake_service(tmp_path, max_sessions=3, max_parked_sessions=0)
     try:
         chat = [Turn("user", "Let us talk about rivers.")]
         first, reply = say(service, chat)

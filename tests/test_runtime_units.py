@@ -140,7 +140,7 @@ def test_the_documented_lifecycle_is_allowed() -> None:
         ((S.IDLE, S.CLOSED), S.IDLE),  # nothing after close
         ((S.STALE,), S.IDLE),  # a stale session is closed, never revived
         ((S.IDLE, S.FAILED), S.GENERATING),  # a failed session must be reset first
-        ((S.IDLE,), S.STALE),  # only a session being resumed goes stale
+        ((S.IDLE, S.FAILED), S.STALE),  # resumed or restored from parking, not a failed one
     ],
 )
 def test_edges_outside_the_table_are_refused(path: tuple[S, ...], bad: S) -> None:

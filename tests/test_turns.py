@@ -24,7 +24,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.loop.jobs import loops
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
-from sinkd.errors import Cancelled, InvalidInput, ResourceExhausted, StaleGeneration
+from sinkd.errors import Cancelled, InvalidInput, SessionLimit, StaleGeneration
 from tests.support import fake_engine
 from tests.support.fake_engine import BYTE0, IM_START, N_VOCAB
 from tests.support.services import fake_engine_of, fake_service
@@ -117,8 +117,11 @@ def test_a_reset_stales_the_handle(service: SinkdService) -> None:
 
 
 def test_past_the_session_limit_create_is_refused_until_one_closes(service: SinkdService) -> None:
-    handles = [service.create(ALICE, WINDOW).handle for _ in range(service.max_sessions())]
-    with pytest.raises(ResourceExhausted):
+    """The limit of open sessions is the resident ones and the parked ones beyond them."""
+    capacity = service.admission.capacity(service.engine)
+    assert capacity == service.max_sessions() + service.settings.max_parked_sessions
+    handles = [service.create(ALICE, WINDOW).handle for _ in range(capacity)]
+    with pytest.raises(SessionLimit, match="session limit reached"):
         service.create(ALICE, WINDOW)
     service.close(ALICE, handles[0])
     assert service.create(ALICE, WINDOW).handle.session_id != handles[0].session_id

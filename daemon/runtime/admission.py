@@ -1,55 +1,55 @@
-"""How many sessions the context admits, and the one admission check every new sequence passes
-(create, fork, resume)."""
+"""How many sessions the daemon admits, and the one admission check every new sequence passes
+(create, fork, resume): the resident sessions the context holds, and the parked ones beyond them
+(`max_parked_sessions`; each parked session is its snapshot on disk)."""
 
 from __future__ import annotations
 
-from sinkd.daemon import failpoints
+from collections.abc import Collection
+
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.runtime.loop.residency import NoRoom, Residency
 from sinkd.daemon.runtime.sessions import Registry
-from sinkd.errors import ResourceExhausted, Unsupported
-
-
-def admitted_sessions(
-    sequences: int, cells_per_session: int, bytes_per_token: float, max_kv_bytes: int | None
-) -> int:
-    """The context's sequences, and with a memory budget as many sessions as it holds at their
-    tensor-shape size."""
-    if not max_kv_bytes:
-        return sequences
-    return min(sequences, int(max_kv_bytes // (cells_per_session * bytes_per_token)))
+from sinkd.errors import ResourceExhausted, SessionLimit
 
 
 class Admission:
-    def __init__(self, registry: Registry, metrics: Metrics, max_kv_bytes: int | None) -> None:
+    def __init__(self, registry: Registry, metrics: Metrics, residency: Residency) -> None:
         self.registry = registry
         self.metrics = metrics
-        self.max_kv_bytes = max_kv_bytes
+        self.residency = residency
 
     def limit(self, engine: Engine) -> int:
-        return admitted_sessions(
-            engine.config.n_seq_max, engine.n_ctx_seq, engine.kv_bytes_per_token, self.max_kv_bytes
-        )
+        """Sessions resident in the context at once."""
+        return self.residency.limit(engine)
 
-    def acquire(self, engine: Engine) -> int:
-        """A free, empty sequence for one more session, or ResourceExhausted naming the limit.
-        Engine thread; the caller releases it if what follows fails."""
-        limit = self.limit(engine)
-        if len(self.registry) >= limit:
+    def capacity(self, engine: Engine) -> int:
+        """Sessions open at once: resident, and parked beyond them."""
+        return self.limit(engine) + self.residency.max_parked
+
+    def acquire(
+        self,
+        engine: Engine,
+        keep: Collection[str] = (),
+        tenant: str = "",
+        may_wait: bool = False,
+    ) -> int:
+        """A free, empty sequence for one more session (an idle one parked for it if need be).
+        SessionLimit when no more sessions may be open; ResourceExhausted when every resident
+        session is busy, or with `may_wait` -1: the new session starts parked, empty, and its
+        first call waits for a sequence. Engine thread; the caller releases what it got if what
+        follows fails. `keep`: sessions not to park for it (a fork's parent)."""
+        parked = self.residency.max_parked
+        if parked and len(self.registry) >= self.capacity(engine):
             self.metrics.alloc_failures.inc()
-            raise ResourceExhausted(
-                f"session limit reached: {limit} sessions of {engine.n_ctx_seq} cells x"
-                f" {engine.kv_bytes_per_token:.0f} bytes"
+            raise SessionLimit(
+                f"session limit reached: {self.limit(engine)} resident and"
+                f" {parked} parked sessions (max_parked_sessions)"
             )
         try:
-            seq_id = engine.cells.acquire_seq()
-        except Unsupported as e:
+            return self.residency.free_sequence(engine, keep, tenant)
+        except NoRoom as e:
+            if may_wait and parked:
+                return -1
             self.metrics.alloc_failures.inc()
-            raise ResourceExhausted(str(e)) from None
-        try:
-            failpoints.hit("sequence-acquired")
-            engine.cells.clear(seq_id)
-        except BaseException:
-            engine.cells.release_seq(seq_id)
-            raise
-        return seq_id
+            raise (ResourceExhausted if parked else SessionLimit)(str(e)) from None

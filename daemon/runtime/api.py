@@ -210,6 +210,11 @@ class Receipt:
     memory_tokens: int
     memory_bytes: int
     last_recall: RecallReport | None
+    # resident (in the context's cells), parked (on disk, restored by its next call) or none (a
+    # stale or failed session); its restores so far, and this request's restore, if it needed one
+    residency: str = "resident"
+    restores: int = 0
+    restored_ms: float = 0.0
 
     @property
     def handle(self) -> Handle:
@@ -314,6 +319,10 @@ class Stats:
     stale_sessions: int
     snapshots: int
     snapshot_failures: int
+    parked_sessions: int = 0
+    max_parked_sessions: int = 0
+    parks: int = 0
+    restores: int = 0
 
 
 def to_json(value: object) -> object:

@@ -24,6 +24,7 @@ from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.admission import Admission
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
+from sinkd.daemon.runtime.loop.residency import NoRoom
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import (
@@ -82,6 +83,7 @@ class Lifecycle:
         """Register a new session; journal it (undone if the journal refuses)."""
         self.registry.add(session)
         self.metrics.active_sessions.set(len(self.registry))
+        self.scheduler.residency.counted()
         if self.durability is not None:
             try:
                 self.durability.record(self.durability.created, session)
@@ -102,7 +104,7 @@ class Lifecycle:
         pinned: int,
         recall: RecallConfig,
     ) -> Session:
-        seq_id = self.admission.acquire(engine)
+        seq_id = self.admission.acquire(engine, tenant=tenant, may_wait=True)
         try:
             session = Session(
                 id=self.registry.new_id(),
@@ -120,8 +122,10 @@ class Lifecycle:
                 recall=recall,
             )
         except BaseException:
-            engine.cells.release_seq(seq_id)
+            if seq_id >= 0:
+                engine.cells.release_seq(seq_id)
             raise
+        session.parked = seq_id < 0  # every resident session busy: its first call waits for one
         if not system_tokens:
             session.transition(SessionState.IDLE)
         return self._admit(engine, session)
@@ -130,7 +134,8 @@ class Lifecycle:
         check_generation(parent, generation)
         if parent.state is SessionState.FAILED:
             raise InvalidInput("cannot fork a failed session; reset it first")
-        seq_id = self.admission.acquire(engine)
+        self._resident(engine, parent)
+        seq_id = self.admission.acquire(engine, keep=(parent.id,), tenant=parent.tenant)
         try:
             failpoints.hit("engine-copy")
             engine.cells.copy(parent.seq_id, seq_id)  # physical: per-sequence KV streams
@@ -188,7 +193,9 @@ class Lifecycle:
             if self.recall.dropped(session.id, session.reset_count):
                 self.recall.purge()
         self.scheduler.cancel_session_jobs(session, Cancelled("the session was reset"))
-        engine.cells.clear(session.seq_id)  # verified: pos max is -1
+        if session.seq_id >= 0:
+            engine.cells.clear(session.seq_id)  # verified: pos max is -1
+        self.scheduler.residency.forget(session)  # parked, it stays parked, empty
         session.clear_history()
         session.pending_prefix = list(session.system_tokens)
         session.failure = ""
@@ -207,6 +214,7 @@ class Lifecycle:
             raise FailedPrecondition(f"session {session.id} is busy with another request")
         if session.unlogged or session.pending_prefix:
             raise FailedPrecondition(f"session {session.id} has an append under way")
+        self._resident(engine, session)
         removed = session.seq.rewind(to_n_seen)  # CannotRewind: nothing changed
         if removed is None:
             return
@@ -220,6 +228,15 @@ class Lifecycle:
         if self.snapshotter is not None and not self.snapshotter.take(session, scrub=True):
             self.scheduler.auditor.fail_session(session, "its rewind could not be journalled")
             raise SessionFailed(f"session {session.id}: its rewind could not be journalled")
+
+    def _resident(self, engine: Engine, session: Session) -> None:
+        """A parked session's cells back, for an operation on them (a fork, a rewind)."""
+        if not session.parked:
+            return
+        try:
+            self.scheduler.residency.restore(engine, session)
+        except NoRoom as e:
+            raise ResourceExhausted(f"session {session.id} is parked and {e}; retry") from None
 
     def close(self, session: Session, generation: str | None = None) -> None:
         """Close and delete what is stored (a stale session too); `generation` None: expiry.
@@ -238,5 +255,9 @@ class Lifecycle:
         self.registry.remove(session.id)
         if engine is not None and session.seq_id >= 0:
             engine.cells.release_seq(session.seq_id)
+            session.seq_id = -1
+        self.scheduler.residency.forget(session)
+        session.parked = False
         self.metrics.active_sessions.set(len(self.registry))
+        self.scheduler.residency.counted()
         self.on_closed(session.id)

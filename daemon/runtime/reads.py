@@ -121,4 +121,8 @@ class SessionReads:
             stale_sessions=len(everything) - len(sessions),
             snapshots=count("snapshots"),
             snapshot_failures=count("snapshot_failures"),
+            parked_sessions=sum(s.parked for s in sessions),
+            max_parked_sessions=self.admission.residency.max_parked,
+            parks=count("parks"),
+            restores=count("restores"),
         )

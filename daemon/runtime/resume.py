@@ -29,6 +29,7 @@ from sinkd.daemon.runtime.durable.durability import (
     adopt_snapshot_meta,
     gate_differences,
     policy_from,
+    snapshot_disagrees,
 )
 from sinkd.daemon.runtime.loop import audit
 from sinkd.daemon.runtime.loop.executor import Executor
@@ -78,8 +79,21 @@ class Resumer:
         self.metrics = metrics
 
     def run(self, engine: Engine) -> None:
+        """Every stored session, as many at a time as the context holds: each batch's sessions
+        are parked (their snapshot written if the replay went past it) as the next one needs
+        their sequences, and the last batch stays resident."""
+        stored = self.durability.stored()
+        at_once = max(1, self.admission.limit(engine))
+        for start in range(0, len(stored), at_once):
+            self._run_batch(engine, stored[start : start + at_once])
+        self.durability.commit()
+        swept = self.durability.sweep()
+        if swept:
+            log.info("removed %d snapshot files left by an interrupted write", swept)
+
+    def _run_batch(self, engine: Engine, batch: list[StoredSession]) -> None:
         restoring: list[_Restoring] = []
-        for stored in self.durability.stored():
+        for stored in batch:
             try:
                 session = self._build(stored)
             except Unrestorable as e:
@@ -113,10 +127,6 @@ class Resumer:
                 continue
             self.metrics.resumed_sessions.inc()
             log.info("session %s resumed: %s", r.session.id, r.session.resume)
-        self.durability.commit()
-        swept = self.durability.sweep()
-        if swept:
-            log.info("removed %d snapshot files left by an interrupted write", swept)
 
     def adopt(self, engine: Engine, stored: StoredSession) -> Session:
         """One session whose rows were just written (an import), restored as at start under the
@@ -177,7 +187,7 @@ class Resumer:
         except SinkdError as e:
             raise Unrestorable(f"its policy does not fit this daemon: {e}") from None
         try:
-            session.seq_id = self.admission.acquire(engine)
+            session.seq_id = self.admission.acquire(engine, tenant=session.tenant)
         except ResourceExhausted as e:
             raise Unrestorable(f"no free sequence: {e}") from None
         self.registry.add(session)
@@ -271,21 +281,9 @@ class Resumer:
     def _load_snapshot(self, engine: Engine, session: Session, row: SnapshotRow) -> None:
         snap = snapshots.read(self.durability.dir / Path(row.path))
         meta: dict[str, Any] = snap.meta
-        expected = {
-            "session": session.id,
-            "reset_count": session.reset_count,
-            "generation": session.generation,
-        }
-        for key, value in expected.items():
-            if meta.get(key) != value:
-                raise Unrestorable(f"it belongs to another {key}")
-        differences = gate_differences(meta.get("config", {}), self.durability.config)
-        if differences:
-            raise Unrestorable("made under another configuration: " + "; ".join(differences))
-        if meta["state"]["n_seen"] != row.n_seen:
-            raise Unrestorable("its token count disagrees with the journal")
-        if meta.get("sampler_seed") != session.sampling.seed:
-            raise Unrestorable("its sampler seed disagrees with the session's")
+        why = snapshot_disagrees(session, meta, row.n_seen, self.durability.config)
+        if why:
+            raise Unrestorable(why)
         try:
             engine.cells.restore_seq(session.seq_id, snap.kv)
         except SinkdError as e:

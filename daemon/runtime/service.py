@@ -95,8 +95,10 @@ class SinkdService:
             prefill_chunk=settings.prefill_chunk,
             call_timeout_s=settings.call_timeout_s,
             recall=self.recall,
+            max_kv_bytes=settings.max_kv_bytes,
+            max_parked=settings.max_parked_sessions,
         )
-        self.admission = Admission(self.registry, self.metrics, settings.max_kv_bytes)
+        self.admission = Admission(self.registry, self.metrics, self.scheduler.residency)
         self.lifecycle = Lifecycle(
             self.scheduler,
             self.scheduler.snapshotter,

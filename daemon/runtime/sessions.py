@@ -10,6 +10,11 @@ State diagram (one session; `TRANSITIONS` is the table `Session.transition` enfo
        any state but CLOSED --close/expiry--> CLOSED
        any live state --invariant violation, failed step--> FAILED (cells freed; reset or close)
     CREATED --at resume, cannot be restored exactly--> STALE (no cells; close only)
+    IDLE --parked, its files cannot be restored exactly--> STALE
+
+Residency is beside the state: an IDLE session may be parked (its cells freed, its state in its
+newest snapshot, `seq_id` -1) and is restored into a sequence by the next call that needs its cells
+(loop/residency.py).
 """
 
 from __future__ import annotations
@@ -56,7 +61,13 @@ TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
         {SessionState.GENERATING, SessionState.IDLE, SessionState.FAILED}
     ),
     SessionState.IDLE: frozenset(
-        {SessionState.IDLE, SessionState.PREFILLING, SessionState.GENERATING, SessionState.FAILED}
+        {
+            SessionState.IDLE,
+            SessionState.PREFILLING,
+            SessionState.GENERATING,
+            SessionState.FAILED,
+            SessionState.STALE,  # parked, and its files cannot be restored exactly
+        }
     ),
     SessionState.FAILED: frozenset({SessionState.FAILED, SessionState.IDLE}),  # IDLE: a reset
     SessionState.STALE: frozenset(),
@@ -213,6 +224,12 @@ class Session:
     # closed after this long idle, if shorter than the daemon's `idle_timeout_s` (a client's
     # keep_alive; not kept across a restart)
     idle_timeout_s: float | None = None
+    # residency (engine thread): parked (no sequence: seq_id -1; its cells in its newest snapshot,
+    # or in memory without a state directory); whole turns answered (one: on probation, the first
+    # to give up its cells); restores so far
+    parked: bool = False
+    turns_taken: int = 0
+    restores: int = 0
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
@@ -301,6 +318,8 @@ class Session:
             memory_tokens=self.memory_stats[1],
             memory_bytes=self.memory_stats[2],
             last_recall=self.last_recall,
+            residency="parked" if self.parked else ("resident" if self.seq_id >= 0 else "none"),
+            restores=self.restores,
         )
 
     def penalty_history(self, n: int) -> list[int]:
@@ -427,6 +446,15 @@ class Registry:
             return list(self._sessions.values())
 
     def __len__(self) -> int:
-        """Sessions that hold a sequence (a stale one holds none)."""
+        """Open sessions, resident or parked (a stale one is neither)."""
         with self._lock:
             return sum(s.state is not SessionState.STALE for s in self._sessions.values())
+
+    def resident(self) -> list[Session]:
+        """The sessions holding a sequence of the context."""
+        with self._lock:
+            return [s for s in self._sessions.values() if s.seq_id >= 0]
+
+    def parked(self) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if s.parked]

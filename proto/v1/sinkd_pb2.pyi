@@ -61,7 +61,7 @@ class Range(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens", "recall", "recalled", "memory_passages", "memory_tokens", "memory_bytes", "last_recall")
+    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens", "recall", "recalled", "memory_passages", "memory_tokens", "memory_bytes", "last_recall", "residency", "restores", "restored_ms")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RESET_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,9 @@ class Receipt(_message.Message):
     MEMORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_RECALL_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_MS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     generation: str
     reset_count: int
@@ -130,7 +133,10 @@ class Receipt(_message.Message):
     memory_tokens: int
     memory_bytes: int
     last_recall: RecallReport
-    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., memory_passages: _Optional[int] = ..., memory_tokens: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., last_recall: _Optional[_Union[RecallReport, _Mapping]] = ...) -> None: ...
+    residency: str
+    restores: int
+    restored_ms: float
+    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., memory_passages: _Optional[int] = ..., memory_tokens: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., last_recall: _Optional[_Union[RecallReport, _Mapping]] = ..., residency: _Optional[str] = ..., restores: _Optional[int] = ..., restored_ms: _Optional[float] = ...) -> None: ...
 
 class RecallSettings(_message.Message):
     __slots__ = ("mode", "budget", "passages", "threshold")
@@ -455,7 +461,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256", "stale_sessions", "snapshots", "snapshot_failures")
+    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256", "stale_sessions", "snapshots", "snapshot_failures", "parked_sessions", "max_parked_sessions", "parks", "restores")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     CELLS_IN_USE_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +477,10 @@ class StatsResponse(_message.Message):
     STALE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PARKED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PARKED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PARKS_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     max_sessions: int
     cells_in_use: int
@@ -486,7 +496,11 @@ class StatsResponse(_message.Message):
     stale_sessions: int
     snapshots: int
     snapshot_failures: int
-    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., stale_sessions: _Optional[int] = ..., snapshots: _Optional[int] = ..., snapshot_failures: _Optional[int] = ...) -> None: ...
+    parked_sessions: int
+    max_parked_sessions: int
+    parks: int
+    restores: int
+    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., stale_sessions: _Optional[int] = ..., snapshots: _Optional[int] = ..., snapshot_failures: _Optional[int] = ..., parked_sessions: _Optional[int] = ..., max_parked_sessions: _Optional[int] = ..., parks: _Optional[int] = ..., restores: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "sha256", "loaded", "is_default", "default_sinks", "default_window")

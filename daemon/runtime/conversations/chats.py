@@ -34,7 +34,7 @@ from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import (
     InvalidInput,
     NotFound,
-    ResourceExhausted,
+    SessionLimit,
     ShuttingDown,
     StaleGeneration,
     message_of,
@@ -118,7 +118,6 @@ class StatelessChats:
         # (idle between its creation and its first job, it is not idle to its caller)
         self._starting: dict[str, float] = {}
         self._starting_lock = threading.Lock()
-        self._answered: dict[str, int] = {}  # whole turns each made session answered
 
     def turn(
         self,
@@ -261,8 +260,10 @@ class StatelessChats:
     def new_session(
         self, principal: Principal, system: str, stateless: bool = True
     ) -> tuple[Receipt, str]:
-        """A session for a new conversation. At the session limit, one of the caller's idle
-        stateless conversation sessions is closed to make room: one answered once and never
+        """A session for a new conversation. Past the resident sessions an idle one is parked
+        for it (the runtime's residency); at the limit of open sessions (resident and parked),
+        one of the caller's idle stateless conversation sessions is closed to make room: one
+        answered once and never
         continued first, least recently used first in each (a client that comes back to it
         resends its history: it is read again, and says so); never another tenant's, never
         a session made over gRPC or holding stored responses (not `stateless`). Calls starting
@@ -273,7 +274,7 @@ class StatelessChats:
             try:
                 receipt = self.create(principal, policy, None, system)
                 break
-            except ResourceExhausted:
+            except SessionLimit:
                 victim = self._least_recent(principal)
                 if victim is None or attempt == ROOM_TRIES - 1:
                     raise
@@ -312,7 +313,6 @@ class StatelessChats:
         self.index.remove(session_id)
         self._made.discard(session_id)
         with self._starting_lock:
-            self._answered.pop(session_id, None)
             self._starting.pop(session_id, None)
 
     def adopt(self, session_id: str) -> None:
@@ -336,7 +336,7 @@ class StatelessChats:
             # segmented LRU: a conversation answered once and never continued (a chat UI's
             # title, tags or follow-up request; a one-shot call) is on probation and gives way
             # before any that was continued; least recently used first within each
-            oldest = min(idle, key=lambda s: (self._answered.get(s.id, 0) > 1, s.last_active))
+            oldest = min(idle, key=lambda s: (s.turns_taken > 1, s.last_active))
             return Handle(oldest.id, oldest.generation)
 
         return self.access.scheduler.call(pick)
@@ -383,10 +383,6 @@ class StatelessChats:
                     )
                     self.index.place(handle.session_id, place)
                     self._took(handle.session_id, place, request, turns)
-                    with self._starting_lock:
-                        self._answered[handle.session_id] = (
-                            self._answered.get(handle.session_id, 0) + 1
-                        )
                     if self.persist is not None:
                         self.persist(handle.session_id, place)
                     self._keep_alive(handle, request.keep_alive_s)

@@ -31,7 +31,7 @@ from sinkd.daemon.store import generation_rows, snapshots
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Chunk, ClientTables, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
-from sinkd.errors import JournalError, ResourceExhausted
+from sinkd.errors import CorruptSnapshot, JournalError, ResourceExhausted
 
 log = logging.getLogger("sinkd.durability")
 
@@ -104,6 +104,29 @@ def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "rewinds": session.rewinds,
         "created": time.time(),
     }
+
+
+def snapshot_disagrees(
+    session: Session, meta: dict[str, Any], n_seen: int, config: dict[str, Any]
+) -> str:
+    """Why a snapshot read for `session` at `n_seen` tokens is not its own ("" if it is): another
+    session, reset or generation, another configuration, another token count or sampler seed."""
+    expected = {
+        "session": session.id,
+        "reset_count": session.reset_count,
+        "generation": session.generation,
+    }
+    for key, value in expected.items():
+        if meta.get(key) != value:
+            return f"it belongs to another {key}"
+    differences = gate_differences(meta.get("config", {}), config)
+    if differences:
+        return "made under another configuration: " + "; ".join(differences)
+    if meta.get("state", {}).get("n_seen") != n_seen:
+        return "its token count disagrees with the journal"
+    if meta.get("sampler_seed") != session.sampling.seed:
+        return "its sampler seed disagrees with the session's"
+    return ""
 
 
 def adopt_snapshot_meta(session: Session, meta: dict[str, Any]) -> None:
@@ -392,6 +415,19 @@ class Durability:
             session.id, session.reset_count
         )
         return sum(map(len, data))
+
+    def newest_snapshot(self, session: Session) -> snapshots.Snapshot:
+        """The session's snapshot at its current token count, read and verified (a parked
+        session's cells); CorruptSnapshot says why it cannot be had."""
+        n_seen = session.seq.state.n_seen
+        rows = self.snapshots_of(session)
+        if not rows or rows[0].n_seen != n_seen:
+            raise CorruptSnapshot(f"no snapshot at token {n_seen} (its newest is gone or older)")
+        snap = snapshots.read(self.dir / Path(rows[0].path))
+        why = snapshot_disagrees(session, snap.meta, n_seen, self.config)
+        if why:
+            raise CorruptSnapshot(why)
+        return snap
 
     def sweep(self) -> int:
         """Delete what a crash left in the snapshot folder: half-written temporaries, snapshots the

@@ -68,7 +68,10 @@ class Snapshotter:
         assert engine is not None
         t0 = time.monotonic()
         try:
-            kv = engine.cells.save_seq(session.seq_id)
+            if session.parked:  # its cells are its newest snapshot's (a scrub rewrites it)
+                kv = self.durability.newest_snapshot(session).kv
+            else:
+                kv = engine.cells.save_seq(session.seq_id)
             size = self.durability.snapshot(session, kv, scrub=scrub)
         except (SinkdError, JournalError, sqlite3.Error, OSError) as e:
             log.warning("snapshot of session %s failed, the previous one stays: %s", session.id, e)

@@ -65,6 +65,8 @@ class Auditor:
         """True if the session is consistent; else it is failed (alone) and False."""
         engine = self._engine()
         assert engine is not None
+        if session.seq_id < 0:  # parked (or never resident): no cells to disagree
+            return True
         found = problems(engine, self.registry, session)
         if not found:
             return True
@@ -80,7 +82,7 @@ class Auditor:
         session.transition(SessionState.FAILED)
         session.failure = why
         engine = self._engine()
-        if engine is not None:
+        if engine is not None and session.seq_id >= 0:
             try:
                 engine.cells.clear(session.seq_id)
             except EngineError:

@@ -10,6 +10,7 @@ concerns. `replay` decodes journalled chunks the same way, for resume.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -27,6 +28,7 @@ from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
+from sinkd.daemon.runtime.loop.residency import NoRoom, Residency
 from sinkd.daemon.runtime.loop.stepplan import Slot
 from sinkd.daemon.runtime.loop.swaps import place_in_one_run
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -38,6 +40,7 @@ from sinkd.errors import (
     ResourceExhausted,
     SessionFailed,
     SinkdError,
+    StaleGeneration,
 )
 
 log = logging.getLogger("sinkd.executor")
@@ -60,9 +63,11 @@ class Executor:
         auditor: Auditor,
         metrics: Metrics,
         durability: Durability | None,
+        residency: Residency,
         recall: Recall | None = None,
     ) -> None:
         self._engine = engine
+        self.residency = residency
         self.recall = recall
         self.queues = queues
         self.gate = gate
@@ -85,7 +90,11 @@ class Executor:
                 self.recall.abandoned(job.session)
             self.gate.fail(job, error)
         else:  # the receipt as the job left the session, not as a later reset or close leaves it
+            if job.gen is not None:
+                job.session.turns_taken += 1
             receipt = job.session.receipt(self.engine.kv_bytes_per_token)
+            if job.restored_ms:
+                receipt = dataclasses.replace(receipt, restored_ms=job.restored_ms)
             recall = job.session.last_recall if job.recall is not None else None
             self.gate.finish(job, Done(job.reason, job.generated, receipt, recall))
 
@@ -93,7 +102,11 @@ class Executor:
 
     def prepare(self, job: Job) -> None:
         try:
-            self._start(job)
+            try:
+                self._start(job)
+            except NoRoom:  # its session is parked and every resident one busy: a later step
+                job.started = False
+                return
             if job.gen is None and not job.tokens:  # e.g. a recall that found nothing
                 self.end(job)
                 return
@@ -111,6 +124,10 @@ class Executor:
             raise SessionFailed(
                 f"session {session.id} failed ({session.failure}); reset or close it"
             )
+        if session.state is SessionState.STALE:
+            raise StaleGeneration(f"session {session.id} is stale: {session.failure}")
+        if session.parked:  # its cells come back first (NoRoom: none can be freed yet)
+            job.restored_ms = self.residency.restore(self.engine, session)
         if job.on_start is not None:
             job.on_start(job)
         if job.recall is not None and self.recall is not None:

@@ -78,6 +78,7 @@ class Job:
         self.gen = gen
         self.offset = 0
         self.started = False
+        self.restored_ms = 0.0  # its session was parked: the time its cells took to come back
         self.pending: int | None = None  # sampled, emitted, not yet decoded
         self.pending_plan: AppendPlan | None = None  # its journalled placement
         self.final = False  # the pending token is the last one

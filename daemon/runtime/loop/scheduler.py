@@ -31,6 +31,7 @@ from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.executor import Executor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import POLL_S, Job, JobQueues
+from sinkd.daemon.runtime.loop.residency import Residency
 from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
@@ -61,6 +62,8 @@ class Scheduler:
         prefill_chunk: int = 64,
         call_timeout_s: float = 600.0,
         recall: Recall | None = None,
+        max_kv_bytes: int | None = None,
+        max_parked: int = 0,
     ) -> None:
         self._engine_factory = engine_factory
         self.registry = registry
@@ -80,17 +83,36 @@ class Scheduler:
         self.queues = JobQueues()
         self.auditor = Auditor(lambda: self.engine, registry, self.queues, metrics, durability)
         self.gate = ReplyGate(durability, metrics, self.auditor.fail_session)
-        self.executor = Executor(
-            lambda: self.engine, self.queues, self.gate, self.auditor, metrics, durability, recall
-        )
         self.snapshotter = (
             Snapshotter(lambda: self.engine, durability, registry, metrics) if durability else None
+        )
+        self.residency = Residency(
+            lambda: self.engine,
+            registry,
+            self.queues,
+            self.snapshotter,
+            metrics,
+            max_kv_bytes,
+            max_parked,
+        )
+        self.executor = Executor(
+            lambda: self.engine,
+            self.queues,
+            self.gate,
+            self.auditor,
+            metrics,
+            durability,
+            self.residency,
+            recall,
         )
         self._inbox: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._closed = False  # the gate: once set (under the lock) nothing enters the inbox
         self._snapshot_at_stop = True
         self._gate_lock = threading.Lock()
         self._rr = 0
+        # the last step ran nothing: every head waits for a sequence (its session parked, every
+        # resident one busy or not yet idle); the loop then sleeps until a message or a poll
+        self._waiting = False
         self._last_expiry = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sinkd-engine", daemon=True)
 
@@ -152,7 +174,7 @@ class Scheduler:
         self.ready.set()
         clean = False
         try:
-            while self._drain(block=not self.queues):
+            while self._drain(block=not self.queues or self._waiting):
                 if self.gate.sync_error is not None:  # nothing more may be acknowledged
                     raise JournalError(f"the journal's fsync failed: {self.gate.sync_error}")
                 self._expire_idle()
@@ -201,7 +223,9 @@ class Scheduler:
         for job in heads:
             self.executor.prepare(job)
         self.gate.release()  # tokens sampled above are journalled before they are sent
-        live = [j for j in heads if not j.answered and self.queues.busy(j.session.id)]
+        live = [  # a job not started waits for a sequence (its session parked, none free)
+            j for j in heads if j.started and not j.answered and self.queues.busy(j.session.id)
+        ]
         plan = plan_step(
             [Candidate(i, j.pending is not None, self._next_take(j)) for i, j in enumerate(live)],
             self.step_tokens,
@@ -209,6 +233,7 @@ class Scheduler:
             self._rr,
         )
         self._rr = plan.next_rr
+        self._waiting = bool(heads) and not live and not any(j.answered for j in heads)
         try:
             self.executor.run([(live[s.key], s) for s in plan.slots])
         finally:
