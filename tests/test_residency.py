@@ -75,7 +75,7 @@ def test_more_conversations_than_sequences_each_continue_round_robin(tmp_path: P
     try:
         chats: list[list[Turn]] = [[Turn("user", f"Chat {i} opens.")] for i in range(5)]
         ids: list[str] = []
-        for i, chat in enumerate(chats):
+        for chat in chats:
             found, answer = say(service, chat)
             ids.append(found.handle.session_id)
             chat.append(Turn("assistant", answer))
