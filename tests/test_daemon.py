@@ -193,14 +193,36 @@ def test_batched_sessions_match_solo_runs(client: Client) -> None:
     assert results == solo
 
 
-def test_admission_refuses_past_the_session_limit(client: Client, daemon: Daemon) -> None:
-    handles = [client.create().handle for _ in range(daemon.service.max_sessions())]
-    with pytest.raises(grpc.RpcError) as err:
-        client.create(md=BOB)
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "session limit reached: 6 sessions of 256 cells" in err.value.details()
-    client.append(handles[0], "still fine")
-    assert client.inspect(handles[0]).receipt.n_seen > 0
+def test_admission_parks_past_the_resident_limit_and_refuses_past_the_parked_one(
+    tmp_path: Path,
+) -> None:
+    """Two resident sessions and two parked beyond them: a third session parks the least recently
+    used one, a fifth is refused with the limits named, and the parked ones still answer."""
+    d = Daemon(settings(tmp_path, max_sessions=2, max_parked_sessions=2))
+    d.start()
+    d.wait_ready(120)
+    try:
+        client = Client(d.addresses[0])
+        handles = [client.create().handle for _ in range(2)]
+        for h in handles:
+            client.append(h, "still fine")
+        third = client.create()
+        assert third.receipt.residency == "resident"
+        assert client.inspect(handles[0]).receipt.residency == "parked"
+        client.create()
+        with pytest.raises(grpc.RpcError) as err:
+            client.create(md=BOB)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "session limit reached: 2 resident and 2 parked sessions" in err.value.details()
+        appended = client.append(handles[0], " and more")
+        assert appended.receipt.residency == "resident" and appended.receipt.restored_ms > 0
+        assert client.inspect(handles[0]).receipt.n_seen > 3
+        stats = client.admin.Stats(pb.StatsRequest(), metadata=ADMIN)
+        assert (stats.sessions, stats.max_sessions, stats.parked_sessions) == (4, 2, 2)
+        assert stats.max_parked_sessions == 2 and stats.parks >= 3 and stats.restores == 1
+        client.close()
+    finally:
+        d.stop()
 
 
 def settled(daemon: Daemon, h: pb.Handle) -> None:

@@ -42,7 +42,8 @@ FINISH = {
 
 
 def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
-    """What sinkd adds to an answer: the session, how it was found, the receipt's counts, and what
+    """What sinkd adds to an answer: the session, how it was found, the receipt's counts, where the
+    session is (resident or parked) and how long this turn's restore took (0: none), and what
     the turn's recall brought back (passage ids, where each was first seen, scores) or why not."""
     out: dict[str, Any] = {
         "session_id": c.handle.session_id,
@@ -55,7 +56,8 @@ def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
         r = done.receipt
         out["receipt"] = {
             "n_seen": r.n_seen, "retained": r.retained, "evicted_tokens": r.evicted_tokens,
-            "generation": r.generation,
+            "generation": r.generation, "residency": r.residency,
+            "restored_ms": round(r.restored_ms, 3),
         }  # fmt: skip
         out["recall"] = _recall(done.recall)
     return out
