@@ -99,10 +99,14 @@ def test_parked_sessions_restore_bit_for_bit_and_survive_a_kill_9(tmp_path: Path
         for i, h in enumerate(handles):
             receipt = s.Inspect(pb.InspectRequest(handle=h), metadata=LOCAL).receipt
             assert receipt.state == "idle", receipt.stale_reason
-            assert np.array_equal(logits_of(s, h, LOCAL), ref[i, ROUNDS - 1]), f"session {i} resumed"
+            assert np.array_equal(
+                logits_of(s, h, LOCAL), ref[i, ROUNDS - 1]
+            ), f"session {i} resumed"
         for i, h in enumerate(handles):  # and they carry on as the never-parked ones did
             s.Append(pb.AppendRequest(handle=h, text=text_of(i, ROUNDS)), metadata=LOCAL)
-            assert np.array_equal(logits_of(s, h, LOCAL), ref[i, ROUNDS]), f"session {i} after resume"
+            assert np.array_equal(
+                logits_of(s, h, LOCAL), ref[i, ROUNDS]
+            ), f"session {i} after resume"
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -129,7 +133,10 @@ def test_more_conversations_than_the_cache_holds_each_continue_over_http(tmp_pat
                     chats.append([])
                 chats[i].append({"role": "user", "content": f"Chat {i}, question {rnd}: why?"})
                 raw = client.chat.completions.with_raw_response.create(
-                    model="smollm2-135m-instruct", messages=chats[i], max_tokens=8, temperature=0  # type: ignore[arg-type]
+                    model="smollm2-135m-instruct",
+                    messages=chats[i],
+                    max_tokens=8,
+                    temperature=0,  # type: ignore[arg-type]
                 )
                 reply = raw.parse()
                 ext = reply.model_extra["sinkd"]  # type: ignore[index]
@@ -138,7 +145,9 @@ def test_more_conversations_than_the_cache_holds_each_continue_over_http(tmp_pat
                     assert reply.usage is not None and reply.usage.prompt_tokens < 30
                     restored.append(ext["receipt"]["restored_ms"] > 0)
                 assert ext["receipt"]["residency"] == "resident"
-                chats[i].append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+                chats[i].append(
+                    {"role": "assistant", "content": reply.choices[0].message.content or ""}
+                )
         assert all(restored), restored  # two sequences, four chats: each visit restored one
         registry = d.service.registry
         assert (len(registry.resident()), len(registry.parked())) == (2, 2)
