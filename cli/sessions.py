@@ -102,13 +102,14 @@ def list_sessions(
         print(json.dumps(to_json(rows), indent=2))
         return
     table = Table(title=f"sessions at {backend.address}")
-    for col in ("id", "state", "policy", "seen", "kept", "snapshot", "journal", "resume"):
+    columns = ("id", "state", "cells", "policy", "seen", "kept", "snapshot", "journal", "resume")
+    for col in columns:
         table.add_column(col, no_wrap=col == "id")
     notes = []
     for r in rows:
         p = r.policy
         table.add_row(
-            r.session_id, r.state, f"{p.policy.value} {p.sinks}+{p.window}",
+            r.session_id, r.state, _residency_cell(r), f"{p.policy.value} {p.sinks}+{p.window}",
             str(r.n_seen), str(r.retained), _snapshot_cell(r),
             f"{r.journal_tokens} tok", _resume_label(r),
         )  # fmt: skip
@@ -119,6 +120,13 @@ def list_sessions(
     out.print(table)
     for note in notes:
         out.print(note, markup=False, highlight=False)
+
+
+def _residency_cell(r: Receipt) -> str:
+    """Resident (in the context's cells) or parked (on disk, restored by its next call)."""
+    if r.residency == "none":
+        return "-"
+    return r.residency + (f", restored {r.restores}x" if r.restores else "")
 
 
 def _resume_label(r: Receipt) -> str:

@@ -73,7 +73,17 @@ def test_sessions_list_shows_snapshot_journal_and_resume_state(address: str) -> 
     assert row["journal_chunks"] >= 1 and row["journal_tokens"] == row["n_seen"] > 0
     code, out, _ = sinkd("sessions", "list", *conn)
     assert code == 0 and "journal" in out and "resume" in out and "none" in out
-    c.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+    assert row["residency"] == "resident"
+    others = [c.create().handle for _ in range(6)]  # past the six resident: the oldest parks
+    code, out, _ = sinkd("sessions", "list", *conn, "--json")
+    assert {r["session_id"]: r["residency"] for r in json.loads(out)}[h.session_id] == "parked"
+    code, out, _ = sinkd("sessions", "list", *conn)
+    assert code == 0 and "parked" in out
+    c.append(h, " It comes back.")
+    code, out, _ = sinkd("sessions", "list", *conn)
+    assert code == 0 and "resident, restored 1x" in out
+    for handle in [h, *others]:
+        c.s.Close(pb.HandleRequest(handle=handle), metadata=ALICE)
 
 
 def test_serve_refuses_a_state_directory_another_daemon_holds(tmp_path: Path) -> None:

@@ -279,3 +279,30 @@ def test_resume_with_more_sessions_than_sequences_parks_the_rest(tmp_path: Path)
             assert text and done.receipt.n_seen > 0
     finally:
         again.stop()
+
+
+def test_forgetting_text_of_a_parked_session_rewrites_its_files_and_it_still_restores(
+    tmp_path: Path,
+) -> None:
+    """A forget scrubs the files between steps: for a parked session, its one snapshot is
+    rewritten from its own cells and every journal chunk goes; it stays parked, and restores."""
+    service = fake_service(tmp_path, max_sessions=1, durable=True)
+    try:
+        h = service.create(ALICE, PolicyRequest(name="sink", sinks=4, window=40)).handle
+        for i in range(4):  # past the window: evicted text goes to memory
+            reply(service, ALICE, h, f"Remember item {i}: the {i}th thing said in passing.")
+        session = session_of(service, h.session_id)
+        park(service, session)
+        passages = service.memory.memory(ALICE, h)
+        assert passages
+        service.memory.forget(ALICE, h, logical=(0, session.seq.state.n_seen))
+        service.scheduler.call(lambda e: service.scheduler.snapshotter.due())  # type: ignore[union-attr]
+        assert session.parked and not session.scrub_due
+        durability = service.durability
+        assert durability is not None
+        assert len(durability.snapshots_of(session)) == 1
+        assert durability.chunk_stats(session) == (0, 0)
+        text, done = reply(service, ALICE, h, "Still there?")
+        assert text and done.receipt.restores == 1
+    finally:
+        service.stop()
