@@ -59,6 +59,7 @@ def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
             "generation": r.generation, "residency": r.residency,
             "restored_ms": round(r.restored_ms, 3),
         }  # fmt: skip
+        out["read_tokens"] = usage(c, done)["prompt_tokens"]  # what this request appended
         out["recall"] = _recall(done.recall)
     return out
 
