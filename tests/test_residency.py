@@ -51,9 +51,9 @@ def session_of(service: SinkdService, session_id: str) -> Session:
 def reply(service: SinkdService, who: Principal, handle: Any, text: str) -> tuple[str, Any]:
     """One gRPC-style turn: append, then a greedy generation; the reply and its Done (its
     receipt with the append's restore time, if the append restored the session)."""
-    appended = service.append(who, handle, text)
+    appended = service.append(who, handle, text, timeout=20)  # a call left waiting fails
     out, done = [], None
-    for event in service.generate(who, handle, GREEDY):
+    for event in service.generate(who, handle, GREEDY, timeout=20):
         if isinstance(event, TokenEvent):
             out.append(event.text)
         else:
@@ -304,5 +304,21 @@ def test_forgetting_text_of_a_parked_session_rewrites_its_files_and_it_still_res
         assert durability.chunk_stats(session) == (0, 0)
         text, done = reply(service, ALICE, h, "Still there?")
         assert text and done.receipt.restores == 1
+    finally:
+        service.stop()
+
+
+def test_a_parked_session_comes_back_when_as_many_wait_parked_as_may(tmp_path: Path) -> None:
+    """Restoring one parks another: the count of parked sessions does not change, so a full
+    parking lot never keeps a parked session from its next call."""
+    service = fake_service(tmp_path, max_sessions=1, max_parked_sessions=1)
+    try:
+        a = service.create(ALICE, POLICY).handle
+        reply(service, ALICE, a, "First.")
+        b = service.create(ALICE, POLICY).handle
+        assert session_of(service, a.session_id).parked
+        text, done = reply(service, ALICE, a, "Back again.")
+        assert text and done.receipt.restores == 1
+        assert session_of(service, b.session_id).parked
     finally:
         service.stop()

@@ -99,7 +99,7 @@ class Residency:
 
     def victim(self, keep: Collection[str] = (), tenant: str = "") -> Session | None:
         """The idle resident session that gives way first (see the module's note), or None."""
-        if not self.max_parked or len(self.registry.parked()) >= self.max_parked:
+        if not self.max_parked:  # parking off (how many may wait parked is admission's check)
             return None
         resident = self.registry.resident()
         held = Counter(s.tenant for s in resident)
