@@ -25,7 +25,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, Session
-from sinkd.errors import StaleGeneration
+from sinkd.errors import ResourceExhausted, StaleGeneration
 from tests.support.services import fake_engine_of, fake_service
 
 pytestmark = pytest.mark.unit
@@ -320,5 +320,31 @@ def test_a_parked_session_comes_back_when_as_many_wait_parked_as_may(tmp_path: P
         text, done = reply(service, ALICE, a, "Back again.")
         assert text and done.receipt.restores == 1
         assert session_of(service, b.session_id).parked
+    finally:
+        service.stop()
+
+
+def test_when_no_snapshot_can_be_written_nothing_waits_for_a_sequence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: no idle session can be parked, so a new session is refused at once, and a
+    parked session's call is told so, rather than either waiting for a sequence that cannot come."""
+    service = fake_service(tmp_path, max_sessions=1, durable=True)
+    try:
+        parked = service.create(ALICE, POLICY).handle
+        reply(service, ALICE, parked, "Parked soon.")
+        resident = service.create(ALICE, POLICY).handle
+        reply(service, ALICE, resident, "Holds the sequence.")
+        assert service.durability is not None
+
+        def full(*args: Any, **kw: Any) -> int:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(service.durability, "snapshot", full)
+        with pytest.raises(ResourceExhausted, match="snapshots could not be written"):
+            service.create(BOB, POLICY)
+        with pytest.raises(ResourceExhausted, match="is parked and no session could be parked"):
+            service.append(ALICE, parked, "Let me in.", timeout=20)
+        assert service.metrics.count("snapshot_failures") >= 2
     finally:
         service.stop()

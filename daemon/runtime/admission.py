@@ -8,7 +8,7 @@ from collections.abc import Collection
 
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.loop.residency import NoRoom, Residency
+from sinkd.daemon.runtime.loop.residency import NoRoom, ParkFailed, Residency
 from sinkd.daemon.runtime.sessions import Registry
 from sinkd.errors import ResourceExhausted, SessionLimit
 
@@ -49,7 +49,7 @@ class Admission:
         try:
             return self.residency.free_sequence(engine, keep, tenant)
         except NoRoom as e:
-            if may_wait and parked:
+            if may_wait and parked and not isinstance(e, ParkFailed):
                 return -1
             self.metrics.alloc_failures.inc()
             raise (ResourceExhausted if parked else SessionLimit)(str(e)) from None

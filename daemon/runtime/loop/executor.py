@@ -28,7 +28,7 @@ from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
-from sinkd.daemon.runtime.loop.residency import NoRoom, Residency
+from sinkd.daemon.runtime.loop.residency import NoRoom, ParkFailed, Residency
 from sinkd.daemon.runtime.loop.stepplan import Slot
 from sinkd.daemon.runtime.loop.swaps import place_in_one_run
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -104,6 +104,9 @@ class Executor:
         try:
             try:
                 self._start(job)
+            except ParkFailed as e:  # waiting would not help: said now
+                job.started = False
+                raise ResourceExhausted(f"session {job.session.id} is parked and {e}") from None
             except NoRoom:  # its session is parked and every resident one busy: a later step
                 job.started = False
                 return

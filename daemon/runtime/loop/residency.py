@@ -33,6 +33,11 @@ class NoRoom(Exception):
     """Every resident session is busy (or parking is off): no sequence can be freed now."""
 
 
+class ParkFailed(NoRoom):
+    """Idle sessions could have given way, but their snapshots could not be written (a full or
+    failing disk): waiting would not help."""
+
+
 def admitted_sessions(
     sequences: int, cells_per_session: int, bytes_per_token: float, max_kv_bytes: int | None
 ) -> int:
@@ -76,6 +81,11 @@ class Residency:
         refused: set[str] = set(keep)
         while len(self.registry.resident()) >= self.limit(engine):
             victim = self.victim(refused, tenant)
+            if victim is None and len(refused) > len(keep):
+                raise ParkFailed(
+                    f"no session could be parked: {len(refused) - len(keep)} snapshots could not"
+                    " be written (see the daemon's log; is the state directory's disk full?)"
+                )
             if victim is None:
                 raise NoRoom(
                     f"all {self.limit(engine)} resident sessions are busy"
