@@ -72,7 +72,7 @@ def cells_match(daemon: Daemon) -> None:
     """Between two steps: what llama.cpp holds, sequence by sequence, is what the policies retain."""
 
     def check(engine: Any) -> tuple[int, int]:
-        sessions = daemon.service.registry.all()
+        sessions = daemon.service.registry.resident()  # a parked one holds none: its snapshot
         held = sum(engine.cells.cell_count(s.seq_id) for s in sessions)
         return held, sum(s.seq.retained for s in sessions)
 
