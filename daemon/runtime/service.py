@@ -190,6 +190,7 @@ class SinkdService:
         for session_id, tenant in self.durability.moved_out():
             self.registry.moved_out(session_id, tenant)
         self.metrics.active_sessions.set(len(self.registry))
+        self.scheduler.residency.counted()
 
     # --- the daemon ---
 
