@@ -133,7 +133,7 @@ def test_streamed_with_usage(daemon: Daemon) -> None:
             "tools",
         ),
         ({"logprobs": True}, 400, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"response_format": {"type": "xml"}}, 400, "response_format.type"),
         ({"model": "gpt-4o"}, 404, "model"),
         ({"messages": []}, 400, None),
         ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from typing import Any
 
 import llama_cpp as llama
 import numpy as np
@@ -75,7 +76,9 @@ class Sampler:
         self._bits.advance(draws)
         self.draws += draws
 
-    def sample_logits(self, logits: np.ndarray, recent: list[int] | None = None) -> int:
+    def sample_logits(
+        self, logits: np.ndarray, recent: list[int] | None = None, grammar: Any = None
+    ) -> int:
         """Sample (and accept) a token from a stored next-token logits row with this chain.
 
         `recent`: the stream's last tokens, for the repetition penalty (llama.cpp's rule: a logit
@@ -83,11 +86,31 @@ class Sampler:
         applied here, not by llama.cpp's penalties sampler, whose history would not survive a
         restart: the stream is durable, so a resumed session penalises exactly the same tokens."""
         logits = self._penalised(logits, recent)
-        if not self.stochastic:
-            # llama.cpp's greedy sampler is stateless and takes the first maximum, as argmax does:
-            # the same token without filling and walking a 49k-entry candidate array per token
-            return int(np.argmax(logits))
-        return self.chain_select(logits)
+        token = self._select(logits)
+        if grammar is None:
+            return token
+        # a GrammarMask: as llama.cpp's common sampler does, the token chosen freely is kept if
+        # the grammar allows it (one candidate checked); else every forbidden token's logit
+        # becomes -inf and the choice is made again (49k candidates checked)
+        if not grammar.allows(token):
+            token = self._select(self._masked(logits, grammar))
+        grammar.accept(token)
+        return token
+
+    def _select(self, logits: np.ndarray) -> int:
+        # llama.cpp's greedy sampler is stateless and takes the first maximum, as argmax does:
+        # the same token without filling and walking a 49k-entry candidate array per token
+        return self.chain_select(logits) if self.stochastic else int(np.argmax(logits))
+
+    def _masked(self, logits: np.ndarray, grammar: Any) -> np.ndarray:
+        n = len(logits)
+        data = np.zeros(n, dtype=_TOKEN_DATA)
+        data["id"] = np.arange(n, dtype=np.int32)
+        data["logit"] = logits
+        grammar.mask(data, n)
+        if not np.isfinite(data["logit"]).any():
+            raise EngineError("the output grammar allows no token here")
+        return np.ascontiguousarray(data["logit"])
 
     def chain_select(self, logits: np.ndarray) -> int:
         """The token llama.cpp's chain (and, when sampling, our seeded draw) selects."""

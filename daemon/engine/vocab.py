@@ -18,6 +18,7 @@ from typing import Any
 import llama_cpp as llama
 
 from sinkd.daemon import failpoints
+from sinkd.daemon.engine.grammar import GrammarMask
 from sinkd.errors import EngineError, InvalidInput, ShuttingDown, Unsupported
 
 
@@ -83,6 +84,10 @@ class Vocabulary:
         for tok in tokens:  # a plain loop: every decode step checks its tokens
             if not 0 <= tok < n_vocab:
                 raise InvalidInput(f"token id {tok} is outside the vocabulary (0..{n_vocab - 1})")
+
+    def constrain(self, grammar: str) -> GrammarMask:
+        """A reply's grammar state over this vocabulary (structured output)."""
+        return GrammarMask(self._vocab, grammar)
 
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
         """Tokenize as text: a control token's spelling in `text` ("<|im_start|>") stays text.

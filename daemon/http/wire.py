@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sinkd.daemon.http.error_bodies import HttpError
-from sinkd.daemon.runtime.api import GenerationOptions, SamplingRequest, Turn
+from sinkd.daemon.runtime.api import GenerationOptions, OutputFormat, SamplingRequest, Turn
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)
@@ -63,7 +63,6 @@ UNSUPPORTED: Unsupported = (
     ("logprobs", _off, "no logprobs"),
     ("top_logprobs", _off, "no logprobs"),
     ("logit_bias", _off, "no logit bias"),
-    ("response_format", _text, "text responses"),
     ("presence_penalty", _off, "no presence penalty"),
     ("frequency_penalty", _off, "no frequency penalty"),
     ("audio", _off, "text only"),
@@ -95,6 +94,26 @@ class ChatCompletionBody(BaseModel):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def output_of(response_format: dict[str, Any] | None) -> OutputFormat | None:
+    """OpenAI's `response_format`: text (None), `json_object`, or `json_schema` (its `schema`;
+    `strict` or not, the grammar enforces it wholly, or the schema is refused naming why)."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat()
+    if kind != "json_schema":
+        raise HttpError(400, f"response_format.type: {kind!r} is not text, json_object or"
+                        " json_schema", param="response_format.type")  # fmt: skip
+    spec = (response_format or {}).get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise HttpError(400, "response_format.json_schema.schema: a JSON schema object is needed",
+                        param="response_format.json_schema.schema")  # fmt: skip
+    return OutputFormat(json.dumps(schema, sort_keys=True))
 
 
 def parse_json(raw: bytes) -> Any:
@@ -240,6 +259,7 @@ def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessC
             ),
             stops_of(body.stop),
             sampling_of(body.temperature, body.top_p, body.seed),
+            output_of(body.response_format),
         ),
         session_id=session_id,
     )

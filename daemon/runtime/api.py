@@ -102,6 +102,14 @@ class SamplingRequest:
 
 
 @dataclass(frozen=True)
+class OutputFormat:
+    """A reply constrained to JSON by a grammar: any object (`schema_json` None) or valid for one
+    JSON schema (its canonical text). What the grammar cannot enforce is refused, never ignored."""
+
+    schema_json: str | None = None
+
+
+@dataclass(frozen=True)
 class GenerationOptions:
     """How one reply is generated: built once at the edge from its wire format, carried as is by
     every request type, turned into the engine's spec once (`runtime/turns.py`)."""
@@ -113,6 +121,8 @@ class GenerationOptions:
     # None: the session's own sampler (a chat turn of a session that chose none: the model's
     # recommended chat sampling)
     sampling: SamplingRequest | None = None
+    # None: free text
+    output: OutputFormat | None = None
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from sinkd.cachepolicy import PolicyConfig, PolicyName
 from sinkd.cachepolicy.recall_plan import RecallConfig, RecallMode, check_recallable
 from sinkd.daemon.config import Settings
+from sinkd.daemon.engine import grammar
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.sampler import SamplingParams
 from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.models.registry import ModelEntry
-from sinkd.daemon.runtime.api import PolicyRequest, RecallRequest, SamplingRequest
+from sinkd.daemon.runtime.api import OutputFormat, PolicyRequest, RecallRequest, SamplingRequest
 from sinkd.daemon.validation import validated
 from sinkd.errors import InvalidInput
 
@@ -140,6 +142,16 @@ def chat_sampling(
     return validated(
         SamplingParams, **{**recommended, "seed": int.from_bytes(digest[:4], "little")}
     )
+
+
+def output_grammar(output: OutputFormat | None) -> str | None:
+    """The grammar a structured reply is decoded under (InvalidInput naming what a schema asks
+    that the grammar cannot enforce), or None for free text."""
+    if output is None:
+        return None
+    if output.schema_json is None:
+        return grammar.json_object_grammar()
+    return grammar.schema_grammar(json.loads(output.schema_json))
 
 
 def check_generation_args(max_tokens: int, stops: tuple[str, ...]) -> None:

@@ -219,7 +219,9 @@ class Turns:
         limit = self.max_reply_tokens if options.max_tokens is None else options.max_tokens
         requests.check_generation_args(limit, options.stops)
         sampler = session.sampler if params is None else Sampler(params)
-        spec = GenSpec(limit, list(options.stops), sampler, repetition_guard=unset)
+        grammar = requests.output_grammar(options.output)
+        mask = None if grammar is None else self.access.engine.vocab.constrain(grammar)
+        spec = GenSpec(limit, list(options.stops), sampler, repetition_guard=unset, grammar=mask)
         job = Job(session, prompt, spec, generation=handle.generation, on_start=on_start)
         job.recall = ask
         if cancel is not None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sinkd.cachepolicy import CannotRewind
+from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     CancelToken,
@@ -130,6 +131,7 @@ class StatelessChats:
         """`cancel` and the call's deadline (`timeout`, else the daemon's) bound the history's
         ingest and the turn alike; `admit` is given the session before anything is done to it."""
         tenant = _check(principal, request)
+        requests.output_grammar(request.options.output)  # a schema refused before any session
         earlier, new = list(request.turns[:-1]), request.turns[-1]
         call = _Call(Deadline(timeout or self.turns.call_timeout_s), cancel, admit or _admitted)
         continuation, seen = self._find(principal, tenant, request, earlier, call)

@@ -158,7 +158,7 @@ class Executor:
             return
         sampler = job.gen.sampler
         recent = session.penalty_history(sampler.history_needed)
-        token = sampler.sample_logits(session.last_logits, recent)
+        token = sampler.sample_logits(session.last_logits, recent, job.gen.grammar)
         engine = self.engine
         job.generated += 1
         now = time.monotonic()

@@ -14,6 +14,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sinkd.cachepolicy import AppendPlan
 from sinkd.daemon.engine.sampler import Sampler
@@ -34,6 +35,8 @@ class GenSpec:
     # the client named no max tokens: a reply that loops (one block of tokens over and over) is
     # cut, reason "repetition"
     repetition_guard: bool = False
+    # structured output: the reply's grammar state (engine.grammar.GrammarMask), or None
+    grammar: Any = None
 
 
 REPEAT_CHECK_EVERY = 16  # tokens between two looks for a loop (a look is a few byte compares)

@@ -1,0 +1,146 @@
+"""Structured output: a JSON schema (or "any JSON object") becomes a llama.cpp grammar that masks
+each sampled token's logits, so a reply is always valid for it.
+
+The schema goes through llama-cpp-python's own converter (`llama_grammar.SchemaConverter`, the
+port of llama.cpp's `json-schema-to-grammar`), never a hand-written one. What the converter does not
+enforce is refused by name, with its path in the schema (`UnsupportedSchema`): a schema accepted
+and not enforced would be a promise sinkd does not keep. Annotations that constrain nothing
+(`title`, `description`, ...) are allowed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import llama_cpp as llama
+import numpy as np
+from llama_cpp import llama_grammar
+
+from sinkd.errors import InvalidInput
+
+# what the converter enforces, by the kind of schema that holds it
+ENFORCED = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+        "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+        "definitions", "pattern", "format", "minLength", "maxLength",
+    }
+)  # fmt: skip
+ANNOTATIONS = frozenset(
+    {
+        "title", "description", "default", "examples", "$comment", "$schema", "$id",
+        "deprecated", "readOnly", "writeOnly",
+    }
+)  # fmt: skip
+FORMATS = frozenset({"date", "time", "date-time"})
+TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+MAX_SCHEMA_BYTES = 64 * 1024
+# a JSON string's character, as llama.cpp's own converter writes it: llama-cpp-python's port
+# (0.3.x) allows raw control characters (a newline) in strings, which no JSON parser accepts
+JSON_CHAR = (
+    r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F]'
+    r" [0-9a-fA-F] [0-9a-fA-F])"
+)
+
+
+class UnsupportedSchema(InvalidInput):
+    """A schema keyword (or value) the grammar cannot enforce; the message names it and where."""
+
+
+def schema_grammar(schema: Any) -> str:
+    """The GBNF grammar of a JSON schema, or UnsupportedSchema / InvalidInput saying why not."""
+    if not isinstance(schema, dict):
+        raise InvalidInput("the schema must be a JSON object")
+    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+        raise InvalidInput(f"the schema is larger than {MAX_SCHEMA_BYTES} bytes")
+    for path, key, value in _keywords(schema, "#"):
+        where = f"{path}/{key}"
+        if key not in ENFORCED and key not in ANNOTATIONS:
+            raise UnsupportedSchema(f"schema keyword {key!r} at {path} is not enforced by sinkd")
+        if key == "$ref" and not (isinstance(value, str) and value.startswith("#/")):
+            raise UnsupportedSchema(f"{where}: only references inside the schema (#/...)")
+        if key == "format" and value not in FORMATS:
+            raise UnsupportedSchema(f"{where}: format {value!r} is not enforced by sinkd")
+        if key == "type":
+            kinds = value if isinstance(value, list) else [value]
+            if not kinds or any(k not in TYPES for k in kinds):
+                raise UnsupportedSchema(f"{where}: type {value!r} is not a JSON schema type")
+    converter = llama_grammar.SchemaConverter(  # type: ignore[no-untyped-call]
+        prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+    )
+    try:
+        resolved = converter.resolve_refs(json.loads(json.dumps(schema)), "input")
+        converter.visit(resolved, "")  # type: ignore[no-untyped-call]
+        text = str(converter.format_grammar())  # type: ignore[no-untyped-call]
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise InvalidInput(f"the schema cannot be made a grammar: {e}") from None
+    return "\n".join(
+        JSON_CHAR if line.startswith("char ::= ") else line for line in text.splitlines()
+    )
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (`response_format: json_object`)."""
+    return schema_grammar({"type": "object"})
+
+
+def _keywords(node: Any, path: str) -> Iterator[tuple[str, str, Any]]:
+    """(path, keyword, value) of every keyword in the schema and its sub-schemas."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _keywords(item, f"{path}/{i}")
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        yield path, key, value
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            for name, sub in value.items():
+                yield from _keywords(sub, f"{path}/{key}/{name}")
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            yield from _keywords(value, f"{path}/{key}")
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _keywords(sub, f"{path}/{key}/{i}")
+
+
+class GrammarMask:
+    """One reply's grammar state: masks the tokens it forbids, follows the tokens taken. Engine
+    thread; freed with the job (`close`)."""
+
+    def __init__(self, vocab: Any, grammar: str) -> None:
+        self._sampler = llama.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not self._sampler:
+            raise InvalidInput("llama.cpp refused the grammar")
+
+    def mask(self, data: Any, n: int) -> None:
+        """Apply the grammar to a filled `llama_token_data` array of `n` candidates: the logits
+        of forbidden tokens become -inf."""
+        arr = llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+            size=n,
+            selected=-1,
+            sorted=False,
+        )
+        llama.llama_sampler_apply(self._sampler, ctypes.byref(arr))
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar allows `token` next."""
+        one = np.zeros(1, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+        one["id"] = token
+        self.mask(one, 1)
+        return bool(np.isfinite(one["logit"][0]))
+
+    def accept(self, token: int) -> None:
+        llama.llama_sampler_accept(self._sampler, token)
+
+    def close(self) -> None:
+        if self._sampler:
+            llama.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:  # a job failed or dropped anywhere frees its grammar too
+        self.close()
