@@ -1,4 +1,5 @@
-"""Structured output over the HTTP front, on the real model, through the openai SDK: `.parse()`
+"""Structured output over the HTTP front, on the real model, through the openai SDK and the ollama
+client: `.parse()`
 with a pydantic model returns a parsed object every time (a llama.cpp grammar from the schema
 masks every token), `json_object` returns a JSON object, and a schema keyword the grammar cannot
 enforce is refused with 400 naming it and where, before any session is made."""
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+import ollama
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -33,13 +35,56 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = Daemon(settings(tmp_path_factory.mktemp("structured"), http="127.0.0.1:0"))
     d.start()
     d.wait_ready(120)
     assert d.http is not None
-    yield openai.OpenAI(base_url=f"{d.http.address}/v1", api_key="alice-token", max_retries=0)
+    yield d
     d.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon: Daemon) -> openai.OpenAI:
+    assert daemon.http is not None
+    return openai.OpenAI(base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0)
+
+
+def test_ollamas_format_and_the_responses_text_format_decode_under_the_grammar(
+    daemon: Daemon, client: openai.OpenAI
+) -> None:
+    assert daemon.http is not None
+    ollama_client = ollama.Client(
+        host=daemon.http.address, headers={"authorization": "Bearer alice-token"}
+    )
+    reply = ollama_client.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe a city."}],
+        format=City.model_json_schema(),
+        options={"num_predict": 120},
+    )
+    assert City.model_validate_json(reply.message.content or "")
+    generated = ollama_client.generate(
+        model=MODEL, prompt="A JSON object about a dog.", format="json",
+        options={"num_predict": 120, "temperature": 0},
+    )  # fmt: skip
+    assert isinstance(json.loads(generated.response), dict)
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama_client.chat(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi."}],
+            format={"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        )
+    assert err.value.status_code == 400 and "'uniqueItems' at #" in str(err.value)
+    response = client.responses.create(
+        model=MODEL,
+        input="Describe a city.",
+        text={
+            "format": {"type": "json_schema", "name": "city", "schema": City.model_json_schema()}
+        },  # fmt: skip
+        max_output_tokens=120,
+    )
+    assert City.model_validate_json(response.output_text)
 
 
 def test_parse_with_a_pydantic_model_returns_an_object_every_time(client: openai.OpenAI) -> None:

@@ -4,6 +4,7 @@ caller's session that took the history, as on `/v1/chat/completions`."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -29,6 +30,7 @@ from sinkd.daemon.http.wire import (
 from sinkd.daemon.runtime.api import (
     Done,
     GenerationOptions,
+    OutputFormat,
     SamplingRequest,
     Stream,
     TokenEvent,
@@ -143,13 +145,23 @@ class GenerateBody(BaseModel):
 
 # /api/generate's fields sinkd refuses: each would let text choose the framing, or asks for what
 # sinkd does not do (the conversation's state is kept server-side, not in `context`)
+def format_of(value: Any) -> OutputFormat | None:
+    """Ollama's `format`: "json" (any JSON object) or a JSON schema, decoded under a grammar."""
+    if value in (None, ""):
+        return None
+    if value == "json":
+        return OutputFormat()
+    if isinstance(value, dict):
+        return OutputFormat(json.dumps(value, sort_keys=True))
+    raise HttpError(400, 'format: "json" or a JSON schema object', param="format")
+
+
 GENERATE_REFUSED = {
     "raw": "the chat template always frames the prompt (text never becomes control tokens)",
     "template": "the model's own chat template frames the prompt",
     "context": "sinkd keeps conversations server-side: use /api/chat and resend the messages",
     "suffix": "no fill-in-the-middle",
     "images": "text only",
-    "format": "text responses",
     "think": "no thinking mode",
 }
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -242,7 +254,7 @@ def router(front: HttpFront) -> APIRouter:
         body = validated(ChatBody, parse_json(await front.body(request)))
         if body.model not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {body.model!r} not found ({name} is served here)")
-        for field in ("format", "tools", "think"):
+        for field in ("tools", "think"):
             if getattr(body, field):
                 raise HttpError(400, f"{field}: not supported by sinkd", param=field)
         refuse_unknown(body)
@@ -251,7 +263,7 @@ def router(front: HttpFront) -> APIRouter:
         turn = StatelessChatRequest(
             system=system,
             turns=turns,
-            options=opts.generation(),
+            options=dataclasses.replace(opts.generation(), output=format_of(body.format)),
             session_id=request.headers.get(SESSION_HEADER),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
         )
@@ -269,7 +281,7 @@ def router(front: HttpFront) -> APIRouter:
         for field, why in GENERATE_REFUSED.items():
             if (body.model_extra or {}).get(field):
                 raise HttpError(400, f"{field}: not supported by sinkd ({why})", param=field)
-        refuse_unknown(body, GENERATE_REFUSED)
+        refuse_unknown(body, {*GENERATE_REFUSED, "format"})
         if not body.prompt.strip():  # Ollama loads the model on an empty prompt: nothing to do
             return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
                                  "done": True, "done_reason": "load"})  # fmt: skip
@@ -277,7 +289,9 @@ def router(front: HttpFront) -> APIRouter:
         turn = StatelessChatRequest(
             system=body.system or "",
             turns=(Turn("user", body.prompt),),
-            options=opts.generation(),
+            options=dataclasses.replace(
+                opts.generation(), output=format_of((body.model_extra or {}).get("format"))
+            ),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
         )
         return await answer(principal, request, turn, body.model, body.stream, "response")

@@ -26,7 +26,15 @@ from sinkd.daemon.http.wire import (
     text_of,
     validated,
 )
-from sinkd.daemon.runtime.api import CancelToken, Done, GenerationOptions, Stream, TokenEvent, Turn
+from sinkd.daemon.runtime.api import (
+    CancelToken,
+    Done,
+    GenerationOptions,
+    OutputFormat,
+    Stream,
+    TokenEvent,
+    Turn,
+)
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation
 from sinkd.daemon.runtime.conversations.responses import (
     ResponseRequest,
@@ -81,11 +89,23 @@ class ResponsesBody(BaseModel):
     text: dict[str, Any] | None = None
 
 
+def _output_of(fmt: Any) -> OutputFormat | None:
+    """The Responses API's `text.format`: text, `json_object`, or `json_schema` (its `schema`
+    beside its `name`), the last two decoded under a grammar (docs/http.md)."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat()
+    if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return OutputFormat(json.dumps(fmt["schema"], sort_keys=True))
+    raise HttpError(400, "text.format: text, json_object, or json_schema with a schema",
+                    param="text.format")  # fmt: skip
+
+
 def request_of(body: ResponsesBody) -> ResponseRequest:
     check_supported(body, UNSUPPORTED, HARMLESS)
-    fmt = (body.text or {}).get("format") or {"type": "text"}
-    if fmt.get("type") != "text":
-        raise HttpError(400, "text.format: sinkd serves text responses", param="text.format")
+    output = _output_of((body.text or {}).get("format") or {"type": "text"})
     if body.truncation not in (None, "disabled", "auto"):
         raise HttpError(400, "truncation: 'disabled' or 'auto'", param="truncation")
     instructions, items = _items(body.input, body.instructions)
@@ -101,7 +121,9 @@ def request_of(body: ResponsesBody) -> ResponseRequest:
         previous_id=body.previous_response_id,
         conversation=conversation,
         store=body.store,
-        options=GenerationOptions(limit, (), sampling_of(body.temperature, body.top_p, None)),
+        options=GenerationOptions(
+            limit, (), sampling_of(body.temperature, body.top_p, None), output
+        ),
     )
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     CancelToken,
@@ -158,6 +159,7 @@ class Responses:
         under `response_id` (with `store`), and an unstored new conversation's session is
         closed."""
         _check(principal, request)
+        requests.output_grammar(request.options.output)  # a schema refused before any session
         deadline = Deadline(self.turns.call_timeout_s)
         c = self._session_for(principal, request)
         handle = c.handle
