@@ -179,10 +179,14 @@ def test_narrate_a_long_bursty_log_at_flat_memory() -> None:
     assert summary["retained"] <= 64 and summary["evicted_tokens"] > 0
     assert summary["retained"] + summary["evicted_tokens"] == summary["tokens_seen"]
     rss = [n["rss_bytes"] for n in narrations if n["evictions"] > 0]
-    half = len(rss) // 2
-    assert half >= 2, rss  # two samples a half at least: the swing's low phase is in each
-    growth = min(rss[half:]) - min(rss[:half])
-    assert growth < 24 * 2**20, f"RSS floor rose {growth / 2**20:.1f} MiB: {rss}"
+    third = len(rss) // 3
+    assert third >= 2, rss  # two samples a third at least: the swing's low phase is in each
+    # the allocator's floor may step up once (~30 MiB, seen at random points of a run); a leak
+    # keeps climbing: the floor of the last third against the middle one's, and a bound overall
+    late = min(rss[2 * third :]) - min(rss[third : 2 * third])
+    overall = min(rss[2 * third :]) - min(rss[:third])
+    assert late < 12 * 2**20, f"RSS floor still rising {late / 2**20:.1f} MiB: {rss}"
+    assert overall < 48 * 2**20, f"RSS floor rose {overall / 2**20:.1f} MiB: {rss}"
 
 
 @pytest.mark.unit
