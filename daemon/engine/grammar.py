@@ -107,6 +107,19 @@ def _keywords(node: Any, path: str) -> Iterator[tuple[str, str, Any]]:
                 yield from _keywords(sub, f"{path}/{key}/{i}")
 
 
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def candidates(data: Any, n: int) -> Any:
+    """llama.cpp's view (`llama_token_data_array`) of the first `n` rows of a TOKEN_DATA array."""
+    return llama.llama_token_data_array(
+        data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+        size=n,
+        selected=-1,
+        sorted=False,
+    )
+
+
 class GrammarMask:
     """One reply's grammar state: masks the tokens it forbids, follows the tokens taken. Engine
     thread; freed with the job (`close`)."""
@@ -119,17 +132,12 @@ class GrammarMask:
     def mask(self, data: Any, n: int) -> None:
         """Apply the grammar to a filled `llama_token_data` array of `n` candidates: the logits
         of forbidden tokens become -inf."""
-        arr = llama.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
-            size=n,
-            selected=-1,
-            sorted=False,
-        )
+        arr = candidates(data, n)
         llama.llama_sampler_apply(self._sampler, ctypes.byref(arr))
 
     def allows(self, token: int) -> bool:
         """Whether the grammar allows `token` next."""
-        one = np.zeros(1, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+        one = np.zeros(1, dtype=TOKEN_DATA)
         one["id"] = token
         self.mask(one, 1)
         return bool(np.isfinite(one["logit"][0]))

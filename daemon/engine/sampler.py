@@ -13,9 +13,8 @@ import llama_cpp as llama
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from sinkd.daemon.engine.grammar import TOKEN_DATA, candidates
 from sinkd.errors import EngineError, InvalidInput
-
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class SamplingParams(BaseModel):
@@ -104,7 +103,7 @@ class Sampler:
 
     def _masked(self, logits: np.ndarray, grammar: Any) -> np.ndarray:
         n = len(logits)
-        data = np.zeros(n, dtype=_TOKEN_DATA)
+        data = np.zeros(n, dtype=TOKEN_DATA)
         data["id"] = np.arange(n, dtype=np.int32)
         data["logit"] = logits
         grammar.mask(data, n)
@@ -116,18 +115,13 @@ class Sampler:
         """The token llama.cpp's chain (and, when sampling, our seeded draw) selects."""
         n = len(logits)
         if self._data is None or len(self._data) != n:
-            self._data = np.zeros(n, dtype=_TOKEN_DATA)
+            self._data = np.zeros(n, dtype=TOKEN_DATA)
             self._ids = np.arange(n, dtype=np.int32)
         data = self._data
         data["id"] = self._ids
         data["logit"] = logits
         data["p"] = 0.0
-        arr = llama.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
-            size=n,
-            selected=-1,
-            sorted=False,
-        )
+        arr = candidates(data, n)
         llama.llama_sampler_apply(self._chain, ctypes.byref(arr))
         if ctypes.cast(arr.data, ctypes.c_void_p).value != data.ctypes.data:
             raise EngineError("the sampler chain moved its candidates out of our buffer")
