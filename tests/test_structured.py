@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import ollama
 import openai
@@ -31,7 +31,8 @@ class City(BaseModel):
     name: str = Field(max_length=16)
     coastal: bool
     size: Literal["village", "town", "city"]
-    rivers: list[str] = Field(max_length=2)
+    # every string bounded: a grammar admits an endless string, and a small model may write one
+    rivers: list[Annotated[str, Field(max_length=24)]] = Field(max_length=2)
 
 
 @pytest.fixture(scope="module")
