@@ -109,7 +109,8 @@ class Settings(BaseSettings):
     # past the budget a long append decodes this many tokens per sub-batch, not E: prompt-processing
     # speed for a small perplexity cost (bench/ingest.py); 0: E at a time
     default_ingest_chunk: int = Field(default=128, ge=0)
-    max_pinned_system_tokens: int = Field(default=256, ge=0)
+    # a system prompt with its tools' descriptions (HTTP chats pin theirs up to half the cells)
+    max_pinned_system_tokens: int = Field(default=512, ge=0)
     idle_timeout_s: float = Field(default=3600.0, gt=0)
     max_message_bytes: int = Field(default=4 * 2**20, ge=1024)
     # backpressure: calls that wait on the engine never hold the whole RPC pool

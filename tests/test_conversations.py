@@ -339,18 +339,22 @@ def test_a_history_that_is_no_conversation_is_refused(
     assert not service.registry.of_tenant("alice")  # nothing was made
 
 
-@pytest.mark.parametrize(("http_window", "window"), [(None, 1024 - 4), (300, 300)])
+@pytest.mark.parametrize("http_window", [None, 300])
 def test_a_conversation_session_fills_its_cells_unless_a_window_is_set(
-    tmp_path: Path, http_window: int | None, window: int
+    tmp_path: Path, http_window: int | None
 ) -> None:
     """A chat UI's side prompt (a title or tags request of a few hundred tokens) keeps its
-    instructions: the model's default window (252) would evict them in a 1,024-cell session."""
+    instructions: the model's default window (252) would evict them in a 1,024-cell session. Its
+    system prompt is pinned: the sinks are the whole of it."""
     service = fake_service(tmp_path, n_ctx_seq=1024, http_window=http_window)
     try:
         found, _ = say(service, [Turn("user", "Title this chat: " + "words " * 80)])
         session = service.registry.get(found.handle.session_id)
         assert session is not None
-        assert (session.policy.sinks, session.policy.window) == (4, window)
+        sinks = len(session.system_tokens)
+        assert sinks > 4 and session.pinned == sinks
+        window = 1024 - sinks if http_window is None else http_window
+        assert (session.policy.sinks, session.policy.window) == (sinks, window)
         # a 550-token prompt: all of it still there to answer in a filled session
         assert (session.seq.state.evictions == 0) == (http_window is None)
     finally:

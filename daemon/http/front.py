@@ -32,7 +32,7 @@ from sinkd.daemon.config import Settings
 from sinkd.daemon.http.error_bodies import HttpError, from_http, from_sinkd, is_ollama
 from sinkd.daemon.http.wire import headers_of
 from sinkd.daemon.private import secret
-from sinkd.daemon.runtime.api import CancelToken, Done, Stream, TokenEvent
+from sinkd.daemon.runtime.api import CancelToken, ChatStream, Done, TokenEvent
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
@@ -40,7 +40,7 @@ from sinkd.errors import Cancelled, ListenError, SinkdError, Unauthenticated
 
 log = logging.getLogger("sinkd.http")
 # a turn to start: given the call's cancel and its per-session admission
-Start = Callable[[CancelToken, Admit], tuple[Continuation, Stream]]
+Start = Callable[[CancelToken, Admit], tuple[Continuation, ChatStream]]
 # how often a call still starting (a history's ingest) asks whether its client is still there
 DISCONNECT_POLL_S = 0.25
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -69,12 +69,13 @@ async def _cancelled_if_gone(request: Request, cancel: CancelToken) -> AsyncIter
         watcher.cancel()
 
 
-def _collect(events: Stream) -> tuple[str, Done]:
+def _collect(events: ChatStream) -> tuple[str, Done]:
+    """The reply's text and its end (which holds its tool calls, whole)."""
     text, done = [], None
     for event in events:
         if isinstance(event, TokenEvent):
             text.append(event.text)
-        else:
+        elif isinstance(event, Done):
             done = event
     assert done is not None  # a stream ends with Done or raises
     return "".join(text), done
@@ -248,7 +249,7 @@ class HttpFront:
         principal: Principal,
         request: Request,
         start: Start,
-        pieces_of: Callable[[Continuation, Stream], Iterator[bytes]],
+        pieces_of: Callable[[Continuation, ChatStream], Iterator[bytes]],
         media_type: str,
     ) -> StreamingResponse:
         """A turn (`start`: a chat turn or a response) answered as a stream in the API's own

@@ -25,16 +25,20 @@ from sinkd.daemon.http.wire import (
     max_tokens_of,
     parse_json,
     stops_of,
+    tool_use_of,
     validated,
 )
 from sinkd.daemon.runtime.api import (
+    ChatStream,
     Done,
     GenerationOptions,
     OutputFormat,
     SamplingRequest,
-    Stream,
     TokenEvent,
+    ToolCall,
+    ToolCallDelta,
     Turn,
+    calls_of,
 )
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.sessions import Principal
@@ -128,7 +132,7 @@ class ChatBody(BaseModel):
     options: Options | None = None
     keep_alive: str | int | float | None = None
     format: Any = None
-    tools: Any = None
+    tools: list[dict[str, Any]] | None = None
     think: Any = None
 
 
@@ -243,7 +247,8 @@ def router(front: HttpFront) -> APIRouter:
                 "general.architecture": arch,
                 f"{arch}.context_length": entry.n_ctx_train,
             },
-            "capabilities": ["completion"],  # no tools, vision or embeddings (refused by name)
+            # tools in sinkd's generic format; no vision or embeddings (refused by name)
+            "capabilities": ["completion", "tools"],
             "modified_at": tag()["modified_at"],
         }
 
@@ -254,9 +259,8 @@ def router(front: HttpFront) -> APIRouter:
         body = validated(ChatBody, parse_json(await front.body(request)))
         if body.model not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {body.model!r} not found ({name} is served here)")
-        for field in ("tools", "think"):
-            if getattr(body, field):
-                raise HttpError(400, f"{field}: not supported by sinkd", param=field)
+        if body.think:
+            raise HttpError(400, "think: not supported by sinkd", param="think")
         refuse_unknown(body)
         opts = (body.options or Options()).checked()
         system, turns = history(body.messages)
@@ -266,6 +270,7 @@ def router(front: HttpFront) -> APIRouter:
             options=dataclasses.replace(opts.generation(), output=format_of(body.format)),
             session_id=request.headers.get(SESSION_HEADER),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
+            tools=tool_use_of(body.tools, None, None),
         )
         return await answer(principal, request, turn, body.model, body.stream, "message")
 
@@ -309,13 +314,13 @@ def router(front: HttpFront) -> APIRouter:
         start = front.chat(principal, turn)
         if stream:
 
-            def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
+            def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
                 return _ndjson(model, c, events, field)
 
             return await front.streamed(principal, request, start, pieces, "application/x-ndjson")
         continuation, text, done, seconds = await front.whole(principal, request, start)
         return JSONResponse(
-            {"model": model, "created_at": _now(), **_text(field, text),
+            {"model": model, "created_at": _now(), **_text(field, text, calls_of(done)),
              **_final(continuation, done, seconds)},
             headers=headers_of(continuation),
         )  # fmt: skip
@@ -335,21 +340,35 @@ def _final(c: Continuation, done: Done, seconds: float) -> dict[str, Any]:
     }
 
 
-def _text(field: str, text: str) -> dict[str, Any]:
-    if field == "message":
-        return {"message": {"role": "assistant", "content": text}}
-    return {"response": text}
+def _text(field: str, text: str, calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    """The reply's text under `field`; a chat's tool calls as Ollama gives them (the arguments
+    an object, no id)."""
+    if field != "message":
+        return {"response": text}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls
+        ]
+    return {"message": message}
 
 
-def _ndjson(
-    model: str, c: Continuation, events: Iterator[TokenEvent | Done], field: str
-) -> Iterator[bytes]:
+def _ndjson(model: str, c: Continuation, events: ChatStream, field: str) -> Iterator[bytes]:
+    """Text as it comes; tool calls (Ollama streams each whole) on a line before the last."""
     t0 = time.monotonic()
     try:
         for event in events:
+            if isinstance(event, ToolCallDelta):
+                continue
             if isinstance(event, TokenEvent):
                 line = {"model": model, "created_at": _now(), **_text(field, event.text),
                         "done": False}  # fmt: skip
+            elif calls_of(event):
+                calls = {"model": model, "created_at": _now(),
+                         **_text(field, "", calls_of(event)), "done": False}  # fmt: skip
+                yield (json.dumps(calls) + "\n").encode()
+                line = {"model": model, "created_at": _now(), **_text(field, ""),
+                        **_final(c, event, time.monotonic() - t0)}  # fmt: skip
             else:
                 line = {"model": model, "created_at": _now(), **_text(field, ""),
                         **_final(c, event, time.monotonic() - t0)}  # fmt: skip

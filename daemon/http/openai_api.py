@@ -24,7 +24,16 @@ from sinkd.daemon.http.wire import (
     parse_json,
     validated,
 )
-from sinkd.daemon.runtime.api import Done, RecallReport, Stream, TokenEvent, to_json
+from sinkd.daemon.runtime.api import (
+    ChatStream,
+    Done,
+    RecallReport,
+    TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    calls_of,
+    to_json,
+)
 from sinkd.daemon.runtime.conversations.chats import Continuation
 from sinkd.errors import message_of
 
@@ -52,6 +61,10 @@ def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
         "why": c.why,
         "ingested_turns": c.ingested_turns,
     }
+    if c.tools is not None:
+        t = c.tools
+        out["tools"] = {"offered": t.offered, "pinned": t.pinned, "tokens": t.tokens,
+                        "pin_bound": t.bound, "note": t.note}  # fmt: skip
     if done is not None:
         r = done.receipt
         out["receipt"] = {
@@ -113,7 +126,7 @@ def router(front: HttpFront) -> APIRouter:
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
 
-            def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
+            def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
                 return _sse(model_name, c, events, include_usage)
 
             return await front.streamed(
@@ -129,11 +142,7 @@ def router(front: HttpFront) -> APIRouter:
                 "created": int(time.time()),
                 "model": model_name,
                 "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": FINISH.get(done.reason, "stop"),
-                    }
+                    {"index": 0, "message": _message(text, done), "finish_reason": finish(done)}
                 ],
                 "usage": usage(continuation, done),
                 "sinkd": extension(continuation, done),
@@ -144,9 +153,33 @@ def router(front: HttpFront) -> APIRouter:
     return api
 
 
-def _sse(
-    model: str, c: Continuation, events: Iterator[TokenEvent | Done], include_usage: bool
-) -> Iterator[bytes]:
+def finish(done: Done) -> str:
+    """OpenAI's finish reason: "tool_calls" when the reply called tools."""
+    return "tool_calls" if calls_of(done) else FINISH.get(done.reason, "stop")
+
+
+def _message(text: str, done: Done) -> dict[str, Any]:
+    if not calls_of(done):
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": _calls(calls_of(done))}
+
+
+def _calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
+
+
+def _delta(d: ToolCallDelta, first: bool) -> dict[str, Any]:
+    """A call's piece: its index always; its id, type and name with its first piece."""
+    if first:
+        return {"index": d.index, "id": d.id, "type": "function",
+                "function": {"name": d.name, "arguments": d.arguments}}  # fmt: skip
+    return {"index": d.index, "function": {"arguments": d.arguments}}
+
+
+def _sse(model: str, c: Continuation, events: ChatStream, include_usage: bool) -> Iterator[bytes]:
     ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(choices: list[Any], **extra: Any) -> bytes:
@@ -157,16 +190,22 @@ def _sse(
     yield chunk(
         [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
     )
+    begun: set[int] = set()  # the calls whose first piece went
     try:
         for event in events:
             if isinstance(event, TokenEvent):
                 if event.text:
-                    delta = {"content": event.text}
+                    delta: dict[str, Any] = {"content": event.text}
                     yield chunk([{"index": 0, "delta": delta, "finish_reason": None}])
                 continue
-            finish = FINISH.get(event.reason, "stop")
+            if isinstance(event, ToolCallDelta):
+                delta = {"tool_calls": [_delta(event, event.index not in begun)]}
+                begun.add(event.index)
+                yield chunk([{"index": 0, "delta": delta, "finish_reason": None}])
+                continue
             yield chunk(
-                [{"index": 0, "delta": {}, "finish_reason": finish}], sinkd=extension(c, event)
+                [{"index": 0, "delta": {}, "finish_reason": finish(event)}],
+                sinkd=extension(c, event),
             )
             if include_usage:
                 yield chunk([], usage=usage(c, event))

@@ -28,10 +28,10 @@ from sinkd.daemon.http.wire import (
 )
 from sinkd.daemon.runtime.api import (
     CancelToken,
+    ChatStream,
     Done,
     GenerationOptions,
     OutputFormat,
-    Stream,
     TokenEvent,
     Turn,
 )
@@ -209,13 +209,13 @@ def router(front: HttpFront) -> APIRouter:
         ask = request_of(body)
         response_id = new_response_id(front.settings.node)
 
-        def start(cancel: CancelToken, admit: Admit) -> tuple[Continuation, Stream]:
+        def start(cancel: CancelToken, admit: Admit) -> tuple[Continuation, ChatStream]:
             return responses.respond(principal, ask, response_id, cancel, admit)
 
         instructions = ask.instructions or ""
         if body.stream:
 
-            def pieces(c: Continuation, events: Stream) -> Iterator[bytes]:
+            def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
                 return _events(model_name, response_id, c, events, ask, instructions)
 
             return await front.streamed(principal, request, start, pieces, "text/event-stream")
@@ -241,7 +241,7 @@ def _events(
     model: str,
     response_id: str,
     c: Continuation,
-    events: Iterator[TokenEvent | Done],
+    events: ChatStream,
     ask: ResponseRequest,
     instructions: str,
 ) -> Iterator[bytes]:
@@ -274,6 +274,8 @@ def _events(
                     text.append(e.text)
                     yield event("response.output_text.delta", item_id=item, output_index=0,
                                 content_index=0, delta=e.text, logprobs=[])  # fmt: skip
+                continue
+            if not isinstance(e, Done):  # no tools here: a response offers none
                 continue
             whole = "".join(text)
             yield event("response.output_text.done", item_id=item, output_index=0,

@@ -5,13 +5,22 @@ naming it (HttpError 400), never silently ignored."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sinkd.daemon.http.error_bodies import HttpError
-from sinkd.daemon.runtime.api import GenerationOptions, OutputFormat, SamplingRequest, Turn
+from sinkd.daemon.runtime.api import (
+    GenerationOptions,
+    OutputFormat,
+    SamplingRequest,
+    Tool,
+    ToolCall,
+    ToolUse,
+    Turn,
+)
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)
@@ -25,10 +34,11 @@ def headers_of(c: Continuation) -> dict[str, str]:
         "x-sinkd-generation": c.handle.generation,
         "x-sinkd-continuation": c.how,
         "x-sinkd-why": c.why,
+        **({"x-sinkd-tools": c.tools.note} if c.tools is not None else {}),
     }
 
 
-HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
+HARMLESS = frozenset({"user", "metadata", "store", "service_tier"})
 # (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
 Unsupported = tuple[tuple[str, Callable[[Any], bool], str], ...]
 
@@ -56,10 +66,8 @@ def _unset(v: Any) -> bool:
 # (field, whether the value asks nothing sinkd lacks, what sinkd serves instead)
 UNSUPPORTED: Unsupported = (
     ("n", _one, "one choice per request (n = 1)"),
-    ("tools", _off, "no tools"),
-    ("tool_choice", _no_tools, "no tools"),
-    ("functions", _off, "no functions"),
-    ("function_call", _no_tools, "no functions"),
+    ("functions", _off, "tools (the deprecated functions are not read)"),
+    ("function_call", _no_tools, "tool_choice (the deprecated function_call is not read)"),
     ("logprobs", _off, "no logprobs"),
     ("top_logprobs", _off, "no logprobs"),
     ("logit_bias", _off, "no logit bias"),
@@ -95,6 +103,9 @@ class ChatCompletionBody(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def output_of(response_format: dict[str, Any] | None) -> OutputFormat | None:
@@ -155,21 +166,25 @@ def text_of(content: Any, where: str) -> str:
 
 
 def history(messages: list[dict[str, Any]]) -> tuple[str, tuple[Turn, ...]]:
-    """(system prompt, user/assistant turns): leading system (or developer) messages join into the
-    system prompt; one later is refused (it would rewrite a conversation already under way)."""
+    """(system prompt, turns): leading system (or developer) messages join into the system
+    prompt; one later is refused (it would rewrite a conversation already under way). An
+    assistant's `tool_calls` and the `tool` messages answering them (named by the call they
+    answer) are turns too."""
     system: list[str] = []
     turns: list[Turn] = []
+    called: dict[str, str] = {}  # tool call id -> the tool's name
+    unanswered: list[str] = []  # the last assistant's calls, in order (Ollama's sends no id)
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise HttpError(400, f"messages[{i}]: must be an object", param=f"messages[{i}]")
         role = m.get("role")
-        if role not in ("system", "developer", "user", "assistant"):
+        if role not in ("system", "developer", "user", "assistant", "tool"):
             raise HttpError(
                 400,
-                f"messages[{i}].role: {role!r} is not supported (system, user, assistant)",
+                f"messages[{i}].role: {role!r} is not supported (system, user, assistant, tool)",
                 param=f"messages[{i}].role",
             )
-        for field in ("tool_calls", "function_call", "audio"):
+        for field in ("function_call", "audio"):
             if m.get(field):
                 raise HttpError(400, f"messages[{i}].{field} is not supported",
                                 param=f"messages[{i}].{field}")  # fmt: skip
@@ -183,9 +198,98 @@ def history(messages: list[dict[str, Any]]) -> tuple[str, tuple[Turn, ...]]:
                     param=f"messages[{i}]",
                 )
             system.append(text)
+        elif role == "tool":
+            name = called.get(str(m.get("tool_call_id"))) or m.get("tool_name") or m.get("name")
+            if not name and unanswered:
+                name = unanswered[0]
+            if isinstance(name, str) and name in unanswered:
+                unanswered.remove(name)
+            if not isinstance(name, str) or not name:
+                raise HttpError(400, f"messages[{i}].tool_call_id: answers no tool call made"
+                                " earlier in messages", param=f"messages[{i}].tool_call_id")  # fmt: skip
+            turns.append(Turn("tool", text, name=name))
         else:
-            turns.append(Turn(role, text))
+            calls = _calls_of(m.get("tool_calls"), f"messages[{i}].tool_calls")
+            called.update((c.id, c.name) for c in calls)
+            unanswered = [c.name for c in calls]
+            turns.append(Turn(role, text, calls=calls))
     return "\n\n".join(system), tuple(turns)
+
+
+def _calls_of(raw: Any, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls`, as the client got them from sinkd."""
+    if not raw:
+        return ()
+    if not isinstance(raw, list):
+        raise HttpError(400, f"{where}: must be a list", param=where)
+    calls = []
+    for i, call in enumerate(raw):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise HttpError(400, f"{where}[{i}]: a function call with a name is needed",
+                            param=f"{where}[{i}]")  # fmt: skip
+        arguments = fn.get("arguments") or "{}"
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)  # Ollama's clients send an object
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError:
+            raise HttpError(400, f"{where}[{i}].function.arguments: not JSON",
+                            param=f"{where}[{i}].function.arguments") from None  # fmt: skip
+        calls.append(ToolCall(str(call.get("id") or f"call_{i}"), fn["name"], arguments))
+    return tuple(calls)
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def tool_use_of(
+    tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None, parallel: bool | None
+) -> ToolUse | None:
+    """OpenAI's `tools` (functions: name, description, parameters) and `tool_choice` ("auto",
+    "none", "required" or {"type": "function", "function": {"name": ...}})."""
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise HttpError(400, "tool_choice: names a tool but no tools were sent",
+                            param="tool_choice")  # fmt: skip
+        return None
+    offered = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise HttpError(400, f"tools[{i}]: {kind!r} tools are not supported (functions only)",
+                            param=f"tools[{i}]")  # fmt: skip
+        offered.append(_tool(fn, f"tools[{i}].function"))
+    return ToolUse(tuple(offered), _choice(choice), True if parallel is None else parallel)
+
+
+def _tool(fn: dict[str, Any], where: str) -> Tool:
+    name = fn.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise HttpError(400, f"{where}.name: letters, digits, _ and -, at most 64",
+                        param=f"{where}.name")  # fmt: skip
+    parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise HttpError(400, f"{where}.parameters: a JSON schema object is needed",
+                        param=f"{where}.parameters")  # fmt: skip
+    return Tool(name, str(fn.get("description") or ""), json.dumps(parameters, sort_keys=True))
+
+
+def _choice(choice: str | dict[str, Any] | None) -> str:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise HttpError(400, f"tool_choice: {choice!r} is not auto, none or required",
+                            param="tool_choice")  # fmt: skip
+        return choice
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise HttpError(400, "tool_choice: a function to call is named"
+                        ' {"type": "function", "function": {"name": ...}}', param="tool_choice")  # fmt: skip
+    return name
 
 
 def check_supported(
@@ -262,4 +366,5 @@ def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessC
             output_of(body.response_format),
         ),
         session_id=session_id,
+        tools=tool_use_of(body.tools, body.tool_choice, body.parallel_tool_calls),
     )

@@ -126,11 +126,43 @@ class GenerationOptions:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: `arguments` is JSON text, valid for the tool's schema (a grammar
+    decoded it), exactly as the model wrote it; `id` is the daemon's, for the client to answer."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the client offers: its parameters' JSON schema as canonical text."""
+
+    name: str
+    description: str
+    parameters_json: str
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools a chat turn offers and how the reply may use them: `choice` is "auto", "none",
+    "required", or a tool's name; `parallel` lets one reply make several calls."""
+
+    tools: tuple[Tool, ...]
+    choice: str = "auto"
+    parallel: bool = True
+
+
+@dataclass(frozen=True)
 class Turn:
-    """One turn of a conversation as a client sends it: "user", "assistant" (or "system")."""
+    """One turn of a conversation as a client sends it: "user", "assistant" (or "system"); with
+    tools, an assistant turn's `calls` and "tool" turns answering them (`name`: the tool's)."""
 
     role: str
     content: str
+    calls: tuple[ToolCall, ...] = ()
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -262,12 +294,37 @@ class Done:
 
 
 @dataclass(frozen=True)
+class ChatDone(Done):
+    """The end of an HTTP chat turn that offered tools: the calls its reply made, whole (the gRPC
+    API offers no tools; its Done is the plain one)."""
+
+    calls: tuple[ToolCall, ...] = ()
+
+
+def calls_of(done: Done) -> tuple[ToolCall, ...]:
+    return done.calls if isinstance(done, ChatDone) else ()
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A streamed piece of tool call `index`: its id and name first, then argument text as it
+    comes (the pieces of one call join into its `arguments`)."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     error: SinkdError
 
 
 Event: TypeAlias = TokenEvent | Done | ErrorEvent
 Stream: TypeAlias = Iterator[TokenEvent | Done]  # a generation as the caller reads it: errors raise
+# a chat turn that may call tools: its text as TokenEvents, its calls as ToolCallDeltas
+ChatStream: TypeAlias = Iterator[TokenEvent | ToolCallDelta | Done]
 
 
 @dataclass(frozen=True)

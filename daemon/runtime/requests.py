@@ -57,6 +57,10 @@ def system_tokens(engine: Engine, system_prompt: str) -> list[int]:
     if not engine.chat_template:
         return engine.vocab.tokenize(system_prompt, add_bos=True)
     framed = engine.vocab.render_chat([("system", content_mark(0))], add_assistant=False)
+    if content_mark(0) not in framed:
+        # a template with no system turn (Gemma 3's folds it into the first user message, which
+        # a session that pins its system prompt has not seen yet): a user turn of its own
+        framed = engine.vocab.render_chat([("user", content_mark(0))], add_assistant=False)
     return engine.vocab.tokenize_framed(framed, [system_prompt], add_bos=True)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,18 +19,24 @@ from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     CancelToken,
+    ChatDone,
     ChatRequest,
+    ChatStream,
     Done,
     GenerationOptions,
     Handle,
+    OutputFormat,
     PolicyRequest,
     Receipt,
     SamplingRequest,
     Stream,
     TokenEvent,
+    ToolUse,
     Turn,
 )
+from sinkd.daemon.runtime.conversations import tool_format
 from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Took, chain
+from sinkd.daemon.runtime.conversations.tool_format import ReplyReader
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import (
@@ -54,6 +61,29 @@ class StatelessChatRequest:
     # how long the session may stay idle after this turn (None: the daemon's; 0: closed once it
     # has answered)
     keep_alive_s: float | None = None
+    tools: ToolUse | None = None  # the functions the reply may call
+
+
+@dataclass(frozen=True)
+class ToolsReport:
+    """What became of a turn's tools: `pinned` (described after the system prompt and pinned with
+    it, the reply decoded in the generic tool format) or left out because the description and
+    the system prompt (`tokens`) are more than a session here pins (`bound`): said, never silent."""
+
+    offered: int
+    pinned: bool
+    tokens: int
+    bound: int
+
+    @property
+    def note(self) -> str:
+        if self.pinned:
+            return f"{self.offered} tools pinned with the system prompt ({self.tokens} tokens)"
+        return (
+            f"{self.offered} tools not offered to the model: with the system prompt they are"
+            f" {self.tokens} tokens, and a session here pins at most {self.bound}; answered"
+            " without tools"
+        )
 
 
 @dataclass(frozen=True)
@@ -69,6 +99,7 @@ class Continuation:
     why: str
     ingested_turns: int  # earlier turns appended this time (0 when continued)
     n_seen_before: int = 0  # the session's tokens before this request (0 for a new one)
+    tools: ToolsReport | None = None  # the turn's tools, pinned or left out (None: none sent)
 
 
 # the edge admits the session a call turned out to touch, before anything is done to it (the
@@ -105,6 +136,7 @@ class StatelessChats:
         rewind: Rewind,
         persist: Persist | None = None,
         policy: PolicyRequest | None = None,
+        pin_bound: int = 0,
     ) -> None:
         self.access = access
         self.turns = turns
@@ -114,6 +146,8 @@ class StatelessChats:
         self.rewind = rewind
         self.persist = persist
         self.policy = policy or PolicyRequest(name="sink")  # of every session this layer makes
+        # a system prompt (with its tools' descriptions) of at most this many tokens is pinned
+        self.pin_bound = pin_bound
         self._made: set[str] = set()  # the sessions this layer made for stateless clients
         # made for a call whose first turn is not whole yet, until when: never room for another
         # (idle between its creation and its first job, it is not idle to its caller)
@@ -127,14 +161,17 @@ class StatelessChats:
         cancel: CancelToken | None = None,
         timeout: float | None = None,
         admit: Admit | None = None,
-    ) -> tuple[Continuation, Stream]:
+    ) -> tuple[Continuation, ChatStream]:
         """`cancel` and the call's deadline (`timeout`, else the daemon's) bound the history's
         ingest and the turn alike; `admit` is given the session before anything is done to it."""
+        answer_is_text = request.options.output is None  # else the tools' answer is that JSON
+        request, report = self._with_tools(request)  # refused (400) before any session
         tenant = _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         earlier, new = list(request.turns[:-1]), request.turns[-1]
         call = _Call(Deadline(timeout or self.turns.call_timeout_s), cancel, admit or _admitted)
         continuation, seen = self._find(principal, tenant, request, earlier, call)
+        continuation = dataclasses.replace(continuation, tools=report)
         handle = continuation.handle
         session = self.access.registry.get(handle.session_id)
         before = Place(
@@ -151,7 +188,46 @@ class StatelessChats:
         except BaseException:
             self._started(handle.session_id)
             raise
-        return continuation, self._placed(events, before, handle, request)
+        placed = self._placed(events, before, handle, request)
+        if report is None or not report.pinned:
+            return continuation, placed
+        return continuation, _tool_events(placed, ReplyReader(answer_is_text))
+
+    def _with_tools(
+        self, request: StatelessChatRequest
+    ) -> tuple[StatelessChatRequest, ToolsReport | None]:
+        """The request as the session takes it: its tool calls and results as text turns and,
+        when its tools fit what a session pins, their descriptions after the system prompt and
+        the reply decoded in the generic tool format; when they do not, answered without them
+        (tool_choice auto or none) or refused naming `tools` and the counts."""
+        use = request.tools
+        if use is None:
+            return dataclasses.replace(
+                request, turns=tool_format.render(request.turns, False)
+            ), None
+        tool_format.check_use(use)
+        for i, tool in enumerate(use.tools):
+            try:
+                one = tool_format.reply_schema(ToolUse((tool,), tool.name), None)
+                requests.output_grammar(OutputFormat(json.dumps(one)))
+            except InvalidInput as e:
+                raise type(e)(f"tools[{i}] ({tool.name}) parameters: {message_of(e)}") from None
+        system = tool_format.tools_prompt(request.system, use.tools)
+        tokens = len(requests.system_tokens(self.access.engine, system))
+        report = ToolsReport(len(use.tools), tokens <= self.pin_bound, tokens, self.pin_bound)
+        if not report.pinned:
+            if use.choice not in ("auto", "none"):
+                raise InvalidInput(
+                    f"tools: the {report.offered} tools' descriptions with the system prompt are"
+                    f" {tokens} tokens; a session here pins at most {self.pin_bound}, and"
+                    f" tool_choice {use.choice!r} needs them"
+                )
+            turns = tool_format.render(request.turns, False)
+            return dataclasses.replace(request, turns=turns, tools=None), report
+        schema = tool_format.reply_schema(use, request.options.output)
+        options = dataclasses.replace(request.options, output=OutputFormat(json.dumps(schema)))
+        turns = tool_format.render(request.turns, True)
+        return dataclasses.replace(request, system=system, turns=turns, options=options), report
 
     def _find(
         self,
@@ -272,6 +348,10 @@ class StatelessChats:
         conversations at once may pick the same one: closed already is room made, and the room
         another call took is sought again, a few times, before the caller hears 429."""
         policy, closed = self.policy, []
+        if system and policy.name == "sink":  # instructions stay: pinned with the sinks
+            n_system = len(requests.system_tokens(self.access.engine, system))
+            if n_system <= self.pin_bound:
+                policy = dataclasses.replace(policy, pin_system_prompt=True)
         for attempt in range(ROOM_TRIES):
             try:
                 receipt = self.create(principal, policy, None, system)
@@ -378,7 +458,10 @@ class StatelessChats:
                 if isinstance(event, TokenEvent):
                     reply.append(event.text)
                 else:
-                    turns = [*request.turns, Turn("assistant", "".join(reply))]
+                    said = "".join(reply)
+                    if request.tools is not None:  # as the client will send it back
+                        said = tool_format.canonical(said)
+                    turns = [*request.turns, Turn("assistant", said)]
                     head = self.index.head(request.system, turns)
                     place = dataclasses.replace(
                         before, reset_count=event.receipt.reset_count, head=head
@@ -438,6 +521,19 @@ class _Call:
         """Ingest `earlier`; the session's tokens after it."""
         result = turns.history(principal, handle, earlier, self.cancel, self.deadline.left())
         return result.receipt.n_seen
+
+
+def _tool_events(events: Stream, reader: ReplyReader) -> ChatStream:
+    """A reply in the generic tool format as the client reads it: the answer's text, the calls'
+    pieces as they come, and the calls made whole on `Done`."""
+    for event in events:
+        if isinstance(event, TokenEvent):
+            text, deltas = reader.feed(event.text)
+            if text:
+                yield dataclasses.replace(event, text=text)
+            yield from deltas
+        else:
+            yield ChatDone(**vars(event), calls=reader.calls())
 
 
 def _admitted(session_id: str) -> None:

@@ -63,6 +63,7 @@ class ClientState:
         rewind: Rewind,
         window: int | None = None,
         key_file: Path | None = None,
+        pin_bound: int = 0,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
@@ -71,7 +72,7 @@ class ClientState:
         durable = durability is not None
         self.stateless = StatelessChats(
             access, turns, self.conversations, create, close, rewind,
-            self._put_head if durable else None, http_policy(window),
+            self._put_head if durable else None, http_policy(window), pin_bound,
         )  # fmt: skip
         self.responses = Responses(
             access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),
