@@ -14,8 +14,10 @@ It installs nothing. It needs, and names what is missing:
 
 Three chats of eight turns each, interleaved (a turn of each in turn), with a regenerate of one
 reply and an edit of one user message, then back to the first chat. Open WebUI's own side requests
-stay on (titles, tags, follow-up suggestions); its built-in tools, web search, code interpreter and
-image generation are off (no tools until sinkd serves them). The model's replies are bounded at 384
+stay on (titles, tags, follow-up suggestions); its built-in tools are off (36 functions, more than
+a session pins: sinkd answers without them and says so), unless OWUI_DEFAULTS=1, Open WebUI as
+shipped (results in open_webui_as_shipped.json; OWUI_TURNS and OWUI_CHATS shorten the run). The
+model's replies are bounded at 384
 tokens in Open WebUI's model settings (OWUI_REPLY_TOKENS; 0: unbounded, as the UI's default sends
 none): unbounded, this small model's recipes and lists run to sinkd's 4,096-token cap, minutes a
 turn on two cores. Between Open WebUI and sinkd a
@@ -46,13 +48,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SHOTS = RESULTS / "open_webui"
+SHOTS = RESULTS / (
+    "open_webui_as_shipped" if os.environ.get("OWUI_DEFAULTS") == "1" else "open_webui"
+)
 TOKEN = "owui-bench-token"
 ADMIN = "owui-bench-admin"
 MODEL = "smollm2-135m-instruct"
-TURNS, CHATS = 8, 3
+TURNS = int(os.environ.get("OWUI_TURNS", "8"))
+CHATS = int(os.environ.get("OWUI_CHATS", "3"))
 REPLY_TIMEOUT_S = 400.0
 REPLY_TOKENS = int(os.environ.get("OWUI_REPLY_TOKENS", "384"))
+# OWUI_DEFAULTS=1: Open WebUI as shipped, its built-in tools on (36 functions with every chat turn)
+AS_SHIPPED = os.environ.get("OWUI_DEFAULTS") == "1"
+NAME = "open_webui_as_shipped" if AS_SHIPPED else "open_webui"
 
 
 def free_port() -> int:
@@ -128,6 +136,8 @@ class Record:
     total_ms: float = 0.0
     session: str = ""
     error: str = ""
+    tools_sent: int = 0  # functions in the request's `tools`
+    tools: str = ""  # x-sinkd-tools: pinned, or not offered and why (counts only)
 
 
 @dataclass
@@ -203,6 +213,8 @@ def make_proxy(recorder: Recorder) -> type[http.server.BaseHTTPRequestHandler]:
                 session=resp.getheader("x-sinkd-session", ""),
                 ttfb_ms=1000 * ((first or time.perf_counter()) - t0),
                 total_ms=1000 * (time.perf_counter() - t0),
+                tools_sent=len(body.get("tools") or []),
+                tools=resp.getheader("x-sinkd-tools", ""),
             )  # fmt: skip
             ext = extension_of(tail)
             if ext is not None:
@@ -496,9 +508,10 @@ def main() -> None:
         procs = [start_sinkd(found["sinkd"], tmp, sinkd_port)]
         proxy = Proxy(sinkd_port)
         os.environ["DEFAULT_MODELS"] = MODEL
-        os.environ["DEFAULT_MODEL_METADATA"] = json.dumps(
-            {"capabilities": {"builtin_tools": False}}
-        )
+        if not AS_SHIPPED:
+            os.environ["DEFAULT_MODEL_METADATA"] = json.dumps(
+                {"capabilities": {"builtin_tools": False}}
+            )
         if REPLY_TOKENS:  # as a user bounds replies in the model's settings
             os.environ["DEFAULT_MODEL_PARAMS"] = json.dumps({"max_tokens": REPLY_TOKENS})
         try:
@@ -570,6 +583,11 @@ def report(
         "sessions_parked": sum(s["residency"] == "parked" for s in held),
         "sessions": len(held),
         "seconds": round(elapsed),
+        "requests_with_tools": sum(r.tools_sent > 0 for r in records),
+        "tools_reported": sum(bool(r.tools) for r in records if r.tools_sent),
+        "tools_note": next((r.tools for r in records if r.tools), ""),
+        "as_shipped": AS_SHIPPED,
+        "reply_tokens": REPLY_TOKENS,
     }
     print(json.dumps(summary, indent=1))
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -579,8 +597,8 @@ def report(
         "summary": summary,
         "requests": [asdict(r) for r in records],
     }
-    (RESULTS / "open_webui.json").write_text(json.dumps(data, indent=1))
-    print(f"wrote {RESULTS / 'open_webui.json'} and screenshots in {SHOTS}")
+    (RESULTS / f"{NAME}.json").write_text(json.dumps(data, indent=1))
+    print(f"wrote {RESULTS / f'{NAME}.json'} and screenshots in {SHOTS}")
 
 
 if __name__ == "__main__":

@@ -127,16 +127,14 @@ def test_streamed_with_usage(daemon: Daemon) -> None:
     ("kw", "status", "param"),
     [
         ({"n": 2}, 400, "n"),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-            400,
-            "tools",
-        ),
+        ({"tools": [{"type": "web_search"}]}, 400, "tools[0]"),  # functions only
+        ({"functions": [{"name": "f", "parameters": {}}]}, 400, "functions"),
         ({"logprobs": True}, 400, "logprobs"),
         ({"response_format": {"type": "xml"}}, 400, "response_format.type"),
         ({"model": "gpt-4o"}, 404, "model"),
         ({"messages": []}, 400, None),
-        ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id"),
+        ({"messages": [{"role": "critic", "content": "x"}]}, 400, "messages[0].role"),
         ({"messages": [{"role": "user", "content": "   "}]}, 400, None),
     ],
 )
@@ -194,7 +192,7 @@ def test_an_ollama_client_lists_and_chats(daemon: Daemon) -> None:
     assert [m.model for m in client.list().models] == [MODEL]
     shown = client.show(MODEL)  # what a client sizes its trimming by: the trained context
     assert shown.modelinfo == {"general.architecture": "llama", "llama.context_length": 8192}
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]
     parts = list(
         client.chat(
             model=MODEL,

@@ -282,3 +282,39 @@ def test_on_gemma_3_parse_and_a_tool_round_trip_hold_too(tmp_path: Path) -> None
         assert after.headers["x-sinkd-session"] == raw.headers["x-sinkd-session"]
     finally:
         d.stop()
+
+
+def test_a_responses_round_trip_continues_from_the_call(client: openai.OpenAI) -> None:
+    """The Responses API's function tools: a call item, its `function_call_output` continuing
+    from the response that made it (only the output read), streamed as typed events too."""
+    tools: Any = [{"type": "function", **WEATHER["function"]}]
+    first = client.responses.with_raw_response.create(
+        model=MODEL, input="What is the weather in Paris?", tools=tools, tool_choice="required",
+        parallel_tool_calls=False, max_output_tokens=60,
+    )  # fmt: skip
+    made = first.parse()
+    (call,) = [o for o in made.output if o.type == "function_call"]
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+    answered = client.responses.with_raw_response.create(
+        model=MODEL, previous_response_id=made.id, tools=tools, max_output_tokens=30,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny."}],
+    )  # fmt: skip
+    assert answered.headers["x-sinkd-continuation"] == "continued"
+    assert answered.headers["x-sinkd-session"] == first.headers["x-sinkd-session"]
+    assert 0 < answered.parse().model_extra["sinkd"]["read_tokens"] < 40
+    events = list(client.responses.create(
+        model=MODEL, input="Weather in Oslo?", tools=tools, tool_choice="required",
+        parallel_tool_calls=False, max_output_tokens=60, stream=True,
+    ))  # fmt: skip
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    (streamed,) = [o for o in events[-1].response.output if o.type == "function_call"]
+    assert streamed.arguments == pieces and json.loads(pieces)["city"]
+    with pytest.raises(openai.BadRequestError) as err:  # another tool list: another conversation
+        client.responses.create(
+            model=MODEL, previous_response_id=made.id, input="And Rome?", max_output_tokens=8,
+            tools=[{"type": "function", "name": "get_time", "parameters": {"type": "object"}}],
+        )  # fmt: skip
+    assert "tools" in str(err.value)

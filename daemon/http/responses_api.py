@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +25,8 @@ from sinkd.daemon.http.wire import (
     parse_json,
     sampling_of,
     text_of,
+    tool_calls_of,
+    tool_use_of,
     validated,
 )
 from sinkd.daemon.runtime.api import (
@@ -33,7 +36,11 @@ from sinkd.daemon.runtime.api import (
     GenerationOptions,
     OutputFormat,
     TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolUse,
     Turn,
+    calls_of,
 )
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation
 from sinkd.daemon.runtime.conversations.responses import (
@@ -58,16 +65,14 @@ def _unset(v: Any) -> bool:
 
 
 UNSUPPORTED: Unsupported = (
-    ("tools", _unset, "no tools"),
-    ("tool_choice", _unset, "no tools"),
     ("reasoning", _unset, "no reasoning settings"),
     ("include", _unset, "no extra output items"),
     ("background", _unset, "answers in the foreground"),
     ("top_logprobs", _unset, "no logprobs"),
     ("prompt", _unset, "no prompt templates"),
-    ("max_tool_calls", _unset, "no tools"),
+    ("max_tool_calls", _unset, "no bound on tool calls (parallel_tool_calls: false makes one)"),
 )
-HARMLESS = frozenset({"user", "service_tier", "parallel_tool_calls", "safety_identifier",
+HARMLESS = frozenset({"user", "service_tier", "safety_identifier",
                       "prompt_cache_key", "stream_options"})  # fmt: skip
 
 
@@ -87,6 +92,9 @@ class ResponsesBody(BaseModel):
     metadata: dict[str, str] | None = None
     truncation: str | None = None
     text: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def _output_of(fmt: Any) -> OutputFormat | None:
@@ -124,21 +132,42 @@ def request_of(body: ResponsesBody) -> ResponseRequest:
         options=GenerationOptions(
             limit, (), sampling_of(body.temperature, body.top_p, None), output
         ),
+        tools=_tools_of(body),
     )
 
 
 def _items(given: str | list[Any], instructions: str | None) -> tuple[str | None, tuple[Turn, ...]]:
-    """The input as turns; leading system (developer) messages join the instructions."""
+    """The input as turns; leading system (developer) messages join the instructions. A
+    `function_call` (the client resending a call) joins the assistant turn before it; a
+    `function_call_output` is a tool turn, named by its `call_id`."""
     if isinstance(given, str):
         return instructions, (Turn("user", given),)
     system: list[str] = [] if instructions is None else [instructions]
     turns: list[Turn] = []
     for i, item in enumerate(given):
         where = f"input[{i}]"
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
-            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-            raise HttpError(400, f"{where}: {kind!r} items are not supported (messages only)",
-                            param=where)  # fmt: skip
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "function_call":
+            call = tool_calls_of([{"id": item.get("call_id"), "function": item}], where)
+            if (
+                turns
+                and turns[-1].role == "assistant"
+                and (turns[-1].calls or not turns[-1].content)
+            ):
+                turns[-1] = replace(turns[-1], calls=turns[-1].calls + call)
+            else:
+                turns.append(Turn("assistant", "", calls=call))
+            continue
+        if kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str) or not isinstance(item.get("call_id"), str):
+                raise HttpError(400, f"{where}: a call_id and an output string are needed",
+                                param=where)  # fmt: skip
+            turns.append(Turn("tool", output, call_id=item["call_id"]))
+            continue
+        if kind != "message":
+            raise HttpError(400, f"{where}: {kind!r} items are not supported (messages, function"
+                            " calls and their outputs)", param=where)  # fmt: skip
         role = item.get("role")
         text = text_of(item.get("content"), f"{where}.content")
         if role in ("system", "developer") and not turns:
@@ -149,6 +178,17 @@ def _items(given: str | list[Any], instructions: str | None) -> tuple[str | None
             raise HttpError(400, f"{where}.role: {role!r} is not supported here",
                             param=f"{where}.role")  # fmt: skip
     return ("\n\n".join(system) if system else None), tuple(turns)
+
+
+def _tools_of(body: ResponsesBody) -> ToolUse | None:
+    """The Responses API's function tools (flat: name, description, parameters beside `type`)
+    as Chat Completions' are read."""
+    nested = None
+    if body.tools:
+        nested = [
+            {"type": t.get("type"), "function": t} if isinstance(t, dict) else t for t in body.tools
+        ]
+    return tool_use_of(nested, body.tool_choice, body.parallel_tool_calls)
 
 
 def response_object(
@@ -165,7 +205,7 @@ def response_object(
         "model": model,
         "instructions": stored.instructions or None,
         "previous_response_id": stored.previous_id,
-        "output": [_message(stored.id, stored.text, "completed")],
+        "output": _output(stored),
         "parallel_tool_calls": False,
         "tool_choice": "none",
         "tools": [],
@@ -189,6 +229,23 @@ def _message(response_id: str, text: str, status: str) -> dict[str, Any]:
     content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"type": "message", "id": _item_id(response_id), "status": status,
             "role": "assistant", "content": content if text or status == "completed" else []}  # fmt: skip
+
+
+def _output(stored: StoredResponse) -> list[dict[str, Any]]:
+    """The answer's message (when it said something, or made no call), then its calls."""
+    items = [_call_item(c, "completed") for c in stored.calls]
+    if stored.text or not items:
+        items.insert(0, _message(stored.id, stored.text, "completed"))
+    return items
+
+
+def _call_item(call: ToolCall, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": _call_item_id(call.id), "call_id": call.id,
+            "name": call.name, "arguments": call.arguments, "status": status}  # fmt: skip
+
+
+def _call_item_id(call_id: str) -> str:
+    return "fc_" + call_id.removeprefix("call_")
 
 
 def _item_id(response_id: str) -> str:
@@ -245,9 +302,14 @@ def _events(
     ask: ResponseRequest,
     instructions: str,
 ) -> Iterator[bytes]:
-    """The Responses API's typed events, each numbered, around the text's deltas."""
+    """The Responses API's typed events, each numbered, around the text's deltas and the calls'
+    argument deltas. Without tools the message item opens at once; with them each item opens as
+    its first piece comes (a reply is an answer or calls, which the grammar decides as it goes)."""
     n = 0
     item = _item_id(response_id)
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    opened: dict[str, int] = {}  # item id -> its output index
+    arguments: dict[str, str] = {}
 
     def event(kind: str, **data: Any) -> bytes:
         nonlocal n
@@ -255,35 +317,63 @@ def _events(
         payload = {"type": kind, "sequence_number": n - 1, **data}
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
 
+    def open_message() -> Iterator[bytes]:
+        opened[item] = len(opened)
+        yield event("response.output_item.added", output_index=opened[item],
+                    item=_message(response_id, "", "in_progress"))  # fmt: skip
+        yield event("response.content_part.added", item_id=item, output_index=opened[item],
+                    content_index=0, part=part)  # fmt: skip
+
     shell = {"id": response_id, "object": "response", "created_at": int(time.time()),
              "status": "in_progress", "model": model, "output": [], "error": None,
              "previous_response_id": ask.previous_id, "instructions": instructions or None,
              "tools": [], "tool_choice": "none", "parallel_tool_calls": False}  # fmt: skip
     yield event("response.created", response=shell)
     yield event("response.in_progress", response=shell)
-    yield event("response.output_item.added", output_index=0,
-                item=_message(response_id, "", "in_progress"))  # fmt: skip
-    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-    yield event("response.content_part.added", item_id=item, output_index=0, content_index=0,
-                part=part)  # fmt: skip
+    if ask.tools is None:
+        yield from open_message()
     text: list[str] = []
     try:
         for e in events:
             if isinstance(e, TokenEvent):
                 if e.text:
+                    if item not in opened:
+                        yield from open_message()
                     text.append(e.text)
-                    yield event("response.output_text.delta", item_id=item, output_index=0,
-                                content_index=0, delta=e.text, logprobs=[])  # fmt: skip
+                    yield event("response.output_text.delta", item_id=item,
+                                output_index=opened[item], content_index=0, delta=e.text,
+                                logprobs=[])  # fmt: skip
                 continue
-            if not isinstance(e, Done):  # no tools here: a response offers none
+            if isinstance(e, ToolCallDelta):
+                fc = _call_item_id(e.id)
+                if fc not in opened:
+                    opened[fc] = len(opened)
+                    arguments[fc] = ""
+                    call = ToolCall(e.id, e.name, "")
+                    yield event("response.output_item.added", output_index=opened[fc],
+                                item=_call_item(call, "in_progress"))  # fmt: skip
+                arguments[fc] += e.arguments
+                if e.arguments:
+                    yield event("response.function_call_arguments.delta", item_id=fc,
+                                output_index=opened[fc], delta=e.arguments)  # fmt: skip
                 continue
             whole = "".join(text)
-            yield event("response.output_text.done", item_id=item, output_index=0,
-                        content_index=0, text=whole, logprobs=[])  # fmt: skip
-            yield event("response.content_part.done", item_id=item, output_index=0,
-                        content_index=0, part={**part, "text": whole})  # fmt: skip
-            yield event("response.output_item.done", output_index=0,
-                        item=_message(response_id, whole, "completed"))  # fmt: skip
+            if item not in opened and not calls_of(e):
+                yield from open_message()
+            if item in opened:
+                at = opened[item]
+                yield event("response.output_text.done", item_id=item, output_index=at,
+                            content_index=0, text=whole, logprobs=[])  # fmt: skip
+                yield event("response.content_part.done", item_id=item, output_index=at,
+                            content_index=0, part={**part, "text": whole})  # fmt: skip
+                yield event("response.output_item.done", output_index=at,
+                            item=_message(response_id, whole, "completed"))  # fmt: skip
+            for call in calls_of(e):
+                fc = _call_item_id(call.id)
+                yield event("response.function_call_arguments.done", item_id=fc,
+                            output_index=opened[fc], arguments=call.arguments)  # fmt: skip
+                yield event("response.output_item.done", output_index=opened[fc],
+                            item=_call_item(call, "completed"))  # fmt: skip
             stored = StoredResponse.of(response_id, c, whole, e, ask)
             obj = response_object(model, stored, c, e)
             kind = "response.incomplete" if obj["status"] == "incomplete" else "response.completed"

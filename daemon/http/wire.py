@@ -209,14 +209,14 @@ def history(messages: list[dict[str, Any]]) -> tuple[str, tuple[Turn, ...]]:
                                 " earlier in messages", param=f"messages[{i}].tool_call_id")  # fmt: skip
             turns.append(Turn("tool", text, name=name))
         else:
-            calls = _calls_of(m.get("tool_calls"), f"messages[{i}].tool_calls")
+            calls = tool_calls_of(m.get("tool_calls"), f"messages[{i}].tool_calls")
             called.update((c.id, c.name) for c in calls)
             unanswered = [c.name for c in calls]
             turns.append(Turn(role, text, calls=calls))
     return "\n\n".join(system), tuple(turns)
 
 
-def _calls_of(raw: Any, where: str) -> tuple[ToolCall, ...]:
+def tool_calls_of(raw: Any, where: str) -> tuple[ToolCall, ...]:
     """An assistant message's `tool_calls`, as the client got them from sinkd."""
     if not raw:
         return ()

@@ -163,6 +163,7 @@ class Turn:
     content: str
     calls: tuple[ToolCall, ...] = ()
     name: str = ""
+    call_id: str = ""  # a tool turn's call (its `name` found from it where the client gave none)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,13 +18,11 @@ from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     CancelToken,
-    ChatDone,
     ChatRequest,
     ChatStream,
     Done,
     GenerationOptions,
     Handle,
-    OutputFormat,
     PolicyRequest,
     Receipt,
     SamplingRequest,
@@ -34,9 +31,10 @@ from sinkd.daemon.runtime.api import (
     ToolUse,
     Turn,
 )
-from sinkd.daemon.runtime.conversations import tool_format
+from sinkd.daemon.runtime.conversations import tool_format, tool_plan
 from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Took, chain
 from sinkd.daemon.runtime.conversations.tool_format import ReplyReader
+from sinkd.daemon.runtime.conversations.tool_plan import ToolsReport
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import (
@@ -62,28 +60,6 @@ class StatelessChatRequest:
     # has answered)
     keep_alive_s: float | None = None
     tools: ToolUse | None = None  # the functions the reply may call
-
-
-@dataclass(frozen=True)
-class ToolsReport:
-    """What became of a turn's tools: `pinned` (described after the system prompt and pinned with
-    it, the reply decoded in the generic tool format) or left out because the description and
-    the system prompt (`tokens`) are more than a session here pins (`bound`): said, never silent."""
-
-    offered: int
-    pinned: bool
-    tokens: int
-    bound: int
-
-    @property
-    def note(self) -> str:
-        if self.pinned:
-            return f"{self.offered} tools pinned with the system prompt ({self.tokens} tokens)"
-        return (
-            f"{self.offered} tools not offered to the model: with the system prompt they are"
-            f" {self.tokens} tokens, and a session here pins at most {self.bound}; answered"
-            " without tools"
-        )
 
 
 @dataclass(frozen=True)
@@ -191,43 +167,22 @@ class StatelessChats:
         placed = self._placed(events, before, handle, request)
         if report is None or not report.pinned:
             return continuation, placed
-        return continuation, _tool_events(placed, ReplyReader(answer_is_text))
+        return continuation, tool_plan.tool_events(placed, ReplyReader(answer_is_text))
 
     def _with_tools(
         self, request: StatelessChatRequest
     ) -> tuple[StatelessChatRequest, ToolsReport | None]:
-        """The request as the session takes it: its tool calls and results as text turns and,
-        when its tools fit what a session pins, their descriptions after the system prompt and
-        the reply decoded in the generic tool format; when they do not, answered without them
-        (tool_choice auto or none) or refused naming `tools` and the counts."""
-        use = request.tools
-        if use is None:
-            return dataclasses.replace(
-                request, turns=tool_format.render(request.turns, False)
-            ), None
-        tool_format.check_use(use)
-        for i, tool in enumerate(use.tools):
-            try:
-                one = tool_format.reply_schema(ToolUse((tool,), tool.name), None)
-                requests.output_grammar(OutputFormat(json.dumps(one)))
-            except InvalidInput as e:
-                raise type(e)(f"tools[{i}] ({tool.name}) parameters: {message_of(e)}") from None
-        system = tool_format.tools_prompt(request.system, use.tools)
-        tokens = len(requests.system_tokens(self.access.engine, system))
-        report = ToolsReport(len(use.tools), tokens <= self.pin_bound, tokens, self.pin_bound)
-        if not report.pinned:
-            if use.choice not in ("auto", "none"):
-                raise InvalidInput(
-                    f"tools: the {report.offered} tools' descriptions with the system prompt are"
-                    f" {tokens} tokens; a session here pins at most {self.pin_bound}, and"
-                    f" tool_choice {use.choice!r} needs them"
-                )
-            turns = tool_format.render(request.turns, False)
-            return dataclasses.replace(request, turns=turns, tools=None), report
-        schema = tool_format.reply_schema(use, request.options.output)
-        options = dataclasses.replace(request.options, output=OutputFormat(json.dumps(schema)))
-        turns = tool_format.render(request.turns, True)
-        return dataclasses.replace(request, system=system, turns=turns, options=options), report
+        """The request as the session takes it (`tool_plan.plan`): refused (400) here, before
+        any session, when its tools cannot be offered as asked."""
+        p = tool_plan.plan(
+            request.system, request.turns, request.options, request.tools,
+            self.access.engine, self.pin_bound,
+        )  # fmt: skip
+        tools = request.tools if p.active else None
+        changed = dataclasses.replace(
+            request, system=p.system, turns=p.turns, options=p.options, tools=tools
+        )
+        return changed, p.report
 
     def _find(
         self,
@@ -521,19 +476,6 @@ class _Call:
         """Ingest `earlier`; the session's tokens after it."""
         result = turns.history(principal, handle, earlier, self.cancel, self.deadline.left())
         return result.receipt.n_seen
-
-
-def _tool_events(events: Stream, reader: ReplyReader) -> ChatStream:
-    """A reply in the generic tool format as the client reads it: the answer's text, the calls'
-    pieces as they come, and the calls made whole on `Done`."""
-    for event in events:
-        if isinstance(event, TokenEvent):
-            text, deltas = reader.feed(event.text)
-            if text:
-                yield dataclasses.replace(event, text=text)
-            yield from deltas
-        else:
-            yield ChatDone(**vars(event), calls=reader.calls())
 
 
 def _admitted(session_id: str) -> None:

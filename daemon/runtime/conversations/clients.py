@@ -77,7 +77,7 @@ class ClientState:
         self.responses = Responses(
             access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),
             close, rewind, self._put_response if durable else None,
-            self._drop_response if durable else None,
+            self._drop_response if durable else None, pin_bound,
         )  # fmt: skip
 
     def load(self) -> None:
@@ -97,7 +97,7 @@ class ClientState:
             self.conversations.place(sid, Place(tenant, reset_count, head, before, n_before))
             self.stateless.adopt(sid)
         for record in tables.responses(session_id):
-            self.responses.adopt(StoredResponse(**json.loads(record)))
+            self.responses.adopt(StoredResponse.from_record(json.loads(record)))
 
     def key_fingerprint(self) -> str:
         """Names the hash chains' key without telling it: an archive's conversations continue

@@ -14,23 +14,29 @@ import hashlib
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     CancelToken,
     ChatRequest,
+    ChatStream,
     Done,
     GenerationOptions,
     Handle,
     Receipt,
-    Stream,
     TokenEvent,
+    ToolCall,
+    ToolUse,
     Turn,
+    calls_of,
 )
+from sinkd.daemon.runtime.conversations import tool_format, tool_plan
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, Deadline
+from sinkd.daemon.runtime.conversations.tool_format import ReplyReader
 from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
@@ -46,6 +52,7 @@ class ResponseRequest:
     conversation: str | None = None  # a session id of the caller's
     store: bool = True
     options: GenerationOptions = field(default_factory=GenerationOptions)
+    tools: ToolUse | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class StoredResponse:
     reason: str  # Done's: max_tokens, stop, eog, cache_full
     instructions: str
     stored: bool = True
+    calls: tuple[ToolCall, ...] = ()  # the tool calls it made
 
     @classmethod
     def of(
@@ -76,8 +84,14 @@ class StoredResponse:
             response_id, r.tenant, c.handle.session_id, r.reset_count,
             request.previous_id if c.how != "new" else None, r.n_seen, int(time.time()), text,
             max(r.n_seen - done.generated - c.n_seen_before, 0), done.generated, done.reason,
-            request.instructions or "", request.store,
+            request.instructions or "", request.store, calls_of(done),
         )  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> StoredResponse:
+        """A journalled response (one from before tools has no calls)."""
+        calls = tuple(ToolCall(**c) for c in record.pop("calls", ()))
+        return cls(**record, calls=calls)
 
 
 # a new conversation's session under these instructions, and a note if room was made for it
@@ -103,7 +117,9 @@ class Responses:
         rewind: Rewind,
         keep: Keep | None = None,
         drop: Drop | None = None,
+        pin_bound: int = 0,
     ) -> None:
+        self.pin_bound = pin_bound  # what a session pins: a system prompt with its tools
         self.access = access
         self.turns = turns
         self.open_session = open_session
@@ -154,14 +170,28 @@ class Responses:
         response_id: str,
         cancel: CancelToken | None = None,
         admit: Admit | None = None,
-    ) -> tuple[Continuation, Stream]:
+    ) -> tuple[Continuation, ChatStream]:
         """Which session answers and how, and its events; once whole the response is stored
         under `response_id` (with `store`), and an unstored new conversation's session is
         closed."""
+        answer_is_text = request.options.output is None
+        request = self._named_calls(principal, request)
+        system, p = request.instructions, None
+        if request.tools is not None:
+            p = tool_plan.plan(
+                self._instructions(principal, request), request.items, request.options,
+                request.tools, self.access.engine, self.pin_bound,
+            )  # fmt: skip
+            system = p.system if p.active else request.instructions
+            request = replace(request, items=p.turns, options=p.options)
+        else:
+            request = replace(request, items=tool_format.render(request.items, False))
         _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         deadline = Deadline(self.turns.call_timeout_s)
-        c = self._session_for(principal, request)
+        c = self._session_for(principal, request, system)
+        if p is not None:
+            c = replace(c, tools=p.report)
         handle = c.handle
         if admit is not None:
             admit(handle.session_id)
@@ -171,18 +201,21 @@ class Responses:
             if len(items) > 1:  # earlier input items go in as framed turns, the last is asked
                 self.turns.history(principal, handle, items[:-1], cancel, deadline.left())
                 c = replace(c, ingested_turns=len(items) - 1)
-            events = self.turns.chat(principal, handle, chat, cancel, deadline.left())
+            raw = self.turns.chat(principal, handle, chat, cancel, deadline.left())
         except BaseException:
             self._end_unstored(principal, request, c)
             raise
+        events: ChatStream = raw
+        if p is not None and p.active:
+            events = tool_plan.tool_events(raw, ReplyReader(answer_is_text))
 
-        def kept() -> Iterator[TokenEvent | Done]:
+        def kept() -> ChatStream:
             text: list[str] = []
             try:
                 for event in events:
                     if isinstance(event, TokenEvent):
                         text.append(event.text)
-                    elif request.store:
+                    elif isinstance(event, Done) and request.store:
                         self._keep(StoredResponse.of(response_id, c, "".join(text), event, request))
                     yield event
             finally:
@@ -190,14 +223,38 @@ class Responses:
 
         return c, kept()
 
-    def _session_for(self, principal: Principal, request: ResponseRequest) -> Continuation:
+    def _instructions(self, principal: Principal, request: ResponseRequest) -> str:
+        """The conversation's instructions: those given, else its latest response's (the tools'
+        descriptions go after them, the same on every turn)."""
+        if request.instructions is not None or request.previous_id is None:
+            return request.instructions or ""
+        return self.get(principal, request.previous_id).instructions
+
+    def _named_calls(self, principal: Principal, request: ResponseRequest) -> ResponseRequest:
+        """Each `function_call_output` named by the call it answers: one in this input, or one
+        the previous response made."""
+        known = {c.id: c.name for t in request.items for c in t.calls}
+        if request.previous_id is not None and any(t.role == "tool" for t in request.items):
+            known |= {c.id: c.name for c in self.get(principal, request.previous_id).calls}
+        items = []
+        for i, t in enumerate(request.items):
+            if t.role == "tool" and not t.name:
+                if t.call_id not in known:
+                    raise InvalidInput(f"input[{i}].call_id: answers no call of this conversation")
+                t = replace(t, name=known[t.call_id])
+            items.append(t)
+        return replace(request, items=tuple(items))
+
+    def _session_for(
+        self, principal: Principal, request: ResponseRequest, system: str | None
+    ) -> Continuation:
         """The session that answers: the previous response's (continued, or rewound to it), the
         named conversation's, or a new one."""
         if request.previous_id is not None:
             prev = self.get(principal, request.previous_id)
             session = self._session(principal, prev)
             assert session is not None  # `get` checked
-            _same_instructions(session, request.instructions)
+            _same_instructions(session, system)
             handle = Handle(session.id, session.generation)
             with self._lock:
                 latest = self._by_id.get(self._latest.get(session.id, ""))
@@ -214,11 +271,11 @@ class Responses:
             )
         if request.conversation is not None:
             session = self._named(principal, request.conversation)
-            _same_instructions(session, request.instructions)
+            _same_instructions(session, system)
             handle = Handle(session.id, session.generation)
             why = "the request named its conversation"
             return Continuation(handle, "named", why, 0, _seen(session))
-        receipt, made_room = self.open_session(principal, request.instructions or "")
+        receipt, made_room = self.open_session(principal, system or "")
         why = "a new conversation" if request.store else "a new conversation, not stored"
         why += f"; {made_room}" if made_room else ""
         return Continuation(receipt.handle, "new", why, 0, receipt.n_seen)
@@ -278,8 +335,9 @@ def _same_instructions(session: Session, instructions: str | None) -> None:
         return
     if hashlib.sha256(instructions.encode()).hexdigest() != session.system_prompt_sha256:
         raise InvalidInput(
-            "instructions: differ from the conversation's, which are its system prompt, fixed at"
-            " its start; omit them, send the same, or start a new conversation",
+            "instructions: differ from the conversation's (with its tools' descriptions), which"
+            " are its system prompt, fixed at its start; omit them, send the same (and the same"
+            " tools), or start a new conversation",
             field="instructions",
         )
 
