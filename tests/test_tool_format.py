@@ -123,6 +123,8 @@ def test_a_round_trip_renders_as_the_session_held_it() -> None:
     answered = tool_format.render((Turn("user", "Hi"), Turn("assistant", "Hello")), active=True)
     assert answered[1].content == tool_format.canonical('{"response":"Hello"}')
     assert tool_format.render(answered[:1], active=False) == answered[:1]
+    cut = tool_format.render((Turn("user", "Hi"), Turn("assistant", "Hel")), active=True)
+    assert cut[1].content == tool_format.canonical('{"response": "Hel')  # as the client got it
 
 
 def test_a_tool_list_is_checked() -> None:

@@ -318,3 +318,50 @@ def test_a_responses_round_trip_continues_from_the_call(client: openai.OpenAI) -
             tools=[{"type": "function", "name": "get_time", "parameters": {"type": "object"}}],
         )  # fmt: skip
     assert "tools" in str(err.value)
+
+
+def test_a_constrained_turn_regenerates_and_resumes_to_the_same_bits(tmp_path: Path) -> None:
+    """The grammar's state is the turn's: a regenerate takes the turn back and decodes it again
+    from the grammar's start, to the same call with the same seed; after what a kill -9 leaves,
+    the resumed session does too."""
+    from tests.support.daemons import stop_without_snapshots
+
+    def started() -> tuple[Daemon, openai.OpenAI]:
+        d = Daemon(settings(tmp_path, http="127.0.0.1:0", n_ctx_seq=1024))
+        d.start()
+        d.wait_ready(120)
+        assert d.http is not None
+        url = f"{d.http.address}/v1"
+        return d, openai.OpenAI(base_url=url, api_key="alice-token", max_retries=0)
+
+    history: list[Any] = [{"role": "user", "content": "Hello!"}]
+
+    def call(client: openai.OpenAI) -> tuple[tuple[str, str], Any]:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[*history, *ASK], tools=[WEATHER], tool_choice="required",
+            parallel_tool_calls=False, max_tokens=60, temperature=1.0, seed=7,
+        )  # fmt: skip
+        (made,) = raw.parse().choices[0].message.tool_calls or []
+        return (made.function.name, made.function.arguments), raw.headers
+
+    d, client = started()
+    try:  # a conversation's second turn (a first resent is a conversation of its own)
+        hello = client.chat.completions.create(
+            model=MODEL, messages=history, tools=[WEATHER], tool_choice="none", max_tokens=20
+        )
+        history.append({"role": "assistant", "content": hello.choices[0].message.content})
+        first, headers = call(
+            client
+        )  # the answer, cut at 20 tokens, continues as the client got it
+        assert headers["x-sinkd-continuation"] == "continued", headers["x-sinkd-why"]
+        again, regenerated = call(client)
+        assert regenerated["x-sinkd-continuation"] == "regenerated", regenerated["x-sinkd-why"]
+        assert regenerated["x-sinkd-session"] == headers["x-sinkd-session"]
+        assert again == first
+        stop_without_snapshots(d)
+        d, client = started()
+        resumed, after = call(client)
+        assert after["x-sinkd-continuation"] == "regenerated", after["x-sinkd-why"]
+        assert after["x-sinkd-session"] == headers["x-sinkd-session"] and resumed == first
+    finally:
+        d.stop()

@@ -169,8 +169,10 @@ def canonical(reply: str) -> str:
     is not part of it), so the conversation's hash chain continues."""
     try:
         data = json.loads(reply)
-    except json.JSONDecodeError:
-        return reply  # cut short: no client sends this turn back
+    except json.JSONDecodeError:  # cut short: as the client got it, the answer so far or the
+        answer, calls = _scan(reply, True)  # calls made whole
+        whole = [{"name": n, "arguments": json.loads(a)} for n, a, done in calls if done and n]
+        data = {"tool_calls": whole} if whole else {"response": answer}
     return json.dumps(data, ensure_ascii=False)
 
 
