@@ -96,6 +96,12 @@ def test_a_tool_round_trip_continues_one_session_reading_only_the_new_messages(
         _, third = _called(client, history, tool_choice="none")
         assert third["x-sinkd-continuation"] == "continued", third["x-sinkd-why"]
         assert third["x-sinkd-session"] == first["x-sinkd-session"]
+    other = json.loads(json.dumps(WEATHER))
+    other["function"]["description"] = "The weather tomorrow."
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=history, tools=[other], max_tokens=4
+    )  # another tool list is another system prompt: another conversation
+    assert raw.headers["x-sinkd-continuation"] == "new"
 
 
 def test_a_named_tool_streams_as_openai_deltas(client: openai.OpenAI) -> None:
