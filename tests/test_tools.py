@@ -163,7 +163,7 @@ def test_tools_that_do_not_fit_are_said_and_refused_when_required(
     assert len(daemon.service.registry.of_tenant("alice")) == sessions  # nothing was made
 
 
-def test_a_round_trip_resumes_after_kill_9_between_the_call_and_the_answer(
+def test_round_trips_resume_after_kill_9_between_the_call_and_the_answer(
     tmp_path: Path,
 ) -> None:
     from tests.support.daemons import serve_subprocess
@@ -180,6 +180,12 @@ def test_a_round_trip_resumes_after_kill_9_between_the_call_and_the_answer(
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
         reply, first = _called(client, ASK, tool_choice="required", parallel_tool_calls=False)
         (call,) = reply.choices[0].message.tool_calls
+        tools: Any = [{"type": "function", **WEATHER["function"]}]
+        made = client.responses.create(
+            model=MODEL, input="Weather in Oslo?", tools=tools, tool_choice="required",
+            parallel_tool_calls=False, max_output_tokens=60,
+        )  # fmt: skip
+        (asked,) = [o for o in made.output if o.type == "function_call"]
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         proc = serve_subprocess(sock, env)
@@ -188,6 +194,11 @@ def test_a_round_trip_resumes_after_kill_9_between_the_call_and_the_answer(
         _, after = _called(client, history)
         assert after["x-sinkd-continuation"] == "continued", after["x-sinkd-why"]
         assert after["x-sinkd-session"] == first["x-sinkd-session"]
+        answered = client.responses.with_raw_response.create(
+            model=MODEL, previous_response_id=made.id, tools=tools, max_output_tokens=20,
+            input=[{"type": "function_call_output", "call_id": asked.call_id, "output": "Snow."}],
+        )  # fmt: skip
+        assert answered.headers["x-sinkd-continuation"] == "continued"
     finally:
         proc.kill()
         proc.wait(30)
