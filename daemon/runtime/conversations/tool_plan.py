@@ -77,12 +77,6 @@ def plan(
     if use is None:
         return ToolPlan(system, tool_format.render(turns, False), options, None)
     tool_format.check_use(use)
-    for i, tool in enumerate(use.tools):
-        try:
-            one = tool_format.reply_schema(ToolUse((tool,), tool.name), None)
-            requests.output_grammar(OutputFormat(json.dumps(one)))
-        except InvalidInput as e:
-            raise type(e)(f"tools[{i}] ({tool.name}) parameters: {message_of(e)}") from None
     described = tool_format.tools_prompt(system, use.tools)
     tokens = len(requests.system_tokens(engine, described))
     report = ToolsReport(len(use.tools), tokens <= bound, tokens, bound)
@@ -94,6 +88,12 @@ def plan(
                 f" {use.choice!r} needs them"
             )
         return ToolPlan(system, tool_format.render(turns, False), options, report)
+    for i, tool in enumerate(use.tools):  # only tools offered to the model need a grammar
+        try:
+            one = tool_format.reply_schema(ToolUse((tool,), tool.name), None)
+            requests.output_grammar(OutputFormat(json.dumps(one)))
+        except InvalidInput as e:
+            raise type(e)(f"tools[{i}] ({tool.name}) parameters: {message_of(e)}") from None
     schema = tool_format.reply_schema(use, options.output)
     constrained = dataclasses.replace(options, output=OutputFormat(json.dumps(schema)))
     return ToolPlan(described, tool_format.render(turns, True), constrained, report)
