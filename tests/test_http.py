@@ -698,17 +698,11 @@ def test_a_huge_declared_body_and_a_ten_thousand_turn_history_are_refused_storin
 def test_a_conversation_continues_after_kill_9_of_sinkd_serve(tmp_path: Path) -> None:
     """The real thing: `sinkd serve` killed with SIGKILL between turns; restarted, the client's
     resent history continues the same session (its place was journalled before the answer)."""
-    import os
     import signal
-    import socket
 
-    from tests.support.daemons import serve_subprocess
+    from tests.support.daemons import http_serve_env, serve_subprocess
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "SINKD_HTTP": f"127.0.0.1:{port}", "SINKD_STATE_DIR": str(tmp_path / "state"),
-           "SINKD_N_CTX_SEQ": "256", "SINKD_MAX_SESSIONS": "2"}  # fmt: skip
+    env, port = http_serve_env(tmp_path, n_ctx_seq="256", max_sessions="2")
     sock = tmp_path / "sinkd.sock"
     proc = serve_subprocess(sock, env)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,13 @@ import pytest
 from pydantic import BaseModel, Field
 
 from sinkd.daemon.node import Daemon
-from tests.support.settings import settings
+from tests.support.daemons import (
+    http_daemon,
+    http_serve_env,
+    openai_client,
+    serve_subprocess,
+    stop_without_snapshots,
+)
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m-instruct"
@@ -43,17 +48,14 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(settings(tmp_path_factory.mktemp("tools"), http="127.0.0.1:0", n_ctx_seq=1024))
-    d.start()
-    d.wait_ready(120)
+    d = http_daemon(tmp_path_factory.mktemp("tools"), n_ctx_seq=1024)
     yield d
     d.stop()
 
 
 @pytest.fixture(scope="module")
 def client(daemon: Daemon) -> openai.OpenAI:
-    assert daemon.http is not None
-    return openai.OpenAI(base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0)
+    return openai_client(daemon)  # type: ignore[no-any-return]
 
 
 def _called(client: openai.OpenAI, messages: list[Any], **kw: Any) -> tuple[Any, dict[str, Any]]:
@@ -166,13 +168,7 @@ def test_tools_that_do_not_fit_are_said_and_refused_when_required(
 def test_round_trips_resume_after_kill_9_between_the_call_and_the_answer(
     tmp_path: Path,
 ) -> None:
-    from tests.support.daemons import serve_subprocess
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "SINKD_HTTP": f"127.0.0.1:{port}", "SINKD_STATE_DIR": str(tmp_path / "state"),
-           "SINKD_N_CTX_SEQ": "1024", "SINKD_MAX_SESSIONS": "2"}  # fmt: skip
+    env, port = http_serve_env(tmp_path, n_ctx_seq="1024", max_sessions="2")
     sock = tmp_path / "sinkd.sock"
     proc = serve_subprocess(sock, env)
     try:
@@ -270,14 +266,9 @@ def test_the_ollama_client_calls_tools_and_answers_their_results(daemon: Daemon)
 def test_on_gemma_3_parse_and_a_tool_round_trip_hold_too(tmp_path: Path) -> None:
     """The other pinned model (its template knows no tools either: the generic format)."""
     runs = int(os.environ.get("SINKD_STRUCTURED_RUNS", "4"))
-    d = Daemon(settings(tmp_path, model="gemma3-270m", http="127.0.0.1:0", n_ctx_seq=1024))
-    d.start()
-    d.wait_ready(120)
+    d = http_daemon(tmp_path, model="gemma3-270m", n_ctx_seq=1024)
     try:
-        assert d.http is not None
-        client = openai.OpenAI(
-            base_url=f"{d.http.address}/v1", api_key="alice-token", max_retries=0
-        )
+        client = openai_client(d)
         for i in range(runs):
             parsed = client.beta.chat.completions.parse(
                 model="gemma3-270m", response_format=City, max_tokens=80,
@@ -341,15 +332,10 @@ def test_a_constrained_turn_regenerates_and_resumes_to_the_same_bits(tmp_path: P
     """The grammar's state is the turn's: a regenerate takes the turn back and decodes it again
     from the grammar's start, to the same call with the same seed; after what a kill -9 leaves,
     the resumed session does too."""
-    from tests.support.daemons import stop_without_snapshots
 
     def started() -> tuple[Daemon, openai.OpenAI]:
-        d = Daemon(settings(tmp_path, http="127.0.0.1:0", n_ctx_seq=1024))
-        d.start()
-        d.wait_ready(120)
-        assert d.http is not None
-        url = f"{d.http.address}/v1"
-        return d, openai.OpenAI(base_url=url, api_key="alice-token", max_retries=0)
+        d = http_daemon(tmp_path, n_ctx_seq=1024)
+        return d, openai_client(d)
 
     history: list[Any] = [{"role": "user", "content": "Hello!"}]
 

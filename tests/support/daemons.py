@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,3 +36,36 @@ def stop_without_snapshots(d: Daemon) -> None:
     """Stop writing nothing more to the state directory (no stop snapshots): resume then finds what
     a kill -9 would leave, the journal's tail to replay. The real kill -9 is tests/test_crash.py."""
     d.stop(snapshot=False)
+
+
+def http_daemon(tmp: Path, **kw: Any) -> Daemon:
+    """A daemon with its HTTP front on a free port (the test settings' tenants), started and
+    ready; the caller stops it."""
+    from tests.support.settings import settings
+
+    d = Daemon(settings(tmp, http="127.0.0.1:0", **kw))
+    d.start()
+    d.wait_ready(120)
+    assert d.http is not None
+    return d
+
+
+def openai_client(d: Daemon, key: str = "alice-token") -> Any:
+    """The openai SDK on a daemon's HTTP front, without retries."""
+    import openai
+
+    assert d.http is not None
+    return openai.OpenAI(base_url=f"{d.http.address}/v1", api_key=key, max_retries=0)
+
+
+def http_serve_env(tmp: Path, **extra: str) -> tuple[dict[str, str], int]:
+    """`sinkd serve`'s environment with an HTTP front on a free port and its state under `tmp`
+    (no tenants: the local token in `tmp/http-token` guards the port); and the port."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SINKD_HTTP": f"127.0.0.1:{port}", "SINKD_STATE_DIR": str(tmp / "state")}
+    return {**env, **{f"SINKD_{k.upper()}": v for k, v in extra.items()}}, port
