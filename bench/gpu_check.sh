@@ -27,3 +27,7 @@ python3 -m pytest -q -p no:cacheprovider tests/test_daemon.py -k "batched or sca
 python3 bench/batching.py --json "$out/batching.json" 2>&1 | grep -v '^llama' | tee "$out/batching.txt"
 python3 bench/concurrency.py 2>&1 | grep -v '^llama' | tee "$out/concurrency.txt"
 cp bench/results/concurrency.json "$out/concurrency.json" 2>/dev/null || true
+# sinkd's own CPU per step outside llama_decode, what a GPU waits for (issue 47): the number that
+# matters there, since a step's decode is a few milliseconds
+python3 bench/engine_cpu.py 2>&1 | grep -v '^llama' | tee "$out/engine_cpu.txt"
+cp bench/results/engine_cpu.json "$out/engine_cpu.json" 2>/dev/null || true
