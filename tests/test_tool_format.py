@@ -132,3 +132,12 @@ def test_a_tool_list_is_checked() -> None:
         tool_format.check_use(ToolUse((WEATHER, WEATHER)))
     with pytest.raises(InvalidInput, match="no tool named 'nope'"):
         tool_format.check_use(ToolUse((WEATHER,), "nope"))
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_a_json_answer_streams_as_its_text(size: int) -> None:
+    """With a response_format beside tools the answer is JSON: its text as it comes, to its end."""
+    value = '{"a": [1, "x}\\"]"], "b": null}'
+    reader = ReplyReader(answer_is_text=False)
+    answer = "".join(reader.feed(p)[0] for p in _pieces('{"response": ' + value + "}", size))
+    assert answer == value and json.loads(answer) == {"a": [1, 'x}"]'], "b": None}

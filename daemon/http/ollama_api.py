@@ -147,8 +147,6 @@ class GenerateBody(BaseModel):
     keep_alive: str | int | float | None = None
 
 
-# /api/generate's fields sinkd refuses: each would let text choose the framing, or asks for what
-# sinkd does not do (the conversation's state is kept server-side, not in `context`)
 def format_of(value: Any) -> OutputFormat | None:
     """Ollama's `format`: "json" (any JSON object) or a JSON schema, decoded under a grammar."""
     if value in (None, ""):
@@ -160,6 +158,8 @@ def format_of(value: Any) -> OutputFormat | None:
     raise HttpError(400, 'format: "json" or a JSON schema object', param="format")
 
 
+# /api/generate's fields sinkd refuses: each would let text choose the framing, or asks for what
+# sinkd does not do (the conversation's state is kept server-side, not in `context`)
 GENERATE_REFUSED = {
     "raw": "the chat template always frames the prompt (text never becomes control tokens)",
     "template": "the model's own chat template frames the prompt",
@@ -363,13 +363,11 @@ def _ndjson(model: str, c: Continuation, events: ChatStream, field: str) -> Iter
             if isinstance(event, TokenEvent):
                 line = {"model": model, "created_at": _now(), **_text(field, event.text),
                         "done": False}  # fmt: skip
-            elif calls_of(event):
-                calls = {"model": model, "created_at": _now(),
-                         **_text(field, "", calls_of(event)), "done": False}  # fmt: skip
-                yield (json.dumps(calls) + "\n").encode()
-                line = {"model": model, "created_at": _now(), **_text(field, ""),
-                        **_final(c, event, time.monotonic() - t0)}  # fmt: skip
             else:
+                if calls_of(event):
+                    calls = {"model": model, "created_at": _now(),
+                             **_text(field, "", calls_of(event)), "done": False}  # fmt: skip
+                    yield (json.dumps(calls) + "\n").encode()
                 line = {"model": model, "created_at": _now(), **_text(field, ""),
                         **_final(c, event, time.monotonic() - t0)}  # fmt: skip
             yield (json.dumps(line) + "\n").encode()

@@ -309,7 +309,6 @@ def _events(
     item = _item_id(response_id)
     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
     opened: dict[str, int] = {}  # item id -> its output index
-    arguments: dict[str, str] = {}
 
     def event(kind: str, **data: Any) -> bytes:
         nonlocal n
@@ -348,11 +347,9 @@ def _events(
                 fc = _call_item_id(e.id)
                 if fc not in opened:
                     opened[fc] = len(opened)
-                    arguments[fc] = ""
                     call = ToolCall(e.id, e.name, "")
                     yield event("response.output_item.added", output_index=opened[fc],
                                 item=_call_item(call, "in_progress"))  # fmt: skip
-                arguments[fc] += e.arguments
                 if e.arguments:
                     yield event("response.function_call_arguments.delta", item_id=fc,
                                 output_index=opened[fc], delta=e.arguments)  # fmt: skip

@@ -33,7 +33,6 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.conversations import tool_format, tool_plan
 from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Took, chain
-from sinkd.daemon.runtime.conversations.tool_format import ReplyReader
 from sinkd.daemon.runtime.conversations.tool_plan import ToolsReport
 from sinkd.daemon.runtime.sessions import Principal, SessionState
 from sinkd.daemon.runtime.turns import Turns
@@ -140,14 +139,13 @@ class StatelessChats:
     ) -> tuple[Continuation, ChatStream]:
         """`cancel` and the call's deadline (`timeout`, else the daemon's) bound the history's
         ingest and the turn alike; `admit` is given the session before anything is done to it."""
-        answer_is_text = request.options.output is None  # else the tools' answer is that JSON
-        request, report = self._with_tools(request)  # refused (400) before any session
+        request, plan = self._with_tools(request)  # refused (400) before any session
         tenant = _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         earlier, new = list(request.turns[:-1]), request.turns[-1]
         call = _Call(Deadline(timeout or self.turns.call_timeout_s), cancel, admit or _admitted)
         continuation, seen = self._find(principal, tenant, request, earlier, call)
-        continuation = dataclasses.replace(continuation, tools=report)
+        continuation = dataclasses.replace(continuation, tools=plan.report)
         handle = continuation.handle
         session = self.access.registry.get(handle.session_id)
         before = Place(
@@ -164,14 +162,11 @@ class StatelessChats:
         except BaseException:
             self._started(handle.session_id)
             raise
-        placed = self._placed(events, before, handle, request)
-        if report is None or not report.pinned:
-            return continuation, placed
-        return continuation, tool_plan.tool_events(placed, ReplyReader(answer_is_text))
+        return continuation, plan.reading(self._placed(events, before, handle, request))
 
     def _with_tools(
         self, request: StatelessChatRequest
-    ) -> tuple[StatelessChatRequest, ToolsReport | None]:
+    ) -> tuple[StatelessChatRequest, tool_plan.ToolPlan]:
         """The request as the session takes it (`tool_plan.plan`): refused (400) here, before
         any session, when its tools cannot be offered as asked."""
         p = tool_plan.plan(
@@ -182,7 +177,7 @@ class StatelessChats:
         changed = dataclasses.replace(
             request, system=p.system, turns=p.turns, options=p.options, tools=tools
         )
-        return changed, p.report
+        return changed, p
 
     def _find(
         self,

@@ -34,9 +34,8 @@ from sinkd.daemon.runtime.api import (
     Turn,
     calls_of,
 )
-from sinkd.daemon.runtime.conversations import tool_format, tool_plan
+from sinkd.daemon.runtime.conversations import tool_plan
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, Deadline
-from sinkd.daemon.runtime.conversations.tool_format import ReplyReader
 from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
@@ -174,24 +173,21 @@ class Responses:
         """Which session answers and how, and its events; once whole the response is stored
         under `response_id` (with `store`), and an unstored new conversation's session is
         closed."""
-        answer_is_text = request.options.output is None
         request = self._named_calls(principal, request)
-        system, p = request.instructions, None
-        if request.tools is not None:
-            p = tool_plan.plan(
-                self._instructions(principal, request), request.items, request.options,
-                request.tools, self.access.engine, self.pin_bound,
-            )  # fmt: skip
-            system = p.system if p.active else request.instructions
-            request = replace(request, items=p.turns, options=p.options)
-        else:
-            request = replace(request, items=tool_format.render(request.items, False))
+        instructions = request.instructions
+        if request.tools is not None:  # the tools' descriptions go after the conversation's own
+            instructions = self._instructions(principal, request)
+        p = tool_plan.plan(
+            instructions or "", request.items, request.options, request.tools,
+            self.access.engine, self.pin_bound,
+        )  # fmt: skip
+        system = p.system if p.active else request.instructions
+        request = replace(request, items=p.turns, options=p.options)
         _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         deadline = Deadline(self.turns.call_timeout_s)
         c = self._session_for(principal, request, system)
-        if p is not None:
-            c = replace(c, tools=p.report)
+        c = replace(c, tools=p.report)
         handle = c.handle
         if admit is not None:
             admit(handle.session_id)
@@ -205,9 +201,7 @@ class Responses:
         except BaseException:
             self._end_unstored(principal, request, c)
             raise
-        events: ChatStream = raw
-        if p is not None and p.active:
-            events = tool_plan.tool_events(raw, ReplyReader(answer_is_text))
+        events = p.reading(raw)
 
         def kept() -> ChatStream:
             text: list[str] = []

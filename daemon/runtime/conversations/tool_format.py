@@ -170,8 +170,9 @@ def canonical(reply: str) -> str:
     try:
         data = json.loads(reply)
     except json.JSONDecodeError:  # cut short: as the client got it, the answer so far or the
-        answer, calls = _scan(reply, True)  # calls made whole
-        whole = [{"name": n, "arguments": json.loads(a)} for n, a, done in calls if done and n]
+        reader = ReplyReader()  # calls made whole
+        answer, _ = reader.feed(reply)
+        whole = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in reader.calls()]
         data = {"tool_calls": whole} if whole else {"response": answer}
     return json.dumps(data, ensure_ascii=False)
 
@@ -182,85 +183,174 @@ def canonical(reply: str) -> str:
 @dataclass
 class _Call:
     id: str
-    name: str | None = None
+    name: str
     arguments: str = ""
     whole: bool = False
+    sent: int = -1  # argument characters streamed (-1: not even its name yet)
+
+
+@dataclass
+class _Value:
+    """A JSON value's text read as it comes, each character once: where it starts, how far it is
+    read, and whether it is whole."""
+
+    start: int
+    at: int
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    whole: bool = False
+
+    def read(self, text: str) -> None:
+        i = self.at
+        while i < len(text) and not self.whole:
+            c = text[i]
+            i += 1
+            if self.escaped:
+                self.escaped = False
+            elif self.in_string:
+                if c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                    self.whole = self.depth == 0  # a string alone
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]" and self.depth > 0:
+                self.depth -= 1
+                self.whole = self.depth == 0
+            elif self.depth == 0 and c in ",}]":  # a number or literal alone ends before this
+                i -= 1
+                self.whole = True
+        self.at = i
 
 
 class ReplyReader:
-    """Reads a reply in the generic format as its text grows: `feed` gives the new answer text
-    (the `response` string, decoded) and the new pieces of calls; `calls` the calls made whole."""
+    """Reads a reply in the generic format as its text grows, each character once: `feed` gives
+    the new answer text (the `response` string, decoded) and the new pieces of calls; `calls` the
+    calls made whole. The grammar keeps the reply to the format, so reading waits where the text
+    stops."""
 
     def __init__(self, answer_is_text: bool = True) -> None:
         self.answer_is_text = answer_is_text
         self.text = ""
-        self._said = ""
+        # "" until the reply's key is read, then "response" or "tool_calls"; "done" once whole
+        self._kind = ""
+        self._stage = "name"  # of the call being read: "name", "arguments", "value", "next"
+        self._at = 0  # where reading resumes
+        self._value: _Value | None = None  # a JSON answer's, or the current call's arguments
         self._calls: list[_Call] = []
-        self._sent: list[tuple[bool, int]] = []  # per call: header sent, argument chars sent
 
     def feed(self, piece: str) -> tuple[str, list[ToolCallDelta]]:
         self.text += piece
-        answer, calls = _scan(self.text, self.answer_is_text)
-        new_answer = ""
-        if answer.startswith(self._said):  # always, under the grammar
-            new_answer, self._said = answer[len(self._said) :], answer
-        deltas: list[ToolCallDelta] = []
-        for i, (name, arguments, whole) in enumerate(calls):
-            if i == len(self._calls):
-                self._calls.append(_Call(f"call_{uuid.uuid4().hex[:24]}"))
-                self._sent.append((False, 0))
-            call, (headed, sent) = self._calls[i], self._sent[i]
-            call.name, call.arguments, call.whole = name, arguments, whole
-            if name is None:
-                continue
-            if not headed or len(arguments) > sent:
-                deltas.append(ToolCallDelta(i, call.id, name, arguments[sent:]))
-                self._sent[i] = (True, len(arguments))
-        return new_answer, deltas
+        if not self._kind:
+            self._open()
+        if self._kind == "response":
+            return self._answer(), []
+        if self._kind == "tool_calls":
+            self._read_calls()
+            return "", self._deltas()
+        return "", []
 
     def calls(self) -> tuple[ToolCall, ...]:
-        return tuple(ToolCall(c.id, c.name, c.arguments) for c in self._calls if c.whole and c.name)
+        return tuple(ToolCall(c.id, c.name, c.arguments) for c in self._calls if c.whole)
 
+    def _open(self) -> None:
+        """`{"response": ` (and the string's quote) or `{"tool_calls": [`, once all here."""
+        r = _Reader(self.text)
+        if not (r.take("{") and r.take('"')):
+            return
+        key = r.string()
+        if key is None or not r.take(":"):
+            return
+        if key == "response" and self.answer_is_text and r.take('"'):
+            self._kind, self._at = key, r.at
+        elif key == "response" and not self.answer_is_text and r.started():
+            self._kind, self._at, self._value = key, r.at, _Value(r.at, r.at)
+        elif key == "tool_calls" and r.take("["):
+            self._kind, self._at = key, r.at
 
-def _scan(text: str, answer_is_text: bool) -> tuple[str, list[tuple[str | None, str, bool]]]:
-    """(the answer so far, [(name or None while unread, argument text so far, whole)]) of a
-    reply's prefix: the grammar keeps it to the format, so reading stops where the text does."""
-    r = _Reader(text)
-    if not (r.take("{") and r.take('"')):
-        return "", []
-    key = r.string()
-    if key is None or not r.take(":"):
-        return "", []
-    if key == "response":
-        if not answer_is_text:
-            r.space()
-            return r.value()[0], []
-        if not r.take('"'):
-            return "", []
-        return r.partial_string(), []
-    calls: list[tuple[str | None, str, bool]] = []
-    if key != "tool_calls" or not r.take("["):
-        return "", calls
-    while True:
-        if not (r.take("{") and r.take('"') and r.string() == "name" and r.take(":")):
-            return "", calls
-        if not r.take('"'):
-            return "", calls
-        name = r.string()
-        if name is None:
-            calls.append((None, "", False))
-            return "", calls
-        if not (r.take(",") and r.take('"') and r.string() == "arguments" and r.take(":")):
-            calls.append((name, "", False))
-            return "", calls
-        r.space()
-        arguments, whole = r.value()
-        calls.append((name, arguments, whole and r.take("}")))
-        if not calls[-1][2] or not r.take(","):
-            return "", calls
+    def _answer(self) -> str:
+        """The answer's new text: a string's characters decoded as each escape is whole, or a
+        JSON answer's text as it comes."""
+        text, start = self.text, self._at
+        if self._value is not None:
+            self._value.read(text)
+            self._at = self._value.at
+            if self._value.whole:
+                self._kind = "done"
+            return text[start : self._at]
+        i, safe = start, start
+        while i < len(text):
+            c = text[i]
+            if c == '"':
+                self._kind = "done"
+                break
+            width = 1
+            if c == "\\":
+                width = 6 if text.startswith("u", i + 1) else 2
+                if width == 6 and text[i + 2 : i + 4].lower() in ("d8", "d9", "da", "db"):
+                    width = 12  # a surrogate pair is read whole
+                if i + width > len(text):
+                    break
+            i += width
+            safe = i
+        self._at = safe
+        return str(json.loads('"' + text[start:safe] + '"'))
+
+    def _read_calls(self) -> None:
+        while self._kind == "tool_calls":
+            r = _Reader(self.text)
+            r.at = self._at
+            if self._stage == "name":  # `{"name": "..."`
+                if not (r.take("{") and r.take('"') and r.string() == "name" and r.take(":")):
+                    return
+                name = r.string() if r.take('"') else None
+                if name is None:
+                    return
+                self._calls.append(_Call(f"call_{uuid.uuid4().hex[:24]}", name))
+                self._stage, self._at = "arguments", r.at
+            elif self._stage == "arguments":  # `, "arguments": `
+                if not (r.take(",") and r.take('"') and r.string() == "arguments"):
+                    return
+                if not (r.take(":") and r.started()):
+                    return
+                self._value = _Value(r.at, r.at)
+                self._stage, self._at = "value", r.at
+            elif self._stage == "value":  # the arguments, then the call's `}`
+                value = self._value
+                assert value is not None
+                value.read(self.text)
+                self._calls[-1].arguments = self.text[value.start : value.at]
+                r.at = value.at
+                if not (value.whole and r.take("}")):
+                    return
+                self._calls[-1].whole = True
+                self._value = None
+                self._stage, self._at = "next", r.at
+            elif r.take(","):  # another call
+                self._stage, self._at = "name", r.at
+            elif r.take("]"):
+                self._kind = "done"
+            else:
+                return
+
+    def _deltas(self) -> list[ToolCallDelta]:
+        """Each named call's new argument text (its first piece: "" when none came yet)."""
+        deltas = []
+        for i, call in enumerate(self._calls):
+            if call.sent < 0 or len(call.arguments) > call.sent:
+                piece = call.arguments[max(call.sent, 0) :]
+                deltas.append(ToolCallDelta(i, call.id, call.name, piece))
+                call.sent = len(call.arguments)
+        return deltas
 
 
 class _Reader:
+    """The format's fixed parts (braces, keys, names), read from `at`."""
+
     def __init__(self, text: str) -> None:
         self.text, self.at = text, 0
 
@@ -275,6 +365,11 @@ class _Reader:
             return True
         return False
 
+    def started(self) -> bool:
+        """Whether a value begins here (past any space)."""
+        self.space()
+        return self.at < len(self.text)
+
     def string(self) -> str | None:
         """A whole JSON string's value after its opening quote, or None if it is not whole yet."""
         i = self.at
@@ -288,46 +383,3 @@ class _Reader:
                 return str(value)
             i += 1
         return None
-
-    def partial_string(self) -> str:
-        """As much of a JSON string's value as is whole (an escape read only once complete)."""
-        i, safe = self.at, self.at
-        while i < len(self.text):
-            c = self.text[i]
-            if c == '"':
-                safe = i
-                break
-            if c == "\\":
-                width = 6 if self.text.startswith("u", i + 1) else 2
-                if width == 6 and self.text[i + 2 : i + 4].lower() in ("d8", "d9", "da", "db"):
-                    width = 12  # a surrogate pair is read whole
-                if i + width > len(self.text):
-                    break
-                i += width
-            else:
-                i += 1
-            safe = i
-        return str(json.loads('"' + self.text[self.at : safe] + '"'))
-
-    def value(self) -> tuple[str, bool]:
-        """A JSON value's text from here, and whether it is whole (brackets closed)."""
-        start, depth, in_string, i = self.at, 0, False, self.at
-        while i < len(self.text):
-            c = self.text[i]
-            if in_string:
-                if c == "\\":
-                    i += 1
-                elif c == '"':
-                    in_string = False
-            elif c == '"':
-                in_string = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    self.at = i + 1
-                    return self.text[start : i + 1], True
-            i += 1
-        self.at = len(self.text)
-        return self.text[start:], False

@@ -58,10 +58,16 @@ class ToolPlan:
     turns: tuple[Turn, ...]
     options: GenerationOptions
     report: ToolsReport | None
+    answer_is_text: bool = True  # else a response format shapes the answer as JSON
 
     @property
     def active(self) -> bool:
         return self.report is not None and self.report.pinned
+
+    def reading(self, events: Stream) -> ChatStream:
+        """The turn's events as the client reads them: through the tool format's reader when
+        the tools were offered."""
+        return tool_events(events, ReplyReader(self.answer_is_text)) if self.active else events
 
 
 def plan(
@@ -96,7 +102,8 @@ def plan(
             raise type(e)(f"tools[{i}] ({tool.name}) parameters: {message_of(e)}") from None
     schema = tool_format.reply_schema(use, options.output)
     constrained = dataclasses.replace(options, output=OutputFormat(json.dumps(schema)))
-    return ToolPlan(described, tool_format.render(turns, True), constrained, report)
+    turns = tool_format.render(turns, True)
+    return ToolPlan(described, turns, constrained, report, options.output is None)
 
 
 def tool_events(events: Stream, reader: ReplyReader) -> ChatStream:
