@@ -128,6 +128,7 @@ class GrammarMask:
         self._sampler = llama.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if not self._sampler:
             raise InvalidInput("llama.cpp refused the grammar")
+        self._one = np.zeros(1, dtype=TOKEN_DATA)  # `allows`' candidate, every token
 
     def mask(self, data: Any, n: int) -> None:
         """Apply the grammar to a filled `llama_token_data` array of `n` candidates: the logits
@@ -137,8 +138,8 @@ class GrammarMask:
 
     def allows(self, token: int) -> bool:
         """Whether the grammar allows `token` next."""
-        one = np.zeros(1, dtype=TOKEN_DATA)
-        one["id"] = token
+        one = self._one
+        one["id"], one["logit"] = token, 0.0
         self.mask(one, 1)
         return bool(np.isfinite(one["logit"][0]))
 

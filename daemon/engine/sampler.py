@@ -102,17 +102,15 @@ class Sampler:
         return self.chain_select(logits) if self.stochastic else int(np.argmax(logits))
 
     def _masked(self, logits: np.ndarray, grammar: Any) -> np.ndarray:
-        n = len(logits)
-        data = np.zeros(n, dtype=TOKEN_DATA)
-        data["id"] = np.arange(n, dtype=np.int32)
-        data["logit"] = logits
-        grammar.mask(data, n)
+        data = self._candidates(logits)
+        grammar.mask(data, len(logits))
         if not np.isfinite(data["logit"]).any():
             raise EngineError("the output grammar allows no token here")
-        return np.ascontiguousarray(data["logit"])
+        return np.ascontiguousarray(data["logit"])  # a copy: the buffer is filled again to select
 
-    def chain_select(self, logits: np.ndarray) -> int:
-        """The token llama.cpp's chain (and, when sampling, our seeded draw) selects."""
+    def _candidates(self, logits: np.ndarray) -> np.ndarray:
+        """This sampler's one candidate buffer (a 49k-row array, made once), filled from
+        `logits`."""
         n = len(logits)
         if self._data is None or len(self._data) != n:
             self._data = np.zeros(n, dtype=TOKEN_DATA)
@@ -121,6 +119,12 @@ class Sampler:
         data["id"] = self._ids
         data["logit"] = logits
         data["p"] = 0.0
+        return data
+
+    def chain_select(self, logits: np.ndarray) -> int:
+        """The token llama.cpp's chain (and, when sampling, our seeded draw) selects."""
+        n = len(logits)
+        data = self._candidates(logits)
         arr = candidates(data, n)
         llama.llama_sampler_apply(self._chain, ctypes.byref(arr))
         if ctypes.cast(arr.data, ctypes.c_void_p).value != data.ctypes.data:

@@ -5,6 +5,7 @@ prompt's tokens, a generation's bounds."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -151,8 +152,13 @@ def chat_sampling(
 def output_grammar(output: OutputFormat | None) -> str | None:
     """The grammar a structured reply is decoded under (InvalidInput naming what a schema asks
     that the grammar cannot enforce), or None for free text."""
-    if output is None:
-        return None
+    return None if output is None else _compiled(output)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(output: OutputFormat) -> str:
+    """Once per schema: a request checks it before any session and decodes under it, and a
+    client sends the same schema (its tools) with every turn."""
     if output.schema_json is None:
         return grammar.json_object_grammar()
     return grammar.schema_grammar(json.loads(output.schema_json))
