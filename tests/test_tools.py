@@ -368,3 +368,26 @@ def test_a_constrained_turn_regenerates_and_resumes_to_the_same_bits(tmp_path: P
         assert after["x-sinkd-session"] == headers["x-sinkd-session"] and resumed == first
     finally:
         d.stop()
+
+
+def test_a_responses_conversation_with_instructions_and_tools_continues_without_resending_them(
+    client: openai.OpenAI,
+) -> None:
+    """Instructions are not resent with `previous_response_id`: each response keeps its
+    conversation's, so the third turn's tools go after the same instructions as the first's."""
+    tools: Any = [{"type": "function", **WEATHER["function"]}]
+    first = client.responses.create(
+        model=MODEL, instructions="Be brief.", input="What is the weather in Paris?", tools=tools,
+        tool_choice="required", parallel_tool_calls=False, max_output_tokens=60,
+    )  # fmt: skip
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    second = client.responses.create(
+        model=MODEL, previous_response_id=first.id, tools=tools, max_output_tokens=20,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny."}],
+    )  # fmt: skip
+    third = client.responses.with_raw_response.create(
+        model=MODEL, previous_response_id=second.id, tools=tools, max_output_tokens=8,
+        input="And tomorrow?",
+    )  # fmt: skip
+    assert third.headers["x-sinkd-continuation"] == "continued", third.headers["x-sinkd-why"]
+    assert client.responses.retrieve(second.id).instructions == "Be brief."

@@ -181,8 +181,9 @@ class Responses:
             instructions or "", request.items, request.options, request.tools,
             self.access.engine, self.pin_bound,
         )  # fmt: skip
-        system = p.system if p.active else request.instructions
-        request = replace(request, items=p.turns, options=p.options)
+        system = p.system if p.active else instructions
+        # each response keeps its conversation's instructions, as the next turn's tools need them
+        request = replace(request, instructions=instructions, items=p.turns, options=p.options)
         _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         deadline = Deadline(self.turns.call_timeout_s)
