@@ -236,9 +236,11 @@ class Durability:
 
         With sync=full the commit is fsynced here, unless `defer_sync`: then True says the caller
         owes a `sync_journal()` before it acknowledges what was committed (the reply gate does that off
-        the engine thread). A commit that deletes files is always synced here first."""
+        the engine thread). A commit that deletes files, or that a purge follows now, is synced
+        here first. (A purge merely pending waits out its interval: the commits meanwhile are
+        synced off the engine thread; it synced every step for two seconds after any close.)"""
         owed = self.journal.commit()
-        if owed and (not defer_sync or self.purge.pending or self._doomed):
+        if owed and (not defer_sync or self.purge.due(self.memory) or self._doomed):
             self.journal.sync()
             owed = False
         self.purge_due()

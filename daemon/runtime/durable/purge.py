@@ -27,11 +27,18 @@ class Purge:
         """The delete was rolled back: nothing to wipe."""
         self.pending = False
 
+    def due(self, memory: MemoryStore | None) -> bool:
+        """A purge is pending and the last was at least `interval_s` ago: the next `run_due`
+        purges."""
+        return (
+            self.pending and memory is not None and time.monotonic() - self._at >= self.interval_s
+        )
+
     def run_due(self, memory: MemoryStore | None, at_once: bool = False) -> None:
         """Purge now if one is pending and the last was at least `interval_s` ago (or `at_once`)."""
         if not self.pending or memory is None:
             return
-        if not at_once and time.monotonic() - self._at < self.interval_s:
+        if not at_once and not self.due(memory):
             return
         self.pending = False
         self._at = time.monotonic()
