@@ -132,6 +132,54 @@ def _chunk_crc(
     return zlib.crc32(blob, zlib.crc32(head))
 
 
+_INSERT_CHUNK = (
+    "INSERT INTO chunks (session, reset_count, logical_pos, cache_pos, tokens, draws, crc)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class HeldChunksConnection(sqlite3.Connection):
+    """The journal's connection, with the chunk rows of a step held back until its next
+    statement or commit, then written in one `executemany`, in order: a decoding session journals
+    a chunk per token, and a statement per chunk cost more of the engine thread than the rest of a
+    step's journal work (bench/engine_cpu.py). Every statement goes through here (no cursors are
+    made elsewhere), so none overtakes a held row; a rollback drops them with the rest."""
+
+    held: list[tuple[Any, ...]]
+
+    def hold_chunk(self, row: tuple[Any, ...]) -> None:
+        self.held.append(row)
+
+    def _write_held(self) -> None:
+        if self.held:
+            rows, self.held = self.held, []
+            super().executemany(_INSERT_CHUNK, rows)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        self._write_held()
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        self._write_held()
+        return super().executemany(sql, parameters)
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        self._write_held()
+        return super().executescript(sql_script)
+
+    def commit(self) -> None:
+        self._write_held()
+        super().commit()
+
+    def rollback(self) -> None:
+        self.held = []
+        super().rollback()
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.held) or sqlite3.Connection.in_transaction.__get__(self)
+
+
 def _session_crc(session_id: str, tenant: str, record: str, state: str, reason: str) -> int:
     return zlib.crc32(f"{session_id}|{tenant}|{state}|{reason}|{record}".encode())
 
@@ -216,7 +264,13 @@ class Journal:
         self._sync_lock = threading.Lock()  # the engine thread and the syncer both sync
         _owner_only(path)
         try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level="DEFERRED")
+            self._db = sqlite3.connect(
+                path,
+                check_same_thread=False,
+                isolation_level="DEFERRED",
+                factory=HeldChunksConnection,
+            )
+            self._db.held = []
             self._db.execute("PRAGMA journal_mode=WAL")
             # full: every commit is fsynced (survives power loss), by `sync` below rather than by
             # SQLite, so that the fsync can run off the engine thread; normal: survives a crash
@@ -233,7 +287,7 @@ class Journal:
             raise JournalError(f"{path}: {e}") from e
 
     @property
-    def db(self) -> sqlite3.Connection:
+    def db(self) -> HeldChunksConnection:
         """The connection, for the memory's tables: they commit in the same transactions."""
         return self._db
 
@@ -383,10 +437,9 @@ class Journal:
         tokens: list[int],
         draws: int | None,
     ) -> None:
+        """Held until the next statement or commit (HeldChunksConnection)."""
         blob = _tokens_blob(tokens)
-        self._db.execute(
-            "INSERT INTO chunks (session, reset_count, logical_pos, cache_pos, tokens, draws, crc)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        self._db.hold_chunk(
             (
                 session_id,
                 reset_count,
@@ -395,7 +448,7 @@ class Journal:
                 blob,
                 draws,
                 _chunk_crc(session_id, reset_count, logical_pos, cache_pos, blob, draws),
-            ),
+            )
         )
 
     def chunks(self, session_id: str, reset_count: int, from_logical: int = 0) -> Iterator[Chunk]:
