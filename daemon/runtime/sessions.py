@@ -230,6 +230,8 @@ class Session:
     parked: bool = False
     turns_taken: int = 0
     restores: int = 0
+    # decode steps since the audit last compared its cells with llama.cpp's (loop/audit.py)
+    unchecked_steps: int = 0
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)

@@ -1,7 +1,10 @@
 """Run-time invariants: what the cache really holds must be what each session's policy says.
 
-After every step the touched sessions are checked (first and last cache position, cell count, token
-ledger, one owner per sequence). A violation, or any failure that leaves a cache unlike its history,
+After every step the touched sessions' token ledgers are checked against their policy; the checks that
+call into llama.cpp (first and last cache position, cell count) and the one owner per sequence run
+at every prefill chunk, every eviction, and every `FULL_CHECK_EVERY` decode steps otherwise: a cell
+count is a walk of llama.cpp's cache (~12 us a session here), as much as the rest of a step's own
+work at GPU speed (bench/engine_cpu.py). A violation, or any failure that leaves a cache unlike its history,
 fails that session alone: its cells are freed, its queued requests fail, and it refuses work until
 it is reset or closed.
 """
@@ -20,6 +23,16 @@ from sinkd.daemon.runtime.sessions import Registry, Session, SessionState
 from sinkd.errors import EngineError, JournalError, SessionFailed
 
 log = logging.getLogger("sinkd.audit")
+FULL_CHECK_EVERY = 16  # decode steps without an eviction between two checks against the cells
+
+
+def ledger_problems(session: Session) -> list[str]:
+    """Where the session's token ledger and its policy state disagree (no call into llama.cpp)."""
+    seq = session.seq
+    retained = seq.state.retained(seq.config)
+    if len(session.retained) != retained:
+        return [f"{len(session.retained)} token ids for {retained} retained cells"]
+    return []
 
 
 def problems(engine: Engine, registry: Registry, session: Session) -> list[str]:
@@ -61,13 +74,20 @@ class Auditor:
         self.metrics = metrics
         self.durability = durability
 
-    def check(self, session: Session) -> bool:
-        """True if the session is consistent; else it is failed (alone) and False."""
+    def check(self, session: Session, full: bool = True) -> bool:
+        """True if the session is consistent; else it is failed (alone) and False. Not `full`
+        (a decode step without an eviction): its ledger alone, and its cells every
+        FULL_CHECK_EVERY such steps."""
         engine = self._engine()
         assert engine is not None
         if session.seq_id < 0:  # parked (or never resident): no cells to disagree
             return True
-        found = problems(engine, self.registry, session)
+        if not full and session.unchecked_steps < FULL_CHECK_EVERY - 1:
+            session.unchecked_steps += 1
+            found = ledger_problems(session)
+        else:
+            session.unchecked_steps = 0
+            found = problems(engine, self.registry, session)
         if not found:
             return True
         self.fail_session(session, "; ".join(found))

@@ -312,7 +312,7 @@ class Executor:
                 sb = it.sub_batch
                 session.unlogged.append((sb.logical_pos, sb.cache_pos, list(it.tokens)))
             failpoints.hit("prefill-chunk")
-        if not self.auditor.check(session):
+        if not self.auditor.check(session, full=bool(it.sub_batch.ops) or not it.decode_pending):
             return
         if (job.gen is None and not job.prefilling) or (
             job.gen is not None and job.final and job.pending is None
