@@ -1,0 +1,109 @@
+"""What the engine thread no longer does per step (issue 47, bench/engine_cpu.py): a statement per
+journalled chunk, an fsync per step while a purge waits out its interval, a walk of llama.cpp's
+cache per session per decode step. Each cut keeps what it replaced: order, durability, detection."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from sinkd.daemon.node import Daemon
+from sinkd.daemon.runtime.loop.audit import FULL_CHECK_EVERY
+from sinkd.daemon.store.journal import Journal
+from sinkd.proto.v1 import sinkd_pb2 as pb
+from tests.support.clients import Client
+from tests.support.settings import settings
+from tests.support.texts import TEXT
+from tests.support.tokens import ALICE
+
+
+@pytest.mark.unit
+def test_held_chunk_rows_keep_their_place_among_the_statements(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.db")
+    j.put_session("s_1", "alice", {"reset_count": 0})
+    j.add_chunk("s_1", 0, 0, 0, [1, 2], None)
+    assert j._db.in_transaction  # a held row is a write not yet committed
+    assert [c.tokens for c in j.chunks("s_1", 0)] == [(1, 2)]  # a read sees it
+    j.add_chunk("s_1", 0, 2, 2, [3], 1)
+    j.forget_generation("s_1", None)  # a delete after it takes it (it is not written later)
+    j.commit()
+    assert list(j.chunks("s_1", 0)) == []
+    j.add_chunk("s_1", 1, 0, 0, [4], None)
+    j.add_chunk("s_1", 1, 1, 1, [5], 1)
+    j.rollback()  # a refused step: its held rows go with it
+    j.add_chunk("s_1", 1, 0, 0, [6], None)
+    assert j.commit()
+    j.close()
+    db = sqlite3.connect(tmp_path / "j.db")
+    rows = db.execute("SELECT reset_count, logical_pos FROM chunks ORDER BY n").fetchall()
+    assert rows == [(1, 0)]
+
+
+@pytest.mark.model
+def test_a_pending_purge_leaves_the_fsyncs_off_the_engine_thread(tmp_path: Path) -> None:
+    """A close asks for a purge, which waits out `purge_interval_s`; every commit meanwhile
+    was fsynced on the engine thread (each step of every session, for two seconds by default)."""
+    d = Daemon(settings(tmp_path, purge_interval_s=60))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    durability = d.service.durability
+    assert durability is not None and durability.sync == "full"
+    engine_thread = d.service.scheduler._thread.ident
+    syncs: list[bool] = []
+    journal = durability.journal
+    real_sync = journal.sync
+
+    def sync() -> None:
+        syncs.append(threading.get_ident() == engine_thread)
+        real_sync()
+
+    journal.sync = sync  # type: ignore[method-assign]
+    try:
+        for _ in range(2):  # the first purge runs at once, the second waits for the interval
+            h = client.create().handle
+            client.append(h, "A short life.")
+            client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+        assert durability.purge.pending and not durability.purge.due(durability.memory)
+        h = client.create().handle
+        client.append(h, TEXT[:200])
+        syncs.clear()
+        ids, _ = client.generate(h, n=12)
+        assert len(ids) == 12
+        assert syncs and not any(syncs), "an fsync ran on the engine thread"
+    finally:
+        client.close()
+        d.stop()
+
+
+@pytest.mark.model
+def test_a_cache_changed_behind_the_policy_is_caught_within_the_full_check_interval(
+    tmp_path: Path,
+) -> None:
+    """Decode steps compare a session's cells with llama.cpp every FULL_CHECK_EVERY steps: a
+    cell removed behind its policy (the decode itself goes on) fails the session that soon."""
+    d = Daemon(settings(tmp_path, durable=False))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        h = client.create(sinks=4, window=240).handle  # no eviction: no check at one
+        client.append(h, TEXT[:200])
+        s = d.service.registry.lookup("alice", h.session_id, h.generation)
+        d.service.scheduler.call(lambda e: e.cells.remove(s.seq_id, 0, 1))  # a sink cell goes
+        got = []
+        with pytest.raises(grpc.RpcError) as err:
+            for ev in client.s.Generate(
+                pb.GenerateRequest(handle=h, max_tokens=4 * FULL_CHECK_EVERY), metadata=ALICE
+            ):
+                got.append(ev)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "cells" in err.value.details()
+        assert len(got) <= FULL_CHECK_EVERY
+    finally:
+        client.close()
+        d.stop()
