@@ -1,5 +1,6 @@
-"""A benchmark before and after a change, in the same run: each side's own script on its own tree,
-taking turns, so that the machine's drift (this one is shared) falls on both alike.
+"""A benchmark before and after a change, in the same run: this checkout's script (the measurement)
+on each tree (what is measured), taking turns, so that the machine's drift (this one is shared)
+falls on both alike.
 
     python bench/before_after.py --ref 8291b85 engine_cpu.py
     python bench/before_after.py --ref 8291b85 --rounds 2 concurrency.py
@@ -9,7 +10,8 @@ taking turns, so that the machine's drift (this one is shared) falls on both ali
 The "before" side is a git worktree of REF (removed afterwards), imported as `sinkd` through a
 folder of links made as the type check's (Makefile: its folders under one name), ahead of the
 installed tree on PYTHONPATH; the "after" side is this checkout. Each round runs both (the order
-alternating), each writing its results JSON in its own tree; every number in them is reported as
+alternating), each writing the script's results JSON (read back at once); every number in them is
+reported as
 the median over the rounds, before and after, for the keys `--keys` names (dotted paths; all the
 numbers by default), with after/before.
 """
@@ -54,9 +56,9 @@ def run_side(tree: Path, path: Path | None, script: str, args: list[str]) -> dic
         tree
     ):
         raise SystemExit(f"sinkd imports from {where.stdout!r}, not {tree}")
-    subprocess.run([sys.executable, script, *args], cwd=tree / "bench", env=env, check=True)
+    subprocess.run([sys.executable, script, *args], cwd=HERE, env=env, check=True)
     name = Path(script).stem
-    return dict(json.loads((tree / "bench" / "results" / f"{name}.json").read_text()))
+    return dict(json.loads((HERE / "results" / f"{name}.json").read_text()))
 
 
 def numbers(d: Any, prefix: str = "") -> dict[str, float]:

@@ -11,7 +11,9 @@ functions, each counted exclusive of the parts it calls (sampling without the jo
 makes, ...): sampling, logits (the batch's rows copied out of llama.cpp), planning and eviction
 bookkeeping, journal, invariant checks (the audit that reads llama.cpp's cells), receipts and
 replies, and the rest. The functions are wrapped in this process only; the daemon's code is as it
-ships. Medians over the rounds. The last line is a JSON object: `outside_decode_ms` maps "1",
+ships. The headline (outside `llama_decode`) comes from a run with `llama_decode` alone wrapped;
+the parts from a second run (a child process) with every part's functions wrapped, whose clock
+reads add their own microseconds (to "rest" mostly). Medians over the rounds. The last line is a JSON object: `outside_decode_ms` maps "1",
 "4", "8" to the durable median.
 """
 
@@ -21,6 +23,8 @@ import functools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -103,10 +107,15 @@ class Meter:
 METER = Meter()
 
 
-def install() -> None:
+def install(parts: bool) -> None:
+    """Wrap `llama_decode` and the step; with `parts`, every part's functions too (those a tree
+    lacks are skipped: before_after.py runs this script on an older tree)."""
     for part, places in PARTS.items():
+        if part != "llama_decode" and not parts:
+            continue
         for owner, name in places:
-            setattr(owner, name, METER.wrap(part, getattr(owner, name)))
+            if hasattr(owner, name):
+                setattr(owner, name, METER.wrap(part, getattr(owner, name)))
     guarded = Scheduler._guarded_step
 
     def step(self: Scheduler) -> None:
@@ -154,20 +163,34 @@ def measure(n: int, durable: bool) -> list[dict[str, float]]:
 
 
 def main() -> None:
-    install()
-    results: dict[str, dict[str, dict[str, float]]] = {}
+    """Each configuration runs twice: `llama_decode` alone wrapped (the headline: the wrappers'
+    own clock reads, ~1 us each, are not the daemon's), then every part wrapped (where it goes)."""
+    parts_mode = os.environ.get("SINKD_ENGINE_CPU_PASS") == "parts"
+    install(parts=parts_mode)
+    results: dict[str, dict[str, float]] = {}
     for durable in (False, True):
         for n in SESSIONS:
             rounds = measure(n, durable)
             key = f"{n} {'durable' if durable else 'not durable'}"
             results[key] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    if parts_mode:
+        print(json.dumps(results))
+        return
+    env = dict(os.environ, SINKD_ENGINE_CPU_PASS="parts")
+    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(run.stderr[-2000:])
+    by_part: dict[str, dict[str, float]] = json.loads(run.stdout.strip().splitlines()[-1])
     parts = [*PARTS, "rest", "outside llama_decode"]
-    rows = [[key, int(r["steps"]), *(r[p] for p in parts)] for key, r in results.items()]
-    table(f"engine thread CPU ms per step, median of {ROUNDS} rounds, {TOKENS} tokens a session",
-          ["sessions", "steps", *parts], rows)  # fmt: skip
+    rows = [[key, int(r["steps"]), r["llama_decode"], r["outside llama_decode"],
+             *(by_part[key][p] for p in parts)] for key, r in results.items()]  # fmt: skip
+    table(f"engine thread CPU ms per step, median of {ROUNDS} rounds, {TOKENS} tokens a session;"
+          " the parts from a second run with every part's functions wrapped",
+          ["sessions", "steps", "llama_decode", "OUTSIDE llama_decode",
+           *(f"{p} (wrapped)" for p in parts)], rows)  # fmt: skip
     summary = {str(n): results[f"{n} durable"]["outside llama_decode"] for n in SESSIONS}
     write("engine_cpu", {"rounds": ROUNDS, "tokens": TOKENS, "results": results,
-                         "outside_decode_ms": summary})  # fmt: skip
+                         "parts": by_part, "outside_decode_ms": summary})  # fmt: skip
     print(json.dumps({"outside_decode_ms": summary}))
 
 

@@ -33,6 +33,7 @@ POINTS = (
     "swap-cleared",  # engine: two sequences being exchanged are both empty, their images in hand
     "decode-piece",  # engine: a later llama_decode of one decode_batch (a length group, a piece) is next
     "before-sync",  # syncer: replies wait for the journal's fsync, which is about to run
+    "chunk-write",  # syncer (or a statement after a handoff): the handed chunk rows are written
     "model-loading",  # service: the engine thread starts loading the model (health NOT_SERVING)
 )
 

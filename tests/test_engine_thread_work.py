@@ -1,6 +1,7 @@
 """What the engine thread no longer does per step (issue 47, bench/engine_cpu.py): a statement per
-journalled chunk, an fsync per step while a purge waits out its interval, a walk of llama.cpp's
-cache per session per decode step. Each cut keeps what it replaced: order, durability, detection."""
+journalled chunk, the step's commit (the syncer writes the chunk rows before its fsync), an fsync
+per step while a purge waits out its interval, a walk of llama.cpp's cache per session per decode
+step. Each cut keeps what it replaced: order, durability, detection."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sinkd.daemon import failpoints
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.loop.audit import FULL_CHECK_EVERY
+from sinkd.daemon.store.chunk_rows import HeldChunksConnection
 from sinkd.daemon.store.journal import Journal
+from sinkd.errors import JournalError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
+from tests.support.daemons import stop_without_snapshots
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
@@ -41,6 +46,149 @@ def test_held_chunk_rows_keep_their_place_among_the_statements(tmp_path: Path) -
     db = sqlite3.connect(tmp_path / "j.db")
     rows = db.execute("SELECT reset_count, logical_pos FROM chunks ORDER BY n").fetchall()
     assert rows == [(1, 0)]
+
+
+def _stored(path: Path) -> list[tuple[int, int]]:
+    """(reset_count, logical_pos) of the committed chunks, in journal order (a second reader)."""
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT reset_count, logical_pos FROM chunks ORDER BY n").fetchall()
+    finally:
+        db.close()
+
+
+@pytest.mark.unit
+def test_handed_rows_are_committed_by_the_sync_or_before_the_next_statement(
+    tmp_path: Path,
+) -> None:
+    j = Journal(tmp_path / "j.db")
+    j.put_session("s_1", "alice", {"reset_count": 0})
+    assert j.commit()
+    assert not j.hand_off()  # nothing held
+    j.add_chunk("s_1", 0, 0, 0, [1], None)
+    assert j.hand_off() and not j._db.in_transaction  # no commit owed on this connection
+    assert _stored(tmp_path / "j.db") == []  # not yet written
+    j.sync()  # the syncer's: written, committed, then fsynced
+    assert _stored(tmp_path / "j.db") == [(0, 0)]
+    j.add_chunk("s_1", 0, 1, 1, [2], 1)
+    assert j.hand_off()
+    j.add_chunk("s_1", 0, 2, 2, [3], 2)  # the next step's, held
+    j.forget_generation("s_1", None)  # a statement: the handed row first, then the held one
+    assert j.commit()
+    assert _stored(tmp_path / "j.db") == []  # all three deleted, none written after the delete
+    j.put_session("s_1", "alice", {"reset_count": 1})
+    j.add_chunk("s_1", 1, 0, 0, [4], None)
+    assert not j.hand_off()  # another statement waits in the transaction: commit here, together
+    assert j.commit()
+    assert _stored(tmp_path / "j.db") == [(1, 0)]
+    j.close()
+
+
+@pytest.mark.unit
+def test_a_failed_handed_write_refuses_everything_after_it(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.db")
+    j.put_session("s_1", "alice", {"reset_count": 0})
+    j.commit()
+    j.add_chunk("s_1", 0, 0, 0, [1], None)
+    assert j.hand_off()
+
+    def disk_error() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    with failpoints.armed("chunk-write", disk_error), pytest.raises(JournalError):
+        j.sync()
+    j.add_chunk("s_1", 0, 1, 1, [2], 1)
+    with pytest.raises(JournalError, match="earlier chunk write failed"):
+        j.hand_off()
+    with pytest.raises(JournalError, match="earlier chunk write failed"):
+        j.commit()  # no row after the gap, by any path
+    with pytest.raises(JournalError):
+        j.sync()
+    j._db.rollback()
+    j.close()
+    assert _stored(tmp_path / "j.db") == []
+
+
+@pytest.mark.model
+def test_a_generating_step_commits_nothing_on_the_engine_thread(tmp_path: Path) -> None:
+    """With sync=full the step's chunk rows are written and committed by the syncer before its
+    fsync; after a stop that writes nothing more (what a kill -9 leaves) what was acknowledged is
+    all there. (A step that evicts commits here: the memory's rows of the evicted text go with
+    it; once per evicted chunk, not per token. This session's window does not fill.)"""
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    engine_thread = d.service.scheduler._thread.ident
+    commits: list[bool] = []
+    real_commit = HeldChunksConnection.commit
+
+    def commit(self: HeldChunksConnection) -> None:
+        commits.append(threading.get_ident() == engine_thread)
+        real_commit(self)
+
+    try:
+        h = client.create(sinks=4, window=240).handle
+        client.append(h, TEXT[:200])
+        HeldChunksConnection.commit = commit  # type: ignore[method-assign]
+        ids, done = client.generate(h, n=24)
+        HeldChunksConnection.commit = real_commit  # type: ignore[method-assign]
+        assert len(ids) == 24
+        assert not any(commits), "a step committed on the engine thread"
+        n_seen = done.receipt.n_seen
+    finally:
+        HeldChunksConnection.commit = real_commit  # type: ignore[method-assign]
+        client.close()
+        stop_without_snapshots(d)
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        r = client.inspect(h).receipt
+        assert r.n_seen == n_seen and r.state == "idle"
+    finally:
+        client.close()
+        d.stop()
+
+
+@pytest.mark.model
+def test_a_failed_chunk_write_fails_the_waiting_replies_and_stops_the_daemon(
+    tmp_path: Path,
+) -> None:
+    """As a failed fsync does: the journal would have a gap, so nothing more is acknowledged; a
+    restart resumes what was."""
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    h = client.create().handle
+    client.append(h, TEXT[:200])
+    n_seen = client.inspect(h).receipt.n_seen
+
+    def disk_error() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    try:
+        with failpoints.armed("chunk-write", disk_error), pytest.raises(grpc.RpcError) as err:
+            client.generate(h, n=4)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert not d.service.scheduler.alive()
+        assert d.died.wait(30)
+    finally:
+        client.close()
+        d.stop()
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    client = Client(d.addresses[0])
+    try:
+        r = client.inspect(h).receipt
+        assert r.n_seen == n_seen and r.state == "idle"
+        assert len(client.generate(h, n=3)[0]) == 3
+    finally:
+        client.close()
+        d.stop()
 
 
 @pytest.mark.model

@@ -12,6 +12,7 @@ scheduler commits before it replies, so whatever a client was told is on disk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from sinkd.daemon.store.chunk_rows import Handoff, HeldChunksConnection
 from sinkd.errors import JournalError
 
 SCHEMA_VERSION = 1
@@ -132,54 +134,6 @@ def _chunk_crc(
     return zlib.crc32(blob, zlib.crc32(head))
 
 
-_INSERT_CHUNK = (
-    "INSERT INTO chunks (session, reset_count, logical_pos, cache_pos, tokens, draws, crc)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-class HeldChunksConnection(sqlite3.Connection):
-    """The journal's connection, with the chunk rows of a step held back until its next
-    statement or commit, then written in one `executemany`, in order: a decoding session journals
-    a chunk per token, and a statement per chunk cost more of the engine thread than the rest of a
-    step's journal work (bench/engine_cpu.py). Every statement goes through here (no cursors are
-    made elsewhere), so none overtakes a held row; a rollback drops them with the rest."""
-
-    held: list[tuple[Any, ...]]
-
-    def hold_chunk(self, row: tuple[Any, ...]) -> None:
-        self.held.append(row)
-
-    def _write_held(self) -> None:
-        if self.held:
-            rows, self.held = self.held, []
-            super().executemany(_INSERT_CHUNK, rows)
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        self._write_held()
-        return super().execute(sql, parameters)
-
-    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
-        self._write_held()
-        return super().executemany(sql, parameters)
-
-    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
-        self._write_held()
-        return super().executescript(sql_script)
-
-    def commit(self) -> None:
-        self._write_held()
-        super().commit()
-
-    def rollback(self) -> None:
-        self.held = []
-        super().rollback()
-
-    @property
-    def in_transaction(self) -> bool:
-        return bool(self.held) or sqlite3.Connection.in_transaction.__get__(self)
-
-
 def _session_crc(session_id: str, tenant: str, record: str, state: str, reason: str) -> int:
     return zlib.crc32(f"{session_id}|{tenant}|{state}|{reason}|{record}".encode())
 
@@ -271,6 +225,8 @@ class Journal:
                 factory=HeldChunksConnection,
             )
             self._db.held = []
+            self._handoff = Handoff(path)
+            self._db.before_statement = self._handoff.written
             self._db.execute("PRAGMA journal_mode=WAL")
             # full: every commit is fsynced (survives power loss), by `sync` below rather than by
             # SQLite, so that the fsync can run off the engine thread; normal: survives a crash
@@ -293,6 +249,9 @@ class Journal:
 
     def close(self) -> None:
         self._db.close()
+        with contextlib.suppress(JournalError):  # rows whose replies never went out
+            self._handoff.write()
+        self._handoff.close()
         with self._sync_lock:
             if self._wal is not None:
                 os.close(self._wal[0])
@@ -305,11 +264,18 @@ class Journal:
         self._db.commit()
         return self.sync_mode == "full"
 
+    def hand_off(self) -> bool:
+        """Instead of a commit here: the held chunk rows go to the next `sync`, which writes and
+        commits them before its fsync (chunk_rows.py). False: other statements wait in this
+        transaction (or nothing does): `commit` it."""
+        return self._handoff.take(self._db)
+
     def sync(self) -> None:
-        """Make every commit so far survive a power loss: fsync the write-ahead log (what SQLite's
-        synchronous=FULL does at each commit; in WAL mode a commit writes only to the log, and
-        SQLite syncs the log before a checkpoint and the database after it). Any thread may call
-        it: it touches the file, not the connection. Raises JournalError."""
+        """Make every commit so far survive a power loss, the handed chunk rows first written and
+        committed: fsync the write-ahead log (what SQLite's synchronous=FULL does at each commit;
+        in WAL mode a commit writes only to the log, and SQLite syncs the log before a checkpoint
+        and the database after it). Any thread may call it. Raises JournalError."""
+        self._handoff.write()
         wal = f"{self.path}-wal"
         with self._sync_lock:
             self._sync(wal)

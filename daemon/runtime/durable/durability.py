@@ -236,9 +236,18 @@ class Durability:
 
         With sync=full the commit is fsynced here, unless `defer_sync`: then True says the caller
         owes a `sync_journal()` before it acknowledges what was committed (the reply gate does that off
-        the engine thread). A commit that deletes files, or that a purge follows now, is synced
+        the engine thread), and a step's chunk rows alone are not even committed here: that
+        `sync_journal()` writes them first (store/chunk_rows.py). A commit that deletes files, or that a purge follows now, is synced
         here first. (A purge merely pending waits out its interval: the commits meanwhile are
         synced off the engine thread; it synced every step for two seconds after any close.)"""
+        if (
+            defer_sync
+            and self.journal.sync_mode == "full"
+            and not self._doomed
+            and not self.purge.due(self.memory)
+            and self.journal.hand_off()
+        ):
+            return True  # a step's chunk rows alone: the syncer writes them before its fsync
         owed = self.journal.commit()
         if owed and (not defer_sync or self.purge.due(self.memory) or self._doomed):
             self.journal.sync()
@@ -257,7 +266,8 @@ class Durability:
         self.purge.run_due(self.memory)
 
     def sync_journal(self) -> None:
-        """Make every commit so far durable (any thread; JournalError if the fsync fails)."""
+        """Make every commit so far durable, the handed chunk rows committed first (any thread;
+        JournalError if the write or the fsync fails)."""
         self.journal.sync()
 
     def rollback(self) -> None:
