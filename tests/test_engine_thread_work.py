@@ -8,19 +8,24 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.node import Daemon
+from sinkd.daemon.runtime.api import GenerationOptions, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.loop.audit import FULL_CHECK_EVERY
+from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.chunk_rows import HeldChunksConnection
 from sinkd.daemon.store.journal import Journal
 from sinkd.errors import JournalError
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
 from tests.support.daemons import stop_without_snapshots
+from tests.support.services import fake_service
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
@@ -255,3 +260,35 @@ def test_a_cache_changed_behind_the_policy_is_caught_within_the_full_check_inter
     finally:
         client.close()
         d.stop()
+
+
+@pytest.mark.unit
+def test_a_lent_logits_row_outlives_other_sessions_decodes(tmp_path: Path) -> None:
+    """A decode lends each session its row of llama.cpp's buffer (no copy per step); the next
+    decode overwrites that buffer (the fake's as llama.cpp's), so a session that is not decoding
+    keeps a copy made just before: its next-token logits and its reply are those it has alone."""
+    alice, policy = Principal("alice"), PolicyRequest(name="sink", sinks=4, window=60)
+
+    def reply(svc: Any, h: Any) -> list[int]:
+        events = svc.generate(alice, h, GenerationOptions(6))
+        return [e.id for e in events if isinstance(e, TokenEvent)]
+
+    alone = fake_service(tmp_path / "alone")
+    busy = fake_service(tmp_path / "busy")
+    try:
+        a_alone = alone.create(alice, policy).handle
+        alone.append(alice, a_alone, "Hello there")
+        expected = alone.reads.inspect(
+            alice, a_alone, include_text=False, include_logits=True
+        ).logits
+        a, b = busy.create(alice, policy).handle, busy.create(alice, policy).handle
+        busy.append(alice, a, "Hello there")  # a's row is lent ...
+        busy.append(alice, b, "Something else entirely")
+        reply(busy, b)  # ... and b's decodes overwrite the buffer it lay in
+        got = busy.reads.inspect(alice, a, include_text=False, include_logits=True).logits
+        assert expected is not None and got is not None
+        assert np.array_equal(got, expected)
+        assert reply(busy, a) == reply(alone, a_alone)
+    finally:
+        alone.stop()
+        busy.stop()

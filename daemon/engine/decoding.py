@@ -79,9 +79,17 @@ class Decoder:
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
         self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
         self.cells: SequenceCells | None = None  # set once the cells are measured (they decode)
+        # run before every llama_decode and at close: whoever holds lent rows (decode_batch's
+        # `lend`) copies what it still needs, for the buffer is about to change
+        self.before_overwrite: list[Callable[[], None]] = []
 
     def close(self) -> None:
+        self._overwriting()
         llama.llama_batch_free(self._batch)
+
+    def _overwriting(self) -> None:
+        for hook in self.before_overwrite:
+            hook()
 
     def feed(
         self,
@@ -174,16 +182,21 @@ class Decoder:
             b.seq_id[i][0] = seq_id
             b.logits[i] = outputs == "all" or (outputs == "last" and i == n - 1)
         self.before_decode()
+        self._overwriting()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
 
-    def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
+    def decode_batch(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
         """Several sequences' tokens (continuous batching); validated first, then one llama_decode
         per item length (`by_length`, the NOTE above), in pieces of at most `max_rows`.
 
-        Returns, per item, a copy of its last token's logits (or None where not asked). All or
-        nothing, as one llama_decode: a failed decode removes the cells the earlier ones put in.
+        Returns, per item, a copy of its last token's logits (or None where not asked); with
+        `lend` (items of one length) a view of llama.cpp's buffer instead, valid until the next
+        llama_decode, before which `before_overwrite` runs: a row read once (a token sampled
+        from it) is never copied (49k floats a session a step; the copy cost more than the
+        argmax). All or nothing, as one llama_decode: a failed decode removes the cells the
+        earlier ones put in.
         It runs once per token on the engine thread, right after a decode has swept the caches:
         plain loops, one pass (bench/README.md, "overhead.py").
         """
@@ -203,7 +216,7 @@ class Decoder:
         if not 0 < total <= self.n_batch:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
         if len({len(item.tokens) for item in items}) == 1:
-            return self._decode_same_length(items, first=True)
+            return self._decode_same_length(items, first=True, lend=lend)
         out: list[np.ndarray | None] = [None] * len(items)
         decoded: list[BatchItem] = []
         for group in by_length(list(range(len(items))), lambda k: len(items[k].tokens)):
@@ -219,7 +232,9 @@ class Decoder:
                 out[k] = row
         return out
 
-    def _decode_same_length(self, items: list[BatchItem], first: bool) -> list[np.ndarray | None]:
+    def _decode_same_length(
+        self, items: list[BatchItem], first: bool, lend: bool = False
+    ) -> list[np.ndarray | None]:
         """Items of one length, in pieces of at most `max_rows` (flash attention's 63), each one
         llama_decode; a failed piece removes the earlier pieces' cells. `first`: no decode of this
         call came before (the failpoint marks every later one)."""
@@ -227,7 +242,7 @@ class Decoder:
         if n <= r:
             if not first:
                 failpoints.hit("decode-piece")
-            return self._decode_items(items)
+            return self._decode_items(items, lend)
         rows: list[np.ndarray | None] = [None] * len(items)
         for at in range(0, n, r):
             final = at + r >= n
@@ -238,15 +253,15 @@ class Decoder:
             try:
                 if at or not first:
                     failpoints.hit("decode-piece")
-                rows = self._decode_items(piece)
+                rows = self._decode_items(piece, lend)
             except EngineError:
                 for it in items:
                     self._drop_pieces(it.seq_id, it.pos0, at)
                 raise
         return rows
 
-    def _decode_items(self, items: list[BatchItem]) -> list[np.ndarray | None]:
-        """One llama_decode of validated items: a copy of each asked row."""
+    def _decode_items(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
+        """One llama_decode of validated items: a copy of each asked row (`lend`: a view)."""
         b = self._batch
         i = 0
         out_index: list[int | None] = [None] * len(items)
@@ -265,6 +280,7 @@ class Decoder:
                 out_index[k] = i - 1
         b.n_tokens = i
         self.before_decode()
+        self._overwriting()
         rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             seqs = [it.seq_id for it in items]
@@ -273,7 +289,9 @@ class Decoder:
         n_out = len(items) - out_index.count(None)
         if n_out == 0:
             return [None] * len(items)
-        rows = self._logits_rows_view(n_out).copy()
+        rows = self._logits_rows_view(n_out)
+        if not lend:
+            rows = rows.copy()
         row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
         return [None if idx is None else rows[row_of[idx]] for idx in out_index]
 

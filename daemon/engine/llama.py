@@ -50,6 +50,7 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -381,8 +382,14 @@ class Engine:
     ) -> np.ndarray | None:
         return self.decoder.feed(seq_id, seq, tokens, outputs, pos_offset)
 
-    def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
-        return self.decoder.decode_batch(items)
+    def decode_batch(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
+        return self.decoder.decode_batch(items, lend)
+
+    @property
+    def before_overwrite(self) -> list[Callable[[], None]]:
+        """Run before llama.cpp's logits buffer changes: whoever holds rows `decode_batch` lent
+        copies what it still needs."""
+        return self.decoder.before_overwrite
 
     def logits(self, index: int) -> np.ndarray:
         return self.decoder.logits(index)

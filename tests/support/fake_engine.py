@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -163,6 +164,10 @@ class FakeEngine:
         self.tokenizer_sha256 = self.vocab.sha256
         self.template_sha256 = hashlib.sha256(self.vocab.chat_template.encode()).hexdigest()
         self.decoded = 0
+        # lent rows live in one buffer that the next decode overwrites, as llama.cpp's do: a
+        # holder that forgot to copy one reads another step's numbers
+        self.before_overwrite: list[Callable[[], None]] = []
+        self._buffer = np.zeros((config.n_batch, N_VOCAB), dtype=np.float32)
 
     @property
     def chat_template(self) -> str:
@@ -183,15 +188,34 @@ class FakeEngine:
         """Nothing to share: no cores are held."""
 
     def close(self) -> None:
+        for hook in self.before_overwrite:
+            hook()
+        self._buffer[:] = np.nan
         self.vocab.close()
 
-    def decode_batch(self, items: list[BatchItem]) -> list[np.ndarray | None]:
+    def decode_batch(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
         """The real decoder's checks (a batch past n_batch would abort llama.cpp), then each
-        item's tokens into its cells and, where asked, the next-token row."""
+        item's tokens into its cells and, where asked, the next-token row (`lend`: a view of
+        the buffer the next decode overwrites)."""
         if not 0 < sum(len(it.tokens) for it in items) <= self.n_batch:
             raise InvalidInput(f"batch outside 1..n_batch ({self.n_batch})")
         if len({it.seq_id for it in items}) != len(items):
             raise InvalidInput("repeated sequence ids in one batch")
+        for hook in self.before_overwrite:
+            hook()
+        self._buffer[:] = np.nan  # what a lent row held is gone
+        rows = self._decode(items)
+        if not lend:
+            return rows
+        lent: list[np.ndarray | None] = []
+        for k, row in enumerate(rows):
+            if row is not None:
+                self._buffer[k] = row
+                row = self._buffer[k]
+            lent.append(row)
+        return lent
+
+    def _decode(self, items: list[BatchItem]) -> list[np.ndarray | None]:
         rows: list[np.ndarray | None] = []
         for it in items:
             self.vocab.check_tokens(it.tokens)

@@ -74,6 +74,11 @@ class Executor:
         self.auditor = auditor
         self.metrics = metrics
         self.durability = durability
+        # rows lent by the last decode (a view of llama.cpp's buffer, as the session's
+        # last_logits), and the sessions whose pending token this step decodes
+        self._lent: list[tuple[Session, Any]] = []
+        self._decoding_now: set[str] = set()
+        self._hooked: Engine | None = None
 
     @property
     def engine(self) -> Engine:
@@ -204,20 +209,45 @@ class Executor:
         largest = max(by_length(slots, lambda js: js[1].n_tokens), key=len, default=[])
         self._place([job.session for job, _ in largest])
         items = self._build([(job, slot) for job, slot in slots if not job.answered])
-        for group in by_length(items, lambda it: len(it.tokens)):
-            try:
-                rows = self.engine.decode_batch(
-                    [
-                        BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos)
-                        for it in group
-                    ]
-                )
-            except EngineError as e:
-                self._decode_failed(group, e)
+        engine = self.engine
+        if self._hooked is not engine:
+            engine.before_overwrite.append(self._keep_lent)
+            self._hooked = engine
+        self._decoding_now = {it.job.session.id for it in items if it.decode_pending}
+        try:
+            for group in by_length(items, lambda it: len(it.tokens)):
+                try:
+                    rows = engine.decode_batch(
+                        [
+                            BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos)
+                            for it in group
+                        ],
+                        lend=True,
+                    )
+                except EngineError as e:
+                    self._decode_failed(group, e)
+                    continue
+                self.metrics.steps.inc()
+                for it, row in zip(group, rows, strict=True):
+                    self._decoding_now.discard(it.job.session.id)  # its new row is needed
+                    self._after_decode(it, row)
+                    if row is not None:
+                        self._lent.append((it.job.session, row))
+        finally:
+            self._decoding_now = set()
+
+    def _keep_lent(self) -> None:
+        """Before llama.cpp's logits buffer changes (a decode, a close): a lent row its session
+        still needs becomes a copy of its own; one it sampled from, whose token decodes now, is
+        dropped (the decode gives the next; a failed one fails the session)."""
+        lent, self._lent = self._lent, []
+        for session, row in lent:
+            if session.last_logits is not row:  # replaced since (a reset, a resume, a fork's)
                 continue
-            self.metrics.steps.inc()
-            for it, row in zip(group, rows, strict=True):
-                self._after_decode(it, row)
+            if session.id in self._decoding_now:
+                session.last_logits = None
+            else:
+                session.last_logits = row.copy()
 
     def _place(self, sessions: list[Session]) -> None:
         """Exchange sequences until these sessions (the step's largest group of one sub-batch
