@@ -97,7 +97,8 @@ def check_recallable(policy: PolicyConfig) -> None:
 class Candidate:
     """A stored passage a search found: its id, transcript range, size in tokens, its rank score
     (`score`: BM25 alone, or the two searches fused) and each search's own score (`lexical`:
-    BM25; `dense`: cosine of the sentence vectors, 0 where no vector was compared)."""
+    BM25; `dense`: cosine of the sentence vectors, 0 where no vector was compared), and who said
+    it (`speaker`: the role of its turn, "text" outside any turn)."""
 
     passage_id: int
     source: tuple[int, int]
@@ -105,6 +106,7 @@ class Candidate:
     score: float
     lexical: float
     dense: float
+    speaker: str = "unknown"
 
     def strong(self, config: RecallConfig) -> bool:
         """Worth recalling: BM25 at the threshold, or a sentence vector as close as
@@ -124,10 +126,12 @@ class RecalledSpan:
     offset: int
     score: float
     at: float  # unix time of the recall
+    speaker: str = "unknown"  # who said the passage (its turn's role; "text" outside a turn)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "passage_id": self.passage_id,
+            "speaker": self.speaker,
             "source_logical": list(self.source),
             "stream_logical": list(self.stream),
             "score": self.score,
@@ -183,6 +187,7 @@ def plan_recall(
                 start,
                 c.score,
                 at,
+                c.speaker,
             )
         )
         offset = start + c.n_tokens + frame_after

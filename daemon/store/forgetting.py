@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from sinkd.daemon.store.passages import PassageTable, SessionKey
+from sinkd.daemon.store.speakers import UNKNOWN
 
 
 class Forgetting:
@@ -18,14 +19,21 @@ class Forgetting:
         key: SessionKey,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
+        speaker: str | None = None,
     ) -> list[tuple[int, int]]:
-        """Delete one passage, or every passage that overlaps a logical range; returns the logical
-        ranges deleted. A passage that overlaps the range is deleted whole (its text is not cut)."""
+        """Delete one passage, every passage that overlaps a logical range, or every passage one
+        speaker said; returns the logical ranges deleted. A passage that overlaps the range is
+        deleted whole (its text is not cut)."""
         columns = "SELECT id, logical_start, logical_end FROM passages"
         if passage_id is not None:
             rows = self.db.execute(
                 f"{columns} WHERE session=? AND reset_count=? AND number=?",
                 (key.session_id, key.reset_count, passage_id),
+            ).fetchall()
+        elif speaker is not None:
+            rows = self.db.execute(
+                f"{columns} WHERE session=? AND reset_count=? AND COALESCE(speaker, ?)=?",
+                (key.session_id, key.reset_count, UNKNOWN, speaker),
             ).fetchall()
         else:
             assert logical is not None

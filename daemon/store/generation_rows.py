@@ -52,11 +52,13 @@ def rows_of(db: sqlite3.Connection, session_id: str, reset_count: int) -> dict[s
 
 def load_rows(db: sqlite3.Connection, session_id: str, data: dict[str, Any]) -> None:
     """Insert `rows_of`'s data under `session_id`, in the caller's transaction (a failure rolls
-    back with it). Raises ValueError when a table's columns differ from this database's."""
+    back with it). Raises ValueError when a table has columns this database lacks; columns an
+    older node's archive lacks (columns added since, e.g. a passage's speaker) are left NULL."""
     for table in TABLES:
         part = data.get(table, {"columns": _columns(db, table), "rows": []})
         columns = list(part["columns"])
-        if columns != _columns(db, table):
+        ours = _columns(db, table)
+        if not set(columns) <= set(ours) or columns != [c for c in ours if c in columns]:
             raise ValueError(f"{table}: columns {columns} differ from this store's")
         at = columns.index("session")
         marks = ", ".join("?" * len(columns))

@@ -26,11 +26,13 @@ from sinkd.daemon.store.passages import (
     Segmenting,
     SessionKey,
     Sizes,
+    add_speaker_columns,
     add_vector_column,
     number_old_passages,
 )
 from sinkd.daemon.store.recalled_copies import RecallLog
 from sinkd.daemon.store.search import PassageSearch, query_terms
+from sinkd.daemon.store.speakers import NO_TURNS, Turns
 from sinkd.daemon.store.writing import EvictedText
 
 __all__ = ["MemoryStore", "Passage", "Segmenting", "SessionKey", "query_terms"]
@@ -54,6 +56,7 @@ class MemoryStore:
         db.executescript(_SCHEMA)
         number_old_passages(db)
         add_vector_column(db)
+        add_speaker_columns(db)
         db.commit()
         db.execute("PRAGMA temp_store=MEMORY")  # a query's words never reach a temporary file
         db.executescript(_SEARCH_SCHEMA)
@@ -96,8 +99,10 @@ class MemoryStore:
         tokens: Sequence[int],
         skip: Sequence[bool],
         piece: Callable[[int], bytes],
+        turns: Turns = NO_TURNS,
+        kept_before: Sequence[int] = (),
     ) -> int:
-        return self.evicted.add(key, logical_start, tokens, skip, piece)
+        return self.evicted.add(key, logical_start, tokens, skip, piece, turns, kept_before)
 
     def trim(self, key: SessionKey, logical_end: int, piece: Callable[[int], bytes]) -> int:
         return self.evicted.trim(key, logical_end, piece)
@@ -153,9 +158,10 @@ class MemoryStore:
         key: SessionKey,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
+        speaker: str | None = None,
     ) -> list[tuple[int, int]]:
         """The logical ranges of the passages deleted."""
-        return self.forgetting.forget(key, passage_id, logical)
+        return self.forgetting.forget(key, passage_id, logical, speaker)
 
     def drop(self, session_id: str, keep_reset_count: int | None = None) -> int:
         return self.forgetting.drop(session_id, keep_reset_count)
@@ -169,21 +175,23 @@ class MemoryStore:
         parent, parent_reset = parent_key.session_id, parent_key.reset_count
         child, child_reset = child_key.session_id, child_key.reset_count
         rows = self.db.execute(
-            "SELECT logical_start, logical_end, tokens, text, sealed, created, number, vector"
-            " FROM passages WHERE session=? AND reset_count=? ORDER BY id",
+            "SELECT logical_start, logical_end, tokens, text, sealed, created, number, vector,"
+            " speaker, turn FROM passages WHERE session=? AND reset_count=? ORDER BY id",
             (parent, parent_reset),
         ).fetchall()
-        for a, b, t, x, s, c, number, v in rows:  # the same numbers: its recalls name them
+        for a, b, t, x, s, c, number, v, who, turn in rows:  # the same numbers: recalls name them
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens,"
-                " text, sealed, created, number, vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (child, child_reset, a, b, t, x, s, c, number, v),
+                " text, sealed, created, number, vector, speaker, turn)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (child, child_reset, a, b, t, x, s, c, number, v, who, turn),
             )
             self.db.execute(
                 "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, x)
             )
         self.db.execute(
-            "INSERT OR REPLACE INTO memory_marks SELECT ?, ?, evicted_end FROM memory_marks"
+            "INSERT OR REPLACE INTO memory_marks (session, reset_count, evicted_end, speaker,"
+            " turn, header) SELECT ?, ?, evicted_end, speaker, turn, header FROM memory_marks"
             " WHERE session=? AND reset_count=?",
             (child, child_reset, parent, parent_reset),
         )
@@ -193,8 +201,10 @@ class MemoryStore:
             (child, child_reset, parent, parent_reset),
         )
         self.db.execute(
-            "INSERT INTO recalls SELECT ?, ?, stream_start, stream_end, source_start, source_end,"
-            " passage_id, offset, score, at FROM recalls WHERE session=? AND reset_count=?",
+            "INSERT INTO recalls (session, reset_count, stream_start, stream_end, source_start,"
+            " source_end, passage_id, offset, score, at, speaker) SELECT ?, ?, stream_start,"
+            " stream_end, source_start, source_end, passage_id, offset, score, at, speaker"
+            " FROM recalls WHERE session=? AND reset_count=?",
             (child, child_reset, parent, parent_reset),
         )
         return len(rows)

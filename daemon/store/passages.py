@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sinkd.daemon.store.speakers import UNKNOWN, SpeakerState
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS passages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -84,6 +86,8 @@ class Passage:
     text: str
     created: float
     sealed: bool
+    speaker: str = UNKNOWN  # its turn's role (speakers.py); "text" outside any turn
+    turn: int = 0  # the number of its turn in the session generation's stream (0: before any)
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,22 @@ def text_of(tokens: Sequence[int], piece: Callable[[int], bytes]) -> str:
 
 def unblob(blob: bytes) -> tuple[int, ...]:
     return tuple(int(t) for t in np.frombuffer(blob, dtype="<i4"))
+
+
+def add_speaker_columns(db: sqlite3.Connection) -> None:
+    """A store written before speakers were kept: its passages' speaker is NULL ("unknown"), and
+    the reading of turn headers starts afresh at each session's mark."""
+    for table, column, kind in (
+        ("passages", "speaker", "TEXT"),
+        ("passages", "turn", "INTEGER"),
+        ("recalls", "speaker", "TEXT"),
+        ("memory_marks", "speaker", "TEXT"),
+        ("memory_marks", "turn", "INTEGER"),
+        ("memory_marks", "header", "TEXT"),
+    ):
+        columns = {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
+        if column not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def add_vector_column(db: sqlite3.Connection) -> None:
@@ -190,9 +210,10 @@ class PassageTable:
         toks: list[int],
         text: str,
         sealed: bool,
+        speaker: tuple[str, int] = (UNKNOWN, 0),
     ) -> None:
-        """Rewrite row `pid` (its start, number and creation time stay), or add one, numbered
-        next in its session generation."""
+        """Rewrite row `pid` (its start, number, speaker and creation time stay), or add one,
+        numbered next in its session generation, said by `speaker` (role, turn)."""
         end = start + len(toks)
         data = blob(toks)
         size = len(data) + len(text.encode("utf-8"))
@@ -200,9 +221,10 @@ class PassageTable:
             self.sizes.bump(key, 1, len(toks), size)
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
-                " tokens, text, sealed, created, number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " tokens, text, sealed, created, number, speaker, turn)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key.session_id, key.reset_count, start, end, data, text, int(sealed),
-                 time.time(), self._next_number(key)),
+                 time.time(), self._next_number(key), speaker[0], speaker[1]),
             )  # fmt: skip
             pid = int(cur.lastrowid or 0)
         else:
@@ -230,8 +252,8 @@ class PassageTable:
     ) -> list[tuple[int, Passage]]:
         """(row id, passage) of the session generation's passages, by logical start."""
         sql = (
-            "SELECT id, number, logical_start, logical_end, tokens, text, created, sealed"
-            " FROM passages WHERE session=? AND reset_count=?"
+            "SELECT id, number, logical_start, logical_end, tokens, text, created, sealed,"
+            " speaker, turn FROM passages WHERE session=? AND reset_count=?"
         )
         args: list[object] = [key.session_id, key.reset_count]
         if numbers is not None:
@@ -239,9 +261,15 @@ class PassageTable:
             args += list(numbers)
         rows = self.db.execute(sql + " ORDER BY logical_start", args)
         return [
-            (int(i), Passage(int(n), (int(a), int(b)), unblob(t), x, float(c), bool(s)))
-            for i, n, a, b, t, x, c, s in rows
-        ]
+            (
+                int(i),
+                Passage(
+                    int(n), (int(a), int(b)), unblob(t), x, float(c), bool(s), who or UNKNOWN,
+                    int(turn or 0),
+                ),
+            )
+            for i, n, a, b, t, x, c, s, who, turn in rows
+        ]  # fmt: skip
 
     def ids(self, key: SessionKey, limit: int = -1) -> list[tuple[int, int, int]]:
         """(row id, logical start, end) of the session generation's passages, oldest first (the
@@ -255,14 +283,16 @@ class PassageTable:
             )
         ]
 
-    def open_passage(self, key: SessionKey) -> tuple[int, int, int, bytes] | None:
-        """(row id, start, end, token ids) of the passage still growing, if any."""
+    def open_passage(self, key: SessionKey) -> tuple[int, int, int, bytes, tuple[str, int]] | None:
+        """(row id, start, end, token ids, (speaker, turn)) of the passage still growing."""
         row = self.db.execute(
-            "SELECT id, logical_start, logical_end, tokens FROM passages"
+            "SELECT id, logical_start, logical_end, tokens, speaker, turn FROM passages"
             " WHERE session=? AND reset_count=? AND sealed=0",
             (key.session_id, key.reset_count),
         ).fetchone()
-        return (int(row[0]), int(row[1]), int(row[2]), row[3]) if row else None
+        if row is None:
+            return None
+        return int(row[0]), int(row[1]), int(row[2]), row[3], (row[4] or UNKNOWN, int(row[5] or 0))
 
     def seal_open(self, key: SessionKey) -> None:
         self.db.execute(
@@ -278,10 +308,22 @@ class PassageTable:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    def set_mark(self, key: SessionKey, end: int) -> None:
+    def speaker_state(self, key: SessionKey) -> SpeakerState:
+        """Where the reading of turn headers stands at the mark (a fresh one before any)."""
+        row = self.db.execute(
+            "SELECT speaker, turn, header FROM memory_marks WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        if row is None or row[0] is None:
+            return SpeakerState()
+        return SpeakerState(str(row[0]), int(row[1] or 0), row[2])
+
+    def set_mark(self, key: SessionKey, end: int, state: SpeakerState | None = None) -> None:
+        state = state or SpeakerState()
         self.db.execute(
-            "INSERT OR REPLACE INTO memory_marks VALUES (?, ?, ?)",
-            (key.session_id, key.reset_count, end),
+            "INSERT OR REPLACE INTO memory_marks (session, reset_count, evicted_end, speaker,"
+            " turn, header) VALUES (?, ?, ?, ?, ?, ?)",
+            (key.session_id, key.reset_count, end, state.speaker, state.turn, state.header),
         )
 
     def _next_number(self, key: SessionKey) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from sinkd.cachepolicy.recall_plan import RecalledSpan
 from sinkd.daemon.store.passages import SessionKey
+from sinkd.daemon.store.speakers import UNKNOWN
 
 
 class RecallLog:
@@ -17,22 +18,28 @@ class RecallLog:
     def add(self, key: SessionKey, spans: Sequence[RecalledSpan]) -> None:
         for s in spans:
             self.db.execute(
-                "INSERT INTO recalls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO recalls (session, reset_count, stream_start, stream_end,"
+                " source_start, source_end, passage_id, offset, score, at, speaker)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key.session_id, key.reset_count, s.stream[0], s.stream[1], s.source[0],
-                 s.source[1], s.passage_id, s.offset, s.score, s.at),
+                 s.source[1], s.passage_id, s.offset, s.score, s.at, s.speaker),
             )  # fmt: skip
 
     def of(self, key: SessionKey) -> list[RecalledSpan]:
         """The session generation's copies, by where they start in the stream."""
         rows = self.db.execute(
             "SELECT passage_id, source_start, source_end, stream_start, stream_end, offset,"
-            " score, at FROM recalls WHERE session=? AND reset_count=? ORDER BY stream_start",
+            " score, at, speaker FROM recalls WHERE session=? AND reset_count=?"
+            " ORDER BY stream_start",
             (key.session_id, key.reset_count),
         )
         return [
-            RecalledSpan(int(p), (int(a), int(b)), (int(c), int(d)), int(o), float(s), float(t))
-            for p, a, b, c, d, o, s, t in rows
-        ]
+            RecalledSpan(
+                int(p), (int(a), int(b)), (int(c), int(d)), int(o), float(s), float(t),
+                who or UNKNOWN,
+            )
+            for p, a, b, c, d, o, s, t, who in rows
+        ]  # fmt: skip
 
     def drop_before(self, key: SessionKey, logical: int) -> None:
         self.db.execute(

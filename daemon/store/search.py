@@ -13,6 +13,7 @@ import numpy as np
 from sinkd.cachepolicy.recall_plan import Candidate
 from sinkd.daemon.store.embedder import DIM, Embedder
 from sinkd.daemon.store.passages import SessionKey
+from sinkd.daemon.store.speakers import UNKNOWN
 
 LEXICAL_WEIGHT = 0.15
 EMBED_BATCH = 32
@@ -70,21 +71,26 @@ class PassageSearch:
         vectors carry paraphrase, the words break ties and keep exact names first. Chosen on the
         chat arm's facts (bench/README.md, "recall retrieval"): reciprocal rank fusion let BM25's
         chance matches in unrelated text outvote the vectors on paraphrased questions."""
-        spans, numbers = self._passages(key)
+        spans, numbers, speakers = self._passages(key)
         if not spans:
             return []
         lexical = self._bm25(key, query, spans)
         dense = self._dense(key, query, embed_missing) if self.embedder is not None else {}
         if not dense:
             ranked = sorted(lexical, key=lambda d: (-lexical[d], spans[d]))[:limit]
-            return [self._candidate(d, lexical[d], spans, numbers, lexical, {}) for d in ranked]
+            return [
+                self._candidate(d, lexical[d], spans, numbers, speakers, lexical, {})
+                for d in ranked
+            ]
         top = max(lexical.values(), default=0.0)
         fused = {
             d: dense.get(d, -1.0) + LEXICAL_WEIGHT * (lexical.get(d, 0.0) / top if top > 0 else 0.0)
             for d in dense.keys() | lexical.keys()
         }
         ranked = sorted(fused, key=lambda d: (-fused[d], spans[d]))[:limit]
-        return [self._candidate(d, fused[d], spans, numbers, lexical, dense) for d in ranked]
+        return [
+            self._candidate(d, fused[d], spans, numbers, speakers, lexical, dense) for d in ranked
+        ]
 
     @staticmethod
     def _candidate(
@@ -92,21 +98,27 @@ class PassageSearch:
         score: float,
         spans: dict[int, tuple[int, int]],
         numbers: dict[int, int],
+        speakers: dict[int, str],
         lexical: dict[int, float],
         dense: dict[int, float],
     ) -> Candidate:
         a, b = spans[d]
-        return Candidate(numbers[d], (a, b), b - a, score, lexical.get(d, 0.0), dense.get(d, 0.0))
+        return Candidate(
+            numbers[d], (a, b), b - a, score, lexical.get(d, 0.0), dense.get(d, 0.0), speakers[d]
+        )
 
-    def _passages(self, key: SessionKey) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
-        spans, numbers = {}, {}
-        for i, a, b, number in self.db.execute(
-            "SELECT id, logical_start, logical_end, number FROM passages"
+    def _passages(
+        self, key: SessionKey
+    ) -> tuple[dict[int, tuple[int, int]], dict[int, int], dict[int, str]]:
+        spans, numbers, speakers = {}, {}, {}
+        for i, a, b, number, speaker in self.db.execute(
+            "SELECT id, logical_start, logical_end, number, speaker FROM passages"
             " WHERE session=? AND reset_count=?",
             (key.session_id, key.reset_count),
         ):
             spans[int(i)], numbers[int(i)] = (int(a), int(b)), int(number)
-        return spans, numbers
+            speakers[int(i)] = speaker or UNKNOWN
+        return spans, numbers, speakers
 
     def _bm25(
         self, key: SessionKey, query: str, spans: dict[int, tuple[int, int]]
