@@ -52,12 +52,15 @@ class Backend(Protocol):
     ) -> Inspection: ...
     def trace(self, handle: Handle) -> list[TraceEvent]: ...
     def recall(self, handle: Handle, query: str) -> RecallResult: ...
-    def memory(self, handle: Handle, search: str = "", limit: int = 100) -> list[PassageView]: ...
+    def memory(
+        self, handle: Handle, search: str = "", limit: int = 100, speaker: str | None = None
+    ) -> list[PassageView]: ...
     def forget(
         self,
         handle: Handle,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
+        speaker: str | None = None,
     ) -> int: ...
     def list(self) -> list[Receipt]: ...
     def shutdown(self) -> None: ...
@@ -138,16 +141,19 @@ class EmbeddedBackend:
     def recall(self, handle: Handle, query: str) -> RecallResult:
         return self.service.memory.recall_into(self.principal, handle, query)
 
-    def memory(self, handle: Handle, search: str = "", limit: int = 100) -> list[PassageView]:
-        return self.service.memory.memory(self.principal, handle, search, limit)
+    def memory(
+        self, handle: Handle, search: str = "", limit: int = 100, speaker: str | None = None
+    ) -> list[PassageView]:
+        return self.service.memory.memory(self.principal, handle, search, limit, speaker)
 
     def forget(
         self,
         handle: Handle,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
+        speaker: str | None = None,
     ) -> int:
-        return self.service.memory.forget(self.principal, handle, passage_id, logical)
+        return self.service.memory.forget(self.principal, handle, passage_id, logical, speaker)
 
     def list(self) -> list[Receipt]:
         return self.service.reads.list_sessions(self.principal)

@@ -344,6 +344,15 @@ def parse_target(target: str) -> tuple[int | None, tuple[int, int] | None]:
     return pid, None
 
 
+SpeakerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--speaker",
+        help="Only what one speaker said: user, assistant, system, tool, text, unknown.",
+    ),
+]
+
+
 @app.command("memory")
 @handle_errors
 def memory(
@@ -352,25 +361,27 @@ def memory(
         str, typer.Option("--search", help="Show the passages that best match this text.")
     ] = "",
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 20,
+    speaker: SpeakerOpt = None,
     address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """The session's memory: text the stream evicted, kept as passages (owner only)."""
+    """The session's memory: text the stream evicted, kept as passages, each with who said it
+    (owner only)."""
     backend = connect(address, token)
-    passages = backend.memory(_handle(backend, session_id, generation), search, limit)
+    passages = backend.memory(_handle(backend, session_id, generation), search, limit, speaker)
     if as_json:
         print(json.dumps(to_json(passages), indent=2))
         return
     title = f"memory of {session_id}" + (" (best matches first)" if search else " (newest last)")
     table = Table(title=title)
-    for col in ("passage", "logical", "tokens", "score", "text"):
+    for col in ("passage", "logical", "speaker", "turn", "tokens", "score", "text"):
         table.add_column(col, no_wrap=col != "text")
     for p in passages:
         score = "" if p.score is None else f"{p.score:.2f}"
         table.add_row(
-            str(p.passage_id), _span(p.logical), str(p.n_tokens), score,
+            str(p.passage_id), _span(p.logical), p.speaker, str(p.turn), str(p.n_tokens), score,
             shown(p.text.replace("\n", " ")[:200]),
         )  # fmt: skip
     out.print(table)
@@ -382,15 +393,21 @@ def memory(
 @handle_errors
 def forget(
     session_id: IdArg,
-    target: Annotated[str, typer.Argument(help="A passage id (12) or a logical range (100:200).")],
+    target: Annotated[
+        str | None, typer.Argument(help="A passage id (12) or a logical range (100:200).")
+    ] = None,
+    speaker: SpeakerOpt = None,
     address: ConnectOpt = None,
     token: TokenOpt = None,
     generation: GenOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Delete passages from the session's memory, on disk (a range deletes every passage that
-    overlaps it, whole). What the cache holds now is not touched."""
-    passage_id, logical = parse_target(target)
+    overlaps it, whole; --speaker every passage that speaker said). What the cache holds now is
+    not touched."""
+    if (target is None) == (speaker is None):
+        raise typer.BadParameter("name a passage id, a logical range or --speaker, one of them")
+    passage_id, logical = parse_target(target) if target is not None else (None, None)
     backend = connect(address, token)
-    n = backend.forget(_handle(backend, session_id, generation), passage_id, logical)
+    n = backend.forget(_handle(backend, session_id, generation), passage_id, logical, speaker)
     print(json.dumps({"forgotten": n}) if as_json else f"{session_id}: {n} passage(s) deleted")

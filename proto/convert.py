@@ -84,6 +84,7 @@ def recalled_to_pb(s: RecalledSpan) -> pb.RecalledPassage:
         stream_logical=_range(s.stream),
         score=s.score,
         recalled_unix_time=s.at,
+        speaker=s.speaker,
     )
 
 
@@ -95,6 +96,7 @@ def recalled_from_pb(message: pb.RecalledPassage) -> RecalledSpan:
         offset=0,  # where the copy starts among the recall's tokens: the daemon's business
         score=message.score,
         at=message.recalled_unix_time,
+        speaker=message.speaker or "unknown",
     )
 
 
@@ -280,6 +282,8 @@ def passage_to_pb(p: PassageView) -> pb.Passage:
         created_unix_time=p.created_unix_time,
         sealed=p.sealed,
         score=p.score,
+        speaker=p.speaker,
+        turn=p.turn,
     )
 
 
@@ -292,6 +296,8 @@ def passage_from_pb(m: pb.Passage) -> PassageView:
         created_unix_time=m.created_unix_time,
         sealed=m.sealed,
         score=m.score if m.HasField("score") else None,
+        speaker=m.speaker or "unknown",
+        turn=m.turn,
     )
 
 

@@ -249,6 +249,15 @@ def test_sessions_memory_and_forget(address: str) -> None:
     assert found and SENTINEL in found[0]["text"] and found[0]["score"] > 0
     code, out, _ = sinkd("sessions", "memory", h.session_id, *conn)
     assert code == 0 and "memory of" in out
+    # appended text is no one's turn: said by "text"; by speaker, listed and refused by name
+    code, out, err = sinkd("sessions", "memory", h.session_id, *conn, "--speaker", "text", "--json")
+    assert code == 0 and {p["speaker"] for p in json.loads(out)} == {"text"}, err
+    code, out, _ = sinkd("sessions", "memory", h.session_id, *conn, "--speaker", "user", "--json")
+    assert code == 0 and json.loads(out) == []
+    code, _, err = sinkd("sessions", "memory", h.session_id, *conn, "--speaker", "model")
+    assert code == 2 and "speaker 'model' is unknown" in err
+    code, _, err = sinkd("sessions", "forget", h.session_id, "3", "--speaker", "text", *conn)
+    assert code == 2 and "one of them" in err
     code, _, err = sinkd("sessions", "forget", h.session_id, "twelve", *conn)
     assert code == 2 and "passage id" in err
     code, _, err = sinkd("sessions", "forget", h.session_id, "9:3", *conn)

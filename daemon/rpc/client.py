@@ -322,8 +322,12 @@ class Client:
         r = self._call("Recall", pb.RecallRequest(handle=convert.handle_to_pb(handle), query=query))
         return RecallResult(convert.report_from_pb(r.report), convert.receipt_from_pb(r.receipt))
 
-    def memory(self, handle: Handle, search: str = "", limit: int = 100) -> list[PassageView]:
-        req = pb.MemoryRequest(handle=convert.handle_to_pb(handle), search=search, limit=limit)
+    def memory(
+        self, handle: Handle, search: str = "", limit: int = 100, speaker: str | None = None
+    ) -> list[PassageView]:
+        req = pb.MemoryRequest(
+            handle=convert.handle_to_pb(handle), search=search, limit=limit, speaker=speaker or ""
+        )
         return [convert.passage_from_pb(p) for p in self._call("Memory", req).passages]
 
     def forget(
@@ -331,12 +335,15 @@ class Client:
         handle: Handle,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
+        speaker: str | None = None,
     ) -> int:
         req = pb.ForgetRequest(handle=convert.handle_to_pb(handle))
         if passage_id is not None:
             req.passage_id = passage_id
         elif logical is not None:
             req.logical.CopyFrom(pb.Range(start=logical[0], end=logical[1]))
+        elif speaker is not None:
+            req.speaker = speaker
         return int(self._call("Forget", req).forgotten)
 
     def list(self) -> list[Receipt]:

@@ -343,7 +343,11 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         self, request: pb.MemoryRequest, context: Any, principal: Principal
     ) -> pb.MemoryResponse:
         found = self.service.memory.memory(
-            principal, _handle(request.handle), request.search, request.limit or 100
+            principal,
+            _handle(request.handle),
+            request.search,
+            request.limit or 100,
+            request.speaker or None,
         )
         return pb.MemoryResponse(passages=[passage_to_pb(p) for p in found])
 
@@ -353,12 +357,13 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     ) -> pb.ForgetResponse:
         which = request.WhichOneof("target")
         if which is None:
-            raise InvalidInput("forget: name a passage_id or a logical range")
+            raise InvalidInput("forget: name a passage_id, a logical range or a speaker")
         n = self.service.memory.forget(
             principal,
             _handle(request.handle),
             passage_id=request.passage_id if which == "passage_id" else None,
             logical=(request.logical.start, request.logical.end) if which == "logical" else None,
+            speaker=request.speaker if which == "speaker" else None,
         )
         return pb.ForgetResponse(forgotten=n)
 

@@ -358,6 +358,8 @@ class PassageView:
     created_unix_time: float
     sealed: bool
     score: float | None = None
+    speaker: str = "unknown"  # who said it: its turn's role, "text" outside any turn
+    turn: int = 0  # its turn's number in the session generation's stream (0: before any)
 
 
 @dataclass(frozen=True)

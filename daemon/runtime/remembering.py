@@ -15,6 +15,7 @@ from sinkd.daemon.runtime.recall.layer import Recall, RecallAsk, check_query
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.memory import Passage
+from sinkd.daemon.store.speakers import SPEAKERS, UNKNOWN
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
 
 
@@ -76,21 +77,29 @@ class Remembering:
         return RecallResult(done.recall, done.receipt)
 
     def memory(
-        self, principal: Principal, handle: Handle, search: str = "", limit: int = 100
+        self,
+        principal: Principal,
+        handle: Handle,
+        search: str = "",
+        limit: int = 100,
+        speaker: str | None = None,
     ) -> list[PassageView]:
         """The session's stored passages (text included: the owner's), newest last, or the best
-        matches of `search`."""
+        matches of `search`; one speaker's alone when named."""
         session = self.access.owned(principal, handle)
         if not 1 <= limit <= 10_000:
             raise InvalidInput(f"limit: must be in 1..10000, got {limit}")
-        found = self.scheduler.call(lambda e: self._read(session, handle.generation, search, limit))
+        check_speaker(speaker)
+        found = self.scheduler.call(
+            lambda e: self._read(session, handle.generation, search, limit, speaker)
+        )
         return [_view(p, score) for p, score in found]
 
     def _read(
-        self, session: Session, generation: str, search: str, limit: int
+        self, session: Session, generation: str, search: str, limit: int, speaker: str | None
     ) -> list[tuple[Passage, float | None]]:
         lifecycle.check_generation(session, generation)
-        return self.recall.passages(session, search, limit)
+        return self.recall.passages(session, search, limit, speaker)
 
     def forget(
         self,
@@ -98,22 +107,27 @@ class Remembering:
         handle: Handle,
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
+        speaker: str | None = None,
     ) -> int:
-        """Delete a passage, or every passage overlapping a logical range, from disk."""
+        """Delete a passage, every passage overlapping a logical range, or every passage one
+        speaker said, from disk."""
         session = self.access.owned(principal, handle)
-        if (passage_id is None) == (logical is None):
-            raise InvalidInput("forget: name one passage or one logical range")
+        if [passage_id, logical, speaker].count(None) != 2:
+            raise InvalidInput("forget: name one passage, one logical range or one speaker")
+        check_speaker(speaker)
         if logical is not None and not 0 <= logical[0] < logical[1]:
             raise InvalidInput(f"forget: the range must be start < end, got {list(logical)}")
         if max([passage_id or 0, *(logical or ())]) >= 2**63:
             raise InvalidInput("forget: passage ids and positions are below 2**63")
         n = self.scheduler.call(
-            lambda e: self._forget(session, handle.generation, passage_id, logical)
+            lambda e: self._forget(session, handle.generation, passage_id, logical, speaker)
         )
         if n == 0:
             what = (
                 f"passage {passage_id}"
                 if passage_id is not None
+                else f"passage said by {speaker}"
+                if speaker is not None
                 else f"range {list(logical or ())}"
             )
             raise NotFound(f"session {session.id} stores no {what}")
@@ -125,9 +139,10 @@ class Remembering:
         generation: str,
         passage_id: int | None,
         logical: tuple[int, int] | None,
+        speaker: str | None,
     ) -> int:
         lifecycle.check_generation(session, generation)
-        n = self.recall.forget(session, passage_id, logical)
+        n = self.recall.forget(session, passage_id, logical, speaker)
         if not n:
             return n
         if self.durability is None:
@@ -156,4 +171,12 @@ def _view(p: Passage, score: float | None) -> PassageView:
         created_unix_time=p.created,
         sealed=p.sealed,
         score=score,
+        speaker=p.speaker,
+        turn=p.turn,
     )
+
+
+def check_speaker(speaker: str | None) -> None:
+    if speaker is not None and speaker not in (*SPEAKERS, UNKNOWN):
+        known = ", ".join((*SPEAKERS, UNKNOWN))
+        raise InvalidInput(f"speaker {speaker[:32]!r} is unknown (known: {known})")

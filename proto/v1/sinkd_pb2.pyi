@@ -151,18 +151,20 @@ class RecallSettings(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., budget: _Optional[int] = ..., passages: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class RecalledPassage(_message.Message):
-    __slots__ = ("passage_id", "source_logical", "stream_logical", "score", "recalled_unix_time")
+    __slots__ = ("passage_id", "source_logical", "stream_logical", "score", "recalled_unix_time", "speaker")
     PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LOGICAL_FIELD_NUMBER: _ClassVar[int]
     STREAM_LOGICAL_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RECALLED_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     passage_id: int
     source_logical: Range
     stream_logical: Range
     score: float
     recalled_unix_time: float
-    def __init__(self, passage_id: _Optional[int] = ..., source_logical: _Optional[_Union[Range, _Mapping]] = ..., stream_logical: _Optional[_Union[Range, _Mapping]] = ..., score: _Optional[float] = ..., recalled_unix_time: _Optional[float] = ...) -> None: ...
+    speaker: str
+    def __init__(self, passage_id: _Optional[int] = ..., source_logical: _Optional[_Union[Range, _Mapping]] = ..., stream_logical: _Optional[_Union[Range, _Mapping]] = ..., score: _Optional[float] = ..., recalled_unix_time: _Optional[float] = ..., speaker: _Optional[str] = ...) -> None: ...
 
 class RecallReport(_message.Message):
     __slots__ = ("query_sha256", "query_terms", "candidates", "best_score", "threshold", "note", "recalled", "search")
@@ -391,17 +393,19 @@ class RecallResponse(_message.Message):
     def __init__(self, report: _Optional[_Union[RecallReport, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class MemoryRequest(_message.Message):
-    __slots__ = ("handle", "search", "limit")
+    __slots__ = ("handle", "search", "limit", "speaker")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     SEARCH_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     handle: Handle
     search: str
     limit: int
-    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., search: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    speaker: str
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., search: _Optional[str] = ..., limit: _Optional[int] = ..., speaker: _Optional[str] = ...) -> None: ...
 
 class Passage(_message.Message):
-    __slots__ = ("passage_id", "logical", "n_tokens", "text", "created_unix_time", "sealed", "score")
+    __slots__ = ("passage_id", "logical", "n_tokens", "text", "created_unix_time", "sealed", "score", "speaker", "turn")
     PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     LOGICAL_FIELD_NUMBER: _ClassVar[int]
     N_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +413,8 @@ class Passage(_message.Message):
     CREATED_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
     SEALED_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
     passage_id: int
     logical: Range
     n_tokens: int
@@ -416,7 +422,9 @@ class Passage(_message.Message):
     created_unix_time: float
     sealed: bool
     score: float
-    def __init__(self, passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., n_tokens: _Optional[int] = ..., text: _Optional[str] = ..., created_unix_time: _Optional[float] = ..., sealed: _Optional[bool] = ..., score: _Optional[float] = ...) -> None: ...
+    speaker: str
+    turn: int
+    def __init__(self, passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., n_tokens: _Optional[int] = ..., text: _Optional[str] = ..., created_unix_time: _Optional[float] = ..., sealed: _Optional[bool] = ..., score: _Optional[float] = ..., speaker: _Optional[str] = ..., turn: _Optional[int] = ...) -> None: ...
 
 class MemoryResponse(_message.Message):
     __slots__ = ("passages",)
@@ -425,14 +433,16 @@ class MemoryResponse(_message.Message):
     def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ...) -> None: ...
 
 class ForgetRequest(_message.Message):
-    __slots__ = ("handle", "passage_id", "logical")
+    __slots__ = ("handle", "passage_id", "logical", "speaker")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     handle: Handle
     passage_id: int
     logical: Range
-    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+    speaker: str
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., speaker: _Optional[str] = ...) -> None: ...
 
 class ForgetResponse(_message.Message):
     __slots__ = ("forgotten",)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sinkd.cachepolicy.recall_plan import (
+    Candidate,
     RecallConfig,
     RecalledSpan,
     check_recallable,
@@ -23,13 +24,17 @@ from sinkd.cachepolicy.recall_plan import (
     select,
 )
 from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import RecallReport
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.daemon.store.memory import MemoryStore, Passage, query_terms
+from sinkd.daemon.store.speakers import ASSISTANT, NO_TURNS, TurnMarks, Turns
 from sinkd.errors import InvalidInput
 
 MAX_QUERY_BYTES = 4096
+# before a recalled passage the model itself said: its words come back marked as its own
+OWN_WORDS = "(your own earlier reply, not something the user said) "
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
 IDLE_INDEX_PASSAGES = 8  # ~0.1 s of embedding, then the engine looks at its inbox again
 log = logging.getLogger("sinkd.recall")
@@ -47,6 +52,26 @@ class RecallAsk:
     # frame (the template's own) carries control tokens
     strip_control: bool = True
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
+
+
+def theirs_first(strong: list[Candidate]) -> list[Candidate]:
+    """The passages worth recalling, the model's own earlier words left out while anything
+    someone else said (the user, the system, a tool, appended text) matches: a reply the model
+    made up must not come back with the standing of what the user told it."""
+    theirs = [c for c in strong if c.speaker != ASSISTANT]
+    return theirs or strong
+
+
+def turns_of(engine: Engine) -> Turns:
+    """How the model's template opens a turn, read off its rendering of a user turn (a model
+    without a template: all its stream is text)."""
+    if not engine.chat_template:
+        return NO_TURNS
+    vocab = engine.vocab
+    mark = content_mark(0)
+    head = vocab.render_chat([("user", mark)], add_assistant=False).partition(mark)[0]
+    header = vocab.tokenize_framed(head, [])
+    return Turns(TurnMarks.of(header, vocab.is_control, vocab.piece), vocab.is_control)
 
 
 def in_window(session: Session) -> dict[int, RecalledSpan]:
@@ -79,6 +104,7 @@ class Recall:
         self._indexing = True
         # how a search finds passages: "bm25+dense", or "bm25 alone: why" (set at load)
         self.search = "bm25 alone: the model is not loaded yet"
+        self._turns_of: tuple[Engine, Turns] | None = None
 
     @property
     def store(self) -> MemoryStore:
@@ -98,6 +124,13 @@ class Recall:
             log.exception("indexing passages for dense recall failed; it stops until a restart")
             self._indexing = False
 
+    def _turns(self, engine: Engine) -> Turns:
+        """How this engine's template opens a turn (read once per engine)."""
+        known = self._turns_of
+        if known is None or known[0] is not engine:
+            known = self._turns_of = (engine, turns_of(engine))
+        return known[1]
+
     def refresh(self, session: Session) -> None:
         session.memory_stats = self.store.stats(session.key)
 
@@ -111,7 +144,13 @@ class Recall:
         spans = session.recalled
         skip = [in_any(logical_start + i, spans) for i in range(len(tokens))]
         stored = self.store.add_evicted(
-            session.key, logical_start, tokens, skip, engine.vocab.piece
+            session.key,
+            logical_start,
+            tokens,
+            skip,
+            engine.vocab.piece,
+            self._turns(engine),
+            session.retained.sinks,
         )
         self.metrics.memory_stored_tokens.inc(stored)
         end = logical_start + len(tokens)
@@ -139,18 +178,20 @@ class Recall:
         # a lookup first: the passages that have their vectors already (nothing embedded now);
         # only a turn that will recall searches the newest evicted passages too (embedding them)
         found = store.search(session.key, ask.query, SEARCH_POOL, embed_missing=False)
-        lookup = [c for c in found if c.strong(config)]
+        lookup = theirs_first([c for c in found if c.strong(config)])
         if not (lookup and lookup[0].passage_id in held):
             found = store.search(session.key, ask.query, SEARCH_POOL)
+        own_words = engine.vocab.tokenize(OWN_WORDS)
         bodies = {
-            p.id: [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
+            p.id: (own_words if p.speaker == ASSISTANT else [])
+            + [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
             for p in store.passages(session.key, [c.passage_id for c in found])
         }
         found = [dataclasses.replace(c, n_tokens=len(bodies[c.passage_id])) for c in found]
         frame = engine.vocab.tokenize_framed  # the template's framing, around no content
         before = frame(ask.frame[0], []) if ask.frame[0] else []
         after = frame(ask.frame[1], []) if ask.frame[1] else []
-        strong = [c for c in found if c.strong(config)]
+        strong = theirs_first([c for c in found if c.strong(config)])
         # the best match's copy is still in the window: the model has it, decode nothing again
         # (a turn that recalled it before costs the search alone)
         best_held = held.get(strong[0].passage_id) if strong else None
@@ -233,7 +274,7 @@ class Recall:
     # --- reads and user control ---
 
     def passages(
-        self, session: Session, search: str, limit: int
+        self, session: Session, search: str, limit: int, speaker: str | None = None
     ) -> list[tuple[Passage, float | None]]:
         store = self.store
         if search:
@@ -241,19 +282,24 @@ class Recall:
             dense_floor = session.recall.dense_threshold
             found = [  # what either search matched: a word, or a vector close enough
                 c
-                for c in store.search(session.key, search, limit)
-                if c.lexical > 0 or c.dense >= dense_floor
-            ]
+                for c in store.search(session.key, search, limit if speaker is None else 10_000)
+                if (c.lexical > 0 or c.dense >= dense_floor) and speaker in (None, c.speaker)
+            ][:limit]
             by_id = {p.id: p for p in store.passages(session.key, [c.passage_id for c in found])}
             return [(by_id[c.passage_id], c.score) for c in found if c.passage_id in by_id]
-        return [(p, None) for p in store.passages(session.key)[-limit:]]
+        kept = [p for p in store.passages(session.key) if speaker in (None, p.speaker)]
+        return [(p, None) for p in kept[-limit:]]
 
     def forget(
-        self, session: Session, passage_id: int | None, logical: tuple[int, int] | None
+        self,
+        session: Session,
+        passage_id: int | None,
+        logical: tuple[int, int] | None,
+        speaker: str | None = None,
     ) -> int:
         """Delete passages; their tokens are to leave the journal and the snapshots too (the
         session's scrub), and a live recalled copy of one leaves them again when it is evicted."""
-        ranges = self.store.forget(session.key, passage_id, logical)
+        ranges = self.store.forget(session.key, passage_id, logical, speaker)
         self.metrics.memory_forgotten_passages.inc(len(ranges))
         if ranges:
             session.scrub_due = True

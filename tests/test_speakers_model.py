@@ -1,0 +1,101 @@
+"""The locker case on the real model, through the openai SDK (issue 48): the user says a fact, the
+model contradicts it, twenty turns push both out of the window, and the user asks. Recall brings
+back the user's sentence and not the model's invention; with the user's words forgotten, the
+model's own come back marked as its own. What the model answers is the evaluation's business
+(`SINKD_LOCKER_TRIALS`), not this test's."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from sinkd.daemon.node import Daemon
+from sinkd.daemon.runtime.api import Handle
+from sinkd.daemon.runtime.sessions import Principal
+from tests.support.settings import settings
+from tests.support.texts import TEXT
+
+pytestmark = pytest.mark.model
+MODEL = "smollm2-135m-instruct"
+FACT = "Please remember this: my locker code is 4417."
+INVENTION = "Your locker codes are 32569 (Silk) and 408A (Mint)."
+QUESTION = "What is my locker code?"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(settings(tmp_path_factory.mktemp("locker"), http="127.0.0.1:0"))
+    d.start()
+    d.wait_ready(120)
+    yield d
+    d.stop()
+
+
+def conversation(fillers: int = 20) -> list[dict[str, str]]:
+    words = TEXT.split()
+    messages = [{"role": "user", "content": FACT}, {"role": "assistant", "content": INVENTION}]
+    for i in range(fillers):
+        piece = " ".join(words[(i * 40) % len(words) :][:40])
+        messages += [
+            {"role": "user", "content": f"Here is a passage, part {i}: {piece}"},
+            {"role": "assistant", "content": "Noted, thank you for the passage."},
+        ]
+    return [*messages, {"role": "user", "content": QUESTION}]
+
+
+def ask(daemon: Daemon, messages: list[dict[str, str]]) -> Any:
+    assert daemon.http is not None
+    client = openai.OpenAI(
+        base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0
+    )
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    return reply.model_extra["sinkd"]  # type: ignore[index]
+
+
+def test_recall_brings_back_the_users_fact_not_the_models_invention(daemon: Daemon) -> None:
+    ext = ask(daemon, conversation())
+    recalled = ext["recall"]["recalled"]
+    assert recalled, ext["recall"]["note"]
+    assert recalled[0]["speaker"] == "user"  # the user's sentence first
+    assert all(r["speaker"] != "assistant" for r in recalled)  # the invention stays out
+    handle = Handle(ext["session_id"], ext["generation"])
+    alice = Principal("alice")
+    found = daemon.service.memory.memory(alice, handle, search="locker code", limit=50)
+    said = {p.speaker for p in found if "4417" in p.text or "32569" in p.text}
+    assert said == {"user", "assistant"}  # both were stored, each as its speaker's
+
+
+@pytest.mark.skipif(
+    not os.environ.get("SINKD_LOCKER_TRIALS"),
+    reason="the answer-level trials: SINKD_LOCKER_TRIALS=20",
+)
+def test_the_answer_has_the_users_value_as_often_as_in_the_window(daemon: Daemon) -> None:
+    """Over N variants (the filler shifted), recalled vs the fact still in the window (2 turns)."""
+    trials = int(os.environ["SINKD_LOCKER_TRIALS"])
+    assert daemon.http is not None
+    client = openai.OpenAI(
+        base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0
+    )
+
+    def right(messages: list[dict[str, str]]) -> bool:
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        return "4417" in (reply.choices[0].message.content or "")
+
+    recalled = sum(right(conversation(20 + t)) for t in range(trials))
+    in_window = sum(right(conversation(1 + t % 2)) for t in range(trials))
+    print(f"locker: recalled {recalled}/{trials}, in the window {in_window}/{trials}")
+    assert recalled >= in_window
