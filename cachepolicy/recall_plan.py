@@ -13,6 +13,7 @@ where the copy now sits (`stream`). Evicting the copy never stores it again: it 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -146,12 +147,18 @@ class RecallPlan:
     append: AppendPlan
 
 
-def select(candidates: list[Candidate], config: RecallConfig, frame_tokens: int) -> list[Candidate]:
+def select(
+    candidates: list[Candidate],
+    config: RecallConfig,
+    frame_tokens: int,
+    second: Callable[[Candidate], bool] = lambda c: False,
+) -> list[Candidate]:
     """Best first, strong enough (`Candidate.strong`), at most `passages`, each with its frame within the budget;
-    then in transcript order, so the text reads as it was first said."""
+    then in transcript order, so the text reads as it was first said. Candidates `second` names
+    (the model's own words) are taken only after every other, and laid out after them."""
     chosen: list[Candidate] = []
     used = 0
-    for c in sorted(candidates, key=lambda c: (-c.score, c.source)):
+    for c in sorted(candidates, key=lambda c: (second(c), -c.score, c.source)):
         if len(chosen) == config.passages:
             break
         cost = c.n_tokens + frame_tokens
@@ -159,7 +166,7 @@ def select(candidates: list[Candidate], config: RecallConfig, frame_tokens: int)
             continue
         chosen.append(c)
         used += cost
-    return sorted(chosen, key=lambda c: c.source)
+    return sorted(chosen, key=lambda c: (second(c), c.source))
 
 
 def plan_recall(

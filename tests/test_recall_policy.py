@@ -4,6 +4,8 @@ stream. The recording fake backs no engine claim; tests/test_recall.py runs the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from sinkd.cachepolicy import CacheSequence, ConfigError, PolicyConfig
 from sinkd.cachepolicy.recall_plan import (
     Candidate,
     RecallConfig,
+    RecallMode,
     check_recallable,
     held,
     in_any,
@@ -187,3 +190,14 @@ def test_invariants_hold_with_recalls_in_the_stream(
             assert all(p in kept for p in range(*span.stream))
             assert in_any(span.stream[0], spans)
     assert mem.max_cells <= policy.budget
+
+
+def test_the_models_own_words_are_taken_after_everyone_elses_and_laid_out_after_them() -> None:
+    config = RecallConfig(mode=RecallMode.AUTO, budget=40, passages=2, threshold=1.0)
+    own = dataclasses.replace(cand(1, 0, 10, 9.0), speaker="assistant")  # the best match
+    theirs = [dataclasses.replace(cand(i, 20 * i, 10, 2.0), speaker="user") for i in (2, 3)]
+    chosen = select([own, *theirs], config, 0, second=lambda c: c.speaker == "assistant")
+    assert [c.passage_id for c in chosen] == [2, 3]  # the user's two fill the passages
+    roomy = dataclasses.replace(config, passages=3)
+    chosen = select([own, *theirs], roomy, 0, second=lambda c: c.speaker == "assistant")
+    assert [c.passage_id for c in chosen] == [2, 3, 1]  # then the model's, after them

@@ -162,7 +162,11 @@ def recalled_speakers(service: SinkdService, h: Handle, question: str) -> list[s
 
 
 def test_recall_takes_the_users_words_over_the_models_own(service: SinkdService) -> None:
+    """The model's reply matches the question better (it says "locker code" twice), and the
+    budget holds one passage: the user's sentence is the one recalled."""
     h = locker_session(service, "Your locker codes are 32569 and 408A, the locker code list.")
+    ranked = service.memory.memory(ALICE, h, search="What is my locker code?", limit=2)
+    assert [p.speaker for p in ranked] == [ASSISTANT, USER]  # the search alone ranks it first
     assert recalled_speakers(service, h, "What is my locker code?") == [USER]
 
 

@@ -1,13 +1,13 @@
 """The locker case on the real model, through the openai SDK (issue 48): the user says a fact, the
 model contradicts it, twenty turns push both out of the window, and the user asks. Recall brings
-back the user's sentence and not the model's invention; with the user's words forgotten, the
-model's own come back marked as its own. What the model answers is the evaluation's business
+back the user's sentence first and the model's invention only after it, marked as its own. What the model answers is the evaluation's business
 (`SINKD_LOCKER_TRIALS`), not this test's."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -15,6 +15,7 @@ import pytest
 
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import Handle
+from sinkd.daemon.runtime.recall.layer import OWN_WORDS
 from sinkd.daemon.runtime.sessions import Principal
 from tests.support.settings import settings
 from tests.support.texts import TEXT
@@ -61,12 +62,18 @@ def ask(daemon: Daemon, messages: list[dict[str, str]]) -> Any:
     return reply.model_extra["sinkd"]  # type: ignore[index]
 
 
-def test_recall_brings_back_the_users_fact_not_the_models_invention(daemon: Daemon) -> None:
+def test_recall_brings_back_the_users_fact_first_and_the_models_invention_marked(daemon: Daemon) -> None:
     ext = ask(daemon, conversation())
     recalled = ext["recall"]["recalled"]
     assert recalled, ext["recall"]["note"]
-    assert recalled[0]["speaker"] == "user"  # the user's sentence first
-    assert all(r["speaker"] != "assistant" for r in recalled)  # the invention stays out
+    speakers = [r["speaker"] for r in recalled]
+    assert speakers[0] == "user"  # the user's sentence first
+    assert speakers == sorted(speakers, key=lambda s: s == "assistant")  # the model's after
+    if "assistant" in speakers:  # and marked as its own, in the stream the model reads
+        text = daemon.service.reads.inspect(
+            Principal("alice"), Handle(ext["session_id"], ext["generation"]), include_text=True
+        ).retained_text
+        assert OWN_WORDS + "Your locker codes" in text
     handle = Handle(ext["session_id"], ext["generation"])
     alice = Principal("alice")
     found = daemon.service.memory.memory(alice, handle, search="locker code", limit=50)
@@ -78,24 +85,35 @@ def test_recall_brings_back_the_users_fact_not_the_models_invention(daemon: Daem
     not os.environ.get("SINKD_LOCKER_TRIALS"),
     reason="the answer-level trials: SINKD_LOCKER_TRIALS=20",
 )
-def test_the_answer_has_the_users_value_as_often_as_in_the_window(daemon: Daemon) -> None:
-    """Over N variants (the filler shifted), recalled vs the fact still in the window (2 turns)."""
+def test_the_answer_has_the_users_value_as_often_as_in_the_window(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """N chats (20 + t filler turns), each asked of this daemon (the fact and the invention
+    evicted: recalled) and of one whose sessions hold 4,096 cells (the same chat in the window)."""
     trials = int(os.environ["SINKD_LOCKER_TRIALS"])
+    roomy = Daemon(settings(tmp_path, http="127.0.0.1:0", n_ctx_seq=4096))
+    roomy.start()
+    roomy.wait_ready(120)
+    try:
+        recalled = sum(right(daemon, conversation(20 + t)) for t in range(trials))
+        in_window = sum(right(roomy, conversation(20 + t)) for t in range(trials))
+    finally:
+        roomy.stop()
+    print(
+        f"locker: recalled {recalled}/{trials}, the same chats in the window {in_window}/{trials}"
+    )
+    assert recalled >= in_window
+
+
+def right(daemon: Daemon, messages: list[dict[str, str]]) -> bool:
     assert daemon.http is not None
     client = openai.OpenAI(
         base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0
     )
-
-    def right(messages: list[dict[str, str]]) -> bool:
-        reply = client.chat.completions.create(
-            model=MODEL,
-            messages=messages,
-            max_tokens=24,
-            temperature=0,  # type: ignore[arg-type]
-        )
-        return "4417" in (reply.choices[0].message.content or "")
-
-    recalled = sum(right(conversation(20 + t)) for t in range(trials))
-    in_window = sum(right(conversation(1 + t % 2)) for t in range(trials))
-    print(f"locker: recalled {recalled}/{trials}, in the window {in_window}/{trials}")
-    assert recalled >= in_window
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=24,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    return "4417" in (reply.choices[0].message.content or "")

@@ -54,12 +54,17 @@ class RecallAsk:
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
 
 
+def said_by_model(c: Candidate) -> bool:
+    return c.speaker == ASSISTANT
+
+
 def theirs_first(strong: list[Candidate]) -> list[Candidate]:
-    """The passages worth recalling, the model's own earlier words left out while anything
-    someone else said (the user, the system, a tool, appended text) matches: a reply the model
-    made up must not come back with the standing of what the user told it."""
-    theirs = [c for c in strong if c.speaker != ASSISTANT]
-    return theirs or strong
+    """The passages worth recalling, what anyone else said (the user, the system, a tool, appended
+    text) before the model's own earlier words, each in score order: a reply the model made up
+    must not come back with the standing of what the user told it. The model's words still come
+    back after them, marked as its own (`OWN_WORDS`): on the locker chats that answered better
+    than leaving them out (docs/recall.md, "Who said it")."""
+    return sorted(strong, key=said_by_model)
 
 
 def turns_of(engine: Engine) -> Turns:
@@ -197,7 +202,10 @@ class Recall:
         best_held = held.get(strong[0].passage_id) if strong else None
         if best_held is None:
             chosen = select(
-                [c for c in strong if c.passage_id not in held], config, len(before) + len(after)
+                [c for c in strong if c.passage_id not in held],
+                config,
+                len(before) + len(after),
+                second=said_by_model,
             )
         else:
             chosen = []
