@@ -31,6 +31,14 @@ from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
 
 
+def started(tmp_path: Path) -> tuple[Daemon, Client]:
+    """A durable daemon on `tmp_path`'s state, ready, and a gRPC client of it."""
+    d = Daemon(settings(tmp_path))
+    d.start()
+    d.wait_ready(120)
+    return d, Client(d.addresses[0])
+
+
 @pytest.mark.unit
 def test_held_chunk_rows_keep_their_place_among_the_statements(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.db")
@@ -120,10 +128,7 @@ def test_a_generating_step_commits_nothing_on_the_engine_thread(tmp_path: Path) 
     fsync; after a stop that writes nothing more (what a kill -9 leaves) what was acknowledged is
     all there. (A step that evicts commits here: the memory's rows of the evicted text go with
     it; once per evicted chunk, not per token. This session's window does not fill.)"""
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
+    d, client = started(tmp_path)
     engine_thread = d.service.scheduler._thread.ident
     commits: list[bool] = []
     real_commit = HeldChunksConnection.commit
@@ -145,10 +150,7 @@ def test_a_generating_step_commits_nothing_on_the_engine_thread(tmp_path: Path) 
         HeldChunksConnection.commit = real_commit  # type: ignore[method-assign]
         client.close()
         stop_without_snapshots(d)
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
+    d, client = started(tmp_path)
     try:
         r = client.inspect(h).receipt
         assert r.n_seen == n_seen and r.state == "idle"
@@ -163,10 +165,7 @@ def test_a_failed_chunk_write_fails_the_waiting_replies_and_stops_the_daemon(
 ) -> None:
     """As a failed fsync does: the journal would have a gap, so nothing more is acknowledged; a
     restart resumes what was."""
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
+    d, client = started(tmp_path)
     h = client.create().handle
     client.append(h, TEXT[:200])
     n_seen = client.inspect(h).receipt.n_seen
@@ -183,10 +182,7 @@ def test_a_failed_chunk_write_fails_the_waiting_replies_and_stops_the_daemon(
     finally:
         client.close()
         d.stop()
-    d = Daemon(settings(tmp_path))
-    d.start()
-    d.wait_ready(120)
-    client = Client(d.addresses[0])
+    d, client = started(tmp_path)
     try:
         r = client.inspect(h).receipt
         assert r.n_seen == n_seen and r.state == "idle"

@@ -10,14 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import Handle
 from sinkd.daemon.runtime.recall.layer import OWN_WORDS
 from sinkd.daemon.runtime.sessions import Principal
-from tests.support.settings import settings
+from tests.support.daemons import http_daemon, openai_client
 from tests.support.texts import TEXT
 
 pytestmark = pytest.mark.model
@@ -29,9 +28,7 @@ QUESTION = "What is my locker code?"
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(settings(tmp_path_factory.mktemp("locker"), http="127.0.0.1:0"))
-    d.start()
-    d.wait_ready(120)
+    d = http_daemon(tmp_path_factory.mktemp("locker"))
     yield d
     d.stop()
 
@@ -48,21 +45,23 @@ def conversation(fillers: int = 20) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": QUESTION}]
 
 
-def ask(daemon: Daemon, messages: list[dict[str, str]]) -> Any:
-    assert daemon.http is not None
-    client = openai.OpenAI(
-        base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0
-    )
-    reply = client.chat.completions.create(
+def answer(daemon: Daemon, messages: list[dict[str, str]]) -> Any:
+    """The openai SDK's completion, greedy, from the daemon's HTTP front."""
+    return openai_client(daemon).chat.completions.create(
         model=MODEL,
         messages=messages,
-        max_tokens=16,
+        max_tokens=24,
         temperature=0,  # type: ignore[arg-type]
     )
-    return reply.model_extra["sinkd"]  # type: ignore[index]
 
 
-def test_recall_brings_back_the_users_fact_first_and_the_models_invention_marked(daemon: Daemon) -> None:
+def ask(daemon: Daemon, messages: list[dict[str, str]]) -> Any:
+    return answer(daemon, messages).model_extra["sinkd"]
+
+
+def test_recall_brings_back_the_users_fact_first_and_the_models_invention_marked(
+    daemon: Daemon,
+) -> None:
     ext = ask(daemon, conversation())
     recalled = ext["recall"]["recalled"]
     assert recalled, ext["recall"]["note"]
@@ -91,9 +90,7 @@ def test_the_answer_has_the_users_value_as_often_as_in_the_window(
     """N chats (20 + t filler turns), each asked of this daemon (the fact and the invention
     evicted: recalled) and of one whose sessions hold 4,096 cells (the same chat in the window)."""
     trials = int(os.environ["SINKD_LOCKER_TRIALS"])
-    roomy = Daemon(settings(tmp_path, http="127.0.0.1:0", n_ctx_seq=4096))
-    roomy.start()
-    roomy.wait_ready(120)
+    roomy = http_daemon(tmp_path, n_ctx_seq=4096)
     try:
         recalled = sum(right(daemon, conversation(20 + t)) for t in range(trials))
         in_window = sum(right(roomy, conversation(20 + t)) for t in range(trials))
@@ -106,14 +103,4 @@ def test_the_answer_has_the_users_value_as_often_as_in_the_window(
 
 
 def right(daemon: Daemon, messages: list[dict[str, str]]) -> bool:
-    assert daemon.http is not None
-    client = openai.OpenAI(
-        base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0
-    )
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        max_tokens=24,
-        temperature=0,  # type: ignore[arg-type]
-    )
-    return "4417" in (reply.choices[0].message.content or "")
+    return "4417" in (answer(daemon, messages).choices[0].message.content or "")
