@@ -10,7 +10,7 @@ the same llama.cpp and model, greedy, 2 threads.
 
 SINKD_LONG_CHAT_TURNS (30), SINKD_LONG_CHAT_CELLS (1024), SINKD_LONG_CHAT_SERVERS (a comma list of
 sinkd, llama-server, llama-server-ctx, llama-cpp-python; all by default; a subset writes
-long_chat_<names>.json), SINKD_LONG_CHAT_WINDOW (sinkd's window; default every cell but S=4). A server that is not
+long_chat_<names>.json), SINKD_LONG_CHAT_WINDOW (sinkd's window; default the HTTP front's, every cell the sinks leave). A server that is not
 installed is reported as such, not skipped silently. Per turn: time to first token, wall time,
 prompt tokens the server processed (sinkd: the receipt's new tokens; llama-server: its
 `timings.prompt_n`; llama-cpp-python reports only what it was sent), completion tokens/s, and the
@@ -36,7 +36,8 @@ from common import RESULTS, table, write
 TURNS = int(os.environ.get("SINKD_LONG_CHAT_TURNS", "30"))
 CELLS = int(os.environ.get("SINKD_LONG_CHAT_CELLS", "1024"))
 TRAINED = 8192
-WINDOW = int(os.environ.get("SINKD_LONG_CHAT_WINDOW", str(CELLS - 4)))  # S=4: every cell used
+# sinkd's window: unset, the HTTP front's own (every cell the sinks leave: a chat's window)
+WINDOW = os.environ.get("SINKD_LONG_CHAT_WINDOW")
 MAX_TOKENS = 96
 THREADS = 2
 FACTS = "My name is Ada Lovelace and I keep bees in Lisbon. Please remember that."
@@ -132,7 +133,7 @@ class SinkdHttp(Server):
              "--ctx", str(CELLS), "--max-sessions", "2", "--threads", str(THREADS),
              "--state-dir", str(self.tmp / "state"), "--http", f"127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "SINKD_HTTP_WINDOW": str(WINDOW)},
+            env={**os.environ, **({"SINKD_HTTP_WINDOW": WINDOW} if WINDOW else {})},
 
         )  # fmt: skip
         token = sock.parent / "http-token"
