@@ -308,15 +308,19 @@ class PassageTable:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    def speaker_state(self, key: SessionKey) -> SpeakerState:
-        """Where the reading of turn headers stands at the mark (a fresh one before any)."""
+    def reading(self, key: SessionKey) -> tuple[int, SpeakerState]:
+        """The mark and where the reading of turn headers stands there (fresh before any), in
+        one read: every eviction asks for both."""
         row = self.db.execute(
-            "SELECT speaker, turn, header FROM memory_marks WHERE session=? AND reset_count=?",
+            "SELECT evicted_end, speaker, turn, header FROM memory_marks"
+            " WHERE session=? AND reset_count=?",
             (key.session_id, key.reset_count),
         ).fetchone()
-        if row is None or row[0] is None:
-            return SpeakerState()
-        return SpeakerState(str(row[0]), int(row[1] or 0), row[2])
+        if row is None:
+            return 0, SpeakerState()
+        if row[1] is None:  # marked before speakers were kept
+            return int(row[0]), SpeakerState()
+        return int(row[0]), SpeakerState(str(row[1]), int(row[2] or 0), row[3])
 
     def set_mark(self, key: SessionKey, end: int, state: SpeakerState | None = None) -> None:
         state = state or SpeakerState()

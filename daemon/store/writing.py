@@ -37,9 +37,8 @@ class EvictedText:
         speaker the role the header named. `kept_before`: the tokens before the first eviction
         that are never evicted (the sinks), read first (the first turn's header is there).
         Returns tokens stored."""
-        mark = self.table.mark(key)
+        mark, state = self.table.reading(key)
         first = max(0, mark - logical_start)
-        state = self.table.speaker_state(key)
         if mark == 0:
             label(kept_before, state, turns.marks, piece, turns.is_control)
         said = label(tokens[first:], state, turns.marks, piece, turns.is_control)

@@ -109,7 +109,7 @@ class Recall:
         self._indexing = True
         # how a search finds passages: "bm25+dense", or "bm25 alone: why" (set at load)
         self.search = "bm25 alone: the model is not loaded yet"
-        self._turns_of: tuple[Engine, Turns] | None = None
+        self._engine_reads: tuple[Engine, Turns, list[int]] | None = None
 
     @property
     def store(self) -> MemoryStore:
@@ -129,12 +129,17 @@ class Recall:
             log.exception("indexing passages for dense recall failed; it stops until a restart")
             self._indexing = False
 
-    def _turns(self, engine: Engine) -> Turns:
-        """How this engine's template opens a turn (read once per engine)."""
-        known = self._turns_of
+    def _of_engine(self, engine: Engine) -> tuple[Turns, list[int]]:
+        """How this engine's template opens a turn, and `OWN_WORDS` as its tokens (made once per
+        engine, not per eviction or per recall)."""
+        known = self._engine_reads
         if known is None or known[0] is not engine:
-            known = self._turns_of = (engine, turns_of(engine))
-        return known[1]
+            known = self._engine_reads = (
+                engine,
+                turns_of(engine),
+                engine.vocab.tokenize(OWN_WORDS),
+            )
+        return known[1], known[2]
 
     def refresh(self, session: Session) -> None:
         session.memory_stats = self.store.stats(session.key)
@@ -154,7 +159,7 @@ class Recall:
             tokens,
             skip,
             engine.vocab.piece,
-            self._turns(engine),
+            self._of_engine(engine)[0],
             session.retained.sinks,
         )
         self.metrics.memory_stored_tokens.inc(stored)
@@ -186,7 +191,7 @@ class Recall:
         lookup = theirs_first([c for c in found if c.strong(config)])
         if not (lookup and lookup[0].passage_id in held):
             found = store.search(session.key, ask.query, SEARCH_POOL)
-        own_words = engine.vocab.tokenize(OWN_WORDS)
+        own_words = self._of_engine(engine)[1]
         bodies = {
             p.id: (own_words if p.speaker == ASSISTANT else [])
             + [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
