@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from sinkd.cachepolicy.recall_plan import Candidate, RecalledSpan
@@ -116,15 +116,34 @@ class MemoryStore:
         return self.finder.search(key, query, limit, embed_missing)
 
     @property
+    def embedder(self) -> Embedder | None:
+        return self.finder.embedder
+
+    @property
     def dense(self) -> bool:
         return self.finder.embedder is not None
 
     def index_idle(self, most: int) -> int:
-        """Between requests: give up to `most` passages their vectors, so that a search later
-        embeds little. Committed here only when no transaction of the journal's was open (then
-        nothing but vectors is in it)."""
+        """Between requests: give up to `most` passages their vectors, here and now, so that a
+        search later embeds little."""
+        return self._committing(lambda: self.finder.index(None, most))
+
+    def unindexed(
+        self, most: int, skip: Collection[int] = (), key: SessionKey | None = None
+    ) -> list[tuple[int, str]]:
+        """(id, text) of up to `most` passages without vectors, newest first (see
+        `search.vectors_of`, which makes them anywhere)."""
+        return self.finder.unindexed(key, most, skip)
+
+    def write_vectors(self, made: Sequence[tuple[int, str, bytes]]) -> int:
+        """Vectors made elsewhere for (id, text), kept where the passage still holds that text."""
+        return self._committing(lambda: self.finder.write_vectors(made))
+
+    def _committing(self, write: Callable[[], int]) -> int:
+        """Vectors are derived data: committed here only when no transaction of the journal's was
+        open (then nothing but vectors is in it); otherwise with the journal's next commit."""
         opened = not self.db.in_transaction
-        n = self.finder.index(None, most)
+        n = write()
         if n and opened:
             self.db.commit()
         return n

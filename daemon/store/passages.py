@@ -132,6 +132,10 @@ def add_vector_column(db: sqlite3.Connection) -> None:
     columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
     if "vector" not in columns:
         db.execute("ALTER TABLE passages ADD COLUMN vector BLOB")
+    # the passages still to embed, newest first, found without reading every row's vector
+    db.execute(
+        "CREATE INDEX IF NOT EXISTS passages_unindexed ON passages (id) WHERE vector IS NULL"
+    )
 
 
 def number_old_passages(db: sqlite3.Connection) -> None:

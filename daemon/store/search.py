@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -49,6 +50,23 @@ def query_terms(query: str) -> list[str]:
         if w not in _STOPWORDS and (len(w) > 1 or w.isdigit()):
             seen.setdefault(w, None)
     return list(seen)[:MAX_QUERY_TERMS]
+
+
+def vectors_of(embedder: Embedder, rows: Sequence[tuple[int, str]]) -> list[tuple[int, str, bytes]]:
+    """(id, text, vectors) for each (id, text): a passage's vectors are one blob, its sentences'
+    in order. Touches no database: a worker thread may run it."""
+    sentences = [sentences_of(text) for _, text in rows]
+    flat = [t for group in sentences for t in group]
+    order = sorted(range(len(flat)), key=lambda i: len(flat[i]))  # batches of like lengths
+    vectors = np.zeros((len(flat), DIM), np.float32)
+    for i in range(0, len(order), EMBED_BATCH):
+        part = order[i : i + EMBED_BATCH]
+        vectors[part] = embedder.embed([flat[j] for j in part])
+    out, at = [], 0
+    for (i, text), group in zip(rows, sentences, strict=True):
+        out.append((i, text, vectors[at : at + len(group)].tobytes()))
+        at += len(group)
+    return out
 
 
 class PassageSearch:
@@ -180,32 +198,42 @@ class PassageSearch:
 
     def index(self, key: SessionKey | None, most: int) -> int:
         """Embed the sentences of up to `most` passages that have no vectors yet (of one session,
-        or any), newest first; returns how many passages. A passage's vectors are one blob, its
-        sentences' in order. Derived data: vectors lost in a crash are made again."""
-        if self.embedder is None or most < 1:
+        or any), newest first, here and now; returns how many passages. Derived data: vectors
+        lost in a crash are made again."""
+        if self.embedder is None:
             return 0
+        rows = self.unindexed(key, most)
+        return self.write_vectors(vectors_of(self.embedder, rows)) if rows else 0
+
+    def unindexed(
+        self, key: SessionKey | None, most: int, skip: Collection[int] = ()
+    ) -> list[tuple[int, str]]:
+        """(id, text) of up to `most` passages without vectors (of one session, or any), newest
+        first, leaving out the ids in `skip` (those being embedded elsewhere)."""
+        if most < 1:
+            return []
         where, args = "vector IS NULL", []
         if key is not None:
             where += " AND session=? AND reset_count=?"
             args = [key.session_id, key.reset_count]
+        if skip:
+            where += f" AND id NOT IN ({','.join('?' * len(skip))})"
+            args += list(skip)
         rows = self.db.execute(
             f"SELECT id, text FROM passages WHERE {where} ORDER BY id DESC LIMIT ?", (*args, most)
         ).fetchall()
-        if not rows:
-            return 0
-        sentences = [sentences_of(str(r[1])) for r in rows]
-        flat = [t for group in sentences for t in group]
-        order = sorted(range(len(flat)), key=lambda i: len(flat[i]))  # batches of like lengths
-        vectors = np.zeros((len(flat), DIM), np.float32)
-        for i in range(0, len(order), EMBED_BATCH):
-            part = order[i : i + EMBED_BATCH]
-            vectors[part] = self.embedder.embed([flat[j] for j in part])
-        out, at = [], 0
-        for r, group in zip(rows, sentences, strict=True):
-            out.append((vectors[at : at + len(group)].tobytes(), int(r[0])))
-            at += len(group)
-        self.db.executemany("UPDATE passages SET vector=? WHERE id=?", out)
-        return len(rows)
+        return [(int(i), str(t)) for i, t in rows]
+
+    def write_vectors(self, made: Sequence[tuple[int, str, bytes]]) -> int:
+        """Store vectors made for (id, text): only where the passage still holds that text and
+        has none (a passage that grew, or was forgotten, meanwhile takes nothing)."""
+        n = 0
+        for i, text, blob in made:
+            n += self.db.execute(
+                "UPDATE passages SET vector=? WHERE id=? AND text=? AND vector IS NULL",
+                (blob, i, text),
+            ).rowcount
+        return n
 
     def _stems(self, terms: list[str]) -> list[str]:
         """The index's forms of the query's words (porter, unicode61), in order, without repeats:

@@ -182,8 +182,8 @@ class Scheduler:
                     self._guarded_step()
                 elif self.engine is not None:
                     self.engine.idle()  # an idle daemon leaves the cores to other engines
-                    if self.executor.recall is not None:  # a few passages' vectors, then wait
-                        self.executor.recall.index_idle()
+                if self.executor.recall is not None:  # vectors made off this thread go in
+                    self.executor.recall.between_steps()
                 if self.snapshotter is not None:
                     self.snapshotter.due(bool(self.queues), self.queues.answering())
             clean = True
@@ -322,6 +322,8 @@ class Scheduler:
                             payload[1].set_exception(err)
                     else:
                         payload.fail(err)
+            if self.executor.recall is not None:
+                self.executor.recall.close()  # before the store it writes to closes
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None

@@ -27,6 +27,7 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import RecallReport
+from sinkd.daemon.runtime.recall.indexing import Indexer
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.daemon.store.memory import MemoryStore, Passage, query_terms
 from sinkd.daemon.store.speakers import ASSISTANT, NO_TURNS, TurnMarks, Turns
@@ -36,7 +37,6 @@ MAX_QUERY_BYTES = 4096
 # before a recalled passage the model itself said: its words come back marked as its own
 OWN_WORDS = "(your own earlier reply, not something the user said) "
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
-IDLE_INDEX_PASSAGES = 8  # ~0.1 s of embedding, then the engine looks at its inbox again
 log = logging.getLogger("sinkd.recall")
 
 
@@ -106,7 +106,7 @@ class Recall:
         self._store = store
         self.metrics = metrics
         self.max_tokens = max_tokens_per_session
-        self._indexing = True
+        self.indexer = Indexer()
         # how a search finds passages: "bm25+dense", or "bm25 alone: why" (set at load)
         self.search = "bm25 alone: the model is not loaded yet"
         self._engine_reads: tuple[Engine, Turns, list[int]] | None = None
@@ -115,19 +115,19 @@ class Recall:
     def store(self) -> MemoryStore:
         return self._store()
 
-    def index_idle(self) -> None:
-        """Engine thread, nothing queued: vectors for a few stored passages (a search embeds
-        what is still missing). An embedder that fails leaves search to BM25, not the daemon
-        dead."""
-        if not self._indexing:
+    def between_steps(self) -> None:
+        """Engine thread, once per loop: vectors the worker made go into the store, and the next
+        passages without one go to the worker (`Indexer`). Nearly free when there are none."""
+        if not self.indexer.has_work:
             return
         try:
-            store = self.store
-            if store.dense:
-                store.index_idle(IDLE_INDEX_PASSAGES)
-        except Exception:
+            self.indexer.between_steps(self.store)
+        except Exception:  # search still works: it embeds what it needs, or falls back to BM25
             log.exception("indexing passages for dense recall failed; it stops until a restart")
-            self._indexing = False
+            self.indexer.failed = True
+
+    def close(self) -> None:
+        self.indexer.close()
 
     def _of_engine(self, engine: Engine) -> tuple[Turns, list[int]]:
         """How this engine's template opens a turn, and `OWN_WORDS` as its tokens (made once per
@@ -163,6 +163,8 @@ class Recall:
             session.retained.sinks,
         )
         self.metrics.memory_stored_tokens.inc(stored)
+        if stored:
+            self.indexer.noted()
         end = logical_start + len(tokens)
         if session.scrub_after is not None and end >= session.scrub_after:
             session.scrub_due, session.scrub_after = True, None  # a forgotten copy is gone now
@@ -186,10 +188,12 @@ class Recall:
         store = self.store
         held = in_window(session)
         # a lookup first: the passages that have their vectors already (nothing embedded now);
-        # only a turn that will recall searches the newest evicted passages too (embedding them)
+        # unless its best is still in the window, search again with every passage's vector (the
+        # worker's batch in flight waited for, what is still missing embedded now)
         found = store.search(session.key, ask.query, SEARCH_POOL, embed_missing=False)
         lookup = theirs_first([c for c in found if c.strong(config)])
-        if not (lookup and lookup[0].passage_id in held):
+        if not (lookup and lookup[0].passage_id in held) and store.unindexed(1, key=session.key):
+            self.indexer.settle(store)
             found = store.search(session.key, ask.query, SEARCH_POOL)
         own_words = self._of_engine(engine)[1]
         bodies = {

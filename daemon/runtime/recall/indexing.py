@@ -1,0 +1,128 @@
+"""Sentence vectors for evicted passages, made off the engine thread.
+
+Embedding the passages a turn evicted takes 40-120 ms of CPU here (bench/README.md, "long_chat.py").
+Done on the engine thread while it was idle, it sat in front of the next request, which a client
+sends the moment a reply ends. Here a worker thread of lower priority makes them while the engine
+decodes or waits, and the engine thread only reads the texts out and writes the vectors back, between
+steps (the store is the engine thread's: the worker never touches it). A search that needs a
+passage still on the worker waits for that batch (the engine is then idle, so the worker has the
+cores) and embeds what is left itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from sinkd.daemon.store.memory import MemoryStore
+from sinkd.daemon.store.search import vectors_of
+
+BATCH_PASSAGES = 8  # one batch: ~0.1 s of embedding; results go in between two steps
+WORKER_NICE = 10  # the worker yields the cores to llama.cpp's threads when both want them
+SETTLE_TIMEOUT_S = 30.0  # a search waits this long at most for the worker's batch
+log = logging.getLogger("sinkd.recall")
+
+Made = list[tuple[int, str, bytes]]
+
+
+def _lower_priority() -> None:
+    """Linux gives each thread its own nice value; elsewhere this would renice the process."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+    except OSError as e:  # a container may refuse it: the worker then runs at normal priority
+        log.debug("the indexing thread keeps its priority: %s", e)
+
+
+class Indexer:
+    """Engine thread: `noted` after passages are stored, `between_steps` once per loop,
+    `settle` before a search that needs every vector, `close` at shutdown. One batch in flight
+    at a time, so the vectors written never race the next batch's read."""
+
+    def __init__(self, batch: int = BATCH_PASSAGES) -> None:
+        self.batch = batch
+        self._pool: ThreadPoolExecutor | None = None
+        self._flight: tuple[MemoryStore, Future[Made]] | None = None
+        self._maybe_missing = True  # a store opened with passages not yet embedded
+        self.failed = False
+
+    @property
+    def has_work(self) -> bool:
+        return not self.failed and (self._flight is not None or self._maybe_missing)
+
+    @property
+    def in_flight(self) -> Future[Made] | None:
+        """The batch on the worker now (tests wait on it)."""
+        return None if self._flight is None else self._flight[1]
+
+    def noted(self) -> None:
+        """Passages were stored or grew: some may lack vectors."""
+        self._maybe_missing = True
+
+    def between_steps(self, store: MemoryStore) -> None:
+        """Write a finished batch back; start the next if passages lack vectors. Cheap when there
+        is nothing to do (a flag and a check of the batch in flight)."""
+        if self.failed or store.embedder is None:
+            self._maybe_missing = False  # BM25 alone: nothing to embed
+            return
+        if self._flight is not None:
+            if not self._flight[1].done():
+                return
+            self._write(store)
+        if self._maybe_missing:
+            self._start(store)
+
+    def settle(self, store: MemoryStore) -> None:
+        """Before a search that must see every passage's vector: wait for the batch in flight
+        (at most BATCH_PASSAGES passages; the search embeds the rest itself)."""
+        if self._flight is None:
+            return
+        try:
+            self._flight[1].result(timeout=SETTLE_TIMEOUT_S)
+        except FutureTimeout:
+            return  # the search embeds them itself; the worker's copies are then not written
+        except Exception:
+            pass  # reported by `_write`
+        self._write(store)
+
+    def close(self) -> None:
+        """Shutdown: the batch in flight finishes on its own and is dropped (derived data)."""
+        self._flight = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _start(self, store: MemoryStore) -> None:
+        embedder = store.embedder
+        assert embedder is not None
+        rows = store.unindexed(self.batch)
+        if not rows:
+            self._maybe_missing = False
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix="sinkd-index", initializer=_lower_priority
+            )
+        future = self._pool.submit(vectors_of, embedder, rows)
+        self._flight = (store, future)
+
+    def _write(self, store: MemoryStore) -> None:
+        """The finished batch into the store it was read from (another store, opened since,
+        takes nothing: its passages are found again by `_start`)."""
+        assert self._flight is not None
+        (source, future), self._flight = self._flight, None
+        try:
+            made = future.result(timeout=0)
+        except Exception:
+            log.exception("indexing passages for dense recall failed; it stops until a restart")
+            self.failed = True
+            return
+        if source is store:
+            store.write_vectors(made)
+        else:
+            self._maybe_missing = True
