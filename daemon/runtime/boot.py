@@ -33,6 +33,17 @@ BM25_ALONE = "bm25 alone"
 DENSE = "bm25+dense"
 
 
+def one_blas_thread() -> None:
+    """numpy's BLAS (the embedder's matrix products) runs on the calling thread alone. Its pool
+    of threads, one per core, ran at full priority beside llama.cpp's: a batch of evicted
+    passages embedded on the recall worker slowed the next turn's prefill by half again
+    (bench/README.md, "long_chat.py"). On one thread, at the worker's lower priority, the
+    embedding takes what llama.cpp leaves."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
+
+
 def open_embedder(enabled: bool) -> tuple[Embedder | None, str]:
     """Recall's sentence encoder, and how recall searches: "bm25+dense", or "bm25 alone: why"
     (switched off, not pulled yet, damaged). Recall without it still works, on words alone."""
@@ -49,6 +60,7 @@ def open_embedder(enabled: bool) -> tuple[Embedder | None, str]:
         )
     try:
         embedder = Embedder.shared(path, entry.weights_sha256)
+        one_blas_thread()
         # the first matrix product makes numpy's BLAS take its working buffers (~30 MiB, kept):
         # at load, not in the middle of a stream whose memory must stay flat
         embedder.embed(["sinkd"])

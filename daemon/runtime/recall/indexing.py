@@ -4,7 +4,8 @@ Embedding the passages a turn evicted takes 40-120 ms of CPU here (bench/README.
 Done on the engine thread while it was idle, it sat in front of the next request, which a client
 sends the moment a reply ends. Here a worker thread of lower priority makes them while the engine
 decodes or waits, and the engine thread only reads the texts out and writes the vectors back, between
-steps (the store is the engine thread's: the worker never touches it). A search that needs a
+steps (the store is the engine thread's: the worker never touches it). numpy's BLAS is kept to
+the calling thread (runtime/boot.py), so the worker's priority is the embedding's. A search that needs a
 passage still on the worker waits for that batch (the engine is then idle, so the worker has the
 cores) and embeds what is left itself.
 """
@@ -22,7 +23,7 @@ from sinkd.daemon.store.memory import MemoryStore
 from sinkd.daemon.store.search import vectors_of
 
 BATCH_PASSAGES = 8  # one batch: ~0.1 s of embedding; results go in between two steps
-WORKER_NICE = 10  # the worker yields the cores to llama.cpp's threads when both want them
+WORKER_NICE = 10  # where SCHED_IDLE is refused: the worker yields to llama.cpp's threads
 SETTLE_TIMEOUT_S = 30.0  # a search waits this long at most for the worker's batch
 log = logging.getLogger("sinkd.recall")
 
@@ -30,9 +31,17 @@ Made = list[tuple[int, str, bytes]]
 
 
 def _lower_priority() -> None:
-    """Linux gives each thread its own nice value; elsewhere this would renice the process."""
+    """The worker runs only on a core nothing else wants (Linux's SCHED_IDLE), or else at a
+    lower nice value: a decode whose thread it delays waits at llama.cpp's barrier with all its
+    threads. Linux schedules each thread on its own; elsewhere this would touch the process, so
+    it is left alone there."""
     if not sys.platform.startswith("linux"):
         return
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+        return
+    except (OSError, AttributeError) as e:
+        log.debug("the indexing thread is not SCHED_IDLE: %s", e)
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
     except OSError as e:  # a container may refuse it: the worker then runs at normal priority
