@@ -462,3 +462,26 @@ def test_a_turn_whose_best_match_the_window_holds_recalls_nothing_and_resumes_bi
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_a_chat_turn_that_asks_nothing_of_the_past_is_searched_by_words_alone(
+    client: Client,
+) -> None:
+    """A request that neither asks a question nor speaks of an earlier turn is not embedded
+    (its turn's first token does not wait for the query's vector); a question is."""
+    from sinkd.daemon.runtime.recall.layer import WORDS_ALONE
+
+    h = client.create(**POLICY).handle
+
+    def chat(message: str) -> pb.Done:
+        events = list(
+            client.s.Chat(pb.ChatRequest(handle=h, message=message, max_tokens=4), metadata=ALICE)
+        )
+        return events[-1].done
+
+    chat(f"Remember: the sentinel word is {SENTINEL}.")
+    client.append(h, LONG[:1400])
+    assert chat("Tell me about the weather.").recall.search == WORDS_ALONE
+    assert chat("Explain how glass is made.").recall.search == WORDS_ALONE
+    asked = chat("Which word was the sentinel")  # a question without its mark
+    assert asked.recall.search == "bm25+dense" and asked.recall.recalled

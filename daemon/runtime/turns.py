@@ -30,6 +30,7 @@ from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.recall.framing import Presentation, chat_layout
 from sinkd.daemon.runtime.recall.layer import RecallAsk, chat_query
+from sinkd.daemon.runtime.recall.past import may_need_the_past
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Unsupported
 
@@ -199,6 +200,7 @@ class Turns:
                 layout.frame,
                 strip_control=True,
                 insert_at=layout.insert_at,
+                by_meaning=may_need_the_past(message),
             )
         return prompt, ask
 

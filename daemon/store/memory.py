@@ -111,9 +111,14 @@ class MemoryStore:
         return self.evicted.prune(key, max_tokens)
 
     def search(
-        self, key: SessionKey, query: str, limit: int, embed_missing: bool = True
+        self,
+        key: SessionKey,
+        query: str,
+        limit: int,
+        embed_missing: bool = True,
+        by_meaning: bool = True,
     ) -> list[Candidate]:
-        return self.finder.search(key, query, limit, embed_missing)
+        return self.finder.search(key, query, limit, embed_missing, by_meaning)
 
     @property
     def embedder(self) -> Embedder | None:

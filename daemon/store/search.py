@@ -76,9 +76,16 @@ class PassageSearch:
         self._last_query: tuple[str, np.ndarray] | None = None
 
     def search(
-        self, key: SessionKey, query: str, limit: int, embed_missing: bool = True
+        self,
+        key: SessionKey,
+        query: str,
+        limit: int,
+        embed_missing: bool = True,
+        by_meaning: bool = True,
     ) -> list[Candidate]:
         """The session generation's passages that either search finds, best first.
+
+        `by_meaning` False: BM25 alone, the query not embedded (a turn that needs no past).
 
         `embed_missing` False: only the passages that have their vectors already take part in
         the dense search (a lookup: no passage is embedded now; the newest evicted ones may not
@@ -93,7 +100,11 @@ class PassageSearch:
         if not spans:
             return []
         lexical = self._bm25(key, query, spans)
-        dense = self._dense(key, query, embed_missing) if self.embedder is not None else {}
+        dense = (
+            self._dense(key, query, embed_missing)
+            if self.embedder is not None and by_meaning
+            else {}
+        )
         if not dense:
             ranked = sorted(lexical, key=lambda d: (-lexical[d], spans[d]))[:limit]
             return [

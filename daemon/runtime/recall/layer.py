@@ -36,6 +36,8 @@ from sinkd.errors import InvalidInput
 MAX_QUERY_BYTES = 4096
 # before a recalled passage the model itself said: its words come back marked as its own
 OWN_WORDS = "(your own earlier reply, not something the user said) "
+# a chat turn that asks no question and speaks of no earlier turn (past.py)
+WORDS_ALONE = "bm25 alone: the turn asks no question and speaks of nothing said before"
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
 log = logging.getLogger("sinkd.recall")
 
@@ -52,6 +54,8 @@ class RecallAsk:
     # frame (the template's own) carries control tokens
     strip_control: bool = True
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
+    # search by meaning too (the query embedded); a chat turn that needs no past: words alone
+    by_meaning: bool = True
 
 
 def said_by_model(c: Candidate) -> bool:
@@ -190,9 +194,16 @@ class Recall:
         # a lookup first: the passages that have their vectors already (nothing embedded now);
         # unless its best is still in the window, search again with every passage's vector (the
         # worker's batch in flight waited for, what is still missing embedded now)
-        found = store.search(session.key, ask.query, SEARCH_POOL, embed_missing=False)
+        meaning = ask.by_meaning
+        found = store.search(
+            session.key, ask.query, SEARCH_POOL, embed_missing=False, by_meaning=meaning
+        )
         lookup = theirs_first([c for c in found if c.strong(config)])
-        if not (lookup and lookup[0].passage_id in held) and store.unindexed(1, key=session.key):
+        if (
+            meaning
+            and not (lookup and lookup[0].passage_id in held)
+            and store.unindexed(1, key=session.key)
+        ):
             self.indexer.settle(store)
             found = store.search(session.key, ask.query, SEARCH_POOL)
         own_words = self._of_engine(engine)[1]
@@ -226,7 +237,7 @@ class Recall:
             best_score=max((c.score for c in found), default=0.0),
             threshold=config.threshold,
             note="",
-            search=self.search,
+            search=self.search if meaning or not store.dense else WORDS_ALONE,
         )
         if not chosen:
             if best_held is not None:
