@@ -9,8 +9,10 @@ the same llama.cpp and model, greedy, 2 threads.
     python bench/long_chat.py            -> bench/results/long_chat.json, long_chat_ttft.svg
 
 SINKD_LONG_CHAT_TURNS (30), SINKD_LONG_CHAT_CELLS (1024), SINKD_LONG_CHAT_SERVERS (a comma list of
-sinkd, llama-server, llama-server-ctx, llama-cpp-python; all by default; a subset writes
-long_chat_<names>.json), SINKD_LONG_CHAT_WINDOW (sinkd's window; default the HTTP front's, every cell the sinks leave). A server that is not
+sinkd, sinkd-recall-off, llama-server, llama-server-ctx, llama-cpp-python; all but
+sinkd-recall-off by default; a subset writes long_chat_<names>.json; a name may repeat: `sinkd,
+sinkd-recall-off,sinkd` measures what recall adds to the turns that recall nothing, per turn,
+against the same turn with recall off, in one run), SINKD_LONG_CHAT_WINDOW (sinkd's window; default the HTTP front's, every cell the sinks leave). A server that is not
 installed is reported as such, not skipped silently. Per turn: time to first token, wall time,
 prompt tokens the server processed (sinkd: the receipt's new tokens; llama-server: its
 `timings.prompt_n`; llama-cpp-python reports only what it was sent), completion tokens/s, and the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,8 +126,9 @@ class Server:
 class SinkdHttp(Server):
     name = "sinkd"
 
-    def __init__(self) -> None:
+    def __init__(self, recall: bool = True) -> None:
         super().__init__()
+        self.name = "sinkd" if recall else "sinkd-recall-off"
         self.cells = CELLS
         self.tmp = Path(tempfile.mkdtemp())
         sock = self.tmp / "run" / "sinkd.sock"
@@ -133,7 +137,8 @@ class SinkdHttp(Server):
              "--ctx", str(CELLS), "--max-sessions", "2", "--threads", str(THREADS),
              "--state-dir", str(self.tmp / "state"), "--http", f"127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, **({"SINKD_HTTP_WINDOW": WINDOW} if WINDOW else {})},
+            env={**os.environ, **({"SINKD_HTTP_WINDOW": WINDOW} if WINDOW else {}),
+                 **({} if recall else {"SINKD_RECALL_MODE": "off"})},
 
         )  # fmt: skip
         token = sock.parent / "http-token"
@@ -226,7 +231,7 @@ def one_turn(
     ttft, text, usage, extra = None, [], None, {}
     try:
         stream = client.chat.completions.create(
-            model="smollm2-135m-instruct" if server.name == "sinkd" else "model",
+            model="smollm2-135m-instruct" if server.name.startswith("sinkd") else "model",
             messages=history, max_tokens=MAX_TOKENS, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )  # fmt: skip
@@ -247,7 +252,7 @@ def one_turn(
     completion = usage.completion_tokens if usage else len(text)
     sent = usage.prompt_tokens if usage else None
     processed = None
-    if server.name == "sinkd":
+    if server.name.startswith("sinkd"):
         processed = sent  # the new tokens alone: the receipt's count
     elif "timings" in extra:
         processed = int(extra["timings"].get("prompt_n", 0))
@@ -310,8 +315,41 @@ def compare(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
             "peer_failed": sum(not b["ok"] for _, b in pairs), "sinkd_faster": faster}  # fmt: skip
 
 
+def recall_added(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each recall-on run of sinkd against the recall-off run: on the turns (2 on) where it
+    recalled nothing, its TTFT over the same turn's with recall off; medians and maxima, over all
+    such turns and over those after the window filled (the session held 90% of its cells)."""
+    off = next((r for r in runs if r["server"] == "sinkd-recall-off"), None)
+    if off is None:
+        return []
+    out = []
+    for i, on in enumerate(r for r in runs if r["server"] == "sinkd"):
+        pairs = [
+            (a, b) for a, b in zip(on["turns"], off["turns"], strict=True)
+            if a["n"] >= 2 and a["ok"] and b["ok"] and not a["recalled"] and a["ttft_s"]
+            and b["ttft_s"]
+        ]  # fmt: skip
+        filled = next(  # the first turn after which the session held 90% of its cells
+            (t["n"] for t in on["turns"] if (t["retained"] or 0) >= 0.9 * on["cells"]), TURNS
+        )
+        full = [(a, b) for a, b in pairs if a["n"] > filled]
+        ratio = [a["ttft_s"] / b["ttft_s"] for a, b in pairs]
+        full_ratio = [a["ttft_s"] / b["ttft_s"] for a, b in full]
+        out.append({
+            "run": i + 1, "turns": len(ratio),
+            "median": round(statistics.median(ratio), 3) if ratio else None,
+            "max": round(max(ratio), 3) if ratio else None,
+            "full_turns": len(full_ratio),
+            "full_median": round(statistics.median(full_ratio), 3) if full_ratio else None,
+            "full_max": round(max(full_ratio), 3) if full_ratio else None,
+            "recalling_turns": sum(1 for t in on["turns"] if t["recalled"]),
+        })  # fmt: skip
+    return out
+
+
 SERVERS = {
     "sinkd": SinkdHttp,
+    "sinkd-recall-off": lambda: SinkdHttp(recall=False),
     "llama-server": lambda: LlamaServer(CELLS),
     "llama-server-ctx": lambda: LlamaServer(TRAINED),
     "llama-cpp-python": LlamaCppPython,
@@ -357,7 +395,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    wanted = os.environ.get("SINKD_LONG_CHAT_SERVERS", ",".join(SERVERS)).split(",")
+    default = ",".join(n for n in SERVERS if n != "sinkd-recall-off")
+    wanted = os.environ.get("SINKD_LONG_CHAT_SERVERS", default).split(",")
     runs, missing = [], {}
     for name in wanted:
         try:
@@ -393,8 +432,18 @@ def main() -> None:
          "peak RSS MiB", "facts at end"],
         rows,
     )  # fmt: skip
+    added = recall_added(runs)
+    if added:
+        table(
+            "recall on against off: TTFT of the turns that recalled nothing / the same turn, recall off",
+            ["recall-on run", "turns", "median", "max", "window full: turns", "median", "max"],
+            [[a["run"], a["turns"], a["median"], a["max"], a["full_turns"], a["full_median"],
+              a["full_max"]] for a in added],
+        )  # fmt: skip
     ours = next((r for r in runs if r["server"] == "sinkd"), None)
-    comparison = [compare(ours, peer) for peer in runs if ours and peer is not ours]
+    comparison = [
+        compare(ours, peer) for peer in runs if ours and not peer["server"].startswith("sinkd")
+    ]
     if comparison:
         table(
             "sinkd against each peer from the turn the peer's context is full",
@@ -402,11 +451,12 @@ def main() -> None:
             [[c["peer"], c["full_from"] or "-", c["turns"], c["peer_failed"], c["sinkd_faster"]]
              for c in comparison],
         )  # fmt: skip
-    name = "long_chat" if set(wanted) == set(SERVERS) else "long_chat_" + "_".join(wanted)
+    name = "long_chat" if wanted == default.split(",") else "long_chat_" + "_".join(wanted)
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(runs, RESULTS / f"{name}_ttft.svg")
     print(write(name, {"turns": TURNS, "cells": CELLS, "max_tokens": MAX_TOKENS,
                               "runs": runs, "against_peers": comparison,
+                              "recall_added": added,
                               "not_run": missing}))  # fmt: skip
 
 
