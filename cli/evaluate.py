@@ -153,15 +153,21 @@ def _ints(value: str, option: str) -> list[int]:
 @handle_errors
 def eval_recall(
     text: Annotated[
-        Path, typer.Option("--text", help="Filler text (public domain, e.g. bench/texts/kjv.txt).")
-    ],
+        Path | None,
+        typer.Option(
+            "--text",
+            help="Filler text (public domain, e.g. bench/texts/kjv.txt); passkey and chat arms.",
+        ),
+    ] = None,
     model: ModelOpt = None,
     arm: Annotated[
         str,
         typer.Option(
             "--arm",
             help="passkey: keys asked by a fixed question, prefilled answer; chat: facts said in "
-            "passing, asked in other words, free answers, beside the in-window ceiling.",
+            "passing, asked in other words, free answers, beside the in-window ceiling; "
+            "conversation: multi-turn chats through the HTTP front, a fact said in turn 1 (and "
+            "contradicted by an assistant reply in half), asked --distances turns later.",
         ),
     ] = "passkey",
     distances: Annotated[
@@ -169,7 +175,7 @@ def eval_recall(
         typer.Option(
             "--distances",
             help="Tokens between the key (or fact) and the question "
-            "[passkey: 126,1000,4000; chat: 1000,4000,16000].",
+            "[passkey: 126,1000,4000; chat: 1000,4000,16000]; conversation: turns [10,30].",
         ),
     ] = None,
     sources: Annotated[
@@ -204,6 +210,15 @@ def eval_recall(
         typer.Option("--control-trials", min=0, help="Streams of the window and full controls."),
     ] = 2,
     conversations: Annotated[int, typer.Option("--conversations", min=0)] = 1,
+    chats: Annotated[
+        int, typer.Option("--chats", min=1, help="conversation: chats per distance and arm.")
+    ] = 8,
+    cells: Annotated[
+        int | None,
+        typer.Option(
+            "--cells", min=64, help="conversation: the recall and off arms' session cells [1024]."
+        ),
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON and PNG go.")] = Path(
         "bench/results/recall"
     ),
@@ -218,10 +233,13 @@ def eval_recall(
     from sinkd.daemon.runtime.service import SinkdService
     from sinkd.evaluation.recall_trials import Plan, evaluate, plot, report_tables
 
-    if not text.is_file():
-        raise InvalidInput(f"no such file: {text}")
-    if arm not in ("passkey", "chat"):
-        raise InvalidInput(f"--arm: passkey or chat, got {arm!r}")
+    if arm not in ("passkey", "chat", "conversation"):
+        raise InvalidInput(f"--arm: passkey, chat or conversation, got {arm!r}")
+    if arm == "conversation":
+        _eval_conversation(model, distances or "10,30", chats, cells, out_dir, as_json)
+        return
+    if text is None or not text.is_file():
+        raise InvalidInput(f"--text: no such file: {text}" if text else "--text is required")
     if arm == "chat":
         _eval_chat(text, model, distances or "1000,4000,16000", sources, samplings, presentation,
                    streams, facts, out_dir, as_json)  # fmt: skip
@@ -338,4 +356,67 @@ def _eval_chat(
         print(json.dumps(data, indent=1))
         return
     _print_table(*chat_table([data]))
+    err.print(f"wrote {path}")
+
+
+def _eval_conversation(
+    model: str | None,
+    distances: str,
+    chats: int,
+    cells: int | None,
+    out_dir: Path,
+    as_json: bool,
+) -> None:
+    """The conversation arm: a daemon per arm in this process, its HTTP front on a free local
+    port, talked to as a chat client does (evaluation/recall_conversation.py)."""
+    import contextlib
+    import hashlib
+    import secrets
+    import tempfile
+    from collections.abc import Iterator
+
+    from sinkd.daemon.config import Settings, Tenant
+    from sinkd.daemon.models.registry import load_lock
+    from sinkd.daemon.node import Daemon
+    from sinkd.evaluation.recall_conversation import (
+        ConversationPlan,
+        conversation_table,
+        evaluate_conversations,
+    )
+
+    entry = load_lock().get(model)
+    plan = ConversationPlan(
+        distances=tuple(_ints(distances, "--distances")),
+        chats=chats,
+        cells=cells or ConversationPlan.cells,
+    )
+
+    @contextlib.contextmanager
+    def daemon(arm: str, n_cells: int) -> Iterator[tuple[str, str, str]]:
+        token = secrets.token_urlsafe(16)
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = Settings(
+                model=entry.name, socket=Path(tmp) / "sinkd.sock", state_dir=Path(tmp) / "state",
+                http="127.0.0.1:0", n_ctx_seq=n_cells,
+                recall_mode="auto" if arm == "recall" else "off",
+                tenants=[Tenant(name="eval", token_sha256=hashlib.sha256(token.encode()).hexdigest())],
+            )  # fmt: skip
+            d = Daemon(settings)
+            d.start()
+            try:
+                d.wait_ready(600)
+                assert d.http is not None
+                yield d.http.address, token, entry.name
+            finally:
+                d.stop()
+
+    data = evaluate_conversations(daemon, plan, progress=err.print)
+    data["command"] = "sinkd " + " ".join(sys.argv[1:])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"eval-recall-conversation_{entry.name}.json"
+    path.write_text(json.dumps(data, indent=1))
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return
+    _print_table(*conversation_table(data))
     err.print(f"wrote {path}")
