@@ -49,7 +49,7 @@ LEADS = ("Please remember this:", "Just so you know,", "One thing about me:", "F
 class ConversationPlan:
     distances: tuple[int, ...] = (10, 30)  # turns between the fact's turn and the question
     chats: int = 8  # per distance
-    reply_tokens: int = 64
+    reply_tokens: int = 96  # 10 turns then hold ~1,200 tokens: past a default session's 1,024 cells
     answer_tokens: int = 32
     cells: int = 1024  # the recall and off arms' sessions (the daemon's default n_ctx_seq)
     ceiling_cells: int = 4096  # the in-window arm's: every chat whole
@@ -191,6 +191,17 @@ def run_chat(client: ChatClient, chat: Chat, arm: str, plan: ConversationPlan) -
     )  # fmt: skip
 
 
+def warm_up(client: ChatClient, plan: ConversationPlan) -> None:
+    """A short chat, not counted, before an arm's first: a fresh daemon's first turns run cold
+    (its weights not yet in the page cache, Python's code not yet warm), and without it the arm
+    run first read 1.2-1.5x slower on turns where it did nothing different."""
+    history = [{"role": "system", "content": SYSTEM}]
+    for ask in ("Hello there.", f"Tell me about {TOPICS[0]}.", "What did I say first?"):
+        messages = [*history, {"role": "user", "content": ask}]
+        reply, _, _ = client.turn(messages, plan.reply_tokens)
+        history = [*messages, {"role": "assistant", "content": reply}]
+
+
 Daemons = Callable[[str, int], AbstractContextManager[tuple[str, str, str]]]
 
 
@@ -207,6 +218,7 @@ def evaluate_conversations(
         with daemon(arm, cells) as (url, token, name):
             names.add(name)
             client = ChatClient(url, token, name)
+            warm_up(client, plan)
             for chat in chats(plan):
                 r = run_chat(client, chat, arm, plan)
                 results.append(r)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sinkd.cachepolicy.recall_plan import Candidate, RecalledSpan
@@ -128,17 +128,15 @@ class MemoryStore:
     def dense(self) -> bool:
         return self.finder.embedder is not None
 
-    def index_idle(self, most: int) -> int:
-        """Between requests: give up to `most` passages their vectors, here and now, so that a
-        search later embeds little."""
+    def embed_now(self, most: int) -> int:
+        """Give up to `most` passages their vectors on this thread (the daemon has a worker make
+        them: runtime/recall/indexing.py)."""
         return self._committing(lambda: self.finder.index(None, most))
 
-    def unindexed(
-        self, most: int, skip: Collection[int] = (), key: SessionKey | None = None
-    ) -> list[tuple[int, str]]:
+    def unindexed(self, most: int, key: SessionKey | None = None) -> list[tuple[int, str]]:
         """(id, text) of up to `most` passages without vectors, newest first (see
         `search.vectors_of`, which makes them anywhere)."""
-        return self.finder.unindexed(key, most, skip)
+        return self.finder.unindexed(key, most)
 
     def write_vectors(self, made: Sequence[tuple[int, str, bytes]]) -> int:
         """Vectors made elsewhere for (id, text), kept where the passage still holds that text."""

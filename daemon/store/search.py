@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -216,20 +216,15 @@ class PassageSearch:
         rows = self.unindexed(key, most)
         return self.write_vectors(vectors_of(self.embedder, rows)) if rows else 0
 
-    def unindexed(
-        self, key: SessionKey | None, most: int, skip: Collection[int] = ()
-    ) -> list[tuple[int, str]]:
+    def unindexed(self, key: SessionKey | None, most: int) -> list[tuple[int, str]]:
         """(id, text) of up to `most` passages without vectors (of one session, or any), newest
-        first, leaving out the ids in `skip` (those being embedded elsewhere)."""
+        first."""
         if most < 1:
             return []
         where, args = "vector IS NULL", []
         if key is not None:
             where += " AND session=? AND reset_count=?"
             args = [key.session_id, key.reset_count]
-        if skip:
-            where += f" AND id NOT IN ({','.join('?' * len(skip))})"
-            args += list(skip)
         rows = self.db.execute(
             f"SELECT id, text FROM passages WHERE {where} ORDER BY id DESC LIMIT ?", (*args, most)
         ).fetchall()
