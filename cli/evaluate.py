@@ -348,15 +348,8 @@ def _eval_chat(
             )
         finally:
             service.stop(snapshot=False)
-    data["command"] = "sinkd " + " ".join(sys.argv[1:])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"eval-recall-chat_{entry.name}_{chosen}.json"
-    path.write_text(json.dumps(data, indent=1))
-    if as_json:
-        print(json.dumps(data, indent=1))
-        return
-    _print_table(*chat_table([data]))
-    err.print(f"wrote {path}")
+    _report(data, out_dir / f"eval-recall-chat_{entry.name}_{chosen}.json", as_json,
+            lambda: chat_table([data]))  # fmt: skip
 
 
 def _eval_conversation(
@@ -411,12 +404,23 @@ def _eval_conversation(
                 d.stop()
 
     data = evaluate_conversations(daemon, plan, progress=err.print)
+    _report(data, out_dir / f"eval-recall-conversation_{entry.name}.json", as_json,
+            lambda: conversation_table(data))  # fmt: skip
+
+
+def _report(
+    data: dict[str, Any],
+    path: Path,
+    as_json: bool,
+    table: Callable[[], tuple[str, list[str], list[list[Any]]]],
+) -> None:
+    """An arm's results: the JSON file (with the command that made it), then the JSON or the
+    table on stdout."""
     data["command"] = "sinkd " + " ".join(sys.argv[1:])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"eval-recall-conversation_{entry.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
     if as_json:
         print(json.dumps(data, indent=1))
         return
-    _print_table(*conversation_table(data))
+    _print_table(*table())
     err.print(f"wrote {path}")
