@@ -94,3 +94,18 @@ def test_a_small_plan_runs_end_to_end_through_the_http_front(tmp_path: Path) -> 
     assert row["turns_back"] == 4 and row["chats"] == 2
     assert 0 <= row["turns_recalling"] <= 1
     assert (tmp_path / f"eval-recall-conversation_{data['model']}.json").is_file()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arm", "conversation", "--distances", "10,x"], "--distances"),
+        (["--arm", "conversation", "--model", "llama-70b"], "not in models.lock"),
+        (["--arm", "passkey"], "--text is required"),
+        (["--arm", "diary"], "--arm"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_daemon_starts(args: list[str], message: str) -> None:
+    out = CliRunner().invoke(app, ["eval", "recall", *args])
+    assert out.exit_code in (2, 4) and message in out.stderr, out.stderr
