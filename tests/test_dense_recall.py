@@ -105,7 +105,7 @@ def test_vectors_are_the_sessions_own_and_leave_with_their_passage(
     alice, bob, vocab = SessionKey("alice", 0), SessionKey("bob", 0), Tokens()
     fill(store, alice, vocab, {"Ada": FACTS["Ada"]})
     fill(store, bob, vocab, {"carpenter": FACTS["carpenter"]})
-    assert store.embed_now(10_000) > 0
+    assert store.finder.index(None, 10_000) > 0
     assert not any("carpenter" in t for t in best_texts(store, alice, "What is my profession?", 16))
     ada = next(p for p in store.passages(alice) if "Ada" in p.text)
     store.forget(alice, ada.id)

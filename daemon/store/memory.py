@@ -128,25 +128,17 @@ class MemoryStore:
     def dense(self) -> bool:
         return self.finder.embedder is not None
 
-    def embed_now(self, most: int) -> int:
-        """Give up to `most` passages their vectors on this thread (the daemon has a worker make
-        them: runtime/recall/indexing.py)."""
-        return self._committing(lambda: self.finder.index(None, most))
-
     def unindexed(self, most: int, key: SessionKey | None = None) -> list[tuple[int, str]]:
         """(id, text) of up to `most` passages without vectors, newest first (see
         `search.vectors_of`, which makes them anywhere)."""
         return self.finder.unindexed(key, most)
 
     def write_vectors(self, made: Sequence[tuple[int, str, bytes]]) -> int:
-        """Vectors made elsewhere for (id, text), kept where the passage still holds that text."""
-        return self._committing(lambda: self.finder.write_vectors(made))
-
-    def _committing(self, write: Callable[[], int]) -> int:
-        """Vectors are derived data: committed here only when no transaction of the journal's was
-        open (then nothing but vectors is in it); otherwise with the journal's next commit."""
+        """Vectors made elsewhere for (id, text), kept where the passage still holds that text.
+        Derived data: committed here only when no transaction of the journal's was open (then
+        nothing but vectors is in it); otherwise with the journal's next commit."""
         opened = not self.db.in_transaction
-        n = write()
+        n = self.finder.write_vectors(made)
         if n and opened:
             self.db.commit()
         return n

@@ -24,7 +24,9 @@ from sinkd.daemon.store.search import vectors_of
 
 BATCH_PASSAGES = 8  # one batch: ~0.1 s of embedding; results go in between two steps
 WORKER_NICE = 10  # where SCHED_IDLE is refused: the worker yields to llama.cpp's threads
-SETTLE_TIMEOUT_S = 30.0  # a search waits this long at most for the worker's batch
+# a search waits this long at most for the worker's batch (~0.1 s of work), then embeds the
+# passages itself: an idle-priority worker can starve on a machine other processes keep busy
+SETTLE_TIMEOUT_S = 2.0
 log = logging.getLogger("sinkd.recall")
 
 Made = list[tuple[int, str, bytes]]
