@@ -486,13 +486,15 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
     logits = engine.feed(0, cseq, tokens)
     greedy = Sampler(SamplingParams())
     assert logits is not None and engine.sample(greedy) == int(logits.argmax())
-    # the greedy fast path selects what llama.cpp's greedy chain selects, ties included
+    # the greedy fast path selects what llama.cpp's greedy chain selects; on a tie, what its
+    # backend argmax (ggml_argmax, computed in the decode) selects: the last of equal maxima
     tied = logits.copy()
     top = int(logits.argmax())
-    tied[[5, top, 9000]] = logits[top]  # three equal maxima: the first wins
-    for row in (logits, tied, -logits):
+    tied[[5, top, 9000]] = logits[top]
+    for row in (logits, -logits):
         assert greedy.sample_logits(row) == greedy.chain_select(row)
-    assert greedy.sample_logits(tied) == 5
+    assert greedy.sample_logits(tied) == max(9000, top)
+    assert greedy.sample_logits(tied, greedy=5) == 5  # the decode's own argmax is taken as given
     draws = []
     for _ in range(2):
         s = Sampler(SamplingParams(temperature=1.0, seed=7))
@@ -500,6 +502,34 @@ def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeE
     assert draws[0] == draws[1]
     with pytest.raises(InvalidInput, match="top_p"):
         validated(SamplingParams, temperature=1.0, top_p=0.0)
+
+
+def test_the_decodes_argmax_is_the_rows_greedy_token_and_leaves_the_logits_as_they_were(
+    make_engine: MakeEngine,
+) -> None:
+    """llama.cpp's backend argmax (a greedy chain per sequence, in the decode's graph) gives each
+    asked row's greedy token, for a lone token, a chunk's last row and several sequences at once,
+    and the logits are bit for bit those of an engine without it."""
+    from sinkd.daemon.engine.sampler import greedy_token
+
+    toks = make_engine(n_ctx_seq=128, n_seq_max=3, n_batch=64).vocab.tokenize(TEXT)
+    rows: dict[bool, list[np.ndarray]] = {}
+    for backend in (True, False):
+        engine = make_engine(n_ctx_seq=128, n_seq_max=3, n_batch=64, backend_argmax=backend)
+        assert engine.backend_argmax is backend
+        got = engine.decode_next([BatchItem(0, toks[:7], 0), BatchItem(2, toks[9:16], 0)])
+        nxt = [n for n in got if n is not None]
+        for step in range(12):  # greedy continuation of both, a token each per decode
+            pairs = zip((0, 2), nxt, strict=True)
+            got = engine.decode_next(
+                [BatchItem(q, [greedy_token(n.logits)], 7 + step) for q, n in pairs]
+            )
+            nxt = [n for n in got if n is not None]
+            for n in nxt:
+                assert n.greedy == (greedy_token(n.logits) if backend else None)
+            rows.setdefault(backend, []).extend(n.logits.copy() for n in nxt)
+    assert len(rows[True]) == 24
+    assert all(np.array_equal(a, b) for a, b in zip(rows[True], rows[False], strict=True))
 
 
 def test_the_repetition_penalty_is_llama_cpps_rule_over_the_given_history() -> None:

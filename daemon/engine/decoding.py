@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import llama_cpp as llama
 import numpy as np
@@ -39,11 +39,22 @@ def by_length(items: list[T], length: Callable[[T], int]) -> list[list[T]]:
     return [groups[n] for n in sorted(groups)]
 
 
-# llama_get_logits as a plain address: the per-token read of the logits then builds no ctypes
-# pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
+# llama_get_logits(_ith) as plain addresses: the per-token read of the logits then builds no
+# ctypes pointer and no array type (np.ctypeslib.as_array cost ~35 us a token right after a decode)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
     ctypes.cast(llama.llama_get_logits, ctypes.c_void_p).value or 0
 )
+_row_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    ctypes.cast(llama.llama_get_logits_ith, ctypes.c_void_p).value or 0
+)
+
+
+class Next(NamedTuple):
+    """A decoded item's next-token logits, and their greedy token as llama.cpp's backend argmax
+    computed it inside the decode (None where the engine runs without it)."""
+
+    logits: np.ndarray
+    greedy: int | None
 
 
 @dataclass(frozen=True)
@@ -66,8 +77,12 @@ class Decoder:
         n_ctx_seq: int,
         max_rows: int,
         before_decode: Callable[[], None],
+        backend_argmax: bool = False,
     ) -> None:
         self._ctx = ctx
+        # llama.cpp computes each output row's argmax in the decode's graph (a greedy sampler
+        # chain per sequence, Engine): the greedy token without reading 49k floats here
+        self.backend_argmax = backend_argmax
         self._mem = mem
         self.vocab = vocab
         self.n_vocab = vocab.n_vocab
@@ -78,6 +93,7 @@ class Decoder:
         self.before_decode = before_decode
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
         self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
+        self._row_views: dict[int, np.ndarray] = {}  # address -> one row's view (backend argmax)
         self.cells: SequenceCells | None = None  # set once the cells are measured (they decode)
         # run before every llama_decode and at close: whoever holds lent rows (decode_batch's
         # `lend`) copies what it still needs, for the buffer is about to change
@@ -188,15 +204,19 @@ class Decoder:
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
 
     def decode_batch(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
+        """Several sequences' tokens (continuous batching): `decode_next`'s logits alone."""
+        return [None if n is None else n.logits for n in self.decode_next(items, lend)]
+
+    def decode_next(self, items: list[BatchItem], lend: bool = False) -> list[Next | None]:
         """Several sequences' tokens (continuous batching); validated first, then one llama_decode
         per item length (`by_length`, the NOTE above), in pieces of at most `max_rows`.
 
-        Returns, per item, a copy of its last token's logits (or None where not asked); with
-        `lend` (items of one length) a view of llama.cpp's buffer instead, valid until the next
-        llama_decode, before which `before_overwrite` runs: a row read once (a token sampled
-        from it) is never copied (49k floats a session a step; the copy cost more than the
-        argmax). All or nothing, as one llama_decode: a failed decode removes the cells the
-        earlier ones put in.
+        Returns, per item, a copy of its last token's logits and their greedy token (or None
+        where not asked); with `lend` (items of one length) a view of llama.cpp's buffer instead,
+        valid until the next llama_decode, before which `before_overwrite` runs: a row read once
+        (a token sampled from it) is never copied (49k floats a session a step; the copy cost
+        more than the argmax). All or nothing, as one llama_decode: a failed decode removes the
+        cells the earlier ones put in.
         It runs once per token on the engine thread, right after a decode has swept the caches:
         plain loops, one pass (bench/README.md, "overhead.py").
         """
@@ -217,7 +237,7 @@ class Decoder:
             raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
         if len({len(item.tokens) for item in items}) == 1:
             return self._decode_same_length(items, first=True, lend=lend)
-        out: list[np.ndarray | None] = [None] * len(items)
+        out: list[Next | None] = [None] * len(items)
         decoded: list[BatchItem] = []
         for group in by_length(list(range(len(items))), lambda k: len(items[k].tokens)):
             same = [items[k] for k in group]
@@ -234,7 +254,7 @@ class Decoder:
 
     def _decode_same_length(
         self, items: list[BatchItem], first: bool, lend: bool = False
-    ) -> list[np.ndarray | None]:
+    ) -> list[Next | None]:
         """Items of one length, in pieces of at most `max_rows` (flash attention's 63), each one
         llama_decode; a failed piece removes the earlier pieces' cells. `first`: no decode of this
         call came before (the failpoint marks every later one)."""
@@ -243,7 +263,7 @@ class Decoder:
             if not first:
                 failpoints.hit("decode-piece")
             return self._decode_items(items, lend)
-        rows: list[np.ndarray | None] = [None] * len(items)
+        rows: list[Next | None] = [None] * len(items)
         for at in range(0, n, r):
             final = at + r >= n
             piece = [
@@ -260,8 +280,9 @@ class Decoder:
                 raise
         return rows
 
-    def _decode_items(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
-        """One llama_decode of validated items: a copy of each asked row (`lend`: a view)."""
+    def _decode_items(self, items: list[BatchItem], lend: bool = False) -> list[Next | None]:
+        """One llama_decode of validated items: a copy of each asked row (`lend`: a view) and, with
+        the backend argmax, its greedy token."""
         b = self._batch
         i = 0
         out_index: list[int | None] = [None] * len(items)
@@ -285,6 +306,8 @@ class Decoder:
         if rc != 0:
             seqs = [it.seq_id for it in items]
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
+        if self.backend_argmax:
+            return [None if idx is None else self._next_at(idx, lend) for idx in out_index]
         # the output rows are in batch order: one copy of them all, each item's row a view of it
         n_out = len(items) - out_index.count(None)
         if n_out == 0:
@@ -293,12 +316,37 @@ class Decoder:
         if not lend:
             rows = rows.copy()
         row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
-        return [None if idx is None else rows[row_of[idx]] for idx in out_index]
+        return [None if idx is None else Next(rows[row_of[idx]], None) for idx in out_index]
+
+    def _next_at(self, index: int, lend: bool) -> Next:
+        """Batch row `index`'s logits (a view, or a copy) and llama.cpp's argmax of them. With
+        backend samplers llama.cpp keeps a row per batch position, not one per output: each row
+        is found by its own address, and its view kept by that address."""
+        address = _row_address(self._ctx, index)
+        if not address:
+            raise EngineError(f"no logits at batch index {index}")
+        view = self._row_views.get(address)
+        if view is None:
+            if len(self._row_views) >= 4 * self.n_batch:  # the buffer moved: forget the old rows
+                self._row_views.clear()
+            buf = (ctypes.c_float * self.n_vocab).from_address(address)
+            view = self._row_views[address] = np.ctypeslib.as_array(buf)
+        token = int(llama.llama_get_sampled_token_ith(self._ctx, index))
+        if not 0 <= token < self.n_vocab:
+            raise EngineError(f"llama.cpp sampled no token at batch index {index}")
+        return Next(view if lend else view.copy(), token)
 
     def _logits_rows_view(self, n_out: int) -> np.ndarray:
         """The last decode's `n_out` output rows, as a view of llama.cpp's buffer (valid until the
-        next decode). Views are kept per row count while the buffer stays where it is."""
-        address = _logits_address(self._ctx)
+        next decode). Views are kept per row count while the buffer stays where it is. With the
+        backend argmax llama.cpp keeps a row per batch position: only a decode whose every row
+        is an output ("all") reads it this way, from row 0's address, the last row's proving it."""
+        if self.backend_argmax:  # a row per batch position, at no fixed offset from the start
+            address = _row_address(self._ctx, 0)
+            if _row_address(self._ctx, n_out - 1) != address + 4 * (n_out - 1) * self.n_vocab:
+                raise EngineError("llama.cpp's logits rows are not one after another")
+        else:
+            address = _logits_address(self._ctx)
         if not address:
             raise EngineError("llama.cpp returned no logits")
         at, views = self._logits_views

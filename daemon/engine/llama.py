@@ -66,7 +66,7 @@ from sinkd.daemon.config import machine_threads, threads_given
 from sinkd.daemon.engine import compat, teams
 from sinkd.daemon.engine.cells import SequenceCells
 from sinkd.daemon.engine.cores import CoreShare
-from sinkd.daemon.engine.decoding import BatchItem, Decoder, Outputs
+from sinkd.daemon.engine.decoding import BatchItem, Decoder, Next, Outputs
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.daemon.models.registry import ModelEntry, kv_bytes_per_token
@@ -129,6 +129,9 @@ class EngineConfig(BaseModel):
     # "auto": on where its sums are exact, in pieces of at most FLASH_MAX_ROWS (the NOTE above);
     # "on", tests and benches only: llama.cpp's kernel as it is, in any span and any piece
     flash_attn: Literal["auto", "off", "on"] = "auto"
+    # llama.cpp computes each output row's argmax inside the decode (a greedy sampler chain per
+    # sequence, "backend sampling"): a greedy token costs no read of the row here; off: numpy's
+    backend_argmax: bool = True
 
 
 def template_name_sha256(name: str) -> str:
@@ -287,6 +290,9 @@ class Engine:
             if self.flash_attn
             else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
+        self.backend_argmax = cfg.backend_argmax and hasattr(llama, "llama_sampler_seq_config")
+        if self.backend_argmax:
+            self._argmax_samplers(cparams)
         log.take_kv()
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:
@@ -302,12 +308,38 @@ class Engine:
             )
         self.can_shift = bool(llama.llama_memory_can_shift(self._mem))
         self.decoder = Decoder(
-            ctx, self._mem, vocab, cfg.n_seq_max, self.n_ctx_seq, self.max_rows, self._before_decode
+            ctx,
+            self._mem,
+            vocab,
+            cfg.n_seq_max,
+            self.n_ctx_seq,
+            self.max_rows,
+            self._before_decode,
+            self.backend_argmax,
         )
         self._stack.callback(self.decoder.close)
         self.n_batch = self.decoder.n_batch
         self.cells = SequenceCells(ctx, self._mem, cfg.n_seq_max, self._decode_calibration)
         self.decoder.cells = self.cells
+
+    def _argmax_samplers(self, cparams: llama.llama_context_params) -> None:
+        """A greedy chain for every sequence, in the context's parameters: llama.cpp then adds an
+        argmax of each output row to the decode's graph (on the GPU where the model runs there).
+        The chains outlive the context (freed after it: the stack is last in, first out)."""
+        n = self.config.n_seq_max
+        configs = (llama.llama_sampler_seq_config * n)()
+        for seq_id in range(n):
+            chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+            if not chain:
+                raise EngineError("llama_sampler_chain_init failed")
+            self._stack.callback(llama.llama_sampler_free, chain)
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+            configs[seq_id].seq_id = seq_id
+            configs[seq_id].sampler = ctypes.cast(chain, ctypes.c_void_p)
+        self._argmax_configs = configs  # kept alive while the context reads them
+        cparams.samplers = configs
+        cparams.n_samplers = n
+        cparams.n_outputs_max_per_seq = self.config.n_batch  # a chunk's every row may be asked
 
     def close(self) -> None:
         """Free the context and the model, once no other thread is inside a vocabulary operation."""
@@ -384,6 +416,9 @@ class Engine:
 
     def decode_batch(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
         return self.decoder.decode_batch(items, lend)
+
+    def decode_next(self, items: list[BatchItem], lend: bool = False) -> list[Next | None]:
+        return self.decoder.decode_next(items, lend)
 
     @property
     def before_overwrite(self) -> list[Callable[[], None]]:

@@ -17,6 +17,14 @@ from sinkd.daemon.engine.grammar import TOKEN_DATA, candidates
 from sinkd.errors import EngineError, InvalidInput
 
 
+def greedy_token(logits: np.ndarray) -> int:
+    """The greedy token as llama.cpp's backend argmax (ggml's) picks it: the last of equal maxima
+    (ggml_vec_argmax_f32), so a token computed here (after a resume, a fork, or with the backend
+    argmax off) is the one the decode would have given on the CPU backend. No 49k-entry candidate
+    array is filled and walked (llama.cpp's CPU greedy sampler is stateless)."""
+    return len(logits) - 1 - int(np.argmax(logits[::-1]))
+
+
 class SamplingParams(BaseModel):
     """How a session samples; each bound is checked at construction (`validated` turns a violation
     into InvalidInput naming the field)."""
@@ -76,16 +84,27 @@ class Sampler:
         self.draws += draws
 
     def sample_logits(
-        self, logits: np.ndarray, recent: list[int] | None = None, grammar: Any = None
+        self,
+        logits: np.ndarray,
+        recent: list[int] | None = None,
+        grammar: Any = None,
+        greedy: int | None = None,
     ) -> int:
         """Sample (and accept) a token from a stored next-token logits row with this chain.
+
+        `greedy`: the row's argmax as llama.cpp computed it in the decode (Decoder's `Next`); a
+        greedy sampler whose logits no penalty changed takes it without reading the row.
 
         `recent`: the stream's last tokens, for the repetition penalty (llama.cpp's rule: a logit
         of a token among the last N is divided by the penalty if positive, else multiplied). It is
         applied here, not by llama.cpp's penalties sampler, whose history would not survive a
         restart: the stream is durable, so a resumed session penalises exactly the same tokens."""
-        logits = self._penalised(logits, recent)
-        token = self._select(logits)
+        penalised = self._penalised(logits, recent)
+        if greedy is not None and not self.stochastic and penalised is logits:
+            token = greedy
+        else:
+            token = self._select(penalised)
+        logits = penalised
         if grammar is None:
             return token
         # a GrammarMask: as llama.cpp's common sampler does, the token chosen freely is kept if
@@ -97,9 +116,7 @@ class Sampler:
         return token
 
     def _select(self, logits: np.ndarray) -> int:
-        # llama.cpp's greedy sampler is stateless and takes the first maximum, as argmax does:
-        # the same token without filling and walking a 49k-entry candidate array per token
-        return self.chain_select(logits) if self.stochastic else int(np.argmax(logits))
+        return self.chain_select(logits) if self.stochastic else greedy_token(logits)
 
     def _masked(self, logits: np.ndarray, grammar: Any) -> np.ndarray:
         data = self._candidates(logits)

@@ -157,7 +157,9 @@ class Lifecycle:
             engine.cells.release_seq(seq_id)
             raise
         child.retained = parent.retained.copy()
-        child.last_logits = None if parent.last_logits is None else parent.last_logits.copy()
+        child.set_logits(
+            None if parent.last_logits is None else parent.last_logits.copy(), parent.greedy_hint
+        )
         child.transition(SessionState.IDLE)
         try:  # the child's memory is the parent's as it is now, committed with its record
             self.recall.forked(parent, child)

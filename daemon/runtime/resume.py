@@ -289,7 +289,7 @@ class Resumer:
         except SinkdError as e:
             raise Unrestorable(str(e)) from None
         adopt_snapshot_meta(session, meta)
-        session.last_logits = snap.logits
+        session.set_logits(snap.logits, meta.get("greedy"))
         if engine.cells.cell_count(session.seq_id) != session.seq.retained:
             raise Unrestorable("its cells disagree with its policy state")
 

@@ -193,6 +193,9 @@ class Session:
     state: SessionState = SessionState.CREATED
     generation: str = ""
     last_logits: np.ndarray | None = None
+    # llama.cpp's argmax of last_logits, computed in the decode, with the row it belongs to: it
+    # holds only while last_logits is that very row (any other assignment leaves it unused)
+    last_greedy: tuple[np.ndarray, int] | None = None
     pending_prefix: list[int] = field(default_factory=list)
     retained: RetainedTokens = field(init=False)
     last_active: float = field(default_factory=time.monotonic)
@@ -265,6 +268,18 @@ class Session:
         if self.sampler is not None:
             self.sampler.reset()
         self.last_logits = None
+        self.last_greedy = None
+
+    def set_logits(self, logits: np.ndarray | None, greedy: int | None) -> None:
+        """The next-token logits, and their greedy token where llama.cpp computed it."""
+        self.last_logits = logits
+        self.last_greedy = None if logits is None or greedy is None else (logits, greedy)
+
+    @property
+    def greedy_hint(self) -> int | None:
+        """The greedy token of last_logits as the decode computed it, or None."""
+        pair = self.last_greedy
+        return pair[1] if pair is not None and pair[0] is self.last_logits else None
 
     @property
     def has_history(self) -> bool:

@@ -23,8 +23,9 @@ import numpy as np
 from sinkd.cachepolicy import Evict, PolicyConfig, Shift, SubBatch
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine import compat
-from sinkd.daemon.engine.decoding import BatchItem
+from sinkd.daemon.engine.decoding import BatchItem, Next
 from sinkd.daemon.engine.llama import EngineConfig
+from sinkd.daemon.engine.sampler import greedy_token
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.daemon.models.registry import ModelEntry
 from sinkd.daemon.runtime.sessions import ModelIdentity
@@ -214,6 +215,11 @@ class FakeEngine:
                 row = self._buffer[k]
             lent.append(row)
         return lent
+
+    def decode_next(self, items: list[BatchItem], lend: bool = False) -> list[Next | None]:
+        """`decode_batch`'s rows with their greedy token, as llama.cpp's backend argmax gives it."""
+        rows = self.decode_batch(items, lend)
+        return [None if row is None else Next(row, greedy_token(row)) for row in rows]
 
     def _decode(self, items: list[BatchItem]) -> list[np.ndarray | None]:
         rows: list[np.ndarray | None] = []

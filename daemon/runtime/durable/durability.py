@@ -102,6 +102,7 @@ def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "sampler_seed": session.sampling.seed,
         "sampler_draws": session.sampler.draws,
         "rewinds": session.rewinds,
+        "greedy": session.greedy_hint,  # llama.cpp's argmax of the logits stored beside
         "created": time.time(),
     }
 

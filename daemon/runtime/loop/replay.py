@@ -36,7 +36,7 @@ def replay(
             continue
         items.append((session, tokens, sb))
     for group in by_length(items, lambda item: len(item[1])):
-        rows = executor.engine.decode_batch(
+        rows = executor.engine.decode_next(
             [BatchItem(s.seq_id, t, sb.cache_pos) for s, t, sb in group]
         )
         for (session, tokens, sb), row in zip(group, rows, strict=True):
