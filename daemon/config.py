@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     # None: the cores (at most 8), shared with the other sinkd engines decoding on this machine
     n_threads: int | None = Field(default=None, ge=1)
     n_gpu_layers: int = Field(default=0, ge=0)
+    # decodes a greedy session makes per scheduler pass, its bookkeeping (journal, reply, audit)
+    # once for them all (runtime/loop/runahead.py): on a GPU that Python is what a step waits for
+    # (bench/engine_cpu.py); the price is tokens streamed in groups. None: 8 with layers offloaded,
+    # 1 on the CPU (there a step's Python is ~2% of it, and tokens stream one by one)
+    decode_run: int | None = Field(default=None, ge=1, le=64)
     kv_type: str = "f16"
     # "auto": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
     # 63 rows of a sequence per decode: the engine's NOTE); "off": the plain kernel everywhere
@@ -247,6 +252,13 @@ class Settings(BaseSettings):
         if self.admin_token_sha256 in hashes:
             raise ValueError("admin_token_sha256 is also a tenant's token: give the admin its own")
         return self
+
+    @property
+    def decodes_per_pass(self) -> int:
+        """`decode_run`, or its default for where the model runs."""
+        if self.decode_run is not None:
+            return self.decode_run
+        return 8 if self.n_gpu_layers > 0 else 1
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -33,6 +33,11 @@ class Metrics:
         )
         self.decode_tokens = Counter("sinkd_decode_tokens", "Generated tokens decoded", registry=r)
         self.steps = Counter("sinkd_steps", "llama_decode calls made by the scheduler", registry=r)
+        self.run_tokens = Counter(
+            "sinkd_run_tokens",
+            "Generated tokens decoded in a decode run (several per scheduler pass: decode_run)",
+            registry=r,
+        )
         self.sequence_swaps = Counter(
             "sinkd_sequence_swaps",
             "Sequences exchanged so that a step's sessions hold one run of ids (one llama.cpp pass)",

@@ -97,6 +97,7 @@ class SinkdService:
             recall=self.recall,
             max_kv_bytes=settings.max_kv_bytes,
             max_parked=settings.max_parked_sessions,
+            decode_run=settings.decodes_per_pass,
         )
         self.admission = Admission(self.registry, self.metrics, self.scheduler.residency)
         self.lifecycle = Lifecycle(

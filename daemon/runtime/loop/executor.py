@@ -20,7 +20,7 @@ from typing import Any
 
 from sinkd.cachepolicy import CacheFull, SubBatch
 from sinkd.daemon import failpoints
-from sinkd.daemon.engine.decoding import BatchItem, by_length
+from sinkd.daemon.engine.decoding import BatchItem, Next, by_length
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import Done, TokenEvent
@@ -29,6 +29,7 @@ from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
 from sinkd.daemon.runtime.loop.residency import NoRoom, ParkFailed, Residency
+from sinkd.daemon.runtime.loop.runahead import RunAhead
 from sinkd.daemon.runtime.loop.stepplan import Slot
 from sinkd.daemon.runtime.loop.swaps import place_in_one_run
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -77,8 +78,9 @@ class Executor:
         # rows lent by the last decode (a view of llama.cpp's buffer, as the session's
         # last_logits), and the sessions whose pending token this step decodes
         self._lent: list[tuple[Session, Any]] = []
-        self._decoding_now: set[str] = set()
+        self.decoding_now: set[str] = set()
         self._hooked: Engine | None = None
+        self._runs = RunAhead(self)
 
     @property
     def engine(self) -> Engine:
@@ -163,7 +165,9 @@ class Executor:
             return
         sampler = job.gen.sampler
         recent = session.penalty_history(sampler.history_needed)
-        token = sampler.sample_logits(session.last_logits, recent, job.gen.grammar)
+        token = sampler.sample_logits(
+            session.last_logits, recent, job.gen.grammar, session.greedy_hint
+        )
         engine = self.engine
         job.generated += 1
         now = time.monotonic()
@@ -213,11 +217,11 @@ class Executor:
         if self._hooked is not engine:
             engine.before_overwrite.append(self._keep_lent)
             self._hooked = engine
-        self._decoding_now = {it.job.session.id for it in items if it.decode_pending}
+        self.decoding_now = {it.job.session.id for it in items if it.decode_pending}
         try:
             for group in by_length(items, lambda it: len(it.tokens)):
                 try:
-                    rows = engine.decode_batch(
+                    rows = engine.decode_next(
                         [
                             BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos)
                             for it in group
@@ -229,12 +233,21 @@ class Executor:
                     continue
                 self.metrics.steps.inc()
                 for it, row in zip(group, rows, strict=True):
-                    self._decoding_now.discard(it.job.session.id)  # its new row is needed
+                    self.decoding_now.discard(it.job.session.id)  # its new row is needed
                     self._after_decode(it, row)
                     if row is not None:
-                        self._lent.append((it.job.session, row))
+                        self.lend(it.job.session, row.logits)
         finally:
-            self._decoding_now = set()
+            self.decoding_now = set()
+
+    def run_ahead(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
+        """After a step whose every job decoded: up to `decodes` more decodes for the greedy ones
+        (runahead.py), stopped by `interrupted()`."""
+        self._runs.run(jobs, decodes, interrupted)
+
+    def lend(self, session: Session, row: Any) -> None:
+        """The session's last_logits is now `row`, a view of llama.cpp's buffer (`_keep_lent`)."""
+        self._lent.append((session, row))
 
     def _keep_lent(self) -> None:
         """Before llama.cpp's logits buffer changes (a decode, a close): a lent row its session
@@ -244,10 +257,10 @@ class Executor:
         for session, row in lent:
             if session.last_logits is not row:  # replaced since (a reset, a resume, a fork's)
                 continue
-            if session.id in self._decoding_now:
-                session.last_logits = None
+            if session.id in self.decoding_now:
+                session.set_logits(None, None)
             else:
-                session.last_logits = row.copy()
+                session.set_logits(row.copy(), session.greedy_hint)
 
     def _place(self, sessions: list[Session]) -> None:
         """Exchange sequences until these sessions (the step's largest group of one sub-batch
@@ -307,7 +320,7 @@ class Executor:
         self.engine.cells.apply_ops(session.seq_id, sb)
         session.seq.adopt_ops(sb)
 
-    def absorb(self, session: Session, sb: SubBatch, tokens: list[int], row: Any) -> None:
+    def absorb(self, session: Session, sb: SubBatch, tokens: list[int], row: Next | None) -> None:
         """Record a decoded sub-batch; after an eviction, pack the sequence's cells (see
         Engine.compact: a snapshot restores to exactly this layout). A refused packing fails
         this session alone."""
@@ -319,13 +332,16 @@ class Executor:
                     self.recall.evicted(self.engine, session, logical_start, gone)
             except sqlite3.Error as e:
                 raise JournalError(f"the memory could not store evicted text: {e}") from None
-        session.last_logits = row
+        if row is None:
+            session.set_logits(None, None)
+        else:
+            session.set_logits(row.logits, row.greedy)
         session.last_active = time.monotonic()
         if sb.ops:
             failpoints.hit("before-compact")
             self.engine.cells.compact(session.seq_id)
 
-    def _after_decode(self, it: _Item, row: Any) -> None:
+    def _after_decode(self, it: _Item, row: Next | None) -> None:
         job, session = it.job, it.job.session
         try:
             self.absorb(session, it.sub_batch, it.tokens, row)

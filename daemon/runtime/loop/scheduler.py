@@ -64,8 +64,10 @@ class Scheduler:
         recall: Recall | None = None,
         max_kv_bytes: int | None = None,
         max_parked: int = 0,
+        decode_run: int = 1,
     ) -> None:
         self._engine_factory = engine_factory
+        self.decode_run = decode_run  # decodes a greedy session may make per pass (runahead.py)
         self.registry = registry
         self.metrics = metrics
         self.durability = durability
@@ -236,8 +238,20 @@ class Scheduler:
         self._waiting = bool(heads) and not live and not any(j.answered for j in heads)
         try:
             self.executor.run([(live[s.key], s) for s in plan.slots])
+            if (
+                self.decode_run > 1
+                and len(plan.slots) == len(heads)
+                and all(s.decoding for s in plan.slots)
+            ):  # every head decoded a token: the greedy ones go on (runahead.py)
+                self.executor.run_ahead(
+                    [live[s.key] for s in plan.slots], self.decode_run - 1, self._interrupted
+                )
         finally:
             self.gate.release()
+
+    def _interrupted(self) -> bool:
+        """A request or a call waits: a decode run ends at once."""
+        return bool(self._inbox.queue)
 
     def _next_take(self, job: Job) -> int:
         """The prefill tokens this job's next sub-batch holds: a chunk, cut where the policy must

@@ -19,6 +19,10 @@ class TextAssembler:
         self._held = ""
         self.stopped: str | None = None
 
+    @property
+    def has_stops(self) -> bool:
+        return bool(self._stops)
+
     def feed(self, piece: bytes) -> str:
         if self.stopped is not None:
             return ""

@@ -1,0 +1,143 @@
+"""Decode runs: greedy sessions decode several tokens per scheduler pass, their bookkeeping once.
+
+A step's Python (sampling, the journal, the plan, the reply, the audit) costs the same whatever
+the decode costs: beside a GPU's few-millisecond step for a small model it is what the GPU waits
+for (bench/engine_cpu.py). A session whose next tokens need nothing of Python between them, greedy
+with llama.cpp's argmax computed in the decode (`Next.greedy`), no penalty, no grammar, no stop
+string, goes on decoding the token its last row names, up to `decode_run` decodes a pass (vLLM's
+multi-step scheduling does the same); then its tokens are journalled, one row each as a step at a
+time would write them, and sent, before the journal commits (the gate), as before.
+
+A run never decides what a step at a time would decide otherwise: it stops before an eviction, the
+last token allowed (max tokens), the token the repetition guard looks at, and an end-of-generation
+token, each left to the next ordinary step, and it decodes every token alone in its row, so its
+bits are a step at a time's (per-sequence streams; the NOTE of engine/llama.py). A request that
+arrives meanwhile stops it (`interrupted`), so the run delays no one by more than one decode.
+The price: a run's tokens reach the client together, at its end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sinkd.daemon.engine.decoding import BatchItem
+from sinkd.daemon.runtime.api import TokenEvent
+from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job
+from sinkd.errors import EngineError
+
+if TYPE_CHECKING:
+    from sinkd.daemon.runtime.loop.executor import Executor
+
+
+def tokens_allowed(job: Job) -> int:
+    """How many tokens the job's session may decode in a run now (0: none): greedy from the
+    decode's argmax, no penalty, grammar or stop string; before the token its max tokens ends it
+    on, before the one the repetition guard checks, and while its cells need no eviction."""
+    gen, session = job.gen, job.session
+    if gen is None or job.final or job.pending is not None or job.answered:
+        return 0
+    sampler = gen.sampler
+    if sampler.stochastic or sampler.history_needed or gen.grammar is not None:
+        return 0
+    if job.assembler.has_stops or session.greedy_hint is None:
+        return 0
+    limit = gen.max_tokens - job.generated - 1
+    if gen.repetition_guard:
+        limit = min(limit, REPEAT_CHECK_EVERY - job.generated % REPEAT_CHECK_EVERY - 1)
+    seq = session.seq
+    free = seq.config.budget - seq.state.retained(seq.config)
+    return max(0, min(limit, free))
+
+
+class RunAhead:
+    """The executor's decode runs (engine thread)."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.x = executor
+
+    def run(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
+        """Up to `decodes` more decodes for the jobs that may run (`tokens_allowed`), then their
+        bookkeeping; stops early when `interrupted()` (a request or a call waits)."""
+        x = self.x
+        engine = x.engine
+        is_eog = engine.vocab.is_eog
+        left = {job.session.id: tokens_allowed(job) for job in jobs}
+        running = [job for job in jobs if left[job.session.id] > 0]
+        decoded: dict[str, list[int]] = {job.session.id: [] for job in running}
+        pos = {job.session.id: job.session.seq.state.next_cache_pos() for job in running}
+        for _ in range(decodes):
+            if interrupted():
+                break
+            batch: list[Job] = []
+            items: list[BatchItem] = []
+            for job in running:
+                session = job.session
+                token = session.greedy_hint  # read before the decode drops the row
+                if token is None or left[session.id] == 0 or is_eog(token):
+                    continue
+                if job.cancelled.is_set():
+                    continue
+                batch.append(job)
+                items.append(BatchItem(session.seq_id, [token], pos[session.id]))
+                decoded[session.id].append(token)
+            if not batch:
+                break
+            x.decoding_now = {job.session.id for job in batch}
+            try:
+                rows = engine.decode_next(items, lend=True)
+            except EngineError as e:  # decoded and unjournalled: the cache is not the history
+                x.metrics.alloc_failures.inc()
+                for job in batch:
+                    del decoded[job.session.id]
+                    x.auditor.fail_session(job.session, f"llama_decode failed: {e}")
+                running = [job for job in running if job.session.id in decoded]
+                continue
+            finally:
+                x.decoding_now = set()
+            x.metrics.steps.inc()
+            for job, row in zip(batch, rows, strict=True):
+                session = job.session
+                assert row is not None
+                session.set_logits(row.logits, row.greedy)
+                x.lend(session, row.logits)
+                pos[session.id] += 1
+                left[session.id] -= 1
+        for job in running:
+            if decoded[job.session.id]:
+                self._record(job, decoded[job.session.id])
+
+    def _record(self, job: Job, tokens: list[int]) -> None:
+        """What a step at a time records for each token, for the run's tokens at once: the
+        journal's rows (one a token), the policy and the ledger, the events, the audit."""
+        x, session = self.x, job.session
+        gen = job.gen
+        assert gen is not None
+        sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
+        if sb.ops or sb.n_tokens != len(tokens):  # tokens_allowed rules this out
+            x.auditor.fail_session(session, "a decode run crossed an eviction")
+            return
+        if x.durability is not None:
+            x.durability.flush(session)
+            draws = session.sampler.draws if gen.sampler is session.sampler else None
+            for k, token in enumerate(tokens):
+                x.durability.log(session, sb.logical_pos + k, sb.cache_pos + k, [token], draws)
+        session.seq.adopt_ops(sb)
+        session.seq.adopt_tokens(sb)
+        session.retained.apply(sb, tokens)
+        now = time.monotonic()
+        session.last_active = now
+        vocab = x.engine.vocab
+        for token in tokens:
+            job.generated += 1
+            x.metrics.itl.observe(now - job.last_emit)
+            latency_ms = (now - job.last_emit) * 1000.0
+            job.last_emit = now
+            if gen.repetition_guard:
+                job.ids.append(token)
+            text = job.assembler.feed(vocab.piece(token))
+            x.gate.emit(job, TokenEvent(token, text, job.generated - 1, latency_ms))
+        x.metrics.decode_tokens.inc(len(tokens))
+        x.metrics.run_tokens.inc(len(tokens))
+        x.auditor.check(session, full=False)
