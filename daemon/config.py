@@ -98,9 +98,12 @@ class Settings(BaseSettings):
     n_gpu_layers: int = Field(default=0, ge=0)
     # decodes a greedy session makes per scheduler pass, its bookkeeping (journal, reply, audit)
     # once for them all (runtime/loop/runahead.py): on a GPU that Python is what a step waits for
-    # (bench/engine_cpu.py); the price is tokens streamed in groups. None: 8 with layers offloaded,
-    # 1 on the CPU (there a step's Python is ~2% of it, and tokens stream one by one)
+    # (bench/engine_cpu.py); the price is tokens streamed in groups. None: 16 with layers
+    # offloaded, 1 on the CPU (there a step's Python is ~2% of it, and tokens stream one by one)
     decode_run: int | None = Field(default=None, ge=1, le=64)
+    # ... and a run ends once it has decoded this long, so that a slower model's groups stay
+    # small (16 SmolLM2 steps on a GPU take ~50 ms; 0: no bound)
+    decode_run_ms: float = Field(default=50.0, ge=0)
     kv_type: str = "f16"
     # "auto": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
     # 63 rows of a sequence per decode: the engine's NOTE); "off": the plain kernel everywhere
@@ -258,7 +261,7 @@ class Settings(BaseSettings):
         """`decode_run`, or its default for where the model runs."""
         if self.decode_run is not None:
             return self.decode_run
-        return 8 if self.n_gpu_layers > 0 else 1
+        return 16 if self.n_gpu_layers > 0 else 1
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

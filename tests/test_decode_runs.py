@@ -110,21 +110,24 @@ def test_runs_give_the_tokens_reasons_and_journal_rows_of_a_step_at_a_time(
 
 
 @pytest.mark.unit
-def test_a_waiting_request_ends_a_run_at_once(tmp_path: Path) -> None:
-    """While something waits in the engine's inbox a run decodes nothing more: each pass then
-    decodes one token, as without runs; the same reply otherwise runs."""
+def test_a_waiting_request_or_the_time_bound_ends_a_run_at_once(tmp_path: Path) -> None:
+    """While something waits in the engine's inbox, or once a run has decoded for decode_run_ms,
+    a run decodes nothing more: each pass then decodes one token, as without runs; the same reply
+    otherwise runs."""
     got = {}
-    for waiting in (False, True):
-        service = fake_service(tmp_path / str(waiting), decode_run=8)
+    for case in ("free", "waiting", "bounded"):
+        bound = 1e-6 if case == "bounded" else 0.0
+        service = fake_service(tmp_path / case, decode_run=8, decode_run_ms=bound)
         try:
-            service.scheduler._interrupted = lambda w=waiting: w  # type: ignore[method-assign]
+            if case == "waiting":
+                service.scheduler._interrupted = lambda: True  # type: ignore[method-assign]
             options = GenerationOptions(40, sampling=GREEDY)
             ids, *_ = reply(service, "Sea 263.", options)
-            got[waiting] = ids, service.metrics.count("run_tokens")
+            got[case] = ids, service.metrics.count("run_tokens")
         finally:
             service.stop()
-    assert got[True][0] == got[False][0] and len(got[True][0]) > 8
-    assert got[False][1] > 0 and got[True][1] == 0
+    assert got["waiting"][0] == got["free"][0] == got["bounded"][0] and len(got["free"][0]) > 8
+    assert got["free"][1] > 0 and got["waiting"][1] == got["bounded"][1] == 0
 
 
 @pytest.mark.unit

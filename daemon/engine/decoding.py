@@ -92,6 +92,11 @@ class Decoder:
         self.max_rows = max_rows  # of a sequence, per llama_decode
         self.before_decode = before_decode
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        # the batch's token and position arrays as numpy views: a greedy decode fills them with
+        # one slice assignment each (decode_greedy)
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
+        self._positions = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._greedy_ids: list[int] | None = None  # the sequences its slots hold (None: unknown)
         self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
         self._row_views: dict[int, np.ndarray] = {}  # address -> one row's view (backend argmax)
         self.cells: SequenceCells | None = None  # set once the cells are measured (they decode)
@@ -191,6 +196,7 @@ class Decoder:
             raise InvalidInput(f"batch of {n} tokens is outside 1..n_batch ({self.n_batch})")
         b = self._batch
         b.n_tokens = n
+        self._greedy_ids = None  # the slots change
         for i, tok in enumerate(tokens):
             b.token[i] = tok
             b.pos[i] = pos0 + i
@@ -284,6 +290,7 @@ class Decoder:
         """One llama_decode of validated items: a copy of each asked row (`lend`: a view) and, with
         the backend argmax, its greedy token."""
         b = self._batch
+        self._greedy_ids = None  # the slots change
         i = 0
         out_index: list[int | None] = [None] * len(items)
         # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
@@ -317,6 +324,53 @@ class Decoder:
             rows = rows.copy()
         row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
         return [None if idx is None else Next(rows[row_of[idx]], None) for idx in out_index]
+
+    def decode_greedy(
+        self, seq_ids: list[int], tokens: list[int], positions: list[int], prepared: bool = False
+    ) -> list[int]:
+        """One token for each sequence (ids rising), one llama_decode: each row's greedy token,
+        from llama.cpp's backend argmax. No row is read (`row_at` reads one, until the next
+        decode): the decode runs' loop (runtime/loop/runahead.py), where nothing else is needed
+        between two decodes. Validated as `decode_batch` is. `prepared`: `before_decode` ran for
+        this run of decodes already (it follows the cores' share, re-read once a second)."""
+        n = len(seq_ids)
+        if not self.backend_argmax:
+            raise EngineError("greedy decodes need llama.cpp's backend argmax")
+        if not 0 < n <= self.n_batch or len(tokens) != n or len(positions) != n:
+            raise InvalidInput(f"batch of {n} tokens is outside 1..n_batch ({self.n_batch})")
+        if seq_ids != self._greedy_ids:  # the sequences changed: their slots are set again
+            last = -1
+            for q in seq_ids:
+                if not last < q < self.n_seq_max:
+                    raise InvalidInput(f"greedy decode: sequence ids {seq_ids} do not rise")
+                last = q
+            b = self._batch
+            for i, q in enumerate(seq_ids):
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = q
+                b.logits[i] = True
+            self._greedy_ids = list(seq_ids)
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
+            raise InvalidInput(f"greedy decode: a token outside 0..{self.n_vocab - 1}")
+        self._tokens[:n] = tokens
+        self._positions[:n] = positions
+        self._batch.n_tokens = n
+        if not prepared:
+            self.before_decode()
+        self._overwriting()
+        rc = llama.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with code {rc} on sequences {seq_ids}")
+        sampled = llama.llama_get_sampled_token_ith
+        out = [int(sampled(self._ctx, i)) for i in range(n)]
+        if min(out) < 0 or max(out) >= self.n_vocab:
+            raise EngineError("llama.cpp sampled no token for a row")
+        return out
+
+    def row_at(self, index: int) -> Next:
+        """The last decode's row at batch `index` (a view, valid until the next decode) and its
+        greedy token."""
+        return self._next_at(index, lend=True)
 
     def _next_at(self, index: int, lend: bool) -> Next:
         """Batch row `index`'s logits (a view, or a copy) and llama.cpp's argmax of them. With

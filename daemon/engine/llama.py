@@ -420,6 +420,18 @@ class Engine:
     def decode_next(self, items: list[BatchItem], lend: bool = False) -> list[Next | None]:
         return self.decoder.decode_next(items, lend)
 
+    def decode_greedy(
+        self, seq_ids: list[int], tokens: list[int], positions: list[int], prepared: bool = False
+    ) -> list[int]:
+        return self.decoder.decode_greedy(seq_ids, tokens, positions, prepared)
+
+    def before_decoding(self) -> None:
+        """What every decode does first (the cores' share), once for a run of greedy decodes."""
+        self._before_decode()
+
+    def row_at(self, index: int) -> Next:
+        return self.decoder.row_at(index)
+
     @property
     def before_overwrite(self) -> list[Callable[[], None]]:
         """Run before llama.cpp's logits buffer changes: whoever holds rows `decode_batch` lent

@@ -98,6 +98,7 @@ class SinkdService:
             max_kv_bytes=settings.max_kv_bytes,
             max_parked=settings.max_parked_sessions,
             decode_run=settings.decodes_per_pass,
+            decode_run_s=settings.decode_run_ms / 1000.0,
         )
         self.admission = Admission(self.registry, self.metrics, self.scheduler.residency)
         self.lifecycle = Lifecycle(

@@ -221,6 +221,22 @@ class FakeEngine:
         rows = self.decode_batch(items, lend)
         return [None if row is None else Next(row, greedy_token(row)) for row in rows]
 
+    def before_decoding(self) -> None:
+        pass
+
+    def decode_greedy(
+        self, seq_ids: list[int], tokens: list[int], positions: list[int], prepared: bool = False
+    ) -> list[int]:
+        """One token a sequence (ids rising), each row's greedy token; `row_at` reads a row."""
+        if seq_ids != sorted(set(seq_ids)):
+            raise InvalidInput("greedy decode: sequence ids must rise")
+        items = [BatchItem(q, [t], p) for q, t, p in zip(seq_ids, tokens, positions, strict=True)]
+        return [greedy_token(row) for row in self.decode_batch(items, lend=True) if row is not None]
+
+    def row_at(self, index: int) -> Next:
+        row = self._buffer[index]
+        return Next(row, greedy_token(row))
+
     def _decode(self, items: list[BatchItem]) -> list[np.ndarray | None]:
         rows: list[np.ndarray | None] = []
         for it in items:

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sinkd.daemon.engine.decoding import BatchItem
 from sinkd.daemon.runtime.api import TokenEvent
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job
 from sinkd.errors import EngineError
@@ -59,54 +58,68 @@ class RunAhead:
 
     def run(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
         """Up to `decodes` more decodes for the jobs that may run (`tokens_allowed`), then their
-        bookkeeping; stops early when `interrupted()` (a request or a call waits)."""
+        bookkeeping; stops early when `interrupted()` (a request or a call waits).
+
+        Between two decodes only the tokens move (`Engine.decode_greedy`): a session's row is
+        read once, as it leaves the run (its last decode's, before the next overwrites it)."""
         x = self.x
         engine = x.engine
         is_eog = engine.vocab.is_eog
-        left = {job.session.id: tokens_allowed(job) for job in jobs}
-        running = [job for job in jobs if left[job.session.id] > 0]
-        decoded: dict[str, list[int]] = {job.session.id: [] for job in running}
-        pos = {job.session.id: job.session.seq.state.next_cache_pos() for job in running}
-        for _ in range(decodes):
-            if interrupted():
-                break
-            batch: list[Job] = []
-            items: list[BatchItem] = []
-            for job in running:
-                session = job.session
-                token = session.greedy_hint  # read before the decode drops the row
-                if token is None or left[session.id] == 0 or is_eog(token):
-                    continue
-                if job.cancelled.is_set():
-                    continue
-                batch.append(job)
-                items.append(BatchItem(session.seq_id, [token], pos[session.id]))
-                decoded[session.id].append(token)
-            if not batch:
-                break
-            x.decoding_now = {job.session.id for job in batch}
+        running = [job for job in jobs if tokens_allowed(job) > 0]
+        running.sort(key=lambda job: job.session.seq_id)  # llama.cpp wants them rising
+        left = [tokens_allowed(job) for job in running]
+        hint = [job.session.greedy_hint or 0 for job in running]
+        pos = [job.session.seq.state.next_cache_pos() for job in running]
+        decoded: list[list[int]] = [[] for _ in running]
+        live = [k for k in range(len(running)) if not is_eog(hint[k])]
+        staying: list[tuple[int, int]] = []  # (batch index, job) after the last decode
+        made = 0
+        if live:
+            engine.before_decoding()
+        while live and made < decodes and not interrupted():
+            tokens = [hint[k] for k in live]
+            x.decoding_now = {running[k].session.id for k in live}
             try:
-                rows = engine.decode_next(items, lend=True)
+                got = engine.decode_greedy(
+                    [running[k].session.seq_id for k in live],
+                    tokens,
+                    [pos[k] for k in live],
+                    prepared=True,
+                )
             except EngineError as e:  # decoded and unjournalled: the cache is not the history
                 x.metrics.alloc_failures.inc()
-                for job in batch:
-                    del decoded[job.session.id]
-                    x.auditor.fail_session(job.session, f"llama_decode failed: {e}")
-                running = [job for job in running if job.session.id in decoded]
-                continue
+                for k in live:
+                    decoded[k] = []
+                    x.auditor.fail_session(running[k].session, f"llama_decode failed: {e}")
+                staying = []
+                break
             finally:
                 x.decoding_now = set()
-            x.metrics.steps.inc()
-            for job, row in zip(batch, rows, strict=True):
-                session = job.session
-                assert row is not None
-                session.set_logits(row.logits, row.greedy)
-                x.lend(session, row.logits)
-                pos[session.id] += 1
-                left[session.id] -= 1
-        for job in running:
-            if decoded[job.session.id]:
-                self._record(job, decoded[job.session.id])
+            made += 1
+            staying = []
+            for j, k in enumerate(live):
+                decoded[k].append(tokens[j])
+                pos[k] += 1
+                left[k] -= 1
+                hint[k] = got[j]
+                if left[k] == 0 or is_eog(got[j]) or running[k].cancelled.is_set():
+                    self._keep_row(running[k], j)  # it leaves the run: its row stays
+                else:
+                    staying.append((j, k))
+            live = [k for _, k in staying]
+        for j, k in staying:
+            self._keep_row(running[k], j)
+        x.metrics.steps.inc(made)
+        for k, job in enumerate(running):
+            if decoded[k]:
+                self._record(job, decoded[k])
+
+    def _keep_row(self, job: Job, index: int) -> None:
+        """The session's next-token row is the last decode's at `index` (lent: copied if it is
+        still needed when the next decode comes)."""
+        row = self.x.engine.row_at(index)
+        job.session.set_logits(row.logits, row.greedy)
+        self.x.lend(job.session, row.logits)
 
     def _record(self, job: Job, tokens: list[int]) -> None:
         """What a step at a time records for each token, for the run's tokens at once: the

@@ -65,9 +65,12 @@ class Scheduler:
         max_kv_bytes: int | None = None,
         max_parked: int = 0,
         decode_run: int = 1,
+        decode_run_s: float = 0.0,
     ) -> None:
         self._engine_factory = engine_factory
         self.decode_run = decode_run  # decodes a greedy session may make per pass (runahead.py)
+        self.decode_run_s = decode_run_s  # ... within this long (0: no bound)
+        self._run_ends = 0.0
         self.registry = registry
         self.metrics = metrics
         self.durability = durability
@@ -243,6 +246,7 @@ class Scheduler:
                 and len(plan.slots) == len(heads)
                 and all(s.decoding for s in plan.slots)
             ):  # every head decoded a token: the greedy ones go on (runahead.py)
+                self._run_ends = time.monotonic() + self.decode_run_s if self.decode_run_s else 0.0
                 self.executor.run_ahead(
                     [live[s.key] for s in plan.slots], self.decode_run - 1, self._interrupted
                 )
@@ -250,8 +254,10 @@ class Scheduler:
             self.gate.release()
 
     def _interrupted(self) -> bool:
-        """A request or a call waits: a decode run ends at once."""
-        return bool(self._inbox.queue)
+        """A request or a call waits, or the run has decoded for `decode_run_s`: it ends now."""
+        if self._inbox.queue:
+            return True
+        return bool(self._run_ends) and time.monotonic() >= self._run_ends
 
     def _next_take(self, job: Job) -> int:
         """The prefill tokens this job's next sub-batch holds: a chunk, cut where the policy must
