@@ -1,33 +1,52 @@
 #!/usr/bin/env bash
 # GPU offload check, for a machine with an NVIDIA GPU (compute capability 9.0, e.g. H100/H200) and no
 # network. Give it the llama-cpp-python sdist; the pinned models must be in $SINKD_HOME/models (or
-# the user cache). Builds for CUDA sm_90 only, runs the engine tests with every layer offloaded,
-# latency.py (latency vs session age) and the batched path (raw batching, then 1-8 sessions through
-# the daemon against the raw ceiling), and prints the figures. About 12 minutes, most of it the build.
+# the user cache). Builds llama-cpp-python and, beside it, llama-server from the same sdist, for
+# CUDA sm_90 only; then, every layer offloaded:
+#   - the engine tests (positions, shift, logits of batched against solo rows, the decode's argmax);
+#   - the daemon's batched-step tests and the resume tests (a restart, kill -9, decode runs:
+#     bit for bit against a daemon that never stopped), the daemon at its GPU defaults (decode
+#     runs of 16);
+#   - engine_cpu.py (sinkd's CPU per step outside llama_decode, what the GPU waits for) and
+#     concurrency.py (1-8 sessions against the raw batched ceiling);
+#   - peer.py --throughput-only: sinkd against llama-server at one session and at eight, same GPU;
+#   - latency.py (latency vs session age), shortened.
+# Prints the figures and keeps them in OUT_DIR. Budget: ten minutes on 16 cores (the two builds run
+# at once and take most of it; not yet timed on such a machine).
 #
 #   bash bench/gpu_check.sh llama_cpp_python-0.3.36.tar.gz [OUT_DIR]
 set -euo pipefail
-sdist=${1:?give the llama-cpp-python sdist}
+sdist=$(realpath "${1:?give the llama-cpp-python sdist}")
 out=${2:-bench/results/gpu}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -m venv --system-site-packages /tmp/sinkd-gpu
 . /tmp/sinkd-gpu/bin/activate
+cuda="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
 start=$(date +%s)
-CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF" \
-  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) pip install --no-index --no-deps --no-build-isolation -q "$sdist"
-echo "build: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"
+# llama-server from the same sources, built while pip builds the bindings (each on half the cores)
+half=$(( ($(nproc) + 1) / 2 ))
+export SINKD_PEER_SDIST="$sdist" SINKD_PEER_CMAKE_ARGS="$cuda" SINKD_PEER_GPU_LAYERS=99 SINKD_PEER_ROUNDS=1
+CMAKE_BUILD_PARALLEL_LEVEL=$half python3 bench/peer.py --build-only > "$out/peer-build.txt" 2>&1 &
+peer_build=$!
+CMAKE_ARGS="$cuda -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF" \
+  CMAKE_BUILD_PARALLEL_LEVEL=$half pip install --no-index --no-deps --no-build-isolation -q "$sdist"
 pip install --no-index --no-deps --no-build-isolation -q .  # sinkd itself (imports as sinkd.*)
-export SINKD_GPU_LAYERS=99 SINKD_ALLOW_UNCHECKED=1
+echo "bindings built: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"
+# the engine's own tests read SINKD_GPU_LAYERS, a daemon's settings SINKD_N_GPU_LAYERS
+export SINKD_GPU_LAYERS=99 SINKD_N_GPU_LAYERS=99 SINKD_ALLOW_UNCHECKED=1
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py 2>&1 | tee "$out/engine-tests.txt"
-python3 bench/latency.py --tokens 5200 --full-tokens 4096 2>&1 | grep -v '^llama' | tee "$out/latency.txt"
-cp bench/results/latency.json "$out/latency.json" 2>/dev/null || true
-python3 -m pytest -q -p no:cacheprovider tests/test_daemon.py -k "batched or scattered or share_a_step" \
-  2>&1 | tee "$out/batched-tests.txt"
-python3 bench/batching.py --json "$out/batching.json" 2>&1 | grep -v '^llama' | tee "$out/batching.txt"
-python3 bench/concurrency.py 2>&1 | grep -v '^llama' | tee "$out/concurrency.txt"
-cp bench/results/concurrency.json "$out/concurrency.json" 2>/dev/null || true
-# sinkd's own CPU per step outside llama_decode, what a GPU waits for (issue 47): the number that
-# matters there, since a step's decode is a few milliseconds
+python3 -m pytest -q -p no:cacheprovider tests/test_decode_runs.py tests/test_daemon.py \
+  tests/test_durability.py -k "batched or scattered or share_a_step or restarted or runs" \
+  2>&1 | tee "$out/daemon-tests.txt"
 python3 bench/engine_cpu.py 2>&1 | grep -v '^llama' | tee "$out/engine_cpu.txt"
 cp bench/results/engine_cpu.json "$out/engine_cpu.json" 2>/dev/null || true
+python3 bench/concurrency.py 2>&1 | grep -v '^llama' | tee "$out/concurrency.txt"
+cp bench/results/concurrency.json "$out/concurrency.json" 2>/dev/null || true
+wait "$peer_build" || { echo "llama-server did not build (see $out/peer-build.txt)"; exit 1; }
+echo "llama-server built: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"
+python3 bench/peer.py --throughput-only 2>&1 | grep -v '^llama' | tee "$out/peer.txt"
+cp bench/results/peer_throughput.json "$out/peer_throughput.json" 2>/dev/null || true
+python3 bench/latency.py --tokens 2600 --full-tokens 2048 2>&1 | grep -v '^llama' | tee "$out/latency.txt"
+cp bench/results/latency.json "$out/latency.json" 2>/dev/null || true
+echo "total: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"

@@ -5,6 +5,11 @@
     python bench/peer.py --perplexity-only -> bench/results/peer_perplexity.json (the schemes alone)
     python bench/peer.py --solo-only      -> bench/results/peer_solo_threads{N}.json (one session:
                                              llama-server, sinkd, sinkd --no-durable)
+    python bench/peer.py --throughput-only -> bench/results/peer_throughput.json (those three at
+                                             one session and at eight)
+
+SINKD_PEER_CMAKE_ARGS adds CMake flags to the peer's build (its own cache folder), and
+SINKD_PEER_GPU_LAYERS offloads that many layers in both servers: bench/gpu_check.sh's GPU run.
 
 SINKD_PEER_THREADS (default 2, every core here) sets both servers' decoding threads; with 1 on
 this 2-core machine the other core is free for each server's transport and its client.
@@ -18,6 +23,7 @@ compiler, so the comparison is of the serving layers, not of two engines.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -44,7 +50,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SINKD_PEER_CACHE", Path.home() / ".cache" / "sinkd" / "peer"))
 
 
+# a GPU run (bench/gpu_check.sh): the peer built with these CMake flags (e.g. "-DGGML_CUDA=on
+# -DCMAKE_CUDA_ARCHITECTURES=90"), and both servers offloading this many layers
+CMAKE_EXTRA = os.environ.get("SINKD_PEER_CMAKE_ARGS", "").split()
+GPU_LAYERS = int(os.environ.get("SINKD_PEER_GPU_LAYERS", "0"))
+
+
 def installed_version() -> str:
+    """The installed llama-cpp-python's version, or the given sdist's (SINKD_PEER_SDIST: a GPU
+    check builds the peer while pip still builds the bindings)."""
+    given = os.environ.get("SINKD_PEER_SDIST")
+    if given and Path(given).name.startswith("llama_cpp_python-"):
+        return Path(given).name.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
     from importlib.metadata import version
 
     return version("llama_cpp_python")
@@ -79,7 +96,8 @@ def sdist(version: str, into: Path) -> Path:
 def build() -> dict[str, Path]:
     """The peer's binaries, built once per llama-cpp-python version; later calls reuse them."""
     version = installed_version()
-    root = cache_dir() / version
+    flavour = hashlib.sha256(" ".join(CMAKE_EXTRA).encode()).hexdigest()[:8] if CMAKE_EXTRA else ""
+    root = cache_dir() / (f"{version}-{flavour}" if flavour else version)
     bins = {t: root / "build" / "bin" / t for t in TARGETS}
     if all(b.exists() for b in bins.values()):
         return bins
@@ -102,11 +120,20 @@ def build() -> dict[str, Path]:
             "-DLLAMA_OPENSSL=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=OFF",
+            *CMAKE_EXTRA,
         ],
         check=True,
     )
     subprocess.run(
-        ["cmake", "--build", str(build_dir), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)],
+        [
+            "cmake",
+            "--build",
+            str(build_dir),
+            "--target",
+            *TARGETS,
+            "-j",
+            os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2),
+        ],
         check=True,
     )
     return bins
@@ -183,7 +210,8 @@ class Server:
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(model_file()), "-c", str(BUDGET * slots), "-np", str(slots),
              "--keep", str(SINKS), "--context-shift", "-t", str(THREADS), "-b", "256", "-ub", "256",
-             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui"],
+             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui",
+             *(["-ngl", str(GPU_LAYERS)] if GPU_LAYERS else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 120
@@ -246,7 +274,8 @@ class Sinkd:
             [sys.executable, "-m", "sinkd.cli.main", "serve", "--socket", str(sock),
              "--max-sessions", str(sessions), "--ctx", str(BUDGET),
              *(["--threads", str(threads)] if threads else []),
-             "--state-dir", str(self.tmp / "state"), "--durable" if durable else "--no-durable"],
+             "--state-dir", str(self.tmp / "state"), "--durable" if durable else "--no-durable",
+             *(["--gpu-layers", str(GPU_LAYERS)] if GPU_LAYERS else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
         from sinkd.daemon.rpc.client import Client, daemon_answers
@@ -449,9 +478,10 @@ def perplexity_table(rows: list[dict[str, Any]]) -> None:
             f"{r['perplexity'] / server[r['text']]:.4f}"] for r in rows])  # fmt: skip
 
 
-def main(solo_only: bool = False) -> None:
+def main(solo_only: bool = False, throughput_only: bool = False) -> None:
     """Every server at one session and at SESSIONS, then the ceiling and the perplexities; with
-    `solo_only`, llama-server and sinkd (durable and not) at one session alone."""
+    `solo_only`, llama-server and sinkd (durable and not) at one session alone; with
+    `throughput_only` (bench/gpu_check.sh), those three at one session and at SESSIONS."""
     bins = build()
     work = prompts(SESSIONS)
     runs: list[dict[str, Any]] = []
@@ -472,7 +502,7 @@ def main(solo_only: bool = False) -> None:
         ),
     ]
     loads = ((1, SOLO_TOKENS),) if solo_only else ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS))
-    if solo_only:
+    if solo_only or throughput_only:
         servers = servers[:3]
     counts = [k for k, _ in loads]
     for rnd in range(ROUNDS):  # each set back to back, who goes first alternating by round
@@ -535,9 +565,10 @@ def main(solo_only: bool = False) -> None:
           r["per_session_median"], " ".join(f"{x:.2f}" for x in r["aggregate"]),
           r["aggregate_median"]] for r in ratios],
     )  # fmt: skip
-    if solo_only:
-        out = {"threads": THREADS, "runs": runs, "ratios": ratios}
-        print(f"wrote {write(f'peer_solo_threads{THREADS}', out)}")
+    if solo_only or throughput_only:
+        out = {"threads": THREADS, "gpu_layers": GPU_LAYERS, "runs": runs, "ratios": ratios}
+        name = "peer_throughput" if throughput_only else f"peer_solo_threads{THREADS}"
+        print(f"wrote {write(name, out)}")
         return
     ceiling = batched_bench(bins["llama-batched-bench"])
     ppl = perplexities()
@@ -559,6 +590,8 @@ if __name__ == "__main__":
         print(f"wrote {write('peer_perplexity', {'perplexity': rows})}")
     elif sys.argv[1:] == ["--solo-only"]:
         main(solo_only=True)
+    elif sys.argv[1:] == ["--throughput-only"]:
+        main(throughput_only=True)
     elif sys.argv[1:]:
         sys.exit(f"usage: {sys.argv[0]} [--build-only | --perplexity-only | --solo-only]")
     else:
