@@ -54,7 +54,7 @@ class RunAhead:
     """The executor's decode runs (engine thread)."""
 
     def __init__(self, executor: Executor) -> None:
-        self.x = executor
+        self.executor = executor
 
     def run(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
         """Up to `decodes` more decodes for the jobs that may run (`tokens_allowed`), then their
@@ -62,8 +62,8 @@ class RunAhead:
 
         Between two decodes only the tokens move (`Engine.decode_greedy`): a session's row is
         read once, as it leaves the run (its last decode's, before the next overwrites it)."""
-        x = self.x
-        engine = x.engine
+        ex = self.executor
+        engine = ex.engine
         is_eog = engine.vocab.is_eog
         running = [job for job in jobs if tokens_allowed(job) > 0]
         running.sort(key=lambda job: job.session.seq_id)  # llama.cpp wants them rising
@@ -78,7 +78,7 @@ class RunAhead:
             engine.before_decoding()
         while live and made < decodes and not interrupted():
             tokens = [hint[k] for k in live]
-            x.decoding_now = {running[k].session.id for k in live}
+            ex.decoding_now = {running[k].session.id for k in live}
             try:
                 got = engine.decode_greedy(
                     [running[k].session.seq_id for k in live],
@@ -87,14 +87,14 @@ class RunAhead:
                     prepared=True,
                 )
             except EngineError as e:  # decoded and unjournalled: the cache is not the history
-                x.metrics.alloc_failures.inc()
+                ex.metrics.alloc_failures.inc()
                 for k in live:
                     decoded[k] = []
-                    x.auditor.fail_session(running[k].session, f"llama_decode failed: {e}")
+                    ex.auditor.fail_session(running[k].session, f"llama_decode failed: {e}")
                 staying = []
                 break
             finally:
-                x.decoding_now = set()
+                ex.decoding_now = set()
             made += 1
             staying = []
             for j, k in enumerate(live):
@@ -109,7 +109,7 @@ class RunAhead:
             live = [k for _, k in staying]
         for j, k in staying:
             self._keep_row(running[k], j)
-        x.metrics.steps.inc(made)
+        ex.metrics.steps.inc(made)
         for k, job in enumerate(running):
             if decoded[k]:
                 self._record(job, decoded[k])
@@ -117,40 +117,40 @@ class RunAhead:
     def _keep_row(self, job: Job, index: int) -> None:
         """The session's next-token row is the last decode's at `index` (lent: copied if it is
         still needed when the next decode comes)."""
-        row = self.x.engine.row_at(index)
+        row = self.executor.engine.row_at(index)
         job.session.set_logits(row.logits, row.greedy)
-        self.x.lend(job.session, row.logits)
+        self.executor.lend(job.session, row.logits)
 
     def _record(self, job: Job, tokens: list[int]) -> None:
         """What a step at a time records for each token, for the run's tokens at once: the
         journal's rows (one a token), the policy and the ledger, the events, the audit."""
-        x, session = self.x, job.session
+        ex, session = self.executor, job.session
         gen = job.gen
         assert gen is not None
         sb = session.seq.plan(len(tokens), max_batch=len(tokens)).sub_batches[0]
         if sb.ops or sb.n_tokens != len(tokens):  # tokens_allowed rules this out
-            x.auditor.fail_session(session, "a decode run crossed an eviction")
+            ex.auditor.fail_session(session, "a decode run crossed an eviction")
             return
-        if x.durability is not None:
-            x.durability.flush(session)
+        if ex.durability is not None:
+            ex.durability.flush(session)
             draws = session.sampler.draws if gen.sampler is session.sampler else None
             for k, token in enumerate(tokens):
-                x.durability.log(session, sb.logical_pos + k, sb.cache_pos + k, [token], draws)
+                ex.durability.log(session, sb.logical_pos + k, sb.cache_pos + k, [token], draws)
         session.seq.adopt_ops(sb)
         session.seq.adopt_tokens(sb)
         session.retained.apply(sb, tokens)
         now = time.monotonic()
         session.last_active = now
-        vocab = x.engine.vocab
+        vocab = ex.engine.vocab
         for token in tokens:
             job.generated += 1
-            x.metrics.itl.observe(now - job.last_emit)
+            ex.metrics.itl.observe(now - job.last_emit)
             latency_ms = (now - job.last_emit) * 1000.0
             job.last_emit = now
             if gen.repetition_guard:
                 job.ids.append(token)
             text = job.assembler.feed(vocab.piece(token))
-            x.gate.emit(job, TokenEvent(token, text, job.generated - 1, latency_ms))
-        x.metrics.decode_tokens.inc(len(tokens))
-        x.metrics.run_tokens.inc(len(tokens))
-        x.auditor.check(session, full=False)
+            ex.gate.emit(job, TokenEvent(token, text, job.generated - 1, latency_ms))
+        ex.metrics.decode_tokens.inc(len(tokens))
+        ex.metrics.run_tokens.inc(len(tokens))
+        ex.auditor.check(session, full=False)
