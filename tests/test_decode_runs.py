@@ -28,7 +28,7 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
 from tests.support.daemons import stop_without_snapshots
-from tests.support.services import fake_service
+from tests.support.services import fake_service, in_one_step
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
@@ -107,6 +107,44 @@ def test_runs_give_the_tokens_reasons_and_journal_rows_of_a_step_at_a_time(
     assert run_tokens_1 == 0 and run_tokens_8 > 0
     tokens = sum(len(r[0]) for r in replies)
     assert passes_1 >= tokens and passes_8 < passes_1 - run_tokens_8 // 2
+
+
+def three_replies(service: SinkdService) -> list[list[int]]:
+    """A long greedy reply, a short greedy one and a sampled one, their jobs in the same steps."""
+    handles = []
+    for opening in ("Sea 171.", "Sea 263.", "Sea 90."):
+        policy = PolicyRequest(name="sink", sinks=4, window=24, evict_chunk=4)
+        handle = service.create(WHO, policy).handle
+        service.append(WHO, handle, opening, timeout=20)
+        handles.append(handle)
+    options = [
+        GenerationOptions(60, sampling=GREEDY),
+        GenerationOptions(13, sampling=GREEDY),
+        GenerationOptions(30, sampling=SamplingRequest(temperature=0.8, seed=5)),
+    ]
+
+    def generate(k: int) -> list[int]:
+        events = service.generate(WHO, handles[k], options[k], timeout=30)
+        return [e.id for e in events if isinstance(e, TokenEvent)]
+
+    futures = in_one_step(service, [lambda k=k: generate(k) for k in range(3)])
+    return [f.result(60) for f in futures]
+
+
+@pytest.mark.unit
+def test_sessions_that_leave_a_run_early_or_never_join_keep_their_rows(tmp_path: Path) -> None:
+    """Three replies in the same steps: a long greedy one, a short greedy one that leaves the run
+    while the other goes on, a sampled one that never joins: each as a step at a time gives it
+    (a row lent when a session leaves is copied before the next decode overwrites it)."""
+    got = {}
+    for run in (1, 8):
+        service = fake_service(tmp_path / str(run), decode_run=run)
+        try:
+            got[run] = three_replies(service), service.metrics.count("run_tokens")
+        finally:
+            service.stop()
+    assert got[8][0] == got[1][0] and [len(ids) for ids in got[1][0]] == [60, 13, 30]
+    assert got[8][1] > 0
 
 
 @pytest.mark.unit

@@ -92,10 +92,6 @@ class Decoder:
         self.max_rows = max_rows  # of a sequence, per llama_decode
         self.before_decode = before_decode
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
-        # the batch's token and position arrays as numpy views: a greedy decode fills them with
-        # one slice assignment each (decode_greedy)
-        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
-        self._positions = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
         self._greedy_ids: list[int] | None = None  # the sequences its slots hold (None: unknown)
         self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
         self._row_views: dict[int, np.ndarray] = {}  # address -> one row's view (backend argmax)
@@ -326,13 +322,21 @@ class Decoder:
         return [None if idx is None else Next(rows[row_of[idx]], None) for idx in out_index]
 
     def decode_greedy(
-        self, seq_ids: list[int], tokens: list[int], positions: list[int], prepared: bool = False
+        self,
+        seq_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        prepared: bool = False,
+        ahead: int = 0,
+        lent: bool = True,
     ) -> list[int]:
-        """One token for each sequence (ids rising), one llama_decode: each row's greedy token,
-        from llama.cpp's backend argmax. No row is read (`row_at` reads one, until the next
-        decode): the decode runs' loop (runtime/loop/runahead.py), where nothing else is needed
-        between two decodes. Validated as `decode_batch` is. `prepared`: `before_decode` ran for
-        this run of decodes already (it follows the cores' share, re-read once a second)."""
+        """One token for each sequence (ids rising) at `positions` + `ahead`, one llama_decode:
+        each row's greedy token, from llama.cpp's backend argmax. No row is read (`row_at` reads
+        one, until the next decode): the decode runs' loop (runtime/loop/runahead.py), where
+        nothing else is needed between two decodes. Validated as `decode_batch` is.
+        `prepared`: `before_decode` ran for this run of decodes already (it follows the cores'
+        share, re-read once a second); `lent=False`: no row was lent since the last decode, so
+        `before_overwrite` has nothing to copy."""
         n = len(seq_ids)
         if not self.backend_argmax:
             raise EngineError("greedy decodes need llama.cpp's backend argmax")
@@ -350,21 +354,29 @@ class Decoder:
                 b.seq_id[i][0] = q
                 b.logits[i] = True
             self._greedy_ids = list(seq_ids)
-        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
-            raise InvalidInput(f"greedy decode: a token outside 0..{self.n_vocab - 1}")
-        self._tokens[:n] = tokens
-        self._positions[:n] = positions
-        self._batch.n_tokens = n
+        b, n_vocab = self._batch, self.n_vocab
+        token, pos = b.token, b.pos  # plain stores: cheaper than numpy's right after a decode
+        for i in range(n):
+            t = tokens[i]
+            if not 0 <= t < n_vocab:
+                raise InvalidInput(f"greedy decode: token {t} outside 0..{n_vocab - 1}")
+            token[i] = t
+            pos[i] = positions[i] + ahead
+        b.n_tokens = n
         if not prepared:
             self.before_decode()
-        self._overwriting()
-        rc = llama.llama_decode(self._ctx, self._batch)
+        if lent:
+            self._overwriting()
+        rc = llama.llama_decode(self._ctx, b)
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seq_ids}")
-        sampled = llama.llama_get_sampled_token_ith
-        out = [int(sampled(self._ctx, i)) for i in range(n)]
-        if min(out) < 0 or max(out) >= self.n_vocab:
-            raise EngineError("llama.cpp sampled no token for a row")
+        sampled, ctx = llama.llama_get_sampled_token_ith, self._ctx
+        out = []
+        for i in range(n):
+            t = sampled(ctx, i)
+            if not 0 <= t < n_vocab:
+                raise EngineError(f"llama.cpp sampled no token for row {i}")
+            out.append(t)
         return out
 
     def row_at(self, index: int) -> Next:

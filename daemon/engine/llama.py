@@ -421,9 +421,15 @@ class Engine:
         return self.decoder.decode_next(items, lend)
 
     def decode_greedy(
-        self, seq_ids: list[int], tokens: list[int], positions: list[int], prepared: bool = False
+        self,
+        seq_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        prepared: bool = False,
+        ahead: int = 0,
+        lent: bool = True,
     ) -> list[int]:
-        return self.decoder.decode_greedy(seq_ids, tokens, positions, prepared)
+        return self.decoder.decode_greedy(seq_ids, tokens, positions, prepared, ahead, lent)
 
     def before_decoding(self) -> None:
         """What every decode does first (the cores' share), once for a run of greedy decodes."""

@@ -225,13 +225,29 @@ class FakeEngine:
         pass
 
     def decode_greedy(
-        self, seq_ids: list[int], tokens: list[int], positions: list[int], prepared: bool = False
+        self,
+        seq_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        prepared: bool = False,
+        ahead: int = 0,
+        lent: bool = True,
     ) -> list[int]:
-        """One token a sequence (ids rising), each row's greedy token; `row_at` reads a row."""
+        """One token a sequence (ids rising), each row's greedy token; `row_at` reads a row.
+        `lent=False` promises nothing is lent: a row that is (the run's bug) is spoilt here."""
         if seq_ids != sorted(set(seq_ids)):
             raise InvalidInput("greedy decode: sequence ids must rise")
-        items = [BatchItem(q, [t], p) for q, t, p in zip(seq_ids, tokens, positions, strict=True)]
-        return [greedy_token(row) for row in self.decode_batch(items, lend=True) if row is not None]
+        if not lent:
+            self.before_overwrite, hooks = [], self.before_overwrite
+        items = [
+            BatchItem(q, [t], p + ahead) for q, t, p in zip(seq_ids, tokens, positions, strict=True)
+        ]
+        try:
+            rows = self.decode_batch(items, lend=True)
+        finally:
+            if not lent:
+                self.before_overwrite = hooks
+        return [greedy_token(row) for row in rows if row is not None]
 
     def row_at(self, index: int) -> Next:
         row = self._buffer[index]

@@ -58,58 +58,63 @@ class RunAhead:
 
     def run(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
         """Up to `decodes` more decodes for the jobs that may run (`tokens_allowed`), then their
-        bookkeeping; stops early when `interrupted()` (a request or a call waits).
+        bookkeeping; stops early when `interrupted()` (a request or a call waits, or the time
+        bound passed). A cancel takes effect at the run's end.
 
-        Between two decodes only the tokens move (`Engine.decode_greedy`): a session's row is
-        read once, as it leaves the run (its last decode's, before the next overwrites it)."""
+        Between two decodes only the tokens move (`Engine.decode_greedy`), while the same
+        sessions decode: a session's row is read once, as it leaves the run (its last decode's,
+        before the next overwrites it), and its tokens are gathered when the set changes."""
         ex = self.executor
         engine = ex.engine
         is_eog = engine.vocab.is_eog
         running = [job for job in jobs if tokens_allowed(job) > 0]
         running.sort(key=lambda job: job.session.seq_id)  # llama.cpp wants them rising
-        left = [tokens_allowed(job) for job in running]
-        hint = [job.session.greedy_hint or 0 for job in running]
-        pos = [job.session.seq.state.next_cache_pos() for job in running]
+        limit = [tokens_allowed(job) for job in running]  # the decodes each may make
+        live = [k for k, job in enumerate(running) if not is_eog(job.session.greedy_hint or 0)]
+        tokens = [running[k].session.greedy_hint or 0 for k in live]
+        positions = [running[k].session.seq.state.next_cache_pos() for k in live]
         decoded: list[list[int]] = [[] for _ in running]
-        live = [k for k in range(len(running)) if not is_eog(hint[k])]
-        staying: list[tuple[int, int]] = []  # (batch index, job) after the last decode
         made = 0
         if live:
             engine.before_decoding()
         while live and made < decodes and not interrupted():
-            tokens = [hint[k] for k in live]
+            ids = [running[k].session.seq_id for k in live]
+            until = min(decodes, *(limit[k] for k in live))
+            history: list[list[int]] = []  # the tokens each decode took, in `live` order
             ex.decoding_now = {running[k].session.id for k in live}
             try:
-                got = engine.decode_greedy(
-                    [running[k].session.seq_id for k in live],
-                    tokens,
-                    [pos[k] for k in live],
-                    prepared=True,
-                )
+                while True:  # the same sessions: nothing is lent between two of these decodes
+                    got = engine.decode_greedy(
+                        ids, tokens, positions, True, len(history), lent=not history
+                    )
+                    made += 1
+                    history.append(tokens)
+                    tokens = got
+                    if made >= until or any(map(is_eog, got)) or interrupted():
+                        break
             except EngineError as e:  # decoded and unjournalled: the cache is not the history
                 ex.metrics.alloc_failures.inc()
                 for k in live:
                     decoded[k] = []
                     ex.auditor.fail_session(running[k].session, f"llama_decode failed: {e}")
-                staying = []
+                live = []
                 break
             finally:
                 ex.decoding_now = set()
-            made += 1
-            staying = []
+                ex.metrics.steps.inc(len(history))
             for j, k in enumerate(live):
-                decoded[k].append(tokens[j])
-                pos[k] += 1
-                left[k] -= 1
-                hint[k] = got[j]
-                if left[k] == 0 or is_eog(got[j]) or running[k].cancelled.is_set():
+                decoded[k].extend(h[j] for h in history)
+            positions = [p + len(history) for p in positions]
+            ending = made >= decodes or interrupted()
+            stay = []
+            for j, k in enumerate(live):
+                if ending or made >= limit[k] or is_eog(tokens[j]):
                     self._keep_row(running[k], j)  # it leaves the run: its row stays
                 else:
-                    staying.append((j, k))
-            live = [k for _, k in staying]
-        for j, k in staying:
-            self._keep_row(running[k], j)
-        ex.metrics.steps.inc(made)
+                    stay.append(j)
+            live = [live[j] for j in stay]
+            tokens = [tokens[j] for j in stay]
+            positions = [positions[j] for j in stay]
         for k, job in enumerate(running):
             if decoded[k]:
                 self._record(job, decoded[k])
