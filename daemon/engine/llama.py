@@ -130,8 +130,10 @@ class EngineConfig(BaseModel):
     # "on", tests and benches only: llama.cpp's kernel as it is, in any span and any piece
     flash_attn: Literal["auto", "off", "on"] = "auto"
     # llama.cpp computes each output row's argmax inside the decode (a greedy sampler chain per
-    # sequence, "backend sampling"): a greedy token costs no read of the row here; off: numpy's
-    backend_argmax: bool = True
+    # sequence, "backend sampling"): a greedy token costs no read of the row here, and decode
+    # runs need it (runtime/loop/runahead.py). On the CPU it costs the decode ~2% at 8 sessions
+    # (1.3 of 65 ms), more than the numpy argmax it saves: off unless runs are on (boot.py)
+    backend_argmax: bool = False
 
 
 def template_name_sha256(name: str) -> str:

@@ -23,6 +23,9 @@ def engine_config(settings: Settings) -> EngineConfig:
         n_gpu_layers=settings.n_gpu_layers,
         kv_type=settings.kv_type,
         flash_attn=settings.flash_attn,
+        # decode runs take the decode's own argmax (runahead.py); without them it costs more
+        # than the numpy argmax it saves (engine/llama.py, EngineConfig)
+        backend_argmax=settings.decodes_per_pass > 1,
     )
     if settings.n_threads:
         config = config.model_copy(update={"n_threads": settings.n_threads})
