@@ -21,8 +21,14 @@ def greedy_token(logits: np.ndarray) -> int:
     """The greedy token as llama.cpp's backend argmax (ggml's) picks it: the last of equal maxima
     (ggml_vec_argmax_f32), so a token computed here (after a resume, a fork, or with the backend
     argmax off) is the one the decode would have given on the CPU backend. No 49k-entry candidate
-    array is filled and walked (llama.cpp's CPU greedy sampler is stateless)."""
-    return len(logits) - 1 - int(np.argmax(logits[::-1]))
+    array is filled and walked (llama.cpp's CPU greedy sampler is stateless). numpy's argmax
+    finds the first; the rest of the row is searched for an equal one (an argmax over the row
+    reversed runs at half the speed)."""
+    first = int(np.argmax(logits))
+    rest = logits[first + 1 :]
+    if rest.size and rest.max() >= logits[first]:  # a tie: ggml's is the last of them
+        return len(logits) - 1 - int(np.argmax(logits[::-1]))
+    return first
 
 
 class SamplingParams(BaseModel):
