@@ -20,14 +20,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import TokenEvent
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.audit import Auditor
+from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job
+from sinkd.daemon.runtime.sessions import Session
 from sinkd.errors import EngineError
 
-if TYPE_CHECKING:
-    from sinkd.daemon.runtime.loop.executor import Executor
+
+class RunHost(Protocol):
+    """What a run uses of the executor (executor.py), named here so that the two modules do not
+    import each other."""
+
+    metrics: Metrics
+    auditor: Auditor
+    gate: ReplyGate
+    durability: Durability | None
+    decoding_now: set[str]
+
+    @property
+    def engine(self) -> Engine: ...
+
+    def lend(self, session: Session, row: Any) -> None: ...
 
 
 def tokens_allowed(job: Job) -> int:
@@ -53,7 +72,7 @@ def tokens_allowed(job: Job) -> int:
 class RunAhead:
     """The executor's decode runs (engine thread)."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: RunHost) -> None:
         self.executor = executor
 
     def run(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:

@@ -2,8 +2,9 @@
 
 Each step: the head job of each session is started (generating sessions sample their next token),
 `plan_step` decides who gets which tokens, the executor evicts, decodes and records, and the reply
-gate commits the journal before anyone hears back. Between steps: calls from other threads run,
-idle sessions expire, due snapshots are written.
+gate commits the journal before anyone hears back. After a step in which every head decoded,
+greedy sessions may go on decoding without a plan (decode runs: runahead.py). Between steps: calls
+from other threads run, idle sessions expire, due snapshots are written.
 
 Every wait on this thread ends. Calls and jobs enter through one gate that shutdown closes before
 it drains, so none is stranded; waiters poll the thread's liveness; and if the thread dies of a
