@@ -106,7 +106,9 @@ def test_parse_with_a_pydantic_model_returns_an_object_every_time(client: openai
 def test_json_object_returns_a_json_object(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Give me a JSON object about a cat."}],
+        messages=[
+            {"role": "user", "content": "A JSON object with two keys: a cat's name and its age."}
+        ],
         response_format={"type": "json_object"},
         max_tokens=200,
         temperature=0,

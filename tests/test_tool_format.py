@@ -141,3 +141,18 @@ def test_a_json_answer_streams_as_its_text(size: int) -> None:
     reader = ReplyReader(answer_is_text=False)
     answer = "".join(reader.feed(p)[0] for p in _pieces('{"response": ' + value + "}", size))
     assert answer == value and json.loads(answer) == {"a": [1, 'x}"]'], "b": None}
+
+
+def test_a_reply_cut_short_finishes_length_even_with_calls() -> None:
+    """OpenAI's finish reason: a reply cut short mid-call is "length" (the last call's arguments
+    may be cut too), a whole one that called tools "tool_calls"."""
+    from sinkd.daemon.http.openai_api import finish
+    from sinkd.daemon.runtime.api import ChatDone, Done
+    from tests.test_convert import receipt
+
+    call = ToolCall("call_1", "get_weather", '{"city":')
+    assert finish(ChatDone("max_tokens", 40, receipt(), calls=(call,))) == "length"
+    assert finish(ChatDone("repetition", 40, receipt(), calls=(call,))) == "length"
+    assert finish(ChatDone("eog", 12, receipt(), calls=(call,))) == "tool_calls"
+    assert finish(Done("eog", 12, receipt())) == "stop"
+    assert finish(Done("max_tokens", 12, receipt())) == "length"

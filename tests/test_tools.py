@@ -126,9 +126,14 @@ def test_a_named_tool_streams_as_openai_deltas(client: openai.OpenAI) -> None:
                 assert d.id is None
             assert d.function is not None
             calls[d.index]["arguments"] += d.function.arguments or ""
-    assert finishes[-1] == "tool_calls" and calls
+    assert finishes[-1] in ("tool_calls", "length") and calls  # the model may go on calling
+    whole = list(calls.values())
+    if finishes[-1] == "length":  # cut short: the last call's arguments may be cut too
+        whole = whole[:-1]
+    assert whole, calls
     for call in calls.values():
         assert call["name"] == "get_weather"
+    for call in whole:
         assert isinstance(json.loads(call["arguments"])["city"], str)
 
 
@@ -220,7 +225,7 @@ def test_langchain_binds_tools_in_an_agent_loop_and_structures_output(daemon: Da
         model=MODEL, base_url=f"{daemon.http.address}/v1", api_key="alice-token",  # type: ignore[arg-type]
         max_tokens=60, temperature=0, max_retries=0,
     )  # fmt: skip
-    agent = llm.bind_tools([get_weather], tool_choice="get_weather")
+    agent = llm.bind_tools([get_weather], tool_choice="get_weather", parallel_tool_calls=False)
     messages: list[Any] = [HumanMessage("What is the weather in Lima?")]
     step = agent.invoke(messages)
     (call,) = step.tool_calls

@@ -154,8 +154,10 @@ def router(front: HttpFront) -> APIRouter:
 
 
 def finish(done: Done) -> str:
-    """OpenAI's finish reason: "tool_calls" when the reply called tools."""
-    return "tool_calls" if calls_of(done) else FINISH.get(done.reason, "stop")
+    """OpenAI's finish reason: "length" for a reply cut short, calls or not (as OpenAI's: the
+    last call's arguments may be cut too), else "tool_calls" when the reply called tools."""
+    reason = FINISH.get(done.reason, "stop")
+    return "tool_calls" if reason != "length" and calls_of(done) else reason
 
 
 def _message(text: str, done: Done) -> dict[str, Any]:

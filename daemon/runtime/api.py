@@ -128,7 +128,8 @@ class GenerationOptions:
 @dataclass(frozen=True)
 class ToolCall:
     """A call the model made: `arguments` is JSON text, valid for the tool's schema (a grammar
-    decoded it), exactly as the model wrote it; `id` is the daemon's, for the client to answer."""
+    decoded it), exactly as the model wrote it, except the last call of a reply cut short (its
+    finish "length"), whose text may stop midway; `id` is the daemon's, for the client to answer."""
 
     id: str
     name: str
