@@ -148,7 +148,7 @@ def test_a_reply_cut_short_finishes_length_even_with_calls() -> None:
     may be cut too), a whole one that called tools "tool_calls"."""
     from sinkd.daemon.http.openai_api import finish
     from sinkd.daemon.runtime.api import ChatDone, Done
-    from tests.test_convert import receipt
+    from tests.support.receipts import receipt
 
     call = ToolCall("call_1", "get_weather", '{"city":')
     assert finish(ChatDone("max_tokens", 40, receipt(), calls=(call,))) == "length"
