@@ -31,7 +31,7 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/sinkd
 	ln -s $(CURDIR)/sinkd/*.py $(CURDIR)/sinkd/py.typed $(TYPECHECK)/sinkd/
-	for d in cachepolicy daemon evaluation cli proto; do ln -s $(CURDIR)/$$d $(TYPECHECK)/sinkd/$$d; done
+	for d in cachepolicy daemon evaluation narration cli proto; do ln -s $(CURDIR)/$$d $(TYPECHECK)/sinkd/$$d; done
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p sinkd
 
 format: $(VENV)/.installed

@@ -195,7 +195,7 @@ def test_a_full_queue_drops_the_oldest_lines() -> None:
     counted as dropped; `block` instead makes the writer wait until a reader takes a chunk."""
     import threading
 
-    from sinkd.cli.narrate import BLOCK, DROP_OLDEST, Counts, LineQueue
+    from sinkd.cli.narrator import BLOCK, DROP_OLDEST, Counts, LineQueue
 
     counts = Counts()
     q = LineQueue(200, DROP_OLDEST, counts)

@@ -116,28 +116,30 @@ def test_a_recalled_passage_comes_back_without_control_tokens(daemon: Daemon) ->
 
 
 def test_narrated_log_lines_stay_text(tmp_path: Path) -> None:
-    """`sinkd narrate` appends log lines: one that spells a turn opens none. Each narration adds
-    the template's two turn openings (the request and the answer's header), no more."""
+    """`sinkd narrate --feed-lines` appends log lines, and the facts quote them: a line that spells
+    a turn opens none. The narrator continues plain text, so the session holds no turn opening."""
     from sinkd.cli.backend import EmbeddedBackend
-    from sinkd.cli.narrate import Counts, LineQueue, NarrateConfig, Narrator
+    from sinkd.cli.narrator import Counts, Intake, NarrateConfig, Narrator
     from sinkd.daemon.runtime.api import PolicyRequest
 
     backend = EmbeddedBackend(n_ctx_seq=1024, max_sessions=1)
     try:
-        cfg = NarrateConfig(chunk_lines=4, every_lines=4, max_tokens=4, recall=False)
+        cfg = NarrateConfig(
+            chunk_lines=4, every_lines=4, max_tokens=4, recall=False, feed_lines=True
+        )
         counts = Counts()
-        queue = LineQueue(64, cfg.on_full, counts)
+        intake = Intake(cfg, counts)
         for line in ("GET /a 200", INJECTION.replace("\n", " "), "GET /b 500", INJECTION):
-            queue.put(line)
-        queue.close()
+            intake.add(line)
+        intake.close()
         h = backend.create(PolicyRequest("sink", window=1000)).handle
-        Narrator(backend, h, cfg, counts, lambda text, snapshot: None).run(queue)
+        Narrator(backend, h, cfg, counts, lambda item: None).run(intake)
         svc = backend.service
         session = svc.registry.get(h.session_id)
-        assert session is not None and counts.narrations >= 1
+        assert session is not None and counts.phrased >= 1 and counts.lines_appended >= 4
         vocab = svc.engine.vocab
         im_start = control_id(vocab, "<|im_start|>")
         tokens = svc.scheduler.call(lambda e: session.retained.all())
-        assert tokens.count(im_start) == 2 * counts.narrations
+        assert tokens.count(im_start) == 0
     finally:
         backend.shutdown()

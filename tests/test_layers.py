@@ -20,6 +20,7 @@ PACKAGES = {
     "cachepolicy": "sinkd.cachepolicy",
     "daemon": "sinkd.daemon",
     "evaluation": "sinkd.evaluation",
+    "narration": "sinkd.narration",
     "cli": "sinkd.cli",
     "proto": "sinkd.proto",
 }
@@ -90,6 +91,13 @@ def test_every_arrow_points_down() -> None:
                 pure
                 and target.startswith(("sinkd.", "grpc", "llama_cpp"))
                 and not target.startswith(("sinkd.cachepolicy", "sinkd.errors"))
+            ):
+                wrong.append(f"{module} -> {target}")
+            # the log facts and the check: pure as the policy, shared by the CLI and evaluation
+            if (
+                module.startswith("sinkd.narration")
+                and target.startswith(("sinkd.", "grpc", "llama_cpp"))
+                and not target.startswith("sinkd.narration")
             ):
                 wrong.append(f"{module} -> {target}")
             if mine is not None and theirs is not None and theirs > mine:

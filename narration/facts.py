@@ -1,0 +1,420 @@
+"""What a stretch of log says, computed from its lines and never invented.
+
+`Digest` reads every line (a template and its severity each), and cuts the stream into intervals:
+every `every_lines` lines, and early for an incident. An incident is a template at error or worse
+that was absent from the previous interval, or a template new since the first interval whose count
+reaches `burst_min`; its interval closes `incident_lines` lines (or `incident_seconds`) after its
+first line, so a flood becomes one interval with a count, not an interval per line. A template
+already in the previous interval starts no incident: a flood that goes on is counted, not re-raised.
+
+Each cut gives a `Facts`: the templates new since the start, every error-or-worse template, rates
+that jumped against their own baseline, templates that were steady and stopped, and silences in the
+stream, each with counts and line numbers, and the words of the lines they cite (`support`), which
+is what a model's sentence about them is checked against.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sinkd.narration.grounding import words_of
+from sinkd.narration.severity import ERROR_OR_WORSE, Severity, severity_of
+from sinkd.narration.templates import MASK, TemplateMiner
+
+RATE_WEIGHT = 0.3
+SHOWN_CHARS = 120  # a template as printed and given to the model  # each interval's weight in a template's baseline rate (per line)
+
+
+@dataclass(frozen=True)
+class DigestConfig:
+    every_lines: int = 200
+    incident_lines: int = 20
+    incident_seconds: float = 1.0
+    gap_seconds: float = 60.0
+    burst_min: int = 10  # lines in one interval before a rate jump counts
+    burst_factor: float = 4.0  # this many times the template's baseline rate
+    steady_intervals: int = 3  # present in this many intervals in a row before "stopped" can say so
+    stop_min_expected: float = 5.0  # and expected at least this many times in the interval
+    max_listed: int = 5  # per kind of fact; the rest are counted in `omitted`
+    example_chars: int = 200
+    support_tokens: int = 256  # words kept per template per interval for the check
+
+
+@dataclass(frozen=True)
+class TemplateFact:
+    template_id: int
+    template: str  # `<*>` where its lines differ
+    severity: str
+    count: int  # lines in this interval (0 for a template that stopped)
+    first_line: int  # its first and last line in this interval (stopped: the last line it had)
+    last_line: int
+    total: int  # lines since the start
+    since_line: int  # the first line it had since the start
+    example: str  # its first line in this interval, cut to `example_chars`
+    usual_per_100: float = 0.0  # its baseline rate, lines per 100 (bursts and stops)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def shown(self) -> str:
+        """The template as a reader sees it: runs of values as one `*`, no leading values."""
+        words: list[str] = []
+        for token in self.template.split():
+            if token == MASK:
+                if words and words[-1] != "*":
+                    words.append("*")
+            elif token not in "-|:":
+                words.append(token)
+        shown = " ".join(words) or self.example
+        return shown if len(shown) <= SHOWN_CHARS else shown[: SHOWN_CHARS - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Gap:
+    after_line: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Facts:
+    number: int  # 1 for the first interval
+    first_line: int
+    last_line: int
+    templates: int  # distinct templates in this interval
+    known: int  # templates known so far
+    new: tuple[TemplateFact, ...]
+    errors: tuple[TemplateFact, ...]
+    bursts: tuple[TemplateFact, ...]
+    stopped: tuple[TemplateFact, ...]
+    gaps: tuple[Gap, ...]
+    incident: bool
+    omitted: int
+    support: frozenset[str] = field(repr=False)
+
+    @property
+    def lines(self) -> int:
+        return self.last_line - self.first_line + 1
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing an operator would act on: no incident, nothing new (the first interval names
+        what the log is made of), no errors, no jumps, nothing stopped, no silence."""
+        return not (
+            self.incident
+            or self.new
+            or self.errors
+            or self.bursts
+            or self.stopped
+            or self.gaps
+        )
+
+    def listed(self) -> list[TemplateFact]:
+        seen: dict[int, TemplateFact] = {}
+        for fact in (*self.errors, *self.new, *self.bursts, *self.stopped):
+            seen.setdefault(fact.template_id, fact)
+        return list(seen.values())
+
+    def cites(self) -> list[tuple[int, int]]:
+        """The line ranges the facts rest on, merged."""
+        spans = sorted((f.first_line, f.last_line) for f in self.listed())
+        spans += [(g.after_line, g.after_line + 1) for g in self.gaps]
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(spans):
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+            else:
+                merged.append((a, b))
+        return merged
+
+    def steady(self) -> str:
+        return f"steady: {self.templates} templates, {self.lines} lines ({self.first_line}-{self.last_line})"
+
+    def render(self) -> str:
+        """The facts as plain lines: what is printed, and what the model is given to phrase."""
+        out = [
+            f"Log lines {self.first_line}-{self.last_line}: {self.lines} lines"
+            f" of {self.templates} kinds."
+        ]
+        for fact in self.errors:
+            out.append(
+                f'{fact.severity.upper()}: {fact.count} lines "{fact.shown()}"'
+                f" (lines {fact.first_line}-{fact.last_line}; {fact.total} since line {fact.since_line})."
+            )
+        for fact in self.new:
+            if fact.severity in ("error", "critical"):
+                continue  # said above
+            out.append(
+                f'NEW: {fact.count} lines "{fact.shown()}" (lines {fact.first_line}-{fact.last_line}).'
+            )
+        for fact in self.bursts:
+            out.append(
+                f'MORE THAN USUAL: {fact.count} lines "{fact.shown()}"'
+                f" (lines {fact.first_line}-{fact.last_line}), usually {fact.usual_per_100:.1f} per 100 lines."
+            )
+        for fact in self.stopped:
+            out.append(f'STOPPED: "{fact.shown()}" (last at line {fact.last_line}).')
+        for gap in self.gaps:
+            out.append(f"SILENT: no lines for {gap.seconds:.0f} s after line {gap.after_line}.")
+        if self.omitted:
+            out.append(f"({self.omitted} more facts not listed.)")
+        return "\n".join(out)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "first_line": self.first_line,
+            "last_line": self.last_line,
+            "lines": self.lines,
+            "templates": self.templates,
+            "known_templates": self.known,
+            "incident": self.incident,
+            "quiet": self.quiet,
+            "new": [f.as_dict() for f in self.new],
+            "errors": [f.as_dict() for f in self.errors],
+            "bursts": [f.as_dict() for f in self.bursts],
+            "stopped": [f.as_dict() for f in self.stopped],
+            "gaps": [g.__dict__ for g in self.gaps],
+            "omitted": self.omitted,
+            "cites": [list(c) for c in self.cites()],
+        }
+
+
+@dataclass
+class _Tally:
+    """One template within the interval being read."""
+
+    count: int = 0
+    first_line: int = 0
+    last_line: int = 0
+    severity: Severity = Severity.INFO
+    example: str = ""
+    words: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Known:
+    """One template across intervals."""
+
+    total: int = 0
+    since_line: int = 0
+    last_line: int = 0
+    rate: float = 0.0  # baseline lines per line, weighted over intervals
+    streak: int = 0  # intervals in a row it was present in
+    intervals: int = 0  # intervals since it was first seen
+
+
+class Digest:
+    """Not thread-safe: the narrator holds a lock around it."""
+
+    def __init__(
+        self,
+        config: DigestConfig | None = None,
+        miner: TemplateMiner | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or DigestConfig()
+        self.miner = miner or TemplateMiner()
+        self.clock = clock
+        self.lines = 0  # lines read since the start
+        self._number = 0
+        self._first = 1  # the first line of the interval being read
+        self._tallies: dict[int, _Tally] = {}
+        self._known: dict[int, _Known] = {}
+        self._previous: set[int] = set()  # templates of the previous interval
+        self._raised: set[int] = set()  # templates that started an incident in this interval
+        self._incident_at: int | None = None  # the line that closes the incident's interval
+        self._incident_since = 0.0
+        self._gaps: list[Gap] = []
+        self._last_time: float | None = None
+
+    def observe(self, line: str) -> Facts | None:
+        """Read one line; the interval it closes, if it closes one."""
+        cfg = self.config
+        now = self.clock()
+        self.lines += 1
+        n = self.lines
+        if self._last_time is not None and now - self._last_time >= cfg.gap_seconds:
+            self._gaps.append(Gap(n - 1, round(now - self._last_time, 1)))
+        self._last_time = now
+        match = self.miner.add(line, n)
+        tid = match.template.id
+        known = self._known.get(tid)
+        if known is None:
+            known = self._known[tid] = _Known(since_line=n)
+        known.total += 1
+        known.last_line = n
+        tally = self._tallies.get(tid)
+        if tally is None:
+            tally = self._tallies[tid] = _Tally(
+                first_line=n, example=line[: cfg.example_chars].rstrip()
+            )
+        tally.count += 1
+        tally.last_line = n
+        severity = severity_of(line)
+        tally.severity = max(tally.severity, severity)
+        if len(tally.words) < cfg.support_tokens:
+            tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])
+        if tid not in self._raised and self._starts_incident(tid, severity, tally, known):
+            self._raised.add(tid)
+            if self._incident_at is None:
+                self._incident_at = n + cfg.incident_lines - 1
+                self._incident_since = now
+        if self._incident_at is not None and n >= self._incident_at:
+            return self._cut(incident=True)
+        if n - self._first + 1 >= cfg.every_lines:
+            return self._cut(incident=False)
+        return None
+
+    def due(self) -> Facts | None:
+        """The incident's interval, once `incident_seconds` have passed since its first line."""
+        if (
+            self._incident_at is not None
+            and self.clock() - self._incident_since >= self.config.incident_seconds
+        ):
+            return self._cut(incident=True)
+        return None
+
+    def cut(self) -> Facts | None:
+        """The interval read so far (a time bound, or the end of the stream); None if empty."""
+        if self.lines < self._first:
+            return None
+        return self._cut(incident=self._incident_at is not None)
+
+    @property
+    def pending(self) -> int:
+        """Lines read since the last cut."""
+        return self.lines - self._first + 1
+
+    def _starts_incident(self, tid: int, severity: Severity, tally: _Tally, known: _Known) -> bool:
+        if severity >= ERROR_OR_WORSE and tid not in self._previous:
+            return True
+        new_since_start = self._number >= 1 and known.since_line >= self._first
+        return new_since_start and tally.count >= self.config.burst_min
+
+    def _cut(self, incident: bool) -> Facts:
+        cfg = self.config
+        self._number += 1
+        first, last = self._first, self.lines
+        lines = last - first + 1
+        new, errors, bursts, stopped = [], [], [], []
+        for tid, tally in self._tallies.items():
+            known = self._known[tid]
+            fact = self._fact(tid, tally, known)
+            if known.since_line >= first:
+                new.append(fact)
+            if tally.severity >= ERROR_OR_WORSE:
+                errors.append(fact)
+            elif (
+                known.intervals > 0
+                and tally.count >= cfg.burst_min
+                and tally.count / lines >= cfg.burst_factor * known.rate
+            ):
+                bursts.append(fact)
+        for tid, known in self._known.items():
+            if (
+                tid not in self._tallies
+                and known.streak >= cfg.steady_intervals
+                and known.rate * lines >= cfg.stop_min_expected
+            ):
+                stopped.append(self._stopped(tid, known))
+        new.sort(key=lambda f: (-_rank(f), -f.count if self._number == 1 else f.first_line))
+        errors.sort(key=lambda f: (-_rank(f), -f.count))
+        bursts.sort(key=lambda f: -f.count / max(f.usual_per_100, 0.01))
+        m = cfg.max_listed
+        omitted = sum(max(0, len(x) - m) for x in (new, errors, bursts, stopped))
+        facts = Facts(
+            number=self._number,
+            first_line=first,
+            last_line=last,
+            templates=len(self._tallies),
+            known=len(self.miner),
+            new=tuple(new[:m]),
+            errors=tuple(errors[:m]),
+            bursts=tuple(bursts[:m]),
+            stopped=tuple(stopped[:m]),
+            gaps=tuple(self._gaps[:m]),
+            incident=incident,
+            omitted=omitted + max(0, len(self._gaps) - m),
+            support=frozenset(),
+        )
+        support: set[str] = set()
+        for fact in facts.listed():
+            tally = self._tallies.get(fact.template_id)
+            if tally is not None:
+                support.update(tally.words)
+        facts = _with_support(facts, support)
+        self._roll(lines)
+        return facts
+
+    def _fact(self, tid: int, tally: _Tally, known: _Known) -> TemplateFact:
+        template = self.miner.get(tid)
+        return TemplateFact(
+            template_id=tid,
+            template=template.text() if template else tally.example,
+            severity=tally.severity.label,
+            count=tally.count,
+            first_line=tally.first_line,
+            last_line=tally.last_line,
+            total=known.total,
+            since_line=known.since_line,
+            example=tally.example,
+            usual_per_100=round(known.rate * 100, 2),
+        )
+
+    def _stopped(self, tid: int, known: _Known) -> TemplateFact:
+        template = self.miner.get(tid)
+        text = template.text() if template else ""
+        known.streak = 0  # said once, until it is back and steady again
+        return TemplateFact(
+            template_id=tid,
+            template=text,
+            severity=Severity.INFO.label,
+            count=0,
+            first_line=known.last_line,
+            last_line=known.last_line,
+            total=known.total,
+            since_line=known.since_line,
+            example="",
+            usual_per_100=round(known.rate * 100, 2),
+        )
+
+    def _roll(self, lines: int) -> None:
+        """Close the interval: baselines move, forgotten templates go, the next interval starts."""
+        for tid in [t for t in self._known if self.miner.get(t) is None]:
+            del self._known[tid]
+        for tid, known in self._known.items():
+            tally = self._tallies.get(tid)
+            share = (tally.count if tally else 0) / lines
+            known.rate = (
+                share
+                if known.intervals == 0
+                else ((1 - RATE_WEIGHT) * known.rate + RATE_WEIGHT * share)
+            )
+            known.intervals += 1
+            known.streak = known.streak + 1 if tally else 0
+        self._previous = set(self._tallies)
+        self._tallies = {}
+        self._raised = set()
+        self._incident_at = None
+        self._gaps = []
+        self._first = self.lines + 1
+
+
+def _lines(n: int) -> str:
+    return "1 line" if n == 1 else f"{n} lines"
+
+
+def _rank(fact: TemplateFact) -> int:
+    return Severity[fact.severity.upper()].value
+
+
+def _with_support(facts: Facts, lines_words: set[str]) -> Facts:
+    support = words_of(" ".join(lines_words))
+    support.update(words_of(facts.render()))
+    for fact in facts.listed():
+        support.update(words_of(fact.template))
+        support.update(words_of(fact.example))
+    return replace(facts, support=frozenset(support))

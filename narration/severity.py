@@ -1,0 +1,92 @@
+"""A line's severity, where the line says it.
+
+In order: a syslog priority (`<11>`), then a level token near the start (`ERROR`, `[warn]`,
+`level=error`, `error:`), then words that mean trouble (`failed`, `denied`, `panic`). A level the
+line states wins over its words: BGL's `RAS KERNEL INFO ... parity error corrected` is INFO.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+
+class Severity(enum.IntEnum):
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+    CRITICAL = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+ERROR_OR_WORSE = Severity.ERROR
+_LEVELS = {
+    **dict.fromkeys(
+        ("emerg", "emergency", "alert", "crit", "critical", "fatal", "panic"), Severity.CRITICAL
+    ),
+    **dict.fromkeys(("err", "error", "severe", "failure"), Severity.ERROR),
+    **dict.fromkeys(("warn", "warning"), Severity.WARNING),
+    **dict.fromkeys(
+        ("info", "notice", "debug", "trace", "fine", "finer", "verbose"), Severity.INFO
+    ),
+}
+_SYSLOG_PRI = re.compile(r"^\s*<(\d{1,3})>")
+_LEVEL_KV = re.compile(r"\b(?:level|severity|lvl|loglevel)=\"?([a-zA-Z]+)", re.IGNORECASE)
+_CRITICAL_WORDS = re.compile(
+    r"\b(?:panic|segfault|segmentation fault|core dumped|out of memory|oom-killer|killed process)\b",
+    re.IGNORECASE,
+)
+_ERROR_WORDS = re.compile(
+    r"\b(?:errors?|fail(?:s|ed|ure|ing)?|denied|refused|exception|traceback|unreachable"
+    r"|corrupt(?:ed|ion)?|abort(?:ed|ing)?|timed out|unable to|cannot|can't)\b",
+    re.IGNORECASE,
+)
+_WARNING_WORDS = re.compile(
+    r"\b(?:warn(?:ing)?s?|deprecated|retry(?:ing)?|invalid)\b", re.IGNORECASE
+)
+LEVEL_SCAN_TOKENS = 12  # a level token is looked for among the first tokens only
+
+
+def severity_of(line: str) -> Severity:
+    pri = _SYSLOG_PRI.match(line)
+    if pri:
+        value = int(pri.group(1)) % 8
+        return (
+            Severity.CRITICAL
+            if value <= 2
+            else Severity.ERROR
+            if value == 3
+            else Severity.WARNING
+            if value == 4
+            else Severity.INFO
+        )
+    stated = stated_level(line)
+    if stated is not None:
+        return stated
+    if _CRITICAL_WORDS.search(line):
+        return Severity.CRITICAL
+    if _ERROR_WORDS.search(line):
+        return Severity.ERROR
+    if _WARNING_WORDS.search(line):
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def stated_level(line: str) -> Severity | None:
+    """A level the line states: an upper-case level word, or any case in brackets (`[error]`),
+    before a colon (`error:`) or as `level=...`."""
+    kv = _LEVEL_KV.search(line)
+    if kv and kv.group(1).lower() in _LEVELS:
+        return _LEVELS[kv.group(1).lower()]
+    for token in line.split()[:LEVEL_SCAN_TOKENS]:
+        bracketed = token[:1] in "[<(" and token[-1:] in "]>):"
+        word = token.strip("[]<>():,")
+        lower = word.lower()
+        if lower not in _LEVELS:
+            continue
+        if word.isupper() or bracketed or token.endswith(":"):
+            return _LEVELS[lower]
+    return None

@@ -1,0 +1,265 @@
+"""The narrator's facts, incidents, quiet intervals and check, without the model's numbers.
+
+The digest and the check are pure; the narrator runs on a scripted backend whose "model" says what
+the test chooses, so a sentence that names a host or a number the lines never held is shown to be
+dropped and counted. The real model's runs are in test_cli_daemon.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from sinkd.cli.narrator import Counts, Intake, NarrateConfig, Narration, Narrator
+from sinkd.daemon.runtime.api import AppendResult, Done, GenerationOptions, Handle, TokenEvent
+from sinkd.narration.facts import Digest, DigestConfig, Facts
+from sinkd.narration.grounding import check, words_of
+from sinkd.narration.severity import Severity, severity_of
+from sinkd.narration.templates import TemplateMiner
+from tests.support.receipts import receipt
+
+pytestmark = pytest.mark.unit
+
+
+def steady(n: int, start: int = 0) -> list[str]:
+    """Three templates in turn, INFO: a log with nothing to say."""
+    kinds = [
+        "2026-12-05T10:00:{s:02d} api INFO request served in {ms} ms",
+        "2026-12-05T10:00:{s:02d} db INFO pool at {n}/64",
+        "2026-12-05T10:00:{s:02d} worker INFO job {n} done",
+    ]
+    return [
+        kinds[i % 3].format(s=i % 60, ms=(i * 7) % 900 + 1, n=(i * 13) % 97)
+        for i in range(start, start + n)
+    ]
+
+
+def digest_all(lines: list[str], **config: Any) -> list[Facts]:
+    digest = Digest(DigestConfig(**config), clock=lambda: 0.0)
+    cuts = [f for f in (digest.observe(line) for line in lines) if f is not None]
+    last = digest.cut()
+    return [*cuts, *([last] if last else [])]
+
+
+def test_the_miner_groups_lines_by_template_and_keeps_their_values() -> None:
+    miner = TemplateMiner()
+    a = miner.add("connection from 10.0.0.7 closed after 31 ms", 1)
+    b = miner.add("connection from 10.0.0.9 closed after 4 ms", 2)
+    c = miner.add("disk /dev/sda1 is full", 3)
+    assert a.created and not b.created and c.created
+    assert (
+        a.template is b.template and b.template.text() == "connection from <*> closed after <*> ms"
+    )
+    assert b.parameters == ("10.0.0.9", "4")
+    assert b.template.count == 2 and len(miner) == 2
+
+
+def test_the_miner_forgets_the_least_recently_seen_past_its_cap() -> None:
+    miner = TemplateMiner(max_templates=2)
+    first = miner.add("alpha beta gamma", 1).template.id
+    miner.add("one two three four", 2)
+    miner.add("one two three four", 3)
+    miner.add("x y", 4)  # a third template: "alpha beta gamma" was seen least recently
+    assert len(miner) == 2 and miner.get(first) is None
+    assert miner.add("alpha beta gamma", 5).created  # back, as a new template
+
+
+@pytest.mark.parametrize(
+    ("line", "severity"),
+    [
+        ("<11>Dec  5 10:00:01 host app: oops", Severity.ERROR),
+        ("<14>Dec  5 10:00:01 host app: hello", Severity.INFO),
+        ("- 1117838570 RAS KERNEL INFO instruction cache parity error corrected", Severity.INFO),
+        ("- 1117838570 RAS KERNEL FATAL data TLB error interrupt", Severity.CRITICAL),
+        ("[Sun Dec 04 04:47:44 2005] [error] mod_jk child in error state 6", Severity.ERROR),
+        ("sshd[24200]: error: PAM: Authentication failure", Severity.ERROR),
+        ("ts=1 level=warn msg=slow", Severity.WARNING),
+        ("backup of /home failed: no space left", Severity.ERROR),
+        ("kernel: Out of memory: Killed process 4411 (java)", Severity.CRITICAL),
+        ("2026-10-16 23:03:59 status installed libc6:amd64 2.36-9", Severity.INFO),
+    ],
+)
+def test_a_line_s_severity_is_what_it_states_first(line: str, severity: Severity) -> None:
+    assert severity_of(line) is severity
+
+
+def test_a_planted_fatal_line_cuts_its_interval_before_the_next_mark() -> None:
+    lines = [
+        *steady(130),
+        "2026-12-05T10:02:10 kernel FATAL machine check on cpu 3",
+        *steady(200, 130),
+    ]
+    cuts = digest_all(lines, every_lines=100, incident_lines=20)
+    incident = next(f for f in cuts if f.incident)
+    assert (incident.first_line, incident.last_line) == (101, 150)  # 131 + 20 - 1, before 200
+    [fatal] = incident.errors
+    assert (fatal.severity, fatal.count, fatal.first_line) == ("critical", 1, 131)
+    assert fatal.example.endswith("FATAL machine check on cpu 3")
+    assert (131, 131) in incident.cites()
+    # the intervals still cover every line, once
+    assert [(f.first_line, f.last_line) for f in cuts][:3] == [(1, 100), (101, 150), (151, 250)]
+    assert sum(f.lines for f in cuts) == len(lines)
+
+
+def test_an_incident_is_cut_after_its_seconds_when_no_more_lines_come() -> None:
+    now = [0.0]
+    digest = Digest(DigestConfig(every_lines=100, incident_seconds=1.0), clock=lambda: now[0])
+    for line in steady(10):
+        assert digest.observe(line) is None
+    assert digest.observe("worker ERROR job 7 failed: disk full") is None
+    assert digest.due() is None
+    now[0] = 1.5
+    facts = digest.due()
+    assert facts is not None and facts.incident and facts.errors[0].count == 1
+
+
+def test_a_flood_of_identical_errors_is_one_incident_and_counted_exactly() -> None:
+    flood = [f"db ERROR write to /var/lib/db/{i % 7} failed: disk full" for i in range(10_000)]
+    cuts = digest_all(steady(50) + flood, every_lines=200, incident_lines=20)
+    assert sum(f.incident for f in cuts) == 1  # the flood goes on: counted, not raised again
+    assert len(cuts) <= 1 + (50 + 10_000) // 200 + 1
+    assert sum(e.count for f in cuts for e in f.errors) == 10_000
+    assert cuts[-1].errors[0].total == 10_000 and cuts[-1].errors[0].since_line == 51
+
+
+def test_a_new_template_bursting_is_an_incident_and_a_jump_is_a_burst() -> None:
+    base = steady(400)
+    burst = [f"cache WARN eviction storm shard {i}" for i in range(30)]
+    cuts = digest_all(base + burst + steady(200, 400), every_lines=200, burst_min=10)
+    incident = next(f for f in cuts if f.incident)
+    assert incident.new and incident.new[0].template.startswith("cache WARN eviction storm")
+    # a known template at 4x its baseline rate: a flush every 50 lines, then 60 in 200
+    flush = "cache INFO flush done in {} ms"
+    rare = [flush.format(i) if i % 50 == 0 else line for i, line in enumerate(steady(600))]
+    busy = [flush.format(i) if i % 10 < 3 else line for i, line in enumerate(steady(200, 600))]
+    cuts = digest_all(rare + busy, every_lines=200)
+    [jump] = [b for f in cuts for b in f.bursts]
+    assert jump.template == "cache INFO flush done in <*> ms" and jump.count == 60
+    assert jump.usual_per_100 == 2.0 and (jump.first_line, jump.last_line) == (601, 793)
+
+
+def test_a_steady_template_that_stops_is_said_once() -> None:
+    lines = steady(600) + [f"2026-12-05T10:00:00 db INFO pool at {i}/64" for i in range(400)]
+    cuts = digest_all(lines, every_lines=200)
+    stopped = [(f.number, s.template) for f in cuts for s in f.stopped]
+    assert len({t for _, t in stopped}) == 2 and len(stopped) == 2, stopped  # api and worker, once
+
+
+def test_a_silence_is_a_gap() -> None:
+    now = [0.0]
+    digest = Digest(DigestConfig(every_lines=100, gap_seconds=60), clock=lambda: now[0])
+    for line in steady(5):
+        digest.observe(line)
+    now[0] = 90.0
+    digest.observe(steady(1)[0])
+    facts = digest.cut()
+    assert facts is not None and facts.gaps[0].after_line == 5 and facts.gaps[0].seconds == 90.0
+    assert not facts.quiet
+
+
+def test_a_quiet_interval_has_nothing_to_say() -> None:
+    cuts = digest_all(steady(600), every_lines=200)
+    assert not cuts[0].quiet  # the first interval names what the log is made of
+    assert (
+        all(f.quiet for f in cuts[1:])
+        and cuts[1].steady() == "steady: 3 templates, 200 lines (201-400)"
+    )
+
+
+def test_the_check_wants_every_number_host_and_word_in_the_lines() -> None:
+    support = frozenset(
+        words_of(
+            "db ERROR write to /var/lib/db/3 failed: disk full host db-07 lines 51-250 200 lines"
+        )
+    )
+    ok = "In lines 51-250, the log shows 200 lines of disk full errors on db-07."
+    host = "In lines 51-250, the log shows disk full errors on db-09."
+    number = "In lines 51-250, the log shows 512 failed writes."
+    invented = "In lines 51-250, the log shows the backup crashed."
+    nothing = "The log."
+    result = check(" ".join([ok, host, number, invented, nothing]), support)
+    assert result.kept == (ok,)
+    assert [d.unsupported for d in result.dropped] == [
+        ("db-09",),
+        ("512", "writes"),
+        ("backup", "crashed"),
+        ("(says nothing of the lines)",),
+    ]
+
+
+@dataclass
+class ScriptedBackend:
+    """The narrator's backend with a "model" that says what the test chooses."""
+
+    replies: list[str]
+    appended: list[str] = field(default_factory=list)
+    asked: int = 0
+
+    def append(
+        self, handle: Handle, text: str | None = None, tokens: list[int] | None = None
+    ) -> AppendResult:
+        self.appended.append(text or "")
+        return AppendResult(0, receipt())
+
+    def generate(self, handle: Handle, options: GenerationOptions) -> Iterator[Any]:
+        reply = self.replies[min(self.asked, len(self.replies) - 1)]
+        self.asked += 1
+        yield TokenEvent(0, reply, 0, 0.0)
+        yield Done("stop", 1, receipt())
+
+
+def narrate(
+    lines: list[str], backend: ScriptedBackend, **config: Any
+) -> tuple[list[Narration], Counts]:
+    cfg = NarrateConfig(recall=False, every_seconds=3600, incident_seconds=3600, **config)
+    counts = Counts()
+    intake = Intake(cfg, counts, clock=lambda: 0.0)
+    for line in lines:
+        intake.add(line)
+    intake.close()
+    out: list[Narration] = []
+    Narrator(backend, Handle("s", "g"), cfg, counts, out.append).run(intake)  # type: ignore[arg-type]
+    return out, counts
+
+
+def test_a_sentence_naming_a_host_or_number_not_in_the_lines_is_dropped_and_counted() -> None:
+    lines = [*steady(100), "db ERROR write to /var/lib/db/3 failed: disk full", *steady(30, 100)]
+    backend = ScriptedBackend([" host db-09 lost 512 writes.", " the disk full error on db."])
+    items, counts = narrate(lines, backend, every_lines=100)
+    incident = next(i for i in items if i.facts.incident)
+    first = next(i for i in items if i.phrased)
+    assert incident.phrased and incident.text == ""  # the facts stand alone
+    assert [d.unsupported for d in incident.dropped] == [("host", "db-09", "lost", "512", "writes")]
+    assert counts.unsupported_dropped == 1 + len(first.dropped) - (first is incident)
+    # the facts were printed whatever the model said
+    assert incident.facts.errors[0].first_line == 101
+    assert all("the log shows" in a for a in backend.appended if a.startswith("\nLog facts"))
+
+
+def test_a_supported_sentence_is_kept_with_the_lines_it_cites() -> None:
+    lines = (
+        steady(100) + ["db ERROR write to /var/lib/db/3 failed: disk full"] * 3 + steady(30, 100)
+    )
+    backend = ScriptedBackend([" 3 lines of disk full errors from db."])
+    items, counts = narrate(lines, backend, every_lines=100)
+    incident = next(i for i in items if i.facts.incident)
+    assert incident.text == "In lines 101-120, the log shows 3 lines of disk full errors from db."
+    assert (101, 103) in incident.facts.cites() and counts.unsupported_dropped == 0
+
+
+def test_quiet_intervals_never_ask_the_model() -> None:
+    backend = ScriptedBackend([" steady."])
+    items, counts = narrate(steady(1000), backend, every_lines=200)
+    assert backend.asked == 1  # the first interval only: what the log is made of
+    assert counts.quiet_intervals == 4 and all(not i.phrased for i in items[1:])
+
+
+def test_behind_the_model_only_the_newest_incident_is_phrased() -> None:
+    lines = [*steady(300), "kernel FATAL machine check on cpu 3", *steady(300, 300)]
+    backend = ScriptedBackend([" a machine check."])
+    items, counts = narrate(lines, backend, every_lines=100)  # every cut waits: one batch
+    assert backend.asked == 1 and [i.facts.incident for i in items if i.phrased] == [True]
+    assert counts.behind == sum(1 for i in items if not i.facts.quiet) - 1
+    assert counts.narrations == len(items) and sum(i.facts.lines for i in items) == 601
