@@ -424,3 +424,102 @@ def _report(
         return
     _print_table(*table())
     err.print(f"wrote {path}")
+
+
+@eval_app.command("narrate")
+@handle_errors
+def eval_narrate(
+    loghub: Annotated[
+        Path,
+        typer.Option(
+            "--loghub",
+            help="A folder with loghub's BGL_2k.log, Apache_2k.log, OpenSSH_2k.log, Linux_2k.log"
+            " (github.com/logpai/loghub; not shipped).",
+        ),
+    ],
+    models: Annotated[
+        str, typer.Option("--models", help="Comma list of pinned models.")
+    ] = "smollm2-135m-instruct,gemma3-270m",
+    rate: Annotated[float, typer.Option("--rate", help="Lines a second, replayed.")] = 50.0,
+    max_lines: Annotated[int, typer.Option("--max-lines", min=100, help="Lines a case.")] = 1000,
+    every_lines: Annotated[int, typer.Option("--every-lines", min=1)] = 100,
+    within: Annotated[
+        int,
+        typer.Option("--within", min=1, help="An incident counts if narrated this many lines on."),
+    ] = 200,
+    before: Annotated[
+        str | None,
+        typer.Option(
+            "--before", help="A git ref whose cli/narrate.py is today's narrator, beside."
+        ),
+    ] = None,
+    throughput_repeat: Annotated[
+        int,
+        typer.Option(
+            "--throughput-repeat", min=0, help="Then the first case this many times, unpaced."
+        ),
+    ] = 50,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where eval-narrate.json goes.")] = Path(
+        "."
+    ),
+) -> None:
+    """Incident recall, unsupported sentences, lag and lines a second of `sinkd narrate` on real
+    logs with labelled incidents (evaluation/narrate.py says which and how they are scored)."""
+    import subprocess
+    import tempfile
+
+    from sinkd.evaluation import narrate as ev
+
+    names = _names(models, "--models", ("smollm2-135m-instruct", "gemma3-270m"))
+    if not (loghub / "BGL_2k.log").exists():
+        raise InvalidInput(f"--loghub: no BGL_2k.log in {loghub}")
+    narrators: list[tuple[str, Path | None]] = [("facts", None)]
+    tmp = Path(tempfile.mkdtemp(prefix="sinkd-eval-narrate-"))
+    if before:
+        old = subprocess.run(
+            ["git", "show", f"{before}:cli/narrate.py"], capture_output=True, text=True, check=False
+        )
+        if old.returncode:
+            raise InvalidInput(f"--before: {old.stderr.strip()[:200]}")
+        (tmp / "narrate_before.py").write_text(old.stdout)
+        narrators.append((f"before ({before})", tmp / "narrate_before.py"))
+    all_cases = ev.cases(loghub, max_lines)
+    rows: list[dict[str, Any]] = []
+    for model in names:
+        for label, path in narrators:
+            for case in all_cases:
+                command = ev.narrate_command(model, every_lines, path)
+                run = ev.replay(command, case.lines, rate, 1800)
+                row = {
+                    "model": model,
+                    "narrator": label,
+                    **ev.score(case, run, within, path is None),
+                }
+                rows.append(row)
+                err.print(json.dumps(row), highlight=False)
+    columns = list(rows[0]) if rows else []
+    _print_table(
+        "narrate: real logs, labelled incidents", columns, [[r[c] for c in columns] for r in rows]
+    )
+    speed = (
+        ev.throughput(all_cases[0].lines, names[0], every_lines, throughput_repeat)
+        if throughput_repeat
+        else {}
+    )
+    if speed:
+        _print_table("unpaced", list(speed), [list(speed.values())])
+    data = {
+        "cases": [
+            {"name": c.name, "source": c.source, "lines": len(c.lines),
+             "incidents": [{"first_line": i.first_line, "lines": len(i.lines), "label": i.label} for i in c.incidents]}
+            for c in all_cases
+        ],
+        "rate": rate,
+        "within": within,
+        "every_lines": every_lines,
+        "rows": rows,
+        "throughput": speed,
+    }  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval-narrate.json").write_text(json.dumps(data, indent=1))
+    err.print(f"wrote {out_dir / 'eval-narrate.json'}")

@@ -148,12 +148,13 @@ def narrate(
     ] = OnFull.DROP_OLDEST,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest narration.")] = 48,
     recall: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--recall/--no-recall",
-            help="Before the model is asked, bring back evicted facts like these.",
+            help="Before the model is asked, bring back evicted text like these facts [on with"
+            " --feed-lines; off without: each fact already carries its total and first line].",
         ),
-    ] = True,
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`): facts computed from
@@ -168,7 +169,7 @@ def narrate(
         queue_lines=queue_lines,
         on_full=on_full.value,
         max_tokens=max_tokens,
-        recall=recall,
+        recall=feed_lines if recall is None else recall,
         feed_lines=feed_lines,
         quiet=quiet,
         incident_lines=incident_lines,
@@ -197,7 +198,7 @@ def narrate(
         # recall "manual": the narrator asks with the facts' templates (Narrator._recall)
         receipt = backend.create(
             policy_request("sink", sinks, window, evict, 0),
-            recall=RecallRequest(mode="manual" if recall else "off"),
+            recall=RecallRequest(mode="manual" if cfg.recall else "off"),
         )
         reader.start()
         Narrator(backend, receipt.handle, cfg, counts, emit).run(intake)

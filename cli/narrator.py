@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from sinkd.cli.backend import Backend
@@ -41,6 +41,7 @@ ASK = "\n\nOne-sentence summary for the operator: "
 DROP_OLDEST, BLOCK = "drop-oldest", "block"
 MAX_QUERY_CHARS = 2000
 MAX_SENTENCES = 2
+MAX_PENDING = 256  # cut intervals waiting for the main loop before the reader waits
 POLL_SECONDS = 0.25
 
 
@@ -54,7 +55,7 @@ class NarrateConfig:
     queue_lines: int = 1024
     on_full: str = DROP_OLDEST
     max_tokens: int = 48
-    recall: bool = True  # before each phrasing, recall earlier facts like these
+    recall: bool = False  # before each phrasing, recall evicted text like these facts
     feed_lines: bool = False  # the raw lines into the session too
     quiet: bool = False  # print nothing for a quiet interval
     incident_lines: int = 20
@@ -194,11 +195,15 @@ class Intake:
         )
         self._cond = threading.Condition()
         self._cuts: list[Facts] = []
+        self._newest_incident: int | None = None  # indexes in _cuts of what may still be phrased
+        self._newest_loud: int | None = None
         self._closed = False
         self._last_cut = clock()
 
     def add(self, line: str) -> None:
         with self._cond:
+            while len(self._cuts) >= MAX_PENDING and not self._closed:
+                self._cond.wait()  # the main loop is behind: the reader waits, nothing is dropped
             self.counts.lines_read += 1
             facts = self.digest.observe(line)
             if facts is not None:
@@ -240,6 +245,8 @@ class Intake:
                     self._cut(last)
                 ended = True
             cuts, self._cuts = self._cuts, []
+            self._newest_incident = self._newest_loud = None
+            self._cond.notify_all()
             return cuts, ended
 
     @property
@@ -248,9 +255,27 @@ class Intake:
             return self.digest.lines
 
     def _cut(self, facts: Facts) -> None:
+        """Queue a cut interval. Only the newest incident and the newest interval that is not
+        quiet can still be phrased (`Narrator.narrate`): the others lose the words a check would
+        need, so a backlog holds facts, not lines."""
+        k = len(self._cuts)
         self._cuts.append(facts)
+        if facts.quiet:
+            self._strip(k)
+        else:
+            if facts.incident and self._newest_incident is not None:
+                self._strip(self._newest_incident)
+            if self._newest_loud is not None and self._newest_loud != self._newest_incident:
+                self._strip(self._newest_loud)
+            if facts.incident:
+                self._newest_incident = k
+            self._newest_loud = k
         self._last_cut = self.clock()
         self._cond.notify_all()
+
+    def _strip(self, k: int) -> None:
+        if self._cuts[k].support:
+            self._cuts[k] = replace(self._cuts[k], support=frozenset())
 
 
 def read_lines(stream: IO[bytes], intake: Intake, counts: Counts, max_line_bytes: int) -> None:
@@ -319,7 +344,8 @@ class Narrator:
         newest interval that is not quiet."""
         loud = [f for f in cuts if not f.quiet]
         incidents = [f for f in loud if f.incident]
-        chosen = (incidents or loud or [None])[-1]
+        wanted = incidents or loud
+        chosen = wanted[-1] if wanted else None
         for facts in cuts:
             self.counts.narrations += 1
             self.counts.incidents += facts.incident

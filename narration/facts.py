@@ -103,12 +103,7 @@ class Facts:
         """Nothing an operator would act on: no incident, nothing new (the first interval names
         what the log is made of), no errors, no jumps, nothing stopped, no silence."""
         return not (
-            self.incident
-            or self.new
-            or self.errors
-            or self.bursts
-            or self.stopped
-            or self.gaps
+            self.incident or self.new or self.errors or self.bursts or self.stopped or self.gaps
         )
 
     def listed(self) -> list[TemplateFact]:
@@ -342,9 +337,9 @@ class Digest:
         )
         support: set[str] = set()
         for fact in facts.listed():
-            tally = self._tallies.get(fact.template_id)
-            if tally is not None:
-                support.update(tally.words)
+            listed = self._tallies.get(fact.template_id)
+            if listed is not None:
+                support.update(listed.words)
         facts = _with_support(facts, support)
         self._roll(lines)
         return facts

@@ -17,7 +17,10 @@ EVENTS = [
 ]
 
 
-def main(lines: int = 20000, burst: int = 2000, pause: float = 0.5, seed: int = 7) -> None:
+def main(
+    lines: int = 20000, burst: int = 2000, pause: float = 0.5, seed: int = 7, error_every: int = 0
+) -> None:
+    """`error_every`: a line of a new error template at each multiple of it (line numbers from 1)."""
     rng = random.Random(seed)
     out = sys.stdout.buffer
     for i in range(lines):
@@ -28,6 +31,8 @@ def main(lines: int = 20000, burst: int = 2000, pause: float = 0.5, seed: int = 
             line += b" payload=" + b"x" * 5000  # a very long line
         if i % 1499 == 0:
             line += b" bad bytes \xff\xfe\xc3"  # invalid UTF-8
+        if error_every and (i + 1) % error_every == 0:
+            line = f"2026-11-29T12:00:00 disk{(i + 1) // error_every} ERROR write failed".encode()
         out.write(line + b"\n")
         if (i + 1) % burst == 0:
             out.flush()

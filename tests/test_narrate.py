@@ -263,3 +263,24 @@ def test_behind_the_model_only_the_newest_incident_is_phrased() -> None:
     assert backend.asked == 1 and [i.facts.incident for i in items if i.phrased] == [True]
     assert counts.behind == sum(1 for i in items if not i.facts.quiet) - 1
     assert counts.narrations == len(items) and sum(i.facts.lines for i in items) == 601
+
+
+def test_a_backlog_keeps_the_check_s_words_only_where_the_model_may_still_be_asked() -> None:
+    """Behind the model, cut intervals wait: each would hold up to 256 words of each listed
+    template's lines. Only the newest incident and the newest loud interval can still be phrased;
+    the others keep their facts and lose those words, so a backlog's memory stays small."""
+    cfg = NarrateConfig(every_lines=50, every_seconds=3600, incident_seconds=3600)
+    intake = Intake(cfg, Counts(), clock=lambda: 0.0)
+    lines = [*steady(100), "kernel FATAL machine check on cpu 3", *steady(100, 100)]
+    lines += [f"cache WARN shard {i} moved to node{i % 5}" for i in range(150)]
+    for line in lines:
+        intake.add(line)
+    cuts, ended = intake.take(0)
+    assert not ended and len(cuts) == 7
+    kept = [(f.first_line, f.incident, f.quiet) for f in cuts if f.support]
+    incident = max(i for i, f in enumerate(cuts) if f.incident)
+    loud = max(i for i, f in enumerate(cuts) if not f.quiet)
+    assert kept == [
+        (cuts[i].first_line, cuts[i].incident, cuts[i].quiet) for i in sorted({incident, loud})
+    ]
+    assert incident != loud  # both kept: the narrator asks about the incident
