@@ -41,7 +41,7 @@ ASK = "\n\nOne-sentence summary for the operator: "
 DROP_OLDEST, BLOCK = "drop-oldest", "block"
 MAX_QUERY_CHARS = 2000
 MAX_SENTENCES = 2
-MAX_PENDING = 256  # cut intervals waiting for the main loop before the reader waits
+MAX_PENDING = 128  # cut intervals waiting for the main loop before the reader waits
 POLL_SECONDS = 0.25
 
 

@@ -259,8 +259,8 @@ class Digest:
                 self._incident_since = now
         if self._incident_at is not None and n >= self._incident_at:
             return self._cut(incident=True)
-        if n - self._first + 1 >= cfg.every_lines:
-            return self._cut(incident=False)
+        if n - self._first + 1 >= cfg.every_lines:  # an incident that began here closes with it
+            return self._cut(incident=self._incident_at is not None)
         return None
 
     def due(self) -> Facts | None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sinkd.cli.main import app
+from sinkd.cli.narrator import MAX_PENDING
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -148,8 +150,13 @@ def test_narrate_tails_a_growing_file_for_100000_lines_at_flat_memory(tmp_path: 
     invalid UTF-8, an error every 25,000 lines), through S=4, W=60 with the raw lines fed too.
 
     Every line is in the facts (their intervals add up to 100,000) and counted as appended to the
-    session or dropped; each planted error is an incident cut at its own line; the reader is never
-    more than two bursts ahead of what was printed. Memory: from the first narration after the
+    session or dropped; each planted error is an incident cut at its own line. Lag: the reader is
+    never more than 2 x MAX_PENDING + 1 intervals ahead of what was printed (a backlog of cuts,
+    then the reader waits; it refills while the narrator prints the one it took; on this machine
+    the writer outruns the model, so that bound is what holds), and the summary comes
+    within two minutes of the writer's last line. Recall off: its embedder's working memory steps
+    up with each phrasing (docs/narrate.md), which is not the narrator's. Memory: from the first
+    narration after the
     first eviction, the floor of resident memory rises by less than 48 MiB overall and 12 MiB over
     the last third (its floor, not a sample: it swings by ~30 MiB between narrations)."""
     log = tmp_path / "app.log"
@@ -163,18 +170,27 @@ def test_narrate_tails_a_growing_file_for_100000_lines_at_flat_memory(tmp_path: 
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "sinkd.cli.main", "narrate", "--window", "60", "--sinks", "4",
-         "--feed-lines", "--chunk-lines", "8", "--every-lines", "2000", "--every-seconds", "600",
-         "--incident-seconds", "600", "--queue-lines", "200", "--max-tokens", "16", "--json"],
-        stdin=tail.stdout, capture_output=True, timeout=600, check=False,
+         "--feed-lines", "--chunk-lines", "8", "--every-lines", "200", "--every-seconds", "600",
+         "--incident-seconds", "600", "--queue-lines", "200", "--max-tokens", "16", "--no-recall",
+         "--json"],
+        stdin=tail.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    writer.wait(10)
+    assert tail.stdout is not None
+    tail.stdout.close()  # the narrator holds the pipe now
+    # reaped at once: `tail --pid` polls it with kill(pid, 0), which a zombie still answers
+    writer.wait(300)
+    written = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+        drained = time.monotonic() - written
+    finally:
+        tail.kill()
+        proc.kill()
     tail.wait(10)
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    events = [
-        json.loads(line) for line in proc.stdout.decode().splitlines() if line.startswith("{")
-    ]
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    events = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
     narrations = [e for e in events if e["event"] == "narration"]
     summary = events[-1]
     assert summary["event"] == "summary" and not summary["interrupted"]
@@ -186,9 +202,10 @@ def test_narrate_tails_a_growing_file_for_100000_lines_at_flat_memory(tmp_path: 
     planted = [e["first_line"] for n in incidents for e in n["facts"]["errors"]]
     assert planted == [25_000, 50_000, 75_000, 100_000], planted
     lags = [n["lines_read_at_print"] - n["lines"][1] for n in narrations]
-    assert max(lags) <= 20_000, lags
+    assert max(lags) <= (2 * MAX_PENDING + 1) * 200, max(lags)
+    assert drained < 120, drained
     assert summary["narrations"] == len(narrations) and summary["phrased"] >= 4
-    assert "running the model in this process" in proc.stderr.decode().splitlines()[0]
+    assert "running the model in this process" in stderr.decode().splitlines()[0]
     assert summary["retained"] <= 64 and summary["evicted_tokens"] > 0
     assert summary["retained"] + summary["evicted_tokens"] == summary["tokens_seen"]
     rss = [n["rss_bytes"] for n in narrations if n["evictions"] > 0]

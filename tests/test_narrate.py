@@ -103,6 +103,13 @@ def test_a_planted_fatal_line_cuts_its_interval_before_the_next_mark() -> None:
     assert sum(f.lines for f in cuts) == len(lines)
 
 
+def test_an_error_on_the_line_that_fills_the_interval_is_still_an_incident() -> None:
+    lines = [*steady(99), "db ERROR write failed", *steady(50, 99)]
+    cuts = digest_all(lines, every_lines=100)
+    assert (cuts[0].last_line, cuts[0].incident) == (100, True)
+    assert cuts[0].errors[0].first_line == 100 and not cuts[1].incident
+
+
 def test_an_incident_is_cut_after_its_seconds_when_no_more_lines_come() -> None:
     now = [0.0]
     digest = Digest(DigestConfig(every_lines=100, incident_seconds=1.0), clock=lambda: now[0])
