@@ -129,25 +129,21 @@ class Facts:
 
     def render(self) -> str:
         """The facts as plain lines: what is printed, and what the model is given to phrase."""
-        out = [
-            f"Log lines {self.first_line}-{self.last_line}: {self.lines} lines"
-            f" of {self.templates} kinds."
-        ]
+        kinds = "1 kind" if self.templates == 1 else f"{self.templates} kinds"
+        out = [f"Log lines {self.first_line}-{self.last_line}: {_lines(self.lines)} of {kinds}."]
         for fact in self.errors:
             out.append(
-                f'{fact.severity.upper()}: {fact.count} lines "{fact.shown()}"'
-                f" (lines {fact.first_line}-{fact.last_line}; {fact.total} since line {fact.since_line})."
+                f'{fact.severity.upper()}: {_lines(fact.count)} "{fact.shown()}"'
+                f" ({_span(fact)}; {fact.total} since line {fact.since_line})."
             )
         for fact in self.new:
             if fact.severity in ("error", "critical"):
                 continue  # said above
-            out.append(
-                f'NEW: {fact.count} lines "{fact.shown()}" (lines {fact.first_line}-{fact.last_line}).'
-            )
+            out.append(f'NEW: {_lines(fact.count)} "{fact.shown()}" ({_span(fact)}).')
         for fact in self.bursts:
             out.append(
-                f'MORE THAN USUAL: {fact.count} lines "{fact.shown()}"'
-                f" (lines {fact.first_line}-{fact.last_line}), usually {fact.usual_per_100:.1f} per 100 lines."
+                f'MORE THAN USUAL: {_lines(fact.count)} "{fact.shown()}" ({_span(fact)}),'
+                f" usually {fact.usual_per_100:.1f} per 100 lines."
             )
         for fact in self.stopped:
             out.append(f'STOPPED: "{fact.shown()}" (last at line {fact.last_line}).')
@@ -400,6 +396,12 @@ class Digest:
 
 def _lines(n: int) -> str:
     return "1 line" if n == 1 else f"{n} lines"
+
+
+def _span(fact: TemplateFact) -> str:
+    if fact.first_line == fact.last_line:
+        return f"line {fact.first_line}"
+    return f"lines {fact.first_line}-{fact.last_line}"
 
 
 def _rank(fact: TemplateFact) -> int:
