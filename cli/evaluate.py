@@ -465,7 +465,6 @@ def eval_narrate(
 ) -> None:
     """Incident recall, unsupported sentences, lag and lines a second of `sinkd narrate` on real
     logs with labelled incidents (evaluation/narrate.py says which and how they are scored)."""
-    import subprocess
     import tempfile
 
     from sinkd.evaluation import narrate as ev
@@ -473,30 +472,24 @@ def eval_narrate(
     names = _names(models, "--models", ("smollm2-135m-instruct", "gemma3-270m"))
     if not (loghub / "BGL_2k.log").exists():
         raise InvalidInput(f"--loghub: no BGL_2k.log in {loghub}")
-    narrators: list[tuple[str, Path | None]] = [("facts", None)]
-    tmp = Path(tempfile.mkdtemp(prefix="sinkd-eval-narrate-"))
-    if before:
-        old = subprocess.run(
-            ["git", "show", f"{before}:cli/narrate.py"], capture_output=True, text=True, check=False
-        )
-        if old.returncode:
-            raise InvalidInput(f"--before: {old.stderr.strip()[:200]}")
-        (tmp / "narrate_before.py").write_text(old.stdout)
-        narrators.append((f"before ({before})", tmp / "narrate_before.py"))
     all_cases = ev.cases(loghub, max_lines)
     rows: list[dict[str, Any]] = []
-    for model in names:
-        for label, path in narrators:
-            for case in all_cases:
-                command = ev.narrate_command(model, every_lines, path)
-                run = ev.replay(command, case.lines, rate, 1800)
-                row = {
-                    "model": model,
-                    "narrator": label,
-                    **ev.score(case, run, within, path is None),
-                }
-                rows.append(row)
-                err.print(json.dumps(row), highlight=False)
+    with tempfile.TemporaryDirectory(prefix="sinkd-eval-narrate-") as tmp:
+        narrators: list[tuple[str, Path | None]] = [("facts", None)]
+        if before:
+            narrators.append((f"before ({before})", ev.narrator_at(before, Path(tmp))))
+        for model in names:
+            for label, path in narrators:
+                for case in all_cases:
+                    command = ev.narrate_command(model, every_lines, path)
+                    run = ev.replay(command, case.lines, rate, 1800)
+                    row = {
+                        "model": model,
+                        "narrator": label,
+                        **ev.score(case, run, within, path is None),
+                    }
+                    rows.append(row)
+                    err.print(json.dumps(row), highlight=False)
     columns = list(rows[0]) if rows else []
     _print_table(
         "narrate: real logs, labelled incidents", columns, [[r[c] for c in columns] for r in rows]

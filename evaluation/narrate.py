@@ -225,6 +225,21 @@ def score(case: Case, run: Run, within: int, facts: bool) -> dict[str, Any]:
     }
 
 
+def narrator_at(ref: str, folder: Path) -> Path:
+    """Today's narrator: `cli/narrate.py` as it was at `ref`, written into `folder`, run as it was
+    (it imports only parts of sinkd that are still there)."""
+    from sinkd.errors import InvalidInput
+
+    old = subprocess.run(
+        ["git", "show", f"{ref}:cli/narrate.py"], capture_output=True, text=True, check=False
+    )
+    if old.returncode:
+        raise InvalidInput(f"--before: {old.stderr.strip()[:200]}")
+    path = folder / "narrate_before.py"
+    path.write_text(old.stdout)
+    return path
+
+
 def narrate_command(model: str, every_lines: int, before: Path | None) -> list[str]:
     # a short queue: today's narrator drains it at the model's prefill speed before it ends
     args = ["--embedded", "-m", model, "--every-lines", str(every_lines), "--queue-lines", "64"]
