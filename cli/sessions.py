@@ -122,6 +122,36 @@ def list_sessions(
         out.print(note, markup=False, highlight=False)
 
 
+@app.command("prefixes")
+@handle_errors
+def list_prefixes(
+    address: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFlag = False
+) -> None:
+    """Stored prefix states (a system prompt's cells, kept so that new sessions beginning with it
+    do not read it again): keyed hashes and sizes, never text. Yours and the shared ones; the
+    admin's token lists every tenant's."""
+    backend = connect(address, token)
+    rows = backend.list_prefixes()
+    if as_json:
+        print(json.dumps(to_json(rows), indent=2))
+        return
+    table = Table(title=f"prefix states at {backend.address}")
+    for col in ("key", "tenant", "tokens", "RAM", "disk", "hits", "idle"):
+        table.add_column(col, no_wrap=col == "key")
+    for p in rows:
+        table.add_row(
+            p.key[:16], p.tenant, str(p.tokens), _mib(p.ram_bytes), _mib(p.disk_bytes),
+            str(p.hits), f"{p.idle_s:.0f} s",
+        )  # fmt: skip
+    out.print(table)
+    held = sum(p.ram_bytes for p in rows), sum(p.disk_bytes for p in rows)
+    out.print(f"{len(rows)} held: {_mib(held[0])} in RAM, {_mib(held[1])} on disk", highlight=False)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n else "-"
+
+
 def _residency_cell(r: Receipt) -> str:
     """Resident (in the context's cells) or parked (on disk, restored by its next call)."""
     if r.residency == "none":

@@ -119,6 +119,16 @@ class Settings(BaseSettings):
     default_ingest_chunk: int = Field(default=128, ge=0)
     # a system prompt with its tools' descriptions (HTTP chats pin theirs up to half the cells)
     max_pinned_system_tokens: int = Field(default=512, ge=0)
+    # prefix states (runtime/loop/prefixes.py): a new session that begins as an earlier one of
+    # its tenant did (a system prompt, a chat UI's task template) starts from that prefix's stored
+    # cells; RAM first, then state_dir/prefixes. A 600-token prefix of the default model is 14 MB.
+    # prefix_ram_mb = 0: off
+    prefix_ram_mb: int = Field(default=256, ge=0)
+    prefix_disk_mb: int = Field(default=2048, ge=0)
+    prefix_min_tokens: int = Field(default=64, ge=1)  # shorter beginnings are read
+    # system prompts (their text, as sessions are created with it) whose prefix states serve every
+    # tenant: a deployment's common prompt. Any other prefix serves its own tenant alone
+    shared_system_prompts: list[str] = Field(default_factory=list)
     idle_timeout_s: float = Field(default=3600.0, gt=0)
     max_message_bytes: int = Field(default=4 * 2**20, ge=1024)
     # backpressure: calls that wait on the engine never hold the whole RPC pool

@@ -154,6 +154,27 @@ class Metrics:
             "Parked sessions that could not be restored (stale)",
             registry=r,
         )
+        self.prefix_hits = Counter(
+            "sinkd_prefix_hits", "Sessions that started from a stored prefix state", registry=r
+        )
+        self.prefix_tokens = Counter(
+            "sinkd_prefix_tokens", "Tokens restored from stored prefixes, not read", registry=r
+        )
+        self.prefix_stored = Counter("sinkd_prefix_stored", "Prefix states kept", registry=r)
+        self.prefix_drops = Counter(
+            "sinkd_prefix_drops",
+            "Prefix states dropped, by reason (ram: to disk alone; disk, damaged, mismatch,"
+            " refused, unwritten, forgotten)",
+            ["reason"],
+            registry=r,
+        )
+        self.prefix_bytes = Gauge(
+            "sinkd_prefix_bytes",
+            "Bytes of prefix states held, by tier (ram, disk)",
+            ["tier"],
+            registry=r,
+        )
+        self.prefix_entries = Gauge("sinkd_prefix_states", "Prefix states held", registry=r)
         self.active_sessions = Gauge("sinkd_active_sessions", "Open sessions", registry=r)
         self.resident_sessions = Gauge(
             "sinkd_resident_sessions", "Sessions holding cells in the context", registry=r

@@ -14,6 +14,7 @@ from sinkd.daemon.runtime.api import (
     Handle,
     ModelInfo,
     PassageView,
+    PrefixInfo,
     RecallReport,
     Receipt,
     Stats,
@@ -165,6 +166,7 @@ def receipt_to_pb(r: Receipt) -> pb.Receipt:
         residency=r.residency,
         restores=r.restores,
         restored_ms=r.restored_ms,
+        prefix_tokens=r.prefix_tokens,
     )
 
 
@@ -207,6 +209,33 @@ def receipt_from_pb(m: pb.Receipt) -> Receipt:
         residency=m.residency,
         restores=m.restores,
         restored_ms=m.restored_ms,
+        prefix_tokens=m.prefix_tokens,
+    )
+
+
+def prefix_to_pb(p: PrefixInfo) -> pb.PrefixState:
+    return pb.PrefixState(
+        key=p.key,
+        tenant=p.tenant,
+        shared=p.shared,
+        tokens=p.tokens,
+        ram_bytes=p.ram_bytes,
+        disk_bytes=p.disk_bytes,
+        hits=p.hits,
+        idle_s=p.idle_s,
+    )
+
+
+def prefix_from_pb(m: pb.PrefixState) -> PrefixInfo:
+    return PrefixInfo(
+        key=m.key,
+        tenant=m.tenant,
+        shared=m.shared,
+        tokens=m.tokens,
+        ram_bytes=m.ram_bytes,
+        disk_bytes=m.disk_bytes,
+        hits=m.hits,
+        idle_s=m.idle_s,
     )
 
 

@@ -73,6 +73,7 @@ def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
             "restored_ms": round(r.restored_ms, 3),
         }  # fmt: skip
         out["read_tokens"] = usage(c, done)["prompt_tokens"]  # what this request appended
+        out["prefix_tokens"] = cached_tokens(c, done)  # ... of which from a stored prefix
         out["recall"] = _recall(done.recall)
     return out
 
@@ -86,13 +87,21 @@ def _recall(report: RecallReport | None) -> Any:
     return data
 
 
-def usage(c: Continuation, done: Done) -> dict[str, int]:
+def usage(c: Continuation, done: Done) -> dict[str, Any]:
+    """What the request added to the session's stream (its prompt: a new conversation's whole
+    history, a continued one's new turn), and of it what came from a stored prefix state rather
+    than being read (OpenAI's cached input tokens)."""
     prompt = max(done.receipt.n_seen - done.generated - c.n_seen_before, 0)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": done.generated,
         "total_tokens": prompt + done.generated,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(c, done)},
     }
+
+
+def cached_tokens(c: Continuation, done: Done) -> int:
+    return max(done.receipt.prefix_tokens - c.prefix_before, 0)
 
 
 def router(front: HttpFront) -> APIRouter:

@@ -30,6 +30,7 @@ from sinkd.daemon.runtime.api import (
     Inspection,
     PassageView,
     PolicyRequest,
+    PrefixInfo,
     RecallRequest,
     RecallResult,
     Receipt,
@@ -349,6 +350,11 @@ class Client:
     def list(self) -> list[Receipt]:
         sessions = self._call("List", pb.ListSessionsRequest()).sessions
         return [convert.receipt_from_pb(r) for r in sessions]
+
+    def list_prefixes(self) -> builtins.list[PrefixInfo]:
+        """The stored prefix states this token may see (the admin's: all)."""
+        found = self._call("ListPrefixes", pb.ListPrefixesRequest()).prefixes
+        return [convert.prefix_from_pb(p) for p in found]
 
     def resolve(self, session_id: str) -> Handle:
         """The owner's current handle for an id (the CLI names sessions by id alone). An id the

@@ -35,6 +35,7 @@ from sinkd.proto.convert import (
     handle_to_pb,
     model_to_pb,
     passage_to_pb,
+    prefix_to_pb,
     receipt_to_pb,
     report_to_pb,
     stats_to_pb,
@@ -319,6 +320,14 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     ) -> pb.ListSessionsResponse:
         return pb.ListSessionsResponse(
             sessions=[receipt_to_pb(r) for r in self.service.reads.list_sessions(principal)]
+        )
+
+    @rpc
+    def ListPrefixes(
+        self, request: pb.ListPrefixesRequest, context: Any, principal: Principal
+    ) -> pb.ListPrefixesResponse:
+        return pb.ListPrefixesResponse(
+            prefixes=[prefix_to_pb(p) for p in self.service.list_prefixes(principal)]
         )
 
     @rpc

@@ -259,6 +259,8 @@ class Receipt:
     residency: str = "resident"
     restores: int = 0
     restored_ms: float = 0.0
+    # tokens of its stream restored from a stored prefix (runtime/loop/prefixes.py), not read
+    prefix_tokens: int = 0
 
     @property
     def handle(self) -> Handle:
@@ -394,6 +396,21 @@ class Stats:
     max_parked_sessions: int = 0
     parks: int = 0
     restores: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixInfo:
+    """One stored prefix state, content-free: its keyed hash, whose it is (a tenant, or "*":
+    shared by the operator's declaration), its size in tokens and bytes (RAM, disk), its uses."""
+
+    key: str
+    tenant: str
+    shared: bool
+    tokens: int
+    ram_bytes: int
+    disk_bytes: int
+    hits: int
+    idle_s: float
 
 
 def to_json(value: object) -> object:

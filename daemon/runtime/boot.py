@@ -3,6 +3,8 @@ the state directory under this configuration and resume the stored sessions."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sinkd.daemon.config import Settings
 from sinkd.daemon.engine.llama import Engine, EngineConfig
 from sinkd.daemon.engine.loading import open_engine
@@ -85,6 +87,21 @@ def open_for(settings: Settings, entry: ModelEntry) -> tuple[Engine, ModelIdenti
     return engine, identity
 
 
+def gates(engine: Engine, entry: ModelEntry, identity: ModelIdentity) -> dict[str, Any]:
+    """What stored cells are valid under: a snapshot's, a session's and a prefix state's."""
+    return {
+        "model": entry.name,
+        "model_sha256": identity.sha256,
+        "tokenizer_sha256": identity.tokenizer_sha256,
+        "template_sha256": identity.template_sha256,
+        "kv_type": engine.config.kv_type,
+        "llama_cpp": engine.llama_cpp_version,
+        "n_ctx_seq": engine.n_ctx_seq,
+        "flash_attn": engine.flash_attn,
+        "cpu_kernels": engine.cpu_kernels,
+    }
+
+
 def resume(
     engine: Engine,
     entry: ModelEntry,
@@ -94,17 +111,5 @@ def resume(
 ) -> None:
     """Open the state directory under this configuration (a session journalled under another is
     stale, with the reason) and resume what it holds."""
-    durability.open(
-        {
-            "model": entry.name,
-            "model_sha256": identity.sha256,
-            "tokenizer_sha256": identity.tokenizer_sha256,
-            "template_sha256": identity.template_sha256,
-            "kv_type": engine.config.kv_type,
-            "llama_cpp": engine.llama_cpp_version,
-            "n_ctx_seq": engine.n_ctx_seq,
-            "flash_attn": engine.flash_attn,
-            "cpu_kernels": engine.cpu_kernels,
-        }
-    )
+    durability.open(gates(engine, entry, identity))
     resumer.run(engine)

@@ -120,6 +120,7 @@ class Lifecycle:
                 pinned=pinned,
                 pending_prefix=list(system_tokens),
                 recall=recall,
+                reads=[],
             )
         except BaseException:
             if seq_id >= 0:
@@ -200,6 +201,7 @@ class Lifecycle:
         self.scheduler.residency.forget(session)  # parked, it stays parked, empty
         session.clear_history()
         session.pending_prefix = list(session.system_tokens)
+        session.reads, session.prefix_tokens = [], 0  # read anew from position 0
         session.failure = ""
         if session.state is not SessionState.IDLE:
             session.transition(SessionState.IDLE)
@@ -225,6 +227,7 @@ class Lifecycle:
         session.retained.drop_newest(removed[1] - removed[0])
         self.recall.rewound(session)
         session.last_logits = None  # the next append brings its own
+        session.reads = None  # no prefix is kept of a stream taken back
         session.rewinds += 1
         session.last_active = time.monotonic()
         if self.snapshotter is not None and not self.snapshotter.take(session, scrub=True):

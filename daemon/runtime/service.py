@@ -8,6 +8,7 @@ memory is `Remembering`, reads are `SessionReads`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from sinkd.daemon.runtime.api import (
     GenerationOptions,
     Handle,
     PolicyRequest,
+    PrefixInfo,
     RecallRequest,
     Receipt,
     SamplingRequest,
@@ -37,6 +39,7 @@ from sinkd.daemon.runtime.conversations.clients import ClientState
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.loop.prefixes import PrefixStates
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.migration import Mover, SessionMoves
 from sinkd.daemon.runtime.reads import SessionReads
@@ -85,6 +88,16 @@ class SinkdService:
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)
+        self.prefixes = PrefixStates(
+            self.metrics,
+            settings.prefix_ram_mb * 2**20,
+            settings.prefix_disk_mb * 2**20,
+            settings.prefix_min_tokens,
+            min(settings.prefill_chunk, settings.step_tokens),
+            frozenset(
+                hashlib.sha256(t.encode()).hexdigest() for t in settings.shared_system_prompts
+            ),
+        )
         self.scheduler = Scheduler(
             self._open_engine,
             self.registry,
@@ -99,6 +112,7 @@ class SinkdService:
             max_parked=settings.max_parked_sessions,
             decode_run=settings.decodes_per_pass,
             decode_run_s=settings.decode_run_ms / 1000.0,
+            prefixes=self.prefixes,
         )
         self.admission = Admission(self.registry, self.metrics, self.scheduler.residency)
         self.lifecycle = Lifecycle(
@@ -171,9 +185,11 @@ class SinkdService:
 
     def _resume(self, engine: Engine) -> None:
         """Engine thread, before the daemon serves: open the state directory, resume sessions."""
+        assert self.identity is not None
+        stored = self.settings.state_dir / "prefixes" if self.durability is not None else None
+        self.prefixes.configure(boot.gates(engine, self.entry, self.identity), stored)
         if self.durability is None:
             return
-        assert self.identity is not None
         resumer = Resumer(
             self.scheduler.executor,
             self.durability,
@@ -245,6 +261,14 @@ class SinkdService:
 
     def receipt(self, session: Session) -> Receipt:
         return self.reads.receipt(session)
+
+    def list_prefixes(self, principal: Principal) -> list[PrefixInfo]:
+        """The stored prefix states the caller may see, content-free: a tenant's own and the
+        shared ones; the admin's token, all of them with their tenants."""
+        if principal.tenant is None and not principal.admin:
+            raise PermissionDenied("no tenant: no prefixes")
+        tenant = principal.tenant
+        return self.scheduler.call(lambda e: self.prefixes.listing(tenant))
 
     def max_sessions(self) -> int:
         return self.admission.limit(self.engine)

@@ -235,6 +235,11 @@ class Session:
     restores: int = 0
     # decode steps since the audit last compared its cells with llama.cpp's (loop/audit.py)
     unchecked_steps: int = 0
+    # prefix states (loop/prefixes.py): where each job's read began while the stream is still as
+    # read from position 0 (None: an eviction, shift, recall or rewind touched it, or it was
+    # resumed, forked or moved); the tokens restored from stored prefixes rather than read
+    reads: list[int] | None = None
+    prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.retained = RetainedTokens(self.policy.sinks)
@@ -337,6 +342,7 @@ class Session:
             last_recall=self.last_recall,
             residency="parked" if self.parked else ("resident" if self.seq_id >= 0 else "none"),
             restores=self.restores,
+            prefix_tokens=self.prefix_tokens,
         )
 
     def penalty_history(self, n: int) -> list[int]:

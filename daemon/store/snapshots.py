@@ -104,6 +104,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def read_meta(path: Path) -> dict[str, Any]:
+    """A snapshot file's metadata alone, from its header (its checksum is not verified: `read`
+    does that). CorruptSnapshot if the header is not a snapshot's."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(_HEAD.size)
+            if len(head) < _HEAD.size:
+                raise CorruptSnapshot(f"{path.name}: shorter than a snapshot header")
+            magic, version, meta_len = _HEAD.unpack(head)
+            if magic != MAGIC or version != VERSION:
+                raise CorruptSnapshot(f"{path.name}: not a version-{VERSION} sinkd snapshot")
+            meta = json.loads(f.read(meta_len))
+    except (OSError, ValueError) as e:  # JSON's errors are ValueErrors
+        raise CorruptSnapshot(f"{path.name}: unreadable header ({type(e).__name__})") from e
+    if not isinstance(meta, dict):
+        raise CorruptSnapshot(f"{path.name}: its metadata is not an object")
+    return meta
+
+
 def read(path: Path) -> Snapshot:
     try:
         data = path.read_bytes()

@@ -61,7 +61,7 @@ class Range(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens", "recall", "recalled", "memory_passages", "memory_tokens", "memory_bytes", "last_recall", "residency", "restores", "restored_ms")
+    __slots__ = ("session_id", "generation", "reset_count", "state", "policy", "n_seen", "retained", "anchors_logical", "recent_logical", "anchors_cache", "recent_cache", "pending_gap", "evictions", "evicted_tokens", "shifts", "kv_payload_bytes", "model", "model_sha256", "system_prompt_tokens", "system_prompt_tokens_pinned", "system_prompt_sha256", "tenant", "resume", "stale_reason", "snapshot_n_seen", "snapshot_unix_time", "journal_chunks", "journal_tokens", "recall", "recalled", "memory_passages", "memory_tokens", "memory_bytes", "last_recall", "residency", "restores", "restored_ms", "prefix_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RESET_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Receipt(_message.Message):
     RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     RESTORES_FIELD_NUMBER: _ClassVar[int]
     RESTORED_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     generation: str
     reset_count: int
@@ -136,7 +137,8 @@ class Receipt(_message.Message):
     residency: str
     restores: int
     restored_ms: float
-    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., memory_passages: _Optional[int] = ..., memory_tokens: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., last_recall: _Optional[_Union[RecallReport, _Mapping]] = ..., residency: _Optional[str] = ..., restores: _Optional[int] = ..., restored_ms: _Optional[float] = ...) -> None: ...
+    prefix_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., memory_passages: _Optional[int] = ..., memory_tokens: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., last_recall: _Optional[_Union[RecallReport, _Mapping]] = ..., residency: _Optional[str] = ..., restores: _Optional[int] = ..., restored_ms: _Optional[float] = ..., prefix_tokens: _Optional[int] = ...) -> None: ...
 
 class RecallSettings(_message.Message):
     __slots__ = ("mode", "budget", "passages", "threshold")
@@ -459,6 +461,36 @@ class TraceResponse(_message.Message):
 class ListSessionsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PrefixState(_message.Message):
+    __slots__ = ("key", "tenant", "shared", "tokens", "ram_bytes", "disk_bytes", "hits", "idle_s")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    tenant: str
+    shared: bool
+    tokens: int
+    ram_bytes: int
+    disk_bytes: int
+    hits: int
+    idle_s: float
+    def __init__(self, key: _Optional[str] = ..., tenant: _Optional[str] = ..., shared: _Optional[bool] = ..., tokens: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., idle_s: _Optional[float] = ...) -> None: ...
+
+class ListPrefixesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPrefixesResponse(_message.Message):
+    __slots__ = ("prefixes",)
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrefixState]
+    def __init__(self, prefixes: _Optional[_Iterable[_Union[PrefixState, _Mapping]]] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions",)

@@ -99,6 +99,11 @@ class SessionsStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.ListPrefixes = channel.unary_unary(
+                '/sinkd.v1.Sessions/ListPrefixes',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListPrefixesRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListPrefixesResponse.FromString,
+                _registered_method=True)
         self.Recall = channel.unary_unary(
                 '/sinkd.v1.Sessions/Recall',
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RecallRequest.SerializeToString,
@@ -200,6 +205,12 @@ class SessionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPrefixes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Recall(self, request, context):
         """the session's memory of evicted text: recall into the cache, read, delete
         """
@@ -286,6 +297,11 @@ def add_SessionsServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ListPrefixes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrefixes,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListPrefixesRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListPrefixesResponse.SerializeToString,
             ),
             'Recall': grpc.unary_unary_rpc_method_handler(
                     servicer.Recall,
@@ -654,6 +670,33 @@ class Sessions:
             '/sinkd.v1.Sessions/List',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrefixes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/ListPrefixes',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListPrefixesRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListPrefixesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,6 +74,8 @@ class Continuation:
     why: str
     ingested_turns: int  # earlier turns appended this time (0 when continued)
     n_seen_before: int = 0  # the session's tokens before this request (0 for a new one)
+    # ... and of them, those restored from stored prefixes (the receipt's `prefix_tokens`)
+    prefix_before: int = 0
     tools: ToolsReport | None = None  # the turn's tools, pinned or left out (None: none sent)
 
 
@@ -195,8 +197,8 @@ class StatelessChats:
             if handle is None:
                 raise NotFound(f"no session {request.session_id!r} of yours to continue")
             call.admit(handle.session_id)
-            seen = self._seen(handle)
-            return Continuation(handle, "named", "the request named it", 0, seen), seen
+            seen, cached = self._seen(handle)
+            return Continuation(handle, "named", "the request named it", 0, seen, cached), seen
         heads = chain(self.index.key, request.system, earlier)
         retake = self.index.retake_key(request.system, earlier, request.turns[-1])
         match = self.index.find(tenant, heads[-1], len(earlier), retake)
@@ -205,13 +207,15 @@ class StatelessChats:
             if handle is not None:
                 call.admit(handle.session_id)
             if handle is not None and match.rewind_to is None:
-                seen = self._seen(handle)
-                return Continuation(handle, "continued", match.why, 0, seen), seen
+                seen, cached = self._seen(handle)
+                return Continuation(handle, "continued", match.why, 0, seen, cached), seen
             if handle is not None and match.rewind_to is not None:
                 try:  # its last turn goes back out of the cache: nothing is read again
                     self.rewind(principal, handle, match.rewind_to)
                     back = match.rewind_to
-                    return Continuation(handle, "regenerated", match.why, 0, back), back
+                    _, cached = self._seen(handle)
+                    how = Continuation(handle, "regenerated", match.why, 0, back, cached)
+                    return how, back
                 except CannotRewind as e:
                     why = f"its last turn cannot be taken back ({message_of(e)})"
             else:
@@ -250,12 +254,12 @@ class StatelessChats:
             if handle is None:
                 continue
             call.admit(handle.session_id)
-            seen = self._seen(handle)
+            seen, cached = self._seen(handle)
             why = (
                 f"its newest {found.matched} turns match; the client dropped the"
                 f" {len(found.dropped)} oldest"
             )
-            return Continuation(handle, "continued", why, 0, seen), seen
+            return Continuation(handle, "continued", why, 0, seen, cached), seen
         return None
 
     def _catch_up(
@@ -276,14 +280,14 @@ class StatelessChats:
         if handle is None:
             return None
         call.admit(handle.session_id)
-        seen = self._seen(handle)
+        seen, cached = self._seen(handle)
         missed = earlier[took:]
         now = call.history(self.turns, principal, handle, missed)
         why = (
             f"its first {took} turns match; the {len(missed)} turns since (taken elsewhere) were"
             " read"
         )
-        return Continuation(handle, "caught-up", why, len(missed), seen), now
+        return Continuation(handle, "caught-up", why, len(missed), seen, cached), now
 
     def new_session(
         self, principal: Principal, system: str, stateless: bool = True
@@ -373,12 +377,15 @@ class StatelessChats:
 
         return self.access.scheduler.call(pick)
 
-    def _seen(self, handle: Handle) -> int:
-        """The session's tokens now, read on the engine thread (a turn of its may be running)."""
+    def _seen(self, handle: Handle) -> tuple[int, int]:
+        """The session's tokens now, and how many of them came from stored prefixes, read on the
+        engine thread (a turn of its may be running)."""
         session = self.access.registry.get(handle.session_id)
         if session is None:
-            return 0
-        return self.access.scheduler.call(lambda e: session.seq.state.n_seen)
+            return 0, 0
+        return self.access.scheduler.call(
+            lambda e: (session.seq.state.n_seen, session.prefix_tokens)
+        )
 
     def _live(
         self, principal: Principal, session_id: str, reset_count: int | None = None

@@ -255,11 +255,15 @@ class Responses:
                 latest = self._by_id.get(self._latest.get(session.id, ""))
             if latest is not None and latest.id == prev.id:
                 why = f"continues its latest response {prev.id}"
-                return Continuation(handle, "continued", why, 0, _seen(session))
+                return Continuation(
+                    handle, "continued", why, 0, _seen(session), session.prefix_tokens
+                )
             if latest is not None and latest.previous_id == prev.id:
                 self.rewind(principal, handle, prev.n_end)  # its latest turn goes back out
                 why = f"takes back {latest.id}, which followed {prev.id}"
-                return Continuation(handle, "regenerated", why, 0, prev.n_end)
+                return Continuation(
+                    handle, "regenerated", why, 0, prev.n_end, session.prefix_tokens
+                )
             raise FailedPrecondition(
                 f"response {prev.id} is not its conversation's latest (nor the one before it):"
                 " sinkd continues a conversation from there only"
@@ -269,7 +273,7 @@ class Responses:
             _same_instructions(session, system)
             handle = Handle(session.id, session.generation)
             why = "the request named its conversation"
-            return Continuation(handle, "named", why, 0, _seen(session))
+            return Continuation(handle, "named", why, 0, _seen(session), session.prefix_tokens)
         receipt, made_room = self.open_session(principal, system or "")
         why = "a new conversation" if request.store else "a new conversation, not stored"
         why += f"; {made_room}" if made_room else ""

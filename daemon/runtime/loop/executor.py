@@ -28,6 +28,7 @@ from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
+from sinkd.daemon.runtime.loop.prefixes import PrefixStates
 from sinkd.daemon.runtime.loop.residency import NoRoom, ParkFailed, Residency
 from sinkd.daemon.runtime.loop.runahead import RunAhead
 from sinkd.daemon.runtime.loop.stepplan import Slot
@@ -66,10 +67,12 @@ class Executor:
         durability: Durability | None,
         residency: Residency,
         recall: Recall | None = None,
+        prefixes: PrefixStates | None = None,
     ) -> None:
         self._engine = engine
         self.residency = residency
         self.recall = recall
+        self.prefixes = prefixes
         self.queues = queues
         self.gate = gate
         self.auditor = auditor
@@ -117,7 +120,7 @@ class Executor:
             except NoRoom:  # its session is parked and every resident one busy: a later step
                 job.started = False
                 return
-            if job.gen is None and not job.tokens:  # e.g. a recall that found nothing
+            if job.gen is None and not job.prefilling:  # nothing to read (all from a prefix)
                 self.end(job)
                 return
             if job.gen is not None and not job.prefilling and job.pending is None:
@@ -145,6 +148,8 @@ class Executor:
                 at = job.recall.insert_at
                 found = self.recall.prepare(self.engine, session, job.recall)
                 job.tokens = job.tokens[:at] + found + job.tokens[at:]
+                if found:
+                    session.reads = None  # recalled text in the stream: no prefix of it is kept
             except sqlite3.Error as e:
                 raise JournalError(f"recall: the memory could not be read: {e}") from None
         # the full policy refuses the whole append before any token goes in (CacheFull)
@@ -152,6 +157,12 @@ class Executor:
         if session.pending_prefix:
             job.tokens = session.pending_prefix + job.tokens
             session.pending_prefix = []
+        if (
+            self.prefixes is not None
+            and self.prefixes.begin(self.engine, session, job, self.durability is not None)
+            and not self.auditor.check(session, full=True)  # restored cells, as a decode's
+        ):
+            raise SessionFailed(f"session {session.id}: {session.failure}; reset or close it")
 
     def _sample(self, job: Job) -> None:
         """A generating job whose prefill is done: sample its next token from the last logits."""
@@ -338,6 +349,7 @@ class Executor:
             session.set_logits(row.logits, row.greedy)
         session.last_active = time.monotonic()
         if sb.ops:
+            session.reads = None  # evicted or shifted: no longer as read from position 0
             failpoints.hit("before-compact")
             self.engine.cells.compact(session.seq_id)
 
@@ -358,6 +370,8 @@ class Executor:
                 sb = it.sub_batch
                 session.unlogged.append((sb.logical_pos, sb.cache_pos, list(it.tokens)))
             failpoints.hit("prefill-chunk")
+            if job.store_at and self.prefixes is not None:
+                self.prefixes.reached(self.engine, session, job)
         if not self.auditor.check(session, full=bool(it.sub_batch.ops) or not it.decode_pending):
             return
         if (job.gen is None and not job.prefilling) or (

@@ -98,6 +98,7 @@ class Job:
         self.error: SinkdError | None = None
         self.result: Done | None = None
         self.recall: RecallAsk | None = None  # passages go in first
+        self.store_at: list[int] = []  # stream lengths at which its read is kept (prefixes.py)
         self.submitted = time.monotonic()
         self.last_emit = self.submitted
 

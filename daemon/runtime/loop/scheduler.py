@@ -32,6 +32,7 @@ from sinkd.daemon.runtime.loop.audit import Auditor
 from sinkd.daemon.runtime.loop.executor import Executor
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import POLL_S, Job, JobQueues
+from sinkd.daemon.runtime.loop.prefixes import PrefixStates
 from sinkd.daemon.runtime.loop.residency import Residency
 from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -67,6 +68,7 @@ class Scheduler:
         max_parked: int = 0,
         decode_run: int = 1,
         decode_run_s: float = 0.0,
+        prefixes: PrefixStates | None = None,
     ) -> None:
         self._engine_factory = engine_factory
         self.decode_run = decode_run  # decodes a greedy session may make per pass (runahead.py)
@@ -110,6 +112,7 @@ class Scheduler:
             durability,
             self.residency,
             recall,
+            prefixes,
         )
         self._inbox: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._closed = False  # the gate: once set (under the lock) nothing enters the inbox

@@ -1,0 +1,435 @@
+"""Prefix states: a new session that begins as an earlier one of its tenant did starts from that
+prefix's stored cells, and reads only what follows. Engine thread only.
+
+What is kept (bench/prefixes.py measures what it saves):
+- the end of a session's system prompt (its tools' descriptions with it), the first time it is
+  read: every later chat of the tenant with that system prompt starts there;
+- a beginning found twice: as a job starts, the stream is compared with the beginnings of the
+  tenant's recent sessions (token ids, in memory only); where it shares at least `min_tokens`
+  with one, the cells are kept at the last chunk boundary within the shared part as this session
+  reads past it (a chat UI's side requests: the same task instructions, then the chat).
+Only a stream still as read from position 0 counts (`Session.reads`: no eviction, shift, recall
+or rewind has touched it), so a prefix holds positions 0..n-1 exactly as read, beside the sinks.
+
+Bit for bit: a prefix is llama.cpp's image of the sequence's cells and the logits of its last
+token. A session restores it and reads on from the chunk cuts a whole read makes (the prefix
+keeps where its reads began, `starts`), so its cells and logits are those of reading it all; its
+journal gets the same chunks, so resume replays them as if read.
+
+Per tenant: a prefix serves the tenant that read it, and the prefixes of the system prompts an
+operator declared shared serve everyone; never another tenant's, so no tenant learns by timing
+what another read. Bounded: RAM first (`ram_bytes`), then the state directory (`disk_bytes`);
+past a bound the least recently used prefix of the owner holding the most bytes goes first.
+A file made under another model or configuration, or damaged, is dropped with its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sinkd.daemon.engine.llama import Engine
+from sinkd.daemon.metrics import Metrics
+from sinkd.daemon.private import private_dir
+from sinkd.daemon.runtime.api import PrefixInfo
+from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.sessions import Session, SessionState
+from sinkd.daemon.store import prefix_files
+from sinkd.errors import CorruptSnapshot, EngineError, SnapshotError
+
+log = logging.getLogger("sinkd.prefixes")
+
+SHARED = "*"  # the owner of the prefixes of the system prompts an operator declared shared
+HEADS_KEPT = 32  # per tenant: the beginnings of its recent sessions, compared with a new one's
+HEAD_TOKENS = 8192  # ... each at most this long
+SECRET_FILE = "key"  # the listing's keys are keyed hashes: a key confirms no guess of a prompt
+
+
+@dataclass
+class Prefix:
+    key: str
+    owner: str  # a tenant, or SHARED
+    tokens: tuple[int, ...]
+    starts: tuple[int, ...]  # where the reads that made it began (a restore reads on from them)
+    kv_size: int  # the cells' image
+    file_size: int = 0  # 0: not on disk
+    kv: bytes | None = None  # in RAM (None: on disk only)
+    logits: np.ndarray | None = None  # with kv
+    last_used: float = 0.0
+    hits: int = 0
+    created: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def ram(self) -> int:
+        if self.kv is None:
+            return 0
+        return self.kv_size + (0 if self.logits is None else self.logits.nbytes)
+
+
+def common_length(a: list[int] | array[int], b: list[int] | array[int]) -> int:
+    """How many tokens two streams share from their start."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixStates:
+    def __init__(
+        self,
+        metrics: Metrics,
+        ram_bytes: int,
+        disk_bytes: int,
+        min_tokens: int,
+        chunk: int,
+        shared_system_sha256: frozenset[str] = frozenset(),
+    ) -> None:
+        self.metrics = metrics
+        self.ram_bytes = ram_bytes
+        self.disk_bytes = disk_bytes
+        self.min_tokens = min_tokens
+        self.chunk = chunk  # the scheduler's prefill chunk: the cuts of every read
+        self.shared = shared_system_sha256
+        self.identity: dict[str, Any] | None = None
+        self.directory: Path | None = None
+        self._secret = b""
+        self._prefixes: dict[str, Prefix] = {}
+        self._heads: dict[str, OrderedDict[str, array[int]]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.identity is not None and self.ram_bytes > 0
+
+    # --- at the daemon's start ---
+
+    def configure(self, identity: dict[str, Any], directory: Path | None) -> None:
+        """What makes a prefix valid (model, tokenizer and template hashes, KV type, the
+        configuration gates a snapshot checks), and where prefixes are kept on disk (None: RAM
+        only). The files there made under this identity are taken; the rest are dropped."""
+        self.identity = dict(identity)
+        self.directory = None
+        if directory is None or not self.disk_bytes:
+            self._secret = secrets.token_bytes(32)
+            return
+        self.directory = private_dir(directory)
+        self._secret = self._load_secret(self.directory / SECRET_FILE)
+        found, bad = prefix_files.scan(self.directory)
+        for path, why in bad:
+            log.warning("prefix file %s dropped: %s", path.name, why)
+            self.metrics.prefix_drops.labels("damaged").inc()
+            prefix_files.remove(path)
+        for f in found:
+            meta = f.meta
+            try:
+                tokens = tuple(int(t) for t in meta["tokens"])
+                key = self._key(str(meta["owner"]), tokens)
+                ok = meta.get("identity") == self.identity and f.path.stem == key
+                why = "made under another model or configuration"
+            except (KeyError, TypeError, ValueError):
+                ok, why = False, "its metadata is incomplete"
+            if not ok:
+                log.info("prefix file %s dropped: %s", f.path.name, why)
+                self.metrics.prefix_drops.labels("mismatch").inc()
+                prefix_files.remove(f.path)
+                continue
+            self._prefixes[key] = Prefix(
+                key=key,
+                owner=str(meta["owner"]),
+                tokens=tokens,
+                starts=tuple(int(s) for s in meta["starts"]),
+                kv_size=int(meta["kv_bytes"]),
+                file_size=f.size,
+                last_used=float(meta.get("created", 0.0)),
+                created=float(meta.get("created", 0.0)),
+            )
+        self._fit()
+        log.info("prefix states: %d on disk", len(self._prefixes))
+
+    @staticmethod
+    def _load_secret(path: Path) -> bytes:
+        try:
+            data = path.read_bytes()
+            if len(data) == 32:
+                return data
+        except FileNotFoundError:
+            pass
+        data = secrets.token_bytes(32)
+        prefix_files.write_secret(path, data)
+        return data
+
+    def _key(self, owner: str, tokens: tuple[int, ...]) -> str:
+        material = json.dumps([self.identity, owner], sort_keys=True).encode()
+        material += array("i", tokens).tobytes()
+        return hmac.new(self._secret, material, hashlib.sha256).hexdigest()
+
+    # --- as a job starts: restore, and decide where to keep ---
+
+    def begin(self, engine: Engine, session: Session, job: Job, journal: bool) -> int:
+        """The job starts on the session (its tokens final: the pending system prompt and any
+        recalled text in them). Restores the longest stored prefix the stream begins with, and
+        marks where this job's read is to be kept (`job.store_at`). Returns the tokens restored."""
+        if not self.enabled or session.reads is None:
+            return 0
+        start = session.seq.state.n_seen
+        stream = session.retained.all()
+        if len(stream) != start or session.seq.state.evicted_tokens:
+            session.reads = None  # not as read from position 0: nothing of it is a prefix
+            return 0
+        session.reads.append(start)
+        restored = 0
+        found = self._longest(session, stream, job.tokens)
+        if found is not None:
+            restored = self._restore(engine, session, job, found, journal)
+        self._plan_keeps(session, job, stream)
+        return restored
+
+    def _owners(self, session: Session) -> tuple[str, str]:
+        return session.tenant, SHARED
+
+    def _longest(self, session: Session, stream: list[int], tokens: list[int]) -> Prefix | None:
+        assert session.reads is not None
+        start, end = len(stream), len(stream) + len(tokens)
+        owners = self._owners(session)
+        best: Prefix | None = None
+        for p in self._prefixes.values():
+            if p.owner not in owners or not start < p.n <= end:
+                continue
+            if best is not None and p.n <= best.n:
+                continue
+            if p.n != end and (p.n - start) % self.chunk:
+                continue  # a restore must leave the rest to the same cuts as a whole read
+            if p.starts != tuple(s for s in session.reads if s < p.n):
+                continue
+            if list(p.tokens[:start]) != stream or list(p.tokens[start:]) != tokens[: p.n - start]:
+                continue
+            best = p
+        return best
+
+    def _restore(self, engine: Engine, session: Session, job: Job, p: Prefix, journal: bool) -> int:
+        start = session.seq.state.n_seen
+        take = p.n - start
+        cuts = [min(self.chunk, take - off) for off in range(0, take, self.chunk)]
+        probe = session.seq.fork()
+        for n in cuts:  # the policy would read them with no eviction: else no restore
+            planned = probe.plan(n, max_batch=n).sub_batches
+            if (
+                len(planned) != 1
+                or planned[0].ops
+                or planned[0].cache_pos != planned[0].logical_pos
+            ):
+                return 0
+            probe.adopt_tokens(planned[0])
+        try:
+            kv, logits = self._image(p)
+        except CorruptSnapshot as e:
+            self._drop(p, "damaged", str(e))
+            return 0
+        seq_id = session.seq_id
+        before = engine.cells.save_seq(seq_id) if start else b""
+        try:
+            engine.cells.restore_seq(seq_id, kv)
+            if engine.cells.pos_range(seq_id) != (0, p.n - 1):
+                raise EngineError(f"it held positions {engine.cells.pos_range(seq_id)}")
+        except EngineError as e:
+            engine.cells.clear(seq_id)
+            if before:
+                engine.cells.restore_seq(seq_id, before)
+            self._drop(p, "refused", f"llama.cpp refused its cells: {e}")
+            return 0
+        off = 0
+        for n in cuts:  # as the executor records a read chunk
+            sb = session.seq.append(n, max_batch=n).sub_batches[0]
+            piece = job.tokens[off : off + n]
+            session.retained.apply(sb, piece)
+            if journal:
+                session.unlogged.append((sb.logical_pos, sb.cache_pos, list(piece)))
+            off += n
+        job.offset = take
+        session.set_logits(None if logits is None else logits.copy(), None)
+        session.prefix_tokens += take
+        session.last_active = time.monotonic()  # the session's clock
+        if session.state in (SessionState.CREATED, SessionState.IDLE):
+            session.transition(SessionState.PREFILLING)
+        p.hits += 1
+        p.last_used = time.time()
+        self.metrics.prefix_hits.inc()
+        self.metrics.prefix_tokens.inc(take)
+        log.info("session %s: %d tokens from prefix %s", session.id, take, p.key[:12])
+        return take
+
+    def _plan_keeps(self, session: Session, job: Job, stream: list[int]) -> None:
+        """Where this job's read is kept: the system prompt's end, and the end of what it shares
+        with a recent session of its tenant (each at a point a restore can read on from)."""
+        start = len(stream)
+        end = start + len(job.tokens)
+        limit = session.policy.budget if session.policy.evicts else end
+        now = session.seq.state.n_seen
+        points = []
+        n_system = len(session.system_tokens)
+        if (
+            start == 0
+            and n_system >= self.min_tokens
+            and job.tokens[:n_system] == list(session.system_tokens)
+        ):
+            points.append(n_system)
+        full = array("i", stream)
+        full.extend(job.tokens[: max(0, HEAD_TOKENS - start)])
+        heads = self._heads.setdefault(session.tenant, OrderedDict())
+        shared = max(
+            (common_length(full, h) for sid, h in heads.items() if sid != session.id), default=0
+        )
+        heads[session.id] = full
+        heads.move_to_end(session.id)
+        while len(heads) > HEADS_KEPT:
+            heads.popitem(last=False)
+        if shared >= self.min_tokens:
+            if shared >= end:
+                points.append(end)
+            else:
+                points.append(start + (shared - start) // self.chunk * self.chunk)
+        keep = sorted(
+            b
+            for b in set(points)
+            if now < b <= min(end, limit)
+            and b >= self.min_tokens
+            and (b == end or (b - start) % self.chunk == 0)
+        )
+        job.store_at = keep
+
+    # --- as a chunk is read ---
+
+    def reached(self, engine: Engine, session: Session, job: Job) -> None:
+        """The job's read just ended a chunk: keep the cells if this is one of its points."""
+        n = session.seq.state.n_seen
+        if n not in job.store_at or session.reads is None or session.last_logits is None:
+            return
+        owner = session.tenant
+        if session.system_prompt_sha256 in self.shared and n == len(session.system_tokens):
+            owner = SHARED
+        tokens = tuple(session.retained.all())
+        if len(tokens) != n or engine.cells.pos_range(session.seq_id) != (0, n - 1):
+            return
+        key = self._key(owner, tokens)
+        held = self._prefixes.get(key)
+        if held is not None:
+            held.last_used = time.time()
+            return
+        kv = engine.cells.save_seq(session.seq_id)
+        logits = np.array(session.last_logits, dtype=np.float32, copy=True)
+        now = time.time()
+        p = Prefix(key, owner, tokens, tuple(s for s in session.reads if s < n), len(kv),
+                   kv=kv, logits=logits, last_used=now, created=now)  # fmt: skip
+        if p.ram > self.ram_bytes:
+            return  # larger than the whole bound: never kept
+        if self.directory is not None:
+            meta = {"owner": owner, "tokens": list(tokens), "starts": list(p.starts),
+                    "identity": self.identity, "created": p.created}  # fmt: skip
+            try:
+                p.file_size = prefix_files.write(self.directory, key, meta, kv, logits)
+            except SnapshotError as e:  # a full disk: kept in RAM alone
+                log.warning("prefix %s not written: %s", key[:12], e)
+                self.metrics.prefix_drops.labels("unwritten").inc()
+        self._prefixes[key] = p
+        self.metrics.prefix_stored.inc()
+        log.info("session %s: prefix %s kept (%d tokens)", session.id, key[:12], n)
+        self._fit()
+
+    # --- bounds ---
+
+    def _image(self, p: Prefix) -> tuple[bytes, np.ndarray | None]:
+        if p.kv is not None:
+            return p.kv, p.logits
+        if not p.file_size or self.directory is None:
+            raise CorruptSnapshot("its cells are neither in memory nor on disk")
+        snap = prefix_files.read(prefix_files.path_for(self.directory, p.key))
+        meta = snap.meta
+        if tuple(meta.get("tokens", ())) != p.tokens or meta.get("identity") != self.identity:
+            raise CorruptSnapshot("its file holds another prefix")
+        p.kv, p.logits = snap.kv, snap.logits
+        kv, logits = p.kv, p.logits
+        self._fit()
+        return kv, logits
+
+    def _fit(self) -> None:
+        """Past a bound, the least recently used prefix of the owner holding the most goes."""
+        while sum(p.ram for p in self._prefixes.values()) > self.ram_bytes:
+            victim = self._victim([p for p in self._prefixes.values() if p.kv is not None],
+                                  lambda p: p.ram)  # fmt: skip
+            if victim.file_size:
+                victim.kv, victim.logits = None, None  # on disk still
+                self.metrics.prefix_drops.labels("ram").inc()
+            else:
+                self._drop(victim, "ram", "")
+        while sum(p.file_size for p in self._prefixes.values()) > self.disk_bytes:
+            victim = self._victim([p for p in self._prefixes.values() if p.file_size],
+                                  lambda p: p.file_size)  # fmt: skip
+            self._drop(victim, "disk", "")
+        self._gauges()
+
+    @staticmethod
+    def _victim(held: list[Prefix], size: Any) -> Prefix:
+        by_owner: dict[str, int] = {}
+        for p in held:
+            by_owner[p.owner] = by_owner.get(p.owner, 0) + size(p)
+        most = max(by_owner, key=lambda o: by_owner[o])
+        return min((p for p in held if p.owner == most), key=lambda p: p.last_used)
+
+    def _drop(self, p: Prefix, reason: str, why: str) -> None:
+        self._prefixes.pop(p.key, None)
+        if p.file_size and self.directory is not None:
+            prefix_files.remove(prefix_files.path_for(self.directory, p.key))
+        self.metrics.prefix_drops.labels(reason).inc()
+        if why:
+            log.warning("prefix %s dropped: %s", p.key[:12], why)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        held = self._prefixes.values()
+        self.metrics.prefix_bytes.labels("ram").set(sum(p.ram for p in held))
+        self.metrics.prefix_bytes.labels("disk").set(sum(p.file_size for p in held))
+        self.metrics.prefix_entries.set(len(self._prefixes))
+
+    # --- the owner's view ---
+
+    def forget_tenant(self, tenant: str) -> int:
+        """Drop the tenant's prefixes (a forget: their cells may hold what it forgot)."""
+        mine = [p for p in self._prefixes.values() if p.owner == tenant]
+        for p in mine:
+            self._drop(p, "forgotten", "")
+        self._heads.pop(tenant, None)
+        return len(mine)
+
+    def listing(self, tenant: str | None) -> list[PrefixInfo]:
+        """What is held, by key and size, never text: a tenant's own and the shared ones; the
+        admin's (None) all, with their owners."""
+        now = time.time()
+        return [
+            PrefixInfo(
+                key=p.key,
+                tenant=p.owner,
+                shared=p.owner == SHARED,
+                tokens=p.n,
+                ram_bytes=p.ram,
+                disk_bytes=p.file_size,
+                hits=p.hits,
+                idle_s=round(now - p.last_used, 3) if p.last_used else 0.0,
+            )
+            for p in sorted(self._prefixes.values(), key=lambda p: -p.last_used)
+            if tenant is None or p.owner in (tenant, SHARED)
+        ]

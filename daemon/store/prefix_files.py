@@ -1,0 +1,77 @@
+"""Prefix state files: one stored prefix's cells and next-token logits, in the snapshot format
+(checksummed, written whole or not at all), one file per prefix, named by its key.
+
+A prefix state is a cache: the file is written without an fsync (a crash keeps it whole or
+absent; a power loss may lose it, and a torn file fails its checksum and is not used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sinkd.daemon.store import snapshots
+from sinkd.errors import CorruptSnapshot
+
+SUFFIX = ".prefix"
+KIND = "prefix"
+
+
+@dataclass(frozen=True)
+class PrefixFile:
+    """What a listing reads of a file without its cells: its metadata, and its size."""
+
+    path: Path
+    meta: dict[str, Any]
+    size: int
+
+
+def path_for(directory: Path, key: str) -> Path:
+    return directory / f"{key}{SUFFIX}"
+
+
+def write(
+    directory: Path, key: str, meta: dict[str, Any], kv: bytes, logits: np.ndarray | None
+) -> int:
+    """Write the prefix's file (SnapshotError on a full or failing disk); returns its size."""
+    pieces = snapshots.parts(snapshots.Snapshot(dict(meta, kind=KIND), kv, logits))
+    snapshots.write_atomic(path_for(directory, key), pieces, fsync=False)
+    return sum(len(p) for p in pieces)
+
+
+def read(path: Path) -> snapshots.Snapshot:
+    """The whole file, its checksum verified (CorruptSnapshot otherwise)."""
+    snap = snapshots.read(path)
+    if snap.meta.get("kind") != KIND:
+        raise CorruptSnapshot(f"{path.name}: not a prefix state")
+    return snap
+
+
+def scan(directory: Path) -> tuple[list[PrefixFile], list[tuple[Path, str]]]:
+    """The prefix files of a directory by their headers alone (the checksum is verified when one
+    is used), and the files that are not prefix files with the reason."""
+    found: list[PrefixFile] = []
+    bad: list[tuple[Path, str]] = []
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        try:
+            meta = snapshots.read_meta(path)
+            if meta.get("kind") != KIND:
+                raise CorruptSnapshot("not a prefix state")
+            found.append(PrefixFile(path, meta, path.stat().st_size))
+        except (CorruptSnapshot, OSError) as e:
+            bad.append((path, str(e)))
+    for tmp in directory.glob(f".*{SUFFIX}.*.tmp"):  # a write a crash cut short
+        bad.append((tmp, "an unfinished write"))
+    return found, bad
+
+
+def write_secret(path: Path, data: bytes) -> None:
+    """The key of the directory's keyed hashes (readable by its owner alone, as the directory)."""
+    snapshots.write_atomic(path, data)
+
+
+def remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
