@@ -3,6 +3,8 @@ read the stored passages, forget them (from disk, at once)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sinkd.cachepolicy.recall_plan import RecallMode
 from sinkd.daemon.config import Settings
 from sinkd.daemon.runtime import lifecycle, requests
@@ -35,6 +37,9 @@ class Remembering:
         self.recall = recall
         self.durability = durability
         self.settings = settings
+        # told the tenant (engine thread) whose text was forgotten: what else holds its text's
+        # state goes too (its stored prefix states)
+        self.on_forgot: Callable[[str], object] = lambda tenant: None
 
     def recall_into(
         self,
@@ -145,6 +150,7 @@ class Remembering:
         n = self.recall.forget(session, passage_id, logical, speaker)
         if not n:
             return n
+        self.on_forgot(session.tenant)
         if self.durability is None:
             self.recall.purge()
             return n

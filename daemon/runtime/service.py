@@ -139,6 +139,7 @@ class SinkdService:
         self.memory = Remembering(
             self.access, self.scheduler, self.turns, self.recall, self.durability, settings
         )
+        self.memory.on_forgot = self.prefixes.forget_tenant  # a prefix may hold forgotten text
         self.reads = SessionReads(
             self.access, self.registry, self.scheduler, self.admission, self.metrics, self.entry
         )

@@ -1,0 +1,160 @@
+"""Prefix states on the real model: a second chat of a tenant with the same system prompt restores
+it and reads only its own turn, and computes the bits of a daemon that keeps no prefixes (both
+pinned models); another tenant reads it all; a kill -9 keeps the stored prefix, and a damaged one
+is refused with its reason and the prompt read. The fast part (bounds, owners, side requests,
+listing) is tests/test_prefix_states.py."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import openai
+import pytest
+
+from sinkd.daemon.node import Daemon
+from sinkd.proto.v1 import sinkd_pb2 as pb
+from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.support.daemons import http_serve_env, serve_subprocess
+from tests.support.settings import settings
+from tests.support.tokens import ALICE, BOB
+
+pytestmark = pytest.mark.model
+
+# ~600 tokens of SmolLM2 (the done-when's system prompt); Gemma 3's sessions hold at most 512
+# cells before they must evict (its sliding-window layers: models.lock's max_budget), so its
+# system prompt is ~420 tokens: a prefix never spans an eviction
+RULES = {"smollm2-135m-instruct": 34, "gemma3-270m": 24}
+GREEDY = pb.Sampling(temperature=0.0)
+POLICY = pb.Policy(name="sink", fill_window=True)
+
+
+def system_prompt(rules: int) -> str:
+    return "You answer operators of a log pipeline. " + " ".join(
+        f"Rule {i}: quote log line {i * 7} and name its host node-{i % 5}." for i in range(rules)
+    )
+
+
+def logits_of(s: Any, h: pb.Handle, md: Any) -> np.ndarray:
+    r = s.Inspect(pb.InspectRequest(handle=h, include_logits=True), metadata=md)
+    return np.frombuffer(r.logits, dtype="<f4").copy()
+
+
+def second_chat(s: Any, system: str, md: Any) -> tuple[pb.Receipt, list[np.ndarray], list[int]]:
+    """A chat with the system prompt: its receipt after the system prompt, its logits there and
+    after its own first message, and its greedy reply."""
+    created = s.Create(
+        pb.CreateSessionRequest(policy=POLICY, sampling=GREEDY, system_prompt=system), metadata=md
+    )
+    h = created.handle
+    logits = [logits_of(s, h, md)]
+    s.Append(pb.AppendRequest(handle=h, text="\nUser: which host failed first?\n"), metadata=md)
+    logits.append(logits_of(s, h, md))
+    events = s.Generate(pb.GenerateRequest(handle=h, max_tokens=12), metadata=md)
+    reply = [e.token.id for e in events if e.HasField("token")]
+    return created.receipt, logits, reply
+
+
+def engine(tmp: Path, model: str, **kw: Any) -> tuple[Daemon, Any]:
+    d = Daemon(settings(tmp, model=model, n_ctx_seq=1024, max_sessions=2, **kw))
+    d.start()
+    d.wait_ready(120)
+    return d, pb_grpc.SessionsStub(grpc.insecure_channel(d.addresses[0]))
+
+
+@pytest.mark.parametrize("model", sorted(RULES))
+def test_a_second_chat_restores_the_system_prompt_and_computes_the_same_bits(
+    tmp_path: Path, model: str
+) -> None:
+    system = system_prompt(RULES[model])
+    ref, s = engine(tmp_path / "off", model, prefix_ram_mb=0, durable=False)
+    try:
+        want_receipt, want_logits, want_reply = second_chat(s, system, ALICE)
+    finally:
+        ref.stop()
+    n_system = want_receipt.system_prompt_tokens
+    assert want_receipt.prefix_tokens == 0 and n_system >= 400
+
+    d, s = engine(tmp_path / "on", model)
+    try:
+        first = s.Create(
+            pb.CreateSessionRequest(policy=POLICY, system_prompt=system), metadata=ALICE
+        )
+        assert first.receipt.prefix_tokens == 0  # the first read keeps it
+        receipt, logits, reply = second_chat(s, system, ALICE)
+        assert receipt.prefix_tokens == n_system  # restored: nothing of it read again
+        for got, want in zip(logits, want_logits, strict=True):
+            assert np.array_equal(got, want)  # after the system prompt, and after reading on
+        assert reply == want_reply and len(reply) >= 3
+        other, _, other_reply = second_chat(s, system, BOB)
+        assert other.prefix_tokens == 0  # another tenant's stored prefix never serves bob
+        assert other_reply == want_reply
+    finally:
+        d.stop()
+
+
+def chat(port: int, key: str, system: str, message: str) -> Any:
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+    return client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": message}],
+        max_tokens=4,
+        temperature=0,
+    )
+
+
+def test_a_stored_prefix_survives_kill_minus_nine_and_a_damaged_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Over HTTP with the openai SDK: chat 1, kill -9, chat 2 after the restart starts from the
+    stored prefix (`cached_tokens`); a prefix file damaged on disk is refused with its reason,
+    the prompt read normally, and the prefix kept anew."""
+    system = system_prompt(RULES["smollm2-135m-instruct"])
+    env, port = http_serve_env(tmp_path)
+    sock = tmp_path / "sinkd.sock"
+    prefixes = tmp_path / "state" / "prefixes"
+
+    def serve() -> Any:
+        return serve_subprocess(sock, env)
+
+    def kill(proc: Any) -> str:
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(60) == -signal.SIGKILL
+        return proc.stderr.read().decode() if proc.stderr else ""
+
+    def key() -> str:
+        return (tmp_path / "http-token").read_text().strip()
+
+    proc = serve()
+    try:
+        one = chat(port, key(), system, "Which host failed first?")
+    finally:
+        kill(proc)
+    assert one.usage.prompt_tokens_details.cached_tokens == 0
+    assert one.usage.prompt_tokens >= 600
+    (stored,) = prefixes.glob("*.prefix")
+
+    proc = serve()
+    try:
+        two = chat(port, key(), system, "And which one recovered?")
+    finally:
+        kill(proc)
+    cached = two.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 600 and two.usage.prompt_tokens - cached < 40  # its own turn alone read
+
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in its cells
+    stored.write_bytes(bytes(data))
+    proc = serve()
+    try:
+        three = chat(port, key(), system, "Which host recovered last?")
+    finally:
+        log = kill(proc)
+    assert three.usage.prompt_tokens_details.cached_tokens == 0  # read, not restored
+    assert three.usage.prompt_tokens >= 600
+    assert "dropped: checksum mismatch" in log
+    (again,) = prefixes.glob("*.prefix")  # kept anew, whole
+    assert again.read_bytes() != bytes(data)
