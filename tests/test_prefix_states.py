@@ -79,20 +79,19 @@ def side_request(svc: SinkdService, chat: str) -> tuple[int, Receipt]:
 
 def test_a_beginning_seen_twice_is_kept_and_the_third_starts_from_it(tmp_path: Path) -> None:
     """A chat UI's side requests: the same task instructions, then each its own chat. The first
-    keeps nothing; the second finds what it shares with the first and keeps the cells at the last
-    chunk boundary within it as it reads past; the third starts there."""
+    keeps nothing; the second finds what it shares with the first and keeps the cells where the
+    two part as it reads past; the third starts from the part of it that it shares."""
     svc = fake_service(tmp_path, n_ctx_seq=1024)
-    chunk = svc.prefixes.chunk
     try:
         assert side_request(svc, "USER: hi\nASSISTANT: hello")[1].prefix_tokens == 0
         assert not svc.list_prefixes(ALICE)
         start, second = side_request(svc, "USER: how are disks?\nASSISTANT: full")
         assert second.prefix_tokens == 0
         (kept,) = svc.list_prefixes(ALICE)
-        # the last cut of the read within the task's text: a restore reads on from a chunk's cut
-        assert kept.tokens == start + len(TASK) // chunk * chunk
+        assert kept.tokens == start + len(TASK + "USER: h")  # kept where the two part
         _, third = side_request(svc, "USER: and the logs?\nASSISTANT: rotated")
-        assert third.prefix_tokens == kept.tokens - start  # all but the session's own framing
+        # it shares less ("USER: a..."): that part of the longer prefix's cells, the rest removed
+        assert third.prefix_tokens == len(TASK + "USER: ")
     finally:
         svc.stop()
 

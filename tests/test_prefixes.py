@@ -96,6 +96,44 @@ def test_a_second_chat_restores_the_system_prompt_and_computes_the_same_bits(
         d.stop()
 
 
+TASK = (
+    "### Task:\nSuggest 3-5 relevant follow-up questions the user might ask next, as JSON.\n"
+    + "".join(f"- Guideline {i}: keep each question short, specific and in the chat's language.\n"
+              for i in range(12))
+    + "### Chat History:\n<chat_history>\n"
+)  # fmt: skip
+CHATS = ["USER: why did node-3 fail?", "USER: what filled the disk?", "USER: when was it?"]
+
+
+def side_request(s: Any, chat: str) -> tuple[pb.Receipt, np.ndarray]:
+    h = s.Create(pb.CreateSessionRequest(policy=POLICY), metadata=ALICE).handle
+    r = s.Append(pb.AppendRequest(handle=h, text=TASK + chat + "\n</chat_history>"), metadata=ALICE)
+    return r.receipt, logits_of(s, h, ALICE)
+
+
+def test_a_side_request_starts_from_the_task_another_read_and_computes_the_same_bits(
+    tmp_path: Path,
+) -> None:
+    """A chat UI's side requests: one task template, then each its own chat. The second keeps
+    where it parts from the first; the third restores the part it shares (a longer prefix's cells,
+    the rest removed), reads on from there, and its logits are a whole read's."""
+    model = "smollm2-135m-instruct"
+    ref, s = engine(tmp_path / "off", model, prefix_ram_mb=0, durable=False)
+    try:
+        want, want_logits = side_request(s, CHATS[2])
+    finally:
+        ref.stop()
+    d, s = engine(tmp_path / "on", model)
+    try:
+        assert side_request(s, CHATS[0])[0].prefix_tokens == 0
+        assert side_request(s, CHATS[1])[0].prefix_tokens == 0  # it keeps the shared part
+        got, logits = side_request(s, CHATS[2])
+    finally:
+        d.stop()
+    assert got.n_seen == want.n_seen and got.prefix_tokens >= want.n_seen * 3 // 4
+    assert np.array_equal(logits, want_logits)
+
+
 def chat(port: int, key: str, system: str, message: str) -> Any:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
     return client.chat.completions.create(

@@ -6,15 +6,19 @@ What is kept (bench/prefixes.py measures what it saves):
   read: every later chat of the tenant with that system prompt starts there;
 - a beginning found twice: as a job starts, the stream is compared with the beginnings of the
   tenant's recent sessions (token ids, in memory only); where it shares at least `min_tokens`
-  with one, the cells are kept at the last chunk boundary within the shared part as this session
-  reads past it (a chat UI's side requests: the same task instructions, then the chat).
+  with one, the cells are kept where the two part, as this session reads past it (a chat UI's
+  side requests: the same task instructions, then each its own chat).
 Only a stream still as read from position 0 counts (`Session.reads`: no eviction, shift, recall
 or rewind has touched it), so a prefix holds positions 0..n-1 exactly as read, beside the sinks.
 
 Bit for bit: a prefix is llama.cpp's image of the sequence's cells and the logits of its last
-token. A session restores it and reads on from the chunk cuts a whole read makes (the prefix
-keeps where its reads began, `starts`), so its cells and logits are those of reading it all; its
-journal gets the same chunks, so resume replays them as if read.
+token. The read that keeps it is cut there; a session with the same reads before it (`starts`:
+where each job's read began) restores it and reads on in the same chunks, so it computes what the
+session that kept it computed, and its journal gets the chunks a read would, so resume replays
+them as if read. A daemon that keeps no prefixes cuts its reads only at chunk sizes: the two
+compute the same bits where llama.cpp's decode does not depend on where a read is cut. That holds
+on this CPU for both pinned models (tests/test_prefixes.py compares them), and on any backend
+for a system prompt's prefix read by its own job (create), which ends where a read ends anyway.
 
 Per tenant: a prefix serves the tenant that read it, and the prefixes of the system prompts an
 operator declared shared serve everyone; never another tenant's, so no tenant learns by timing
@@ -195,35 +199,45 @@ class PrefixStates:
         restored = 0
         found = self._longest(session, stream, job.tokens)
         if found is not None:
-            restored = self._restore(engine, session, job, found, journal)
+            restored = self._restore(engine, session, job, *found, journal)
         self._plan_keeps(session, job, stream)
         return restored
 
     def _owners(self, session: Session) -> tuple[str, str]:
         return session.tenant, SHARED
 
-    def _longest(self, session: Session, stream: list[int], tokens: list[int]) -> Prefix | None:
+    def _longest(
+        self, session: Session, stream: list[int], tokens: list[int]
+    ) -> tuple[Prefix, int] | None:
+        """The stored prefix that serves most of the stream, and how much of it: all of one the
+        stream begins with, or the part of a longer one it shares (its cells past that are
+        removed: a cell depends only on the tokens before it), the job then reading on."""
         assert session.reads is not None
         start, end = len(stream), len(stream) + len(tokens)
         owners = self._owners(session)
-        best: Prefix | None = None
+        full = array("i", stream)
+        full.extend(tokens)
+        best: tuple[Prefix, int] | None = None
         for p in self._prefixes.values():
-            if p.owner not in owners or not start < p.n <= end:
+            if p.owner not in owners or p.tokens[:1] != tuple(full[:1]):
                 continue
-            if best is not None and p.n <= best.n:
+            use = common_length(p.tokens, full)
+            if use < p.n and use >= end:
+                use = end - 1  # a part of a longer prefix: its last logits are read, not kept
+            if use <= start or use < self.min_tokens:
                 continue
-            if p.n != end and (p.n - start) % self.chunk:
-                continue  # a restore must leave the rest to the same cuts as a whole read
-            if p.starts != tuple(s for s in session.reads if s < p.n):
+            if best is not None and (use, use == p.n) <= (best[1], best[1] == best[0].n):
                 continue
-            if list(p.tokens[:start]) != stream or list(p.tokens[start:]) != tokens[: p.n - start]:
-                continue
-            best = p
+            if tuple(s for s in p.starts if s < use) != tuple(s for s in session.reads if s < use):
+                continue  # read in other jobs: not the cuts a read of this stream makes
+            best = (p, use)
         return best
 
-    def _restore(self, engine: Engine, session: Session, job: Job, p: Prefix, journal: bool) -> int:
+    def _restore(
+        self, engine: Engine, session: Session, job: Job, p: Prefix, use: int, journal: bool
+    ) -> int:
         start = session.seq.state.n_seen
-        take = p.n - start
+        take = use - start
         cuts = [min(self.chunk, take - off) for off in range(0, take, self.chunk)]
         probe = session.seq.fork()
         for n in cuts:  # the policy would read them with no eviction: else no restore
@@ -244,7 +258,9 @@ class PrefixStates:
         before = engine.cells.save_seq(seq_id) if start else b""
         try:
             engine.cells.restore_seq(seq_id, kv)
-            if engine.cells.pos_range(seq_id) != (0, p.n - 1):
+            if use < p.n:
+                engine.cells.remove(seq_id, use, -1)
+            if engine.cells.pos_range(seq_id) != (0, use - 1):
                 raise EngineError(f"it held positions {engine.cells.pos_range(seq_id)}")
         except EngineError as e:
             engine.cells.clear(seq_id)
@@ -261,7 +277,8 @@ class PrefixStates:
                 session.unlogged.append((sb.logical_pos, sb.cache_pos, list(piece)))
             off += n
         job.offset = take
-        session.set_logits(None if logits is None else logits.copy(), None)
+        whole = use == p.n and logits is not None  # else the job reads on: its decode gives them
+        session.set_logits(logits.copy() if whole and logits is not None else None, None)
         session.prefix_tokens += take
         session.last_active = time.monotonic()  # the session's clock
         if session.state in (SessionState.CREATED, SessionState.IDLE):
@@ -275,7 +292,8 @@ class PrefixStates:
 
     def _plan_keeps(self, session: Session, job: Job, stream: list[int]) -> None:
         """Where this job's read is kept: the system prompt's end, and the end of what it shares
-        with a recent session of its tenant (each at a point a restore can read on from)."""
+        with a recent session of its tenant. The read is cut at each (`cut_before`), and a
+        session that restores one reads on from it in the same chunks."""
         start = len(stream)
         end = start + len(job.tokens)
         limit = session.policy.budget if session.policy.evicts else end
@@ -299,20 +317,19 @@ class PrefixStates:
         while len(heads) > HEADS_KEPT:
             heads.popitem(last=False)
         if shared >= self.min_tokens:
-            if shared >= end:
-                points.append(end)
-            else:
-                points.append(start + (shared - start) // self.chunk * self.chunk)
-        keep = sorted(
-            b
-            for b in set(points)
-            if now < b <= min(end, limit)
-            and b >= self.min_tokens
-            and (b == end or (b - start) % self.chunk == 0)
-        )
+            points.append(min(shared, end))  # the read is cut there (`cut_before`)
+        keep = sorted(b for b in set(points) if now < b <= min(end, limit) and b >= self.min_tokens)
         job.store_at = keep
 
     # --- as a chunk is read ---
+
+    @staticmethod
+    def cut_before(job: Job, n_seen: int, take: int) -> int:
+        """The job's next read of `take` tokens, cut short at a point where it is to be kept."""
+        for point in job.store_at:
+            if n_seen < point < n_seen + take:
+                return point - n_seen
+        return take
 
     def reached(self, engine: Engine, session: Session, job: Job) -> None:
         """The job's read just ended a chunk: keep the cells if this is one of its points."""

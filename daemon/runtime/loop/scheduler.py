@@ -268,7 +268,10 @@ class Scheduler:
         evict, so that several sessions past their budget share one step."""
         if job.pending is not None:
             return 0
-        return job.session.seq.next_take(min(len(job.tokens) - job.offset, self.prefill_chunk))
+        take = min(len(job.tokens) - job.offset, self.prefill_chunk)
+        if job.store_at:  # cut where the read is to be kept (prefixes.py)
+            take = PrefixStates.cut_before(job, job.session.seq.state.n_seen, take)
+        return job.session.seq.next_take(take)
 
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False once stopping."""
