@@ -37,6 +37,7 @@ import secrets
 import time
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ class Prefix:
         return self.kv_size + (0 if self.logits is None else self.logits.nbytes)
 
 
-def common_length(a: list[int] | array[int], b: list[int] | array[int]) -> int:
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many tokens two streams share from their start."""
     n = min(len(a), len(b))
     for i in range(n):
