@@ -279,8 +279,8 @@ def test_snapshots_fall_due_by_time_as_well_as_by_tokens(run: Run) -> None:
 def test_a_session_still_to_give_its_first_token_is_snapshotted_a_step_later(
     run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A turn's time to first token never waits for its session's snapshot: due then, it is taken
-    at the next gap once the first token is out."""
+    """A turn's time to first token never waits for a snapshot, its session's or another's: due
+    then, it is taken at the next gap once the first token is out."""
     c = run.start(snapshot_every_tokens=10_000, snapshot_every_s=3600)
     h = c.create().handle
     c.append(h, "A few tokens, far below the token interval.")
@@ -306,6 +306,7 @@ def test_a_session_still_to_give_its_first_token_is_snapshotted_a_step_later(
 
     before = session.snap_n_seen
     assert service.scheduler.call(lambda e: due({session.id})) == before
+    assert service.scheduler.call(lambda e: due({"s_another"})) == before  # another's turn
     assert service.scheduler.call(lambda e: due(set())) == session.seq.state.n_seen != before
 
 

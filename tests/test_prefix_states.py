@@ -71,27 +71,28 @@ def test_a_declared_shared_system_prompt_serves_every_tenant(tmp_path: Path) -> 
 TASK = "### Task: suggest three follow-up questions for the chat below, as JSON. " * 4
 
 
-def side_request(svc: SinkdService, chat: str) -> tuple[int, Receipt]:
-    """Where the request's read began (after the session's framing), and its receipt."""
+def side_request(svc: SinkdService, chat: str) -> Receipt:
     r = svc.create(ALICE, WIDE)
-    return r.n_seen, svc.append(ALICE, r.handle, TASK + chat).receipt
+    return svc.append(ALICE, r.handle, TASK + chat).receipt
 
 
-def test_a_beginning_seen_twice_is_kept_and_the_third_starts_from_it(tmp_path: Path) -> None:
-    """A chat UI's side requests: the same task instructions, then each its own chat. The first
-    keeps nothing; the second finds what it shares with the first and keeps the cells where the
-    two part as it reads past; the third starts from the part of it that it shares."""
+def test_a_first_prompt_is_kept_and_the_next_alike_starts_from_the_part_it_shares(
+    tmp_path: Path,
+) -> None:
+    """A chat UI's side requests: the same task instructions, then each its own chat. Each keeps
+    its prompt; the next restores the part it shares with the one it shares most with (the
+    longer prefix's cells past that removed) and reads the rest."""
     svc = fake_service(tmp_path, n_ctx_seq=1024)
     try:
-        assert side_request(svc, "USER: hi\nASSISTANT: hello")[1].prefix_tokens == 0
-        assert not svc.list_prefixes(ALICE)
-        start, second = side_request(svc, "USER: how are disks?\nASSISTANT: full")
-        assert second.prefix_tokens == 0
+        first = side_request(svc, "USER: hi\nASSISTANT: hello")
+        assert first.prefix_tokens == 0
         (kept,) = svc.list_prefixes(ALICE)
-        assert kept.tokens == start + len(TASK + "USER: h")  # kept where the two part
-        _, third = side_request(svc, "USER: and the logs?\nASSISTANT: rotated")
-        # it shares less ("USER: a..."): that part of the longer prefix's cells, the rest removed
+        assert kept.tokens == first.n_seen
+        second = side_request(svc, "USER: how are disks?\nASSISTANT: full")
+        assert second.prefix_tokens == len(TASK + "USER: h")  # what it shares with the first
+        third = side_request(svc, "USER: and the logs?\nASSISTANT: rotated")
         assert third.prefix_tokens == len(TASK + "USER: ")
+        assert len(svc.list_prefixes(ALICE)) == 1  # they add < prefix_min_tokens to it: not kept
     finally:
         svc.stop()
 

@@ -7,6 +7,8 @@ absent; a power loss may lose it, and a torn file fails its checksum and is not 
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from sinkd.daemon.store import snapshots
-from sinkd.errors import CorruptSnapshot
+from sinkd.errors import CorruptSnapshot, SnapshotError
 
 SUFFIX = ".prefix"
 KIND = "prefix"
@@ -40,6 +42,46 @@ def write(
     pieces = snapshots.parts(snapshots.Snapshot(dict(meta, kind=KIND), kv, logits))
     snapshots.write_atomic(path_for(directory, key), pieces, fsync=False)
     return sum(len(p) for p in pieces)
+
+
+Written = tuple[str, int | SnapshotError]  # a key, and its file's size or why it failed
+
+
+class Writer:
+    """Writes prefix files on a thread of its own: the engine thread hands an image over and goes
+    on (a file is megabytes); `done()` says what was written since, or why not."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._todo: queue.Queue[tuple[str, dict[str, Any], bytes, np.ndarray | None] | None]
+        self._todo = queue.Queue()
+        self._done: queue.SimpleQueue[Written] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="sinkd-prefix-files", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: str, meta: dict[str, Any], kv: bytes, logits: np.ndarray | None) -> None:
+        self._todo.put((key, meta, kv, logits))
+
+    def done(self) -> list[Written]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what was handed over, then stop."""
+        self._todo.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (item := self._todo.get()) is not None:
+            key, meta, kv, logits = item
+            try:
+                self._done.put((key, write(self.directory, key, meta, kv, logits)))
+            except SnapshotError as e:
+                self._done.put((key, e))
 
 
 def read(path: Path) -> snapshots.Snapshot:

@@ -37,19 +37,18 @@ class Snapshotter:
         """Snapshot the sessions that are due. While jobs wait for steps (`busy`), only the most
         overdue one per gap between steps: a snapshot costs milliseconds per 256 cells, and eight
         sessions falling due together would otherwise stall every session's next token by their
-        sum (the rest follow, one per step). Not while every session that is due is still to
-        give its first token (`answering`): a turn's time to first token does not wait for a
-        snapshot that can be taken one step later."""
+        sum (the rest follow, one per step). Not while a turn is still to give its first token
+        (`answering`): its time to first token does not wait for a snapshot, of its own session
+        or another's, that can be taken a step later (a new chat after a restored prefix reads
+        a few tokens: a snapshot of the previous chat would double its wait)."""
         self.durability.purge_due()
         for session in self.registry.all():  # forgotten tokens leave the files before all else
             if session.scrub_due and session.has_history and not session.unlogged:
                 self.take(session, scrub=True)
+        if answering:
+            return
         now = time.time()
-        due = [
-            s
-            for s in self.registry.all()
-            if s.has_history and s.id not in answering and self.durability.due(s, now)
-        ]
+        due = [s for s in self.registry.all() if s.has_history and self.durability.due(s, now)]
         if busy and len(due) > 1:
             due = [max(due, key=lambda s: s.logged_since_snap)]
         for session in due:

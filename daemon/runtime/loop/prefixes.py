@@ -4,21 +4,20 @@ prefix's stored cells, and reads only what follows. Engine thread only.
 What is kept (bench/prefixes.py measures what it saves):
 - the end of a session's system prompt (its tools' descriptions with it), the first time it is
   read: every later chat of the tenant with that system prompt starts there;
-- a beginning found twice: as a job starts, the stream is compared with the beginnings of the
-  tenant's recent sessions (token ids, in memory only); where it shares at least `min_tokens`
-  with one, the cells are kept where the two part, as this session reads past it (a chat UI's
-  side requests: the same task instructions, then each its own chat).
-Only a stream still as read from position 0 counts (`Session.reads`: no eviction, shift, recall
+- the end of a session's first turn's prompt: a chat UI's side requests (title, tags,
+  follow-ups) are each one, the same task instructions then the chat so far, and the next
+  one of its kind restores the part they share.
+A new session takes the stored prefix it shares most with: all of it, or the shared part of a
+longer one (the cells past it removed: a cell depends only on the tokens before it). Only a stream still as read from position 0 counts (`Session.reads`: no eviction, shift, recall
 or rewind has touched it), so a prefix holds positions 0..n-1 exactly as read, beside the sinks.
 
 Bit for bit: a prefix is llama.cpp's image of the sequence's cells and the logits of its last
-token. The read that keeps it is cut there; a session with the same reads before it (`starts`:
-where each job's read began) restores it and reads on in the same chunks, so it computes what the
-session that kept it computed, and its journal gets the chunks a read would, so resume replays
-them as if read. A daemon that keeps no prefixes cuts its reads only at chunk sizes: the two
-compute the same bits where llama.cpp's decode does not depend on where a read is cut. That holds
-on this CPU for both pinned models (tests/test_prefixes.py compares them), and on any backend
-for a system prompt's prefix read by its own job (create), which ends where a read ends anyway.
+token; a session whose earlier reads began where the prefix's did (`starts`) restores it and
+reads on, and its journal gets the chunks a read would (resume replays them as if read). Where
+the restore ends a read cut that a whole read would not make, the two compute the same bits only
+where llama.cpp's decode does not depend on where a read is cut: so on this CPU for both pinned
+models (tests/test_prefixes.py compares them), and on any backend for a system prompt read by its
+own job (create), which ends where a read ends anyway.
 
 Per tenant: a prefix serves the tenant that read it, and the prefixes of the system prompts an
 operator declared shared serve everyone; never another tenant's, so no tenant learns by timing
@@ -36,7 +35,6 @@ import logging
 import secrets
 import time
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +54,6 @@ from sinkd.errors import CorruptSnapshot, EngineError, SnapshotError
 log = logging.getLogger("sinkd.prefixes")
 
 SHARED = "*"  # the owner of the prefixes of the system prompts an operator declared shared
-HEADS_KEPT = 32  # per tenant: the beginnings of its recent sessions, compared with a new one's
-HEAD_TOKENS = 8192  # ... each at most this long
 SECRET_FILE = "key"  # the listing's keys are keyed hashes: a key confirms no guess of a prompt
 
 
@@ -115,7 +111,7 @@ class PrefixStates:
         self.directory: Path | None = None
         self._secret = b""
         self._prefixes: dict[str, Prefix] = {}
-        self._heads: dict[str, OrderedDict[str, array[int]]] = {}
+        self._writer: prefix_files.Writer | None = None
 
     @property
     def enabled(self) -> bool:
@@ -133,6 +129,7 @@ class PrefixStates:
             self._secret = secrets.token_bytes(32)
             return
         self.directory = private_dir(directory)
+        self._writer = prefix_files.Writer(self.directory)
         self._secret = self._load_secret(self.directory / SECRET_FILE)
         found, bad = prefix_files.scan(self.directory)
         for path, why in bad:
@@ -191,6 +188,7 @@ class PrefixStates:
         marks where this job's read is to be kept (`job.store_at`). Returns the tokens restored."""
         if not self.enabled or session.reads is None:
             return 0
+        self._settle()
         start = session.seq.state.n_seen
         stream = session.retained.all()
         if len(stream) != start or session.seq.state.evicted_tokens:
@@ -292,35 +290,23 @@ class PrefixStates:
         return take
 
     def _plan_keeps(self, session: Session, job: Job, stream: list[int]) -> None:
-        """Where this job's read is kept: the system prompt's end, and the end of what it shares
-        with a recent session of its tenant. The read is cut at each (`cut_before`), and a
-        session that restores one reads on from it in the same chunks."""
+        """Where this job's read is kept: the end of the session's system prompt, and the end of
+        its first turn's prompt (a chat UI's side request is one: the next of its kind restores
+        the part they share). The read is cut at each (`cut_before`)."""
         start = len(stream)
         end = start + len(job.tokens)
         limit = session.policy.budget if session.policy.evicts else end
         now = session.seq.state.n_seen
         points = []
         n_system = len(session.system_tokens)
-        if (
-            start == 0
-            and n_system >= self.min_tokens
-            and job.tokens[:n_system] == list(session.system_tokens)
-        ):
+        if start == 0 and job.tokens[:n_system] == list(session.system_tokens):
             points.append(n_system)
-        full = array("i", stream)
-        full.extend(job.tokens[: max(0, HEAD_TOKENS - start)])
-        heads = self._heads.setdefault(session.tenant, OrderedDict())
-        shared = max(
-            (common_length(full, h) for sid, h in heads.items() if sid != session.id), default=0
+        if session.turns_taken == 0:  # the first turn's prompt (gRPC: the appends before it)
+            points.append(end)
+        # each keeps at least `min_tokens` more than the stream holds (restored) as the job starts
+        job.store_at = sorted(
+            b for b in set(points) if now + self.min_tokens <= b <= min(end, limit)
         )
-        heads[session.id] = full
-        heads.move_to_end(session.id)
-        while len(heads) > HEADS_KEPT:
-            heads.popitem(last=False)
-        if shared >= self.min_tokens:
-            points.append(min(shared, end))  # the read is cut there (`cut_before`)
-        keep = sorted(b for b in set(points) if now < b <= min(end, limit) and b >= self.min_tokens)
-        job.store_at = keep
 
     # --- as a chunk is read ---
 
@@ -355,14 +341,10 @@ class PrefixStates:
                    kv=kv, logits=logits, last_used=now, created=now)  # fmt: skip
         if p.ram > self.ram_bytes:
             return  # larger than the whole bound: never kept
-        if self.directory is not None:
+        if self._writer is not None:  # written off this thread; on disk once `_settle` hears
             meta = {"owner": owner, "tokens": list(tokens), "starts": list(p.starts),
                     "identity": self.identity, "created": p.created}  # fmt: skip
-            try:
-                p.file_size = prefix_files.write(self.directory, key, meta, kv, logits)
-            except SnapshotError as e:  # a full disk: kept in RAM alone
-                log.warning("prefix %s not written: %s", key[:12], e)
-                self.metrics.prefix_drops.labels("unwritten").inc()
+            self._writer.submit(key, meta, kv, logits)
         self._prefixes[key] = p
         self.metrics.prefix_stored.inc()
         log.info("session %s: prefix %s kept (%d tokens)", session.id, key[:12], n)
@@ -384,8 +366,30 @@ class PrefixStates:
         self._fit()
         return kv, logits
 
+    def _settle(self) -> None:
+        """What the writer has written since: on disk now (or, dropped meanwhile, removed)."""
+        if self._writer is None or self.directory is None:
+            return
+        for key, result in self._writer.done():
+            p = self._prefixes.get(key)
+            if isinstance(result, SnapshotError):  # a full disk: kept in RAM alone
+                log.warning("prefix %s not written: %s", key[:12], result)
+                self.metrics.prefix_drops.labels("unwritten").inc()
+            elif p is None:
+                prefix_files.remove(prefix_files.path_for(self.directory, key))
+            else:
+                p.file_size = result
+
+    def close(self) -> None:
+        """At the daemon's stop: the files handed over are written."""
+        if self._writer is not None:
+            self._writer.close()
+            self._settle()
+            self._writer = None
+
     def _fit(self) -> None:
         """Past a bound, the least recently used prefix of the owner holding the most goes."""
+        self._settle()
         while sum(p.ram for p in self._prefixes.values()) > self.ram_bytes:
             victim = self._victim([p for p in self._prefixes.values() if p.kv is not None],
                                   lambda p: p.ram)  # fmt: skip
@@ -430,12 +434,12 @@ class PrefixStates:
         mine = [p for p in self._prefixes.values() if p.owner == tenant]
         for p in mine:
             self._drop(p, "forgotten", "")
-        self._heads.pop(tenant, None)
         return len(mine)
 
     def listing(self, tenant: str | None) -> list[PrefixInfo]:
         """What is held, by key and size, never text: a tenant's own and the shared ones; the
         admin's (None) all, with their owners."""
+        self._settle()
         now = time.time()
         return [
             PrefixInfo(

@@ -351,6 +351,8 @@ class Scheduler:
                         payload.fail(err)
             if self.executor.recall is not None:
                 self.executor.recall.close()  # before the store it writes to closes
+            if self.executor.prefixes is not None:
+                self.executor.prefixes.close()
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None
