@@ -709,7 +709,7 @@ def test_with_an_fsync_interval_a_stream_is_acknowledged_after_fewer_fsyncs(
     fsyncs of the log at least 1 s apart, however fast the machine decodes; one per token
     without the interval); every token still arrives, in order, and a crash right after resumes them all
     from the journal."""
-    c = run.start(sync_interval_ms=1000)
+    c = run.start(sync_interval_ms=1000, snapshot_every_tokens=10_000)  # the journal alone
     h = c.create().handle
     c.append(h, TEXT[:200])
     real_fsync, wal_syncs = os.fsync, list[float]()
@@ -837,10 +837,11 @@ def test_reset_fork_and_close_are_durable(run: Run) -> None:
 
 @pytest.mark.model
 def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(run: Run) -> None:
-    """Four sessions generating side by side pass their snapshot threshold in the same step. While
-    jobs wait, the engine snapshots one of them per gap between steps, never all four at once (a
-    stall of every session's next token); idle, it takes every due one at once."""
-    c = run.start(snapshot_every_tokens=24)
+    """Four sessions generating side by side pass their snapshot threshold in the same step (mid
+    turn: four intervals behind). While jobs wait, the engine snapshots one of them per gap
+    between steps, never all four at once (a stall of every session's next token); idle, it takes
+    every due one at once."""
+    c = run.start(snapshot_every_tokens=8)
     d = run.d
     assert d is not None and d.service.scheduler.snapshotter is not None
     snapshotter, scheduler = d.service.scheduler.snapshotter, d.service.scheduler

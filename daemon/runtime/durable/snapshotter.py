@@ -18,6 +18,7 @@ from sinkd.errors import JournalError, SinkdError
 
 log = logging.getLogger("sinkd.snapshots")
 SNAPSHOT_RETRY_S = 30.0  # a failed snapshot (disk full, ...) is not retried sooner
+MID_TURN_INTERVALS = 4  # a session mid-turn is snapshotted once this many intervals behind
 
 
 class Snapshotter:
@@ -33,14 +34,22 @@ class Snapshotter:
         self.registry = registry
         self.metrics = metrics
 
-    def due(self, busy: bool = False, answering: Set[str] = frozenset()) -> None:
+    def due(
+        self,
+        busy: bool = False,
+        answering: Set[str] = frozenset(),
+        working: Callable[[str], bool] = lambda session_id: False,
+    ) -> None:
         """Snapshot the sessions that are due. While jobs wait for steps (`busy`), only the most
         overdue one per gap between steps: a snapshot costs milliseconds per 256 cells, and eight
         sessions falling due together would otherwise stall every session's next token by their
         sum (the rest follow, one per step). Not while a turn is still to give its first token
         (`answering`): its time to first token does not wait for a snapshot, of its own session
         or another's, that can be taken a step later (a new chat after a restored prefix reads
-        a few tokens: a snapshot of the previous chat would double its wait)."""
+        a few tokens: a snapshot of the previous chat would double its wait). A session in the
+        middle of a turn (`working`) waits for the turn's end, unless it is MID_TURN_INTERVALS
+        intervals behind: a snapshot taken mid-reply is stale by the reply's end, and parking
+        the session would write another."""
         self.durability.purge_due()
         for session in self.registry.all():  # forgotten tokens leave the files before all else
             if session.scrub_due and session.has_history and not session.unlogged:
@@ -48,7 +57,14 @@ class Snapshotter:
         if answering:
             return
         now = time.time()
-        due = [s for s in self.registry.all() if s.has_history and self.durability.due(s, now)]
+        late = MID_TURN_INTERVALS * self.durability.every_tokens
+        due = [
+            s
+            for s in self.registry.all()
+            if s.has_history
+            and self.durability.due(s, now)
+            and (s.logged_since_snap >= late or not working(s.id))
+        ]
         if busy and len(due) > 1:
             due = [max(due, key=lambda s: s.logged_since_snap)]
         for session in due:

@@ -6,7 +6,8 @@ next call that needs its cells, bit for bit. Engine thread only.
 Who gives up its cells, as a segmented LRU cache chooses (2Q, SLRU): an idle session of a tenant
 holding more than its share of the resident sessions first; then one on probation (it answered one
 turn and was never continued: a chat UI's title, tags or follow-up request, a one-shot call) before
-one that was continued; the least recently used first within each. A parked session whose files
+one that was continued; one whose newest snapshot is current (parked without a write) before
+one that needs a write; the least recently used first within each. A parked session whose files
 cannot be restored exactly is stale, as resume would report it, never served from other state.
 """
 
@@ -126,8 +127,17 @@ class Residency:
             return None
         return min(
             idle,
-            key=lambda s: (held[s.tenant] <= share, s.turns_taken != 1, s.last_active),
-        )
+            key=lambda s: (
+                held[s.tenant] <= share, s.turns_taken != 1, self._writes(s), s.last_active
+            ),
+        )  # fmt: skip
+
+    def _writes(self, session: Session) -> bool:
+        """Parking it writes a snapshot first (its newest is behind its cells)."""
+        if self.snapshotter is None or not (session.has_history and session.seq.retained):
+            return False
+        current = session.snap_n_seen == session.seq.state.n_seen
+        return bool(session.logged_since_snap) or not current
 
     def park(self, engine: Engine, session: Session) -> bool:
         """Free the session's cells, its state kept (a snapshot at its token count, written if

@@ -194,7 +194,9 @@ class Scheduler:
                 if self.executor.recall is not None:  # vectors made off this thread go in
                     self.executor.recall.between_steps()
                 if self.snapshotter is not None:
-                    self.snapshotter.due(bool(self.queues), self.queues.answering())
+                    self.snapshotter.due(
+                        bool(self.queues), self.queues.answering(), self.queues.busy
+                    )
             clean = True
         except BaseException as e:  # a bug outside a step: no zombie, the daemon must stop
             log.exception("the engine thread died")
