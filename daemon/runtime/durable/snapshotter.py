@@ -49,7 +49,9 @@ class Snapshotter:
         a few tokens: a snapshot of the previous chat would double its wait). A session in the
         middle of a turn (`working`) waits for the turn's end, unless it is MID_TURN_INTERVALS
         intervals behind: a snapshot taken mid-reply is stale by the reply's end, and parking
-        the session would write another."""
+        the session would write another. A session whose every token came from a stored prefix
+        (a new chat between its system prompt and its first turn) waits for tokens of its own:
+        its journal holds them all, and a snapshot of them would be the prefix's file again."""
         self.durability.purge_due()
         for session in self.registry.all():  # forgotten tokens leave the files before all else
             if session.scrub_due and session.has_history and not session.unlogged:
@@ -64,6 +66,7 @@ class Snapshotter:
             if s.has_history
             and self.durability.due(s, now)
             and (s.logged_since_snap >= late or not working(s.id))
+            and s.prefix_tokens < s.seq.state.n_seen  # else all of it is a stored prefix's
         ]
         if busy and len(due) > 1:
             due = [max(due, key=lambda s: s.logged_since_snap)]
