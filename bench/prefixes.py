@@ -3,7 +3,8 @@ same llama.cpp, same run.
 
     python bench/prefixes.py                -> bench/results/prefixes.json
 
-Needs the peer (`python bench/peer.py --build-only`) and, for Open WebUI's side requests, its task
+SINKD_PEER_GPU_LAYERS offloads that many layers in both servers (bench/gpu_check.sh). Needs the
+peer (`python bench/peer.py --build-only`) and, for Open WebUI's side requests, its task
 templates as shipped: read from the open-webui 0.12.4 wheel, which it downloads once with
 `pip download --no-deps` into ~/.cache/sinkd/open-webui (no install).
 
@@ -42,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table, write
-from peer import build, free_port, model_file
+from peer import GPU_LAYERS, build, free_port, model_file
 
 THREADS = int(os.environ.get("SINKD_PEER_THREADS", "2"))
 ROUNDS = int(os.environ.get("SINKD_PREFIX_ROUNDS", "3"))
@@ -201,7 +202,8 @@ class LlamaServer(Server):
         self.name, self.port = "llama-server", free_port()
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(model_file()), "-c", "4096", "-t", str(THREADS),
-             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui", "--no-repack"],
+             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui", "--no-repack",
+             *(["-ngl", str(GPU_LAYERS)] if GPU_LAYERS else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self.wait(f"http://127.0.0.1:{self.port}/health")
@@ -227,7 +229,8 @@ class Sinkd(Server):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sinkd.cli.main", "serve", "--config", str(config),
              "--socket", str(self.tmp / "sinkd.sock"), "--http", f"127.0.0.1:{self.port}",
-             "--state-dir", str(self.tmp / "state"), "--threads", str(THREADS)],
+             "--state-dir", str(self.tmp / "state"), "--threads", str(THREADS),
+             *(["--gpu-layers", str(GPU_LAYERS)] if GPU_LAYERS else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self.wait(f"http://127.0.0.1:{self.port}/health")
