@@ -77,6 +77,8 @@ def test_sessions_list_shows_snapshot_journal_and_resume_state(address: str) -> 
     assert code == 0 and "journal" in out and "resume" in out and "none" in out
     assert row["residency"] == "resident"
     others = [c.create().handle for _ in range(6)]  # past the six resident: the oldest parks
+    for other in others:  # (each with a history: an empty one would park first, needing no write)
+        c.append(other, "Another line.")
     code, out, _ = sinkd("sessions", "list", *conn, "--json")
     assert {r["session_id"]: r["residency"] for r in json.loads(out)}[h.session_id] == "parked"
     code, out, _ = sinkd("sessions", "list", *conn)

@@ -6,6 +6,7 @@ listing) is tests/test_prefix_states.py."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.support.cli import sinkd
 from tests.support.daemons import http_serve_env, serve_subprocess
 from tests.support.settings import settings
 from tests.support.tokens import ALICE, BOB
@@ -93,8 +95,21 @@ def test_a_second_chat_restores_the_system_prompt_and_computes_the_same_bits(
         other, _, other_reply = second_chat(s, system, BOB)
         assert other.prefix_tokens == 0  # another tenant's stored prefix never serves bob
         assert other_reply == want_reply
+        listed(d)
     finally:
         d.stop()
+
+
+def listed(d: Daemon) -> None:
+    """`sinkd sessions prefixes`: alice sees hers, the admin every tenant's; never text."""
+    address = d.addresses[0]
+    code, out, _ = sinkd("sessions", "prefixes", "--json", "--connect", address,
+                         "--token", "alice-token")  # fmt: skip
+    assert code == 0
+    mine = json.loads(out)
+    assert mine and {p["tenant"] for p in mine} == {"alice"} and all(p["hits"] >= 0 for p in mine)
+    code, out, _ = sinkd("sessions", "prefixes", "--connect", address, "--token", "admin-token")
+    assert code == 0 and "alice" in out and "bob" in out and "Rule" not in out
 
 
 TASK = (

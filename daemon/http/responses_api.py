@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
 from sinkd.daemon.http.error_bodies import Guarded, HttpError, internal
-from sinkd.daemon.http.openai_api import extension
+from sinkd.daemon.http.openai_api import cached_tokens, extension
 from sinkd.daemon.http.wire import (
     Unsupported,
     check_model,
@@ -216,7 +216,11 @@ def response_object(
         "conversation": {"id": stored.session_id},
         "usage": {
             "input_tokens": stored.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            # from a stored prefix state rather than read: known as the turn is answered (a
+            # response read back later says 0: sinkd does not keep it with the response)
+            "input_tokens_details": {
+                "cached_tokens": cached_tokens(c, done) if c is not None and done is not None else 0
+            },
             "output_tokens": stored.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": stored.input_tokens + stored.output_tokens,

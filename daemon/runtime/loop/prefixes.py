@@ -223,6 +223,8 @@ class PrefixStates:
             use = common_length(p.tokens, full)
             if use < p.n and use >= end:
                 use = end - 1  # a part of a longer prefix: its last logits are read, not kept
+            if use < end:
+                use = self._no_lone_row(start, use, end)
             if use <= start or use < self.min_tokens:
                 continue
             if best is not None and (use, use == p.n) <= (best[1], best[1] == best[0].n):
@@ -231,6 +233,15 @@ class PrefixStates:
                 continue  # read in other jobs: not the cuts a read of this stream makes
             best = (p, use)
         return best
+
+    def _no_lone_row(self, start: int, use: int, end: int) -> int:
+        """`use`, lowered until reading on from it in chunks ends in a lone row exactly where
+        reading the job whole would: a lone row sums its attention in another order than the
+        same token in a piece of two or more (docs/determinism.md), pieces of two or more alike."""
+        whole = (end - start) % self.chunk == 1 or end - start == 1
+        while use > start and (((end - use) % self.chunk == 1 or end - use == 1) != whole):
+            use -= 1
+        return use
 
     def _restore(
         self, engine: Engine, session: Session, job: Job, p: Prefix, use: int, journal: bool
@@ -314,7 +325,7 @@ class PrefixStates:
     def cut_before(job: Job, n_seen: int, take: int) -> int:
         """The job's next read of `take` tokens, cut short at a point where it is to be kept."""
         for point in job.store_at:
-            if n_seen < point < n_seen + take:
+            if n_seen + 1 < point < n_seen + take - 1:  # never a lone row, before or after
                 return point - n_seen
         return take
 
