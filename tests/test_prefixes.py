@@ -21,7 +21,7 @@ from sinkd.daemon.node import Daemon
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 from tests.support.cli import sinkd
-from tests.support.daemons import http_serve_env, serve_subprocess
+from tests.support.daemons import http_serve_env, serve_subprocess, stop_without_snapshots
 from tests.support.settings import settings
 from tests.support.tokens import ALICE, BOB
 
@@ -96,6 +96,17 @@ def test_a_second_chat_restores_the_system_prompt_and_computes_the_same_bits(
         assert other.prefix_tokens == 0  # another tenant's stored prefix never serves bob
         assert other_reply == want_reply
         listed(d)
+        # a restored session, killed before anything else: resume replays its journal's chunks
+        third = s.Create(
+            pb.CreateSessionRequest(policy=POLICY, system_prompt=system), metadata=ALICE
+        )
+        assert third.receipt.prefix_tokens == n_system
+        h = third.handle
+        stop_without_snapshots(d)
+        d, s = engine(tmp_path / "on", model)
+        resumed = s.Inspect(pb.InspectRequest(handle=h), metadata=ALICE).receipt
+        assert "replayed" in resumed.resume and resumed.n_seen == n_system
+        assert np.array_equal(logits_of(s, h, ALICE), want_logits[0])
     finally:
         d.stop()
 
