@@ -28,6 +28,7 @@ A file made under another model or configuration, or damaged, is dropped with it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -35,7 +36,6 @@ import logging
 import secrets
 import time
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from sinkd.errors import CorruptSnapshot, EngineError, SnapshotError
 log = logging.getLogger("sinkd.prefixes")
 
 SHARED = "*"  # the owner of the prefixes of the system prompts an operator declared shared
+TOKEN_BYTES = array("i").itemsize
 SECRET_FILE = "key"  # the listing's keys are keyed hashes: a key confirms no guess of a prompt
 
 
@@ -75,6 +76,11 @@ class Prefix:
     def n(self) -> int:
         return len(self.tokens)
 
+    @functools.cached_property
+    def raw(self) -> bytes:
+        """The token ids as int32 bytes, compared in C (`common_length`)."""
+        return array("i", self.tokens).tobytes()
+
     @property
     def ram(self) -> int:
         if self.kv is None:
@@ -82,13 +88,18 @@ class Prefix:
         return self.kv_size + (0 if self.logits is None else self.logits.nbytes)
 
 
-def common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens two streams share from their start."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def common_length(a: bytes, b: bytes) -> int:
+    """How many tokens two streams (int32 token ids as bytes) share from their start: a binary
+    search of slice compares, each in C, not a Python loop over every token of every prefix."""
+    lo, hi = 0, min(len(a), len(b)) // TOKEN_BYTES
+    va, vb = memoryview(a), memoryview(b)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if va[: mid * TOKEN_BYTES] == vb[: mid * TOKEN_BYTES]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class PrefixStates:
@@ -216,11 +227,12 @@ class PrefixStates:
         owners = self._owners(session)
         full = array("i", stream)
         full.extend(tokens)
+        raw = full.tobytes()
         best: tuple[Prefix, int] | None = None
         for p in self._prefixes.values():
-            if p.owner not in owners or p.tokens[:1] != tuple(full[:1]):
+            if p.owner not in owners:
                 continue
-            use = common_length(p.tokens, full)
+            use = common_length(p.raw, raw)
             if use < p.n and use >= end:
                 use = end - 1  # a part of a longer prefix: its last logits are read, not kept
             if use < end:
