@@ -164,7 +164,7 @@ class Metrics:
         self.prefix_drops = Counter(
             "sinkd_prefix_drops",
             "Prefix states dropped, by reason (ram: to disk alone; disk, damaged, mismatch,"
-            " refused, unwritten, forgotten)",
+            " refused, unwritten, forgotten, released: the last session holding it closed)",
             ["reason"],
             registry=r,
         )

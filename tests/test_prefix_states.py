@@ -140,3 +140,25 @@ def test_the_listing_is_content_free_and_a_forget_drops_the_tenant_s_prefixes(
         assert [p.tenant for p in svc.list_prefixes(ADMIN)] == ["bob"]
     finally:
         svc.stop()
+
+
+def test_a_tenant_s_prefix_goes_with_the_last_session_holding_it(tmp_path: Path) -> None:
+    """Close and reset remove everything of a session, its prompts too: a prefix stays while a
+    live session of the tenant holds it (read or restored), and goes with the last one."""
+    svc = fake_service(tmp_path, n_ctx_seq=1024, shared_system_prompts=["Shared rules. " * 8])
+    try:
+        first = create(svc, ALICE)
+        second = create(svc, ALICE)  # restored: it holds the prefix too
+        shared = create(svc, ALICE, "Shared rules. " * 8)
+        svc.close(ALICE, first.handle)
+        assert {p.shared for p in svc.list_prefixes(ALICE)} == {False, True}  # second holds it
+        svc.reset(ALICE, second.handle)
+        assert [p.shared for p in svc.list_prefixes(ALICE)] == [True]  # the operator's text stays
+        svc.close(ALICE, shared.handle)
+        assert len(svc.list_prefixes(ALICE)) == 1
+        released = svc.metrics.registry.get_sample_value(
+            "sinkd_prefix_drops_total", {"reason": "released"}
+        )
+        assert released == 1
+    finally:
+        svc.stop()

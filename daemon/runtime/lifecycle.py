@@ -78,6 +78,9 @@ class Lifecycle:
         # told each session id as it closes (engine thread): what is kept beside the session
         # elsewhere (the HTTP conversations' index) goes with it
         self.on_closed: Callable[[str], None] = lambda session_id: None
+        # told each session and generation (reset count) that ends, by a close or a reset
+        # (engine thread): the prefix states it alone still holds go
+        self.on_released: Callable[[str, int], None] = lambda session_id, reset_count: None
 
     def _admit(self, engine: Engine, session: Session) -> Session:
         """Register a new session; journal it (undone if the journal refuses)."""
@@ -196,6 +199,7 @@ class Lifecycle:
             if self.recall.dropped(session.id, session.reset_count):
                 self.recall.purge()
         self.scheduler.cancel_session_jobs(session, Cancelled("the session was reset"))
+        self.on_released(session.id, session.reset_count - 1)  # the old generation's
         if session.seq_id >= 0:
             engine.cells.clear(session.seq_id)  # verified: pos max is -1
         self.scheduler.residency.forget(session)  # parked, it stays parked, empty
@@ -266,3 +270,4 @@ class Lifecycle:
         self.metrics.active_sessions.set(len(self.registry))
         self.scheduler.residency.counted()
         self.on_closed(session.id)
+        self.on_released(session.id, session.reset_count)

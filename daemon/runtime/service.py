@@ -161,6 +161,7 @@ class SinkdService:
         # the HTTP front's named parts: stateless clients' chats, and stored responses
         self.chats, self.responses = self.clients.stateless, self.clients.responses
         self.lifecycle.on_closed = self.chats.forget
+        self.lifecycle.on_released = self.prefixes.release
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
         self.moves = SessionMoves(self.access, self.scheduler, self.registry, self.metrics)
@@ -201,6 +202,7 @@ class SinkdService:
             self.recall,
         )
         boot.resume(engine, self.entry, self.identity, self.durability, resumer)
+        self.prefixes.prune({(s.id, s.reset_count) for s in self.registry.all()})
         assert self.scheduler.snapshotter is not None
         self.moves.mover = Mover(
             self.durability, self.scheduler.snapshotter, resumer, self.registry,

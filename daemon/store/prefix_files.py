@@ -40,7 +40,9 @@ def write(
 ) -> int:
     """Write the prefix's file (SnapshotError on a full or failing disk); returns its size."""
     pieces = snapshots.parts(snapshots.Snapshot(dict(meta, kind=KIND), kv, logits))
-    snapshots.write_atomic(path_for(directory, key), pieces, fsync=False)
+    snapshots.write_atomic(
+        path_for(directory, key), pieces, fsync=False, failpoint="prefix-before-rename"
+    )
     return sum(len(p) for p in pieces)
 
 
@@ -70,6 +72,10 @@ class Writer:
             except queue.Empty:
                 return out
 
+    def flush(self) -> None:
+        """Until every file handed over is written (or failed)."""
+        self._todo.join()
+
     def close(self, timeout: float = 30.0) -> None:
         """Write what was handed over, then stop."""
         self._todo.put(None)
@@ -82,6 +88,11 @@ class Writer:
                 self._done.put((key, write(self.directory, key, meta, kv, logits)))
             except SnapshotError as e:
                 self._done.put((key, e))
+            except Exception as e:  # never a dead writer that flush() would wait on forever
+                self._done.put((key, SnapshotError(f"writing {key[:12]}: {e!r}")))
+            finally:
+                self._todo.task_done()
+        self._todo.task_done()
 
 
 def read(path: Path) -> snapshots.Snapshot:

@@ -70,7 +70,12 @@ def decode(data: bytes) -> Snapshot:
     return Snapshot(meta, kv, logits)
 
 
-def write_atomic(path: Path, data: bytes | list[bytes], fsync: bool = True) -> None:
+def write_atomic(
+    path: Path,
+    data: bytes | list[bytes],
+    fsync: bool = True,
+    failpoint: str = "snapshot-before-rename",
+) -> None:
     """Write `data` to `path` so that `path` holds either its old content or all of `data`.
 
     `fsync=False` keeps that promise across a process crash but not a power loss."""
@@ -86,7 +91,7 @@ def write_atomic(path: Path, data: bytes | list[bytes], fsync: bool = True) -> N
                 os.fsync(fd)
         finally:
             os.close(fd)
-        failpoints.hit("snapshot-before-rename")
+        failpoints.hit(failpoint)
         os.replace(tmp, path)
         if fsync:
             fsync_dir(path.parent)

@@ -36,7 +36,7 @@ import logging
 import secrets
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,10 @@ class Prefix:
     last_used: float = 0.0
     hits: int = 0
     created: float = 0.0
+    # the live sessions (id, reset count) whose stream holds it: it read or restored it. A
+    # tenant's prefix goes when the last of them is closed or reset (close and reset remove
+    # everything of a session, its prompts too); a shared one (the operator's text) stays
+    holders: set[tuple[str, int]] = field(default_factory=set)
 
     @property
     def n(self) -> int:
@@ -123,6 +127,7 @@ class PrefixStates:
         self._secret = b""
         self._prefixes: dict[str, Prefix] = {}
         self._writer: prefix_files.Writer | None = None
+        self._pending: set[str] = set()  # handed to the writer, not yet settled
 
     @property
     def enabled(self) -> bool:
@@ -170,6 +175,7 @@ class PrefixStates:
                 file_size=f.size,
                 last_used=float(meta.get("created", 0.0)),
                 created=float(meta.get("created", 0.0)),
+                holders={(str(h[0]), int(h[1])) for h in meta.get("holders", ())},
             )
         self._fit()
         log.info("prefix states: %d on disk", len(self._prefixes))
@@ -306,6 +312,7 @@ class PrefixStates:
         if session.state in (SessionState.CREATED, SessionState.IDLE):
             session.transition(SessionState.PREFILLING)
         p.hits += 1
+        p.holders.add((session.id, session.reset_count))
         p.last_used = time.time()
         self.metrics.prefix_hits.inc()
         self.metrics.prefix_tokens.inc(take)
@@ -356,18 +363,22 @@ class PrefixStates:
         held = self._prefixes.get(key)
         if held is not None:
             held.last_used = time.time()
+            held.holders.add((session.id, session.reset_count))
             return
         kv = engine.cells.save_seq(session.seq_id)
         logits = np.array(session.last_logits, dtype=np.float32, copy=True)
         now = time.time()
         p = Prefix(key, owner, tokens, tuple(s for s in session.reads if s < n), len(kv),
-                   kv=kv, logits=logits, last_used=now, created=now)  # fmt: skip
+                   kv=kv, logits=logits, last_used=now, created=now,
+                   holders={(session.id, session.reset_count)})  # fmt: skip
         if p.ram > self.ram_bytes:
             return  # larger than the whole bound: never kept
         if self._writer is not None:  # written off this thread; on disk once `_settle` hears
             meta = {"owner": owner, "tokens": list(tokens), "starts": list(p.starts),
-                    "identity": self.identity, "created": p.created}  # fmt: skip
+                    "identity": self.identity, "created": p.created,
+                    "holders": [list(h) for h in p.holders]}  # fmt: skip
             self._writer.submit(key, meta, kv, logits)
+            self._pending.add(key)
         self._prefixes[key] = p
         self.metrics.prefix_stored.inc()
         log.info("session %s: prefix %s kept (%d tokens)", session.id, key[:12], n)
@@ -394,6 +405,7 @@ class PrefixStates:
         if self._writer is None or self.directory is None:
             return
         for key, result in self._writer.done():
+            self._pending.discard(key)
             p = self._prefixes.get(key)
             if isinstance(result, SnapshotError):  # a full disk: kept in RAM alone
                 log.warning("prefix %s not written: %s", key[:12], result)
@@ -437,6 +449,9 @@ class PrefixStates:
 
     def _drop(self, p: Prefix, reason: str, why: str) -> None:
         self._prefixes.pop(p.key, None)
+        if not p.file_size and self._writer is not None and p.key in self._pending:
+            self._writer.flush()  # its file is being written: gone before this returns
+            self._settle()
         if p.file_size and self.directory is not None:
             prefix_files.remove(prefix_files.path_for(self.directory, p.key))
         self.metrics.prefix_drops.labels(reason).inc()
@@ -451,6 +466,26 @@ class PrefixStates:
         self.metrics.prefix_entries.set(len(self._prefixes))
 
     # --- the owner's view ---
+
+    def release(self, session_id: str, reset_count: int) -> None:
+        """A session's generation ended (closed, or reset): the tenant's prefixes that no other
+        live session holds go with it (their cells are its prompts)."""
+        for p in list(self._prefixes.values()):
+            if p.owner == SHARED:
+                continue
+            p.holders.discard((session_id, reset_count))
+            if not p.holders:
+                self._drop(p, "released", "")
+
+    def prune(self, live: set[tuple[str, int]]) -> None:
+        """After a restart: the tenant's prefixes whose sessions are all gone go. A file names
+        the session that made it alone (those that restored it later are not written down), so
+        one that only they still hold goes too: a cache lost, nothing kept too long."""
+        for p in list(self._prefixes.values()):
+            if p.owner != SHARED:
+                p.holders &= live
+                if not p.holders:
+                    self._drop(p, "released", "")
 
     def forget_tenant(self, tenant: str) -> int:
         """Drop the tenant's prefixes (a forget: their cells may hold what it forgot)."""
