@@ -12,7 +12,8 @@
 #   - peer.py --throughput-only: sinkd against llama-server at one session and at eight, same GPU;
 #   - the prefix-state tests (a restored system prompt's and side request's bits against a daemon
 #     that keeps none: on a GPU a read cut elsewhere may compute other bits) and prefixes.py
-#     (against llama-server's prompt cache, same GPU);
+#     (against llama-server's prompt cache, same GPU; no Open WebUI side requests: their
+#     templates come from PyPI);
 #   - latency.py (latency vs session age), shortened.
 # Prints the figures and keeps them in OUT_DIR. Budget: ten minutes on 16 cores (the two builds run
 # at once and take most of it; not yet timed on such a machine).
@@ -51,7 +52,7 @@ echo "llama-server built: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"
 python3 bench/peer.py --throughput-only 2>&1 | grep -v '^llama' | tee "$out/peer.txt"
 cp bench/results/peer_throughput.json "$out/peer_throughput.json" 2>/dev/null || true
 python3 -m pytest -q -p no:cacheprovider tests/test_prefixes.py 2>&1 | tee "$out/prefix-tests.txt"
-SINKD_PREFIX_ROUNDS=2 python3 bench/prefixes.py 2>&1 | grep -v '^llama' | tee "$out/prefixes.txt"
+SINKD_PREFIX_ROUNDS=2 SINKD_PREFIX_SIDE=0 python3 bench/prefixes.py 2>&1 | grep -v '^llama' | tee "$out/prefixes.txt"
 cp bench/results/prefixes.json "$out/prefixes.json" 2>/dev/null || true
 python3 bench/latency.py --tokens 2600 --full-tokens 2048 2>&1 | grep -v '^llama' | tee "$out/latency.txt"
 cp bench/results/latency.json "$out/latency.json" 2>/dev/null || true

@@ -274,7 +274,9 @@ def side_workload(server: Server, requests: list[tuple[str, str]]) -> list[dict[
 
 def main() -> None:
     binary = build()["llama-server"]
-    requests = side_requests(owui_templates())
+    # SINKD_PREFIX_SIDE=0: no side requests (a machine without the registry: the GPU check)
+    with_side = os.environ.get("SINKD_PREFIX_SIDE", "1") != "0"
+    requests = side_requests(owui_templates()) if with_side else []
     rows: list[dict[str, Any]] = []
     side: list[dict[str, Any]] = []
     memory: dict[str, Any] = {}
@@ -321,16 +323,21 @@ def main() -> None:
     def total(server: str, kind: str, key: str) -> float:
         return sum(r[key] for r in side if r["server"] == server and r["kind"] == kind)
 
-    table(
-        f"Open WebUI's side requests ({len(requests)}: {CHATS} chats of {TURNS} turns): tokens read"
-        " and summed TTFT",
-        ["server", *[f"{k} read" for k in kinds], "all read", "all TTFT s"],
-        [[n, *[total(n, k, "read") for k in kinds], sum(total(n, k, "read") for k in kinds),
-          sum(total(n, k, "ttft_s") for k in kinds)] for n in names],
-    )  # fmt: skip
-    side_saved = 1 - sum(total("sinkd", k, "read") for k in kinds) / sum(
-        total("sinkd, prefix states off", k, "read") for k in kinds
-    )
+    side_saved = None
+    if requests:
+        table(
+            f"Open WebUI's side requests ({len(requests)}: {CHATS} chats of {TURNS} turns): tokens"
+            " read and summed TTFT",
+            ["server", *[f"{k} read" for k in kinds], "all read", "all TTFT s"],
+            [[n, *[total(n, k, "read") for k in kinds], sum(total(n, k, "read") for k in kinds),
+              sum(total(n, k, "ttft_s") for k in kinds)] for n in names],
+        )  # fmt: skip
+        side_saved = 1 - sum(total("sinkd", k, "read") for k in kinds) / sum(
+            total("sinkd, prefix states off", k, "read") for k in kinds
+        )
+        print(
+            f"side requests: sinkd read {side_saved:.0%} fewer tokens than with prefix states off"
+        )
     held = memory["sinkd"]["prefix_bytes"]
     table(
         "memory afterwards",
@@ -340,7 +347,6 @@ def main() -> None:
           f"{held.get('disk', 0) / 2**20:.1f} ({PREFIX_DISK_MB})" if n == "sinkd" else "-"]
          for n in names],
     )  # fmt: skip
-    print(f"side requests: sinkd read {side_saved:.0%} fewer tokens than with prefix states off")
     path = write(
         "prefixes",
         {"rounds": ROUNDS, "threads": THREADS, "system_prompt": rows, "side_requests": side,

@@ -121,10 +121,5 @@ def scan(directory: Path) -> tuple[list[PrefixFile], list[tuple[Path, str]]]:
     return found, bad
 
 
-def write_secret(path: Path, data: bytes) -> None:
-    """The key of the directory's keyed hashes (readable by its owner alone, as the directory)."""
-    snapshots.write_atomic(path, data)
-
-
 def remove(path: Path) -> None:
     path.unlink(missing_ok=True)

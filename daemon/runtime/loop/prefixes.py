@@ -44,7 +44,7 @@ import numpy as np
 
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.private import private_dir
+from sinkd.daemon.private import private_dir, secret
 from sinkd.daemon.runtime.api import PrefixInfo
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.sessions import Session, SessionState
@@ -146,7 +146,7 @@ class PrefixStates:
             return
         self.directory = private_dir(directory)
         self._writer = prefix_files.Writer(self.directory)
-        self._secret = self._load_secret(self.directory / SECRET_FILE)
+        self._secret = secret(self.directory / SECRET_FILE)
         found, bad = prefix_files.scan(self.directory)
         for path, why in bad:
             log.warning("prefix file %s dropped: %s", path.name, why)
@@ -179,18 +179,6 @@ class PrefixStates:
             )
         self._fit()
         log.info("prefix states: %d on disk", len(self._prefixes))
-
-    @staticmethod
-    def _load_secret(path: Path) -> bytes:
-        try:
-            data = path.read_bytes()
-            if len(data) == 32:
-                return data
-        except FileNotFoundError:
-            pass
-        data = secrets.token_bytes(32)
-        prefix_files.write_secret(path, data)
-        return data
 
     def _key(self, owner: str, tokens: tuple[int, ...]) -> str:
         material = json.dumps([self.identity, owner], sort_keys=True).encode()
@@ -305,8 +293,8 @@ class PrefixStates:
                 session.unlogged.append((sb.logical_pos, sb.cache_pos, list(piece)))
             off += n
         job.offset = take
-        whole = use == p.n and logits is not None  # else the job reads on: its decode gives them
-        session.set_logits(logits.copy() if whole and logits is not None else None, None)
+        # a part of a longer prefix: the job reads on, and its decode gives the logits
+        session.set_logits(logits.copy() if use == p.n and logits is not None else None, None)
         session.prefix_tokens += take
         session.last_active = time.monotonic()  # the session's clock
         if session.state in (SessionState.CREATED, SessionState.IDLE):

@@ -143,13 +143,11 @@ class Residency:
         """Free the session's cells, its state kept (a snapshot at its token count, written if
         the newest is older); False if that snapshot could not be written (it stays resident)."""
         t0 = time.monotonic()
-        keeps_cells = session.has_history and session.seq.retained > 0
-        if keeps_cells and self.snapshotter is not None:
-            current = session.snap_n_seen == session.seq.state.n_seen
-            if (session.logged_since_snap or not current) and not self.snapshotter.take(session):
-                return False
-        elif keeps_cells:
-            self._images[session.id] = engine.cells.save_seq(session.seq_id)
+        if self.snapshotter is None:
+            if session.has_history and session.seq.retained > 0:
+                self._images[session.id] = engine.cells.save_seq(session.seq_id)
+        elif self._writes(session) and not self.snapshotter.take(session):
+            return False
         engine.cells.release_seq(session.seq_id)
         session.seq_id = -1
         session.parked = True
