@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_LLAMAFILE=OFF
 
 .PHONY: check install models lint format test test-unit
 

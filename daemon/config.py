@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     # ... and a run ends once it has decoded this long, so that a slower model's groups stay
     # small (16 SmolLM2 steps on a GPU take ~50 ms; 0: no bound)
     decode_run_ms: float = Field(default=50.0, ge=0)
+    # speculative decoding (runtime/loop/drafting.py): "auto" drafts from a session's own text
+    # where a row's bits do not depend on how many rows of its sequence share a pass (the engine
+    # says; docs/determinism.md), so the tokens are plain decoding's; "off": a token at a time
+    speculative: Literal["auto", "off"] = "auto"
+    max_drafts: int = Field(default=8, ge=1, le=16)  # drafts verified with one token, at most
     kv_type: str = "f16"
     # "auto": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
     # 63 rows of a sequence per decode: the engine's NOTE); "off": the plain kernel everywhere

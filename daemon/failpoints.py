@@ -26,6 +26,7 @@ POINTS = (
     "expire-idle",  # scheduler: between steps, before idle sessions are expired
     "before-compact",  # executor: a sequence is about to be packed after an eviction
     "prefill-chunk",  # executor: a prefill chunk was decoded and recorded
+    "verify-draft",  # executor: a verification's next draft is about to be checked (cells in)
     "engine-copy",  # lifecycle: a fork is about to copy the parent's cells
     "sequence-acquired",  # admission: a sequence was taken for a new session, not yet cleared
     "before-restore",  # residency: a parked session has a free sequence, its cells not yet read

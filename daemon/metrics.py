@@ -38,6 +38,12 @@ class Metrics:
             "Generated tokens decoded in a decode run (several per scheduler pass: decode_run)",
             registry=r,
         )
+        self.draft_tokens = Counter(
+            "sinkd_draft_tokens",
+            "Draft tokens verified (speculative decoding), by outcome: accepted or rejected",
+            ["outcome"],
+            registry=r,
+        )
         self.sequence_swaps = Counter(
             "sinkd_sequence_swaps",
             "Sequences exchanged so that a step's sessions hold one run of ids (one llama.cpp pass)",

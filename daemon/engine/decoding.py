@@ -321,6 +321,54 @@ class Decoder:
         row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
         return [None if idx is None else Next(rows[row_of[idx]], None) for idx in out_index]
 
+    def decode_rows(self, items: list[BatchItem]) -> list[list[Next]]:
+        """Items of one length, each asking every row: one llama_decode, and per item a row per
+        token (row i predicting token i + 1), as views of llama.cpp's buffer valid until the next
+        decode. A speculative verification: the pending token and its drafts (the executor).
+        Validated as `decode_next`; at most `max_rows` tokens an item, so it is one piece."""
+        if not items or len({len(it.tokens) for it in items}) != 1:
+            raise InvalidInput("decode_rows takes items of one length")
+        n = len(items[0].tokens)
+        if n > self.max_rows:
+            raise InvalidInput(f"{n} rows of a sequence in one decode: at most {self.max_rows}")
+        seen: set[int] = set()
+        for item in items:
+            if item.seq_id in seen or not 0 <= item.seq_id < self.n_seq_max:
+                raise InvalidInput(f"invalid or repeated sequence ids: {[i.seq_id for i in items]}")
+            seen.add(item.seq_id)
+            self.vocab.check_tokens(item.tokens)
+        if not 0 < n * len(items) <= self.n_batch:
+            raise InvalidInput(f"batch of {n * len(items)} tokens is outside 1..n_batch")
+        order = sorted(range(len(items)), key=lambda k: items[k].seq_id)
+        b = self._batch
+        self._greedy_ids = None  # the slots change
+        i = 0
+        for k in order:
+            item = items[k]
+            for j, tok in enumerate(item.tokens):
+                b.token[i] = tok
+                b.pos[i] = item.pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = item.seq_id
+                b.logits[i] = True
+                i += 1
+        b.n_tokens = i
+        self.before_decode()
+        self._overwriting()
+        rc = llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            seqs = [it.seq_id for it in items]
+            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
+        out: list[list[Next]] = [[] for _ in items]
+        view = None if self.backend_argmax else self._logits_rows_view(i)
+        for place, k in enumerate(order):
+            first = place * n
+            if view is None:
+                out[k] = [self._next_at(first + j, lend=True) for j in range(n)]
+            else:
+                out[k] = [Next(view[first + j], None) for j in range(n)]
+        return out
+
     def decode_greedy(
         self,
         seq_ids: list[int],

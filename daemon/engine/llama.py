@@ -286,6 +286,7 @@ class Engine:
         exact = cfg.flash_attn == "auto" and flash_attention_exact(cells, cfg.n_gpu_layers)
         # what sessions are computed under (a resume gate); see the NOTE above
         self.flash_attn = cfg.flash_attn == "on" or exact
+        self.flash_exact = exact
         self.max_rows = FLASH_MAX_ROWS if exact else cfg.n_batch  # of a sequence, per decode
         cparams.flash_attn_type = (
             llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -432,6 +433,24 @@ class Engine:
         lent: bool = True,
     ) -> list[int]:
         return self.decoder.decode_greedy(seq_ids, tokens, positions, prepared, ahead, lent)
+
+    def decode_rows(self, items: list[BatchItem]) -> list[list[Next]]:
+        return self.decoder.decode_rows(items)
+
+    def rows_not_exact(self) -> str | None:
+        """Why a row's bits here may depend on how many rows of its own sequence share its pass,
+        or None where they do not: then decoding a token with drafts after it (speculative
+        verification) gives it the bits it gets decoded alone (docs/determinism.md)."""
+        if self.config.n_gpu_layers > 0:
+            return "layers are offloaded to a GPU, whose kernels by batch shape are unverified"
+        if self.flash_exact:
+            return None  # every row summed whole, in order, in pieces under FLASH_MAX_ROWS
+        if "LLAMAFILE" in self.cpu_kernels.split(";")[0].split():
+            return (
+                "llama.cpp was built with llamafile's sgemm, which sums a lone row of a sequence"
+                " otherwise than 2 or more (build it with -DGGML_LLAMAFILE=OFF)"
+            )
+        return None
 
     def before_decoding(self) -> None:
         """What every decode does first (the cores' share), once for a run of greedy decodes."""

@@ -113,6 +113,7 @@ class SinkdService:
             decode_run=settings.decodes_per_pass,
             decode_run_s=settings.decode_run_ms / 1000.0,
             prefixes=self.prefixes,
+            max_drafts=settings.max_drafts if settings.speculative == "auto" else 0,
         )
         self.admission = Admission(self.registry, self.metrics, self.scheduler.residency)
         self.lifecycle = Lifecycle(

@@ -165,6 +165,9 @@ class FakeEngine:
         self.tokenizer_sha256 = self.vocab.sha256
         self.template_sha256 = hashlib.sha256(self.vocab.chat_template.encode()).hexdigest()
         self.decoded = 0
+        # the toy model looks at the last `markov` tokens alone (0: all of them): its text then
+        # repeats itself, as a log's or a JSON reply's does, and drafts from it are often right
+        self.markov = 0
         # lent rows live in one buffer that the next decode overwrites, as llama.cpp's do: a
         # holder that forgot to copy one reads another step's numbers
         self.before_overwrite: list[Callable[[], None]] = []
@@ -221,6 +224,37 @@ class FakeEngine:
         rows = self.decode_batch(items, lend)
         return [None if row is None else Next(row, greedy_token(row)) for row in rows]
 
+    def decode_rows(self, items: list[BatchItem]) -> list[list[Next]]:
+        """Items of one length, every row asked (a speculative verification): per item a row per
+        token, from the cells up to it (lent: the next decode overwrites them)."""
+        if len({len(it.tokens) for it in items}) != 1:
+            raise InvalidInput("decode_rows takes items of one length")
+        n = len(items[0].tokens)
+        if not 0 < n * len(items) <= self.n_batch:
+            raise InvalidInput(f"batch outside 1..n_batch ({self.n_batch})")
+        for hook in self.before_overwrite:
+            hook()
+        self._buffer[:] = np.nan
+        out: list[list[Next]] = []
+        for k, it in enumerate(items):
+            self.vocab.check_tokens(it.tokens)
+            cells = self.cells.seqs[it.seq_id]
+            rows = []
+            for j, token in enumerate(it.tokens):
+                if it.pos0 + j in cells:
+                    raise EngineError(f"sequence {it.seq_id}: position {it.pos0 + j} is taken")
+                cells[it.pos0 + j] = token
+                self._buffer[k * n + j] = next_token_logits(cells, self.markov)
+                row = self._buffer[k * n + j]
+                rows.append(Next(row, greedy_token(row)))
+            self.decoded += n
+            out.append(rows)
+        return out
+
+    def rows_not_exact(self) -> str | None:
+        """A row here is a hash of its cells: the same however many share its pass."""
+        return None
+
     def before_decoding(self) -> None:
         pass
 
@@ -263,15 +297,15 @@ class FakeEngine:
                     raise EngineError(f"sequence {it.seq_id}: position {it.pos0 + k} is taken")
                 cells[it.pos0 + k] = token
             self.decoded += len(it.tokens)
-            rows.append(next_token_logits(cells) if it.logits else None)
+            rows.append(next_token_logits(cells, self.markov) if it.logits else None)
         return rows
 
 
-def next_token_logits(cells: dict[int, int]) -> np.ndarray:
-    """The toy model: a hash of what the cells hold, in cache order, picks the likeliest token
-    (a letter or a space, now and then the end of the turn); the others share a small slope, so
-    sampling at a temperature draws among them."""
-    seen = np.array([cells[p] for p in sorted(cells)], dtype=np.int64)
+def next_token_logits(cells: dict[int, int], markov: int = 0) -> np.ndarray:
+    """The toy model: a hash of what the cells hold, in cache order (their last `markov` alone,
+    if set), picks the likeliest token (a letter or a space, now and then the end of the turn);
+    the others share a small slope, so sampling at a temperature draws among them."""
+    seen = np.array([cells[p] for p in sorted(cells)][-markov:], dtype=np.int64)
     digest = hashlib.sha256(seen.tobytes()).digest()
     logits = np.frombuffer(hashlib.sha256(digest).digest() * 9, dtype=np.uint8)[:N_VOCAB]
     row = logits.astype(np.float32) / 255.0

@@ -6,6 +6,15 @@ applied to the cache and then to the policy state, and the sub-batches of one le
 After it the sub-batch is recorded (policy, token ledger, logits), the sequence is packed after an
 eviction (see `Engine.compact`), and the session is audited. A failure touches only the sessions it
 concerns. `replay` decodes journalled chunks the same way, for resume.
+
+Speculative decoding (drafting.py): a sampled token may carry drafts, the tokens its session's own
+text suggests come next. The step decodes them after it, every row asked; then the session samples
+from each row in turn, exactly as a step at a time would (the same sampler, penalties, grammar,
+stops, journal rows and events, one token each), and keeps a draft's cell only where the token it
+sampled is the draft. Where a row's bits do not depend on how many rows of its sequence share the
+pass (`Engine.rows_not_exact`), this gives the tokens plain decoding gives. A draft is never counted
+as seen, journalled, sent, penalised or recorded: its cells are gone before the step's audit, on
+every path out of the verification (`_verify`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import Done, TokenEvent
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
+from sinkd.daemon.runtime.loop.drafting import DecodeCosts, DraftControl, lookup
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
 from sinkd.daemon.runtime.loop.prefixes import PrefixStates
@@ -51,9 +61,10 @@ log = logging.getLogger("sinkd.executor")
 @dataclass
 class _Item:
     job: Job
-    tokens: list[int]
-    sub_batch: SubBatch
+    tokens: list[int]  # a verification: the pending token, then its drafts
+    sub_batch: SubBatch  # of the decoded or prefilled tokens (a verification: the pending one)
     decode_pending: bool
+    drafts: int = 0
 
 
 class Executor:
@@ -68,8 +79,14 @@ class Executor:
         residency: Residency,
         recall: Recall | None = None,
         prefixes: PrefixStates | None = None,
+        max_drafts: int = 0,
     ) -> None:
         self._engine = engine
+        # speculative decoding: at most this many drafts a token (0: off), where exact (`drafting`)
+        self.max_drafts = max_drafts
+        self._exact: bool | None = None  # the engine's rows are exact (asked once it is loaded)
+        self.costs = DecodeCosts()
+        self._drafting: dict[tuple[str, str], DraftControl] = {}
         self.residency = residency
         self.recall = recall
         self.prefixes = prefixes
@@ -125,8 +142,62 @@ class Executor:
                 return
             if job.gen is not None and not job.prefilling and job.pending is None:
                 self._sample(job)
+            if job.gen is not None and job.pending is not None and not job.answered:
+                job.drafts = self._draft(job)
         except SinkdError as e:
             self.end(job, e)
+
+    # --- speculative decoding: drafts (drafting.py) ---
+
+    def drafting(self) -> bool:
+        """Whether sessions draft here: asked for, and exact on this engine (said once)."""
+        if self.max_drafts <= 0:
+            return False
+        if self._exact is None:
+            why = self.engine.rows_not_exact()
+            self._exact = why is None
+            if why is not None:
+                log.warning("speculative decoding is off: %s", why)
+        return self._exact
+
+    def draft_control(self, session: Session) -> DraftControl:
+        """The session's drafting state, of its current generation alone (a reset starts anew)."""
+        key = (session.id, session.generation)
+        control = self._drafting.get(key)
+        if control is None:
+            if len(self._drafting) >= 4 * max(len(self.auditor.registry), 16):
+                live = {(s.id, s.generation) for s in self.auditor.registry.all()}
+                self._drafting = {k: v for k, v in self._drafting.items() if k in live}
+            control = self._drafting[key] = DraftControl(self.max_drafts)
+        return control
+
+    def _draft(self, job: Job) -> list[int]:
+        """Drafts to verify with the job's pending token: as many as pay (DraftControl), none
+        past its max tokens, none where its cells would need an eviction or a shift, and none
+        after a final token."""
+        if job.final or not self.drafting():
+            return []
+        session = job.session
+        assert job.gen is not None
+        control = self.draft_control(session)
+        k = min(control.length(self.costs), job.gen.max_tokens - job.generated)
+        k = min(k, self.engine.max_rows - 1)
+        planned = job.pending_plan
+        if planned is not None and planned.sub_batches[0].ops:
+            k = 0  # the pending token evicts: its step stays a plain one
+        seq = session.seq
+        k = min(k, seq.config.budget - seq.state.retained(seq.config) - 1)
+        if k <= 0:
+            control.skipped()
+            return []
+        context = session.retained.all()
+        context.append(job.pending or 0)
+        drafts = lookup(context, k)
+        if drafts and seq.plan(1 + len(drafts), max_batch=1 + len(drafts)).sub_batches[0].ops:
+            drafts = []  # the policy would move cells for them (a shift): none
+        if not drafts:
+            control.skipped()
+        return drafts
 
     def _start(self, job: Job) -> None:
         if job.started:
@@ -230,7 +301,14 @@ class Executor:
             self._hooked = engine
         self.decoding_now = {it.job.session.id for it in items if it.decode_pending}
         try:
-            for group in by_length(items, lambda it: len(it.tokens)):
+            verifying = [it for it in items if it.drafts]
+            if verifying:
+                self._verify_all(verifying, len(items) == len(verifying))
+            for group in by_length(
+                [it for it in items if not it.drafts], lambda it: len(it.tokens)
+            ):
+                solo = len(group) == 1 and len(items) == 1 and group[0].decode_pending
+                started = time.perf_counter()
                 try:
                     rows = engine.decode_next(
                         [
@@ -242,6 +320,8 @@ class Executor:
                 except EngineError as e:
                     self._decode_failed(group, e)
                     continue
+                if solo:  # a lone token's pass: what drafts are weighed against
+                    self.costs.observe(1, time.perf_counter() - started)
                 self.metrics.steps.inc()
                 for it, row in zip(group, rows, strict=True):
                     self.decoding_now.discard(it.job.session.id)  # its new row is needed
@@ -250,6 +330,90 @@ class Executor:
                         self.lend(it.job.session, row.logits)
         finally:
             self.decoding_now = set()
+
+    def _verify_all(self, items: list[_Item], solo: bool) -> None:
+        """Decode the verifications (a pending token and its drafts each, every row asked) by
+        length, then settle each (`_verify`). `solo`: nothing else decodes in this step, so the
+        pass's time is what its rows cost (DecodeCosts)."""
+        engine = self.engine
+        for group in by_length(items, lambda it: len(it.tokens)):
+            started = time.perf_counter()
+            try:
+                rows = engine.decode_rows(
+                    [
+                        BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos)
+                        for it in group
+                    ]
+                )
+            except EngineError as e:
+                self._decode_failed(group, e)
+                continue
+            if solo and len(group) == 1:
+                self.costs.observe(len(group[0].tokens), time.perf_counter() - started)
+            self.metrics.steps.inc()
+            for it, item_rows in zip(group, rows, strict=True):
+                self.decoding_now.discard(it.job.session.id)
+                self._verify(it, item_rows)
+
+    def _verify(self, it: _Item, rows: list[Next]) -> None:
+        """Settle one verification: record the pending token as a step would, then, row by row,
+        sample the next token as a step would and keep the draft's cell while the draft is that
+        token. The first token that differs stays pending (the next step decodes it); the cells
+        of every draft not kept are removed before the audit, whatever happens here."""
+        job, session = it.job, it.job.session
+        drafts = it.tokens[1:]
+        first_draft_pos = it.sub_batch.cache_pos + 1
+        kept = 0
+        control = self.draft_control(session)
+        try:
+            if not self._record_decoded(it, rows[0]):
+                return
+            for i, draft in enumerate(drafts, start=1):
+                if job.final or job.answered:
+                    break
+                failpoints.hit("verify-draft")
+                try:
+                    self._sample(job)  # journals and sends it, exactly as a step at a time does
+                except SinkdError as e:  # as `prepare` would: the job ends, the session stays
+                    self.end(job, e)
+                    break
+                if job.pending != draft:
+                    break
+                planned, job.pending_plan = job.pending_plan, None
+                if planned is None or planned.before is not session.seq.state:
+                    planned = session.seq.plan(1, max_batch=1)
+                sb = planned.sub_batches[0]
+                if sb.ops or sb.cache_pos != first_draft_pos + kept:  # ruled out by _draft
+                    raise EngineError("a draft's cell is not where its token belongs")
+                kept += 1
+                job.pending = None
+                self.absorb(session, sb, [draft], rows[i])
+                self.metrics.decode_tokens.inc()
+        except (EngineError, JournalError) as e:
+            self.auditor.fail_session(session, f"verifying drafts failed: {e}")
+        finally:
+            self._drop_drafts(session, first_draft_pos + kept, len(drafts) - kept)
+            control.observe(len(drafts), kept)
+            self.metrics.draft_tokens.labels("accepted").inc(kept)
+            self.metrics.draft_tokens.labels("rejected").inc(len(drafts) - kept)
+        if session.state is SessionState.FAILED:
+            return
+        if session.last_logits is not None:
+            self.lend(session, session.last_logits)
+        if not self.auditor.check(session, full=kept < len(drafts)):
+            return
+        if job.gen is not None and job.final and job.pending is None and not job.answered:
+            self.end(job)
+
+    def _drop_drafts(self, session: Session, first: int, n: int) -> None:
+        """Remove the cells of `n` drafts not kept, from cache position `first`. A refusal fails
+        the session: its cells would hold tokens it never had."""
+        if n <= 0 or session.seq_id < 0 or session.state is SessionState.FAILED:
+            return
+        try:
+            self.engine.cells.remove(session.seq_id, first, first + n)
+        except EngineError as e:
+            self.auditor.fail_session(session, f"removing rejected drafts failed: {e}")
 
     def run_ahead(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
         """After a step whose every job decoded: up to `decodes` more decodes for the greedy ones
@@ -290,15 +454,21 @@ class Executor:
             try:
                 if slot.decoding and planned is not None and planned.before is session.seq.state:
                     plan = planned  # a pure function of the same state: the same plan
-                else:
-                    plan = session.seq.plan(slot.n_tokens, max_batch=slot.n_tokens)
+                else:  # a decoding slot plans its pending token alone (drafts own no cell)
+                    n = 1 if slot.decoding else slot.n_tokens
+                    plan = session.seq.plan(n, max_batch=n)
             except CacheFull as e:
                 self.end(job, ResourceExhausted(str(e)))
                 continue
             sb = plan.sub_batches[0]
+            drafts: list[int] = []
             if slot.decoding:
                 assert job.pending is not None
-                tokens = [job.pending]
+                drafts = job.drafts[: slot.n_tokens - 1] if not sb.ops else []
+                tokens = [job.pending, *drafts]
+                if job.drafts and not drafts:
+                    self.draft_control(session).skipped()
+                job.drafts = []
             else:
                 tokens = job.tokens[job.offset : job.offset + sb.n_tokens]
                 session.transition(SessionState.PREFILLING)
@@ -311,7 +481,7 @@ class Executor:
             if sb.ops:
                 self.metrics.evictions.inc()
                 self.metrics.evicted_tokens.inc(sb.after_ops.evicted_tokens - before)
-            items.append(_Item(job, tokens, sb, decode_pending=slot.decoding))
+            items.append(_Item(job, tokens, sb, slot.decoding, len(drafts)))
         return items
 
     def _decode_failed(self, items: list[_Item], e: EngineError) -> None:
@@ -352,6 +522,17 @@ class Executor:
             session.reads = None  # evicted or shifted: no longer as read from position 0
             failpoints.hit("before-compact")
             self.engine.cells.compact(session.seq_id)
+
+    def _record_decoded(self, it: _Item, row: Next) -> bool:
+        """Record a verification's pending token as `_after_decode` records a decoded one."""
+        try:
+            self.absorb(it.job.session, it.sub_batch, it.tokens[:1], row)
+        except (EngineError, JournalError) as e:
+            self.auditor.fail_session(it.job.session, f"recording the step failed: {e}")
+            return False
+        self.metrics.decode_tokens.inc()
+        it.job.pending = None
+        return True
 
     def _after_decode(self, it: _Item, row: Next | None) -> None:
         job, session = it.job, it.job.session

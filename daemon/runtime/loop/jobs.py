@@ -84,6 +84,8 @@ class Job:
         self.restored_ms = 0.0  # its session was parked: the time its cells took to come back
         self.pending: int | None = None  # sampled, emitted, not yet decoded
         self.pending_plan: AppendPlan | None = None  # its journalled placement
+        # tokens guessed to follow the pending one, verified with it (executor; never the job's)
+        self.drafts: list[int] = []
         self.final = False  # the pending token is the last one
         self.reason = ""
         self.generated = 0

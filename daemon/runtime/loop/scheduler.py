@@ -69,6 +69,7 @@ class Scheduler:
         decode_run: int = 1,
         decode_run_s: float = 0.0,
         prefixes: PrefixStates | None = None,
+        max_drafts: int = 0,
     ) -> None:
         self._engine_factory = engine_factory
         self.decode_run = decode_run  # decodes a greedy session may make per pass (runahead.py)
@@ -113,6 +114,7 @@ class Scheduler:
             self.residency,
             recall,
             prefixes,
+            max_drafts,
         )
         self._inbox: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._closed = False  # the gate: once set (under the lock) nothing enters the inbox
@@ -238,7 +240,10 @@ class Scheduler:
             j for j in heads if j.started and not j.answered and self.queues.busy(j.session.id)
         ]
         plan = plan_step(
-            [Candidate(i, j.pending is not None, self._next_take(j)) for i, j in enumerate(live)],
+            [
+                Candidate(i, j.pending is not None, self._next_take(j), len(j.drafts))
+                for i, j in enumerate(live)
+            ],
             self.step_tokens,
             self.prefill_chunk,
             self._rr,

@@ -5,6 +5,10 @@ step's budget goes to prefill chunks, round-robin. A session's prefill is cut in
 `prefill_chunk` whatever the load (a chunk that does not fit waits for the next step), so its
 sub-batches, hence its logits, are the same alone or batched: a solo replay is bit-identical.
 
+Drafts (speculative decoding, drafting.py) take what is left once the decoders and the prefill
+chunks have theirs, so they never delay a prefill; every drafting session in a step gets the same
+number, so that their verifications share one `llama_decode` (a pass per length: `by_length`).
+
 NOTE: when prefill waits and the decoders alone would leave no room for a chunk, every other step
 the decoders give up one chunk's worth of slots (rotating who gives them up): a long append is never
 starved by many generating sessions, and every decoder still gets a token at least every other step.
@@ -22,12 +26,13 @@ class Candidate:
     key: int  # opaque, handed back in the plan
     decoding: bool  # a sampled token waits to be decoded
     remaining: int  # prefill tokens still to go (0 when decoding)
+    drafts: int = 0  # draft tokens it asks to verify beside its decoded one
 
 
 @dataclass(frozen=True)
 class Slot:
     key: int
-    n_tokens: int
+    n_tokens: int  # a decoding slot: its pending token, then n_tokens - 1 drafts
     decoding: bool
 
 
@@ -65,4 +70,17 @@ def plan_step(
         budget -= n
         if budget == 0:
             break
-    return StepPlan(tuple(slots), next_rr)
+    return StepPlan(_with_drafts(slots, candidates, budget), next_rr)
+
+
+def _with_drafts(slots: list[Slot], candidates: list[Candidate], budget: int) -> tuple[Slot, ...]:
+    """The decoding slots whose session asked for drafts get one common number of them, as many
+    as each asked and the budget left allows."""
+    asked = {c.key: c.drafts for c in candidates if c.decoding and c.drafts > 0}
+    drafting = [s for s in slots if s.decoding and s.key in asked]
+    if not drafting:
+        return tuple(slots)
+    k = min(min(asked[s.key] for s in drafting), budget // len(drafting))
+    if k <= 0:
+        return tuple(slots)
+    return tuple(Slot(s.key, 1 + k, True) if s in drafting else s for s in slots)

@@ -1,0 +1,123 @@
+"""Drafts for speculative decoding: the next tokens guessed from the session's own text, and how
+many of them are worth verifying. Pure: no llama.cpp, no clocks.
+
+The guess is prompt lookup (vLLM's and SGLang's `ngram` proposer, llama.cpp's `ngram-simple`):
+find the latest earlier place where the stream's last few tokens occurred, and propose what
+followed them there. Text that repeats itself (a log's lines, JSON's keys, a reply quoting the
+question or a recalled passage) is guessed right; a chat with nothing to look up finds no match
+and drafts nothing.
+
+How many to verify is a trade. A verification decodes the pending token and the drafts in one
+pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.5 of one, 5 rows
+~2.6; on a GPU about one), and yields the accepted drafts plus the pending token. `DraftControl`
+keeps a session's acceptance rate and picks the length that maximises tokens per cost under a
+geometric model (each draft accepted with probability p once the one before was); where no
+length pays, the session drafts nothing but a one-token probe now and then, so that a session
+whose text turns repetitive finds out.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+MIN_MATCH = 2  # a single repeated token predicts little
+MAX_MATCH = 8  # longer suffixes are tried first: the longer the match, the better the guess
+PRIOR_ACCEPTANCE = 0.6  # a session's first drafts are tried
+LEARNING_RATE = 0.1  # of the acceptance estimate, per draft token verified
+PROBE_EVERY = 16  # tokens a session that does not draft decodes between two one-token probes
+
+
+def lookup(
+    context: Sequence[int], k: int, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH
+) -> list[int]:
+    """Up to `k` tokens that followed the latest earlier occurrence of the context's longest
+    suffix of `max_n` down to `min_n` tokens; [] where none occurs. A byte search over the ids
+    (C speed: ~20 us over a 1,024-token window)."""
+    n_ctx = len(context)
+    if k <= 0 or n_ctx <= min_n:
+        return []
+    hay = array("i", context).tobytes()
+    last_start = len(hay) - 4  # an occurrence must end before the last token: something follows
+    for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
+        pattern = hay[-4 * n :]
+        end = last_start
+        while True:
+            at = hay.rfind(pattern, 0, end)
+            if at < 0:
+                break
+            if at % 4 == 0:  # on a token's boundary, not inside two
+                start = at // 4 + n
+                return list(context[start : start + k])
+            end = at + len(pattern) - 1
+    return []
+
+
+class DecodeCosts:
+    """What a pass of one sequence costs by the rows it carries, relative to one row: a prior
+    until measured (`observe`), then a running mean of the measured times. Engine-wide."""
+
+    def __init__(self, prior_per_row: float = 0.45, max_rows: int = 17) -> None:
+        self.prior_per_row = prior_per_row
+        self._seconds: list[float | None] = [None] * (max_rows + 1)
+        self._seen = [0] * (max_rows + 1)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if not 0 < rows < len(self._seconds):
+            return
+        old = self._seconds[rows]
+        self._seen[rows] += 1
+        rate = max(0.05, 1.0 / self._seen[rows])
+        self._seconds[rows] = seconds if old is None else old + rate * (seconds - old)
+
+    def ratio(self, rows: int) -> float:
+        """Cost of `rows` rows over the cost of one (both measured at least 3 times, else the
+        prior)."""
+        one, many = self._seconds[1], self._seconds[min(rows, len(self._seconds) - 1)]
+        if rows <= 1:
+            return 1.0
+        if one and many and self._seen[1] >= 3 and self._seen[rows] >= 3:
+            return max(1.0, many / one)
+        return 1.0 + self.prior_per_row * (rows - 1)
+
+
+class DraftControl:
+    """One session's drafting: its acceptance estimate and the length that pays."""
+
+    def __init__(self, max_drafts: int) -> None:
+        self.max_drafts = max_drafts
+        self.acceptance = PRIOR_ACCEPTANCE
+        self.since_draft = 0  # tokens decoded since its last verification
+        self.drafted = 0
+        self.accepted = 0
+
+    def length(self, costs: DecodeCosts) -> int:
+        """How many drafts to verify with the next token (0: none): the length with the most
+        expected tokens per cost, or a one-token probe after PROBE_EVERY tokens without one."""
+        best, best_gain = 0, 1.0
+        p = self.acceptance
+        expected = 1.0  # tokens a pass yields: the pending one, then each draft with p^i
+        for k in range(1, self.max_drafts + 1):
+            expected += p**k
+            gain = expected / costs.ratio(k + 1)
+            if gain > best_gain * 1.02:  # a gain within noise is not worth the longer pass
+                best, best_gain = k, gain
+        if best == 0 and self.max_drafts and self.since_draft >= PROBE_EVERY:
+            return 1
+        return best
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A verification of `drafted` tokens accepted the first `accepted`."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.since_draft = 0
+        p = self.acceptance
+        for _ in range(accepted):
+            p += LEARNING_RATE * (1.0 - p)
+        if accepted < drafted:
+            p -= LEARNING_RATE * p
+        self.acceptance = p
+
+    def skipped(self) -> None:
+        """A token decoded without drafts."""
+        self.since_draft += 1
