@@ -1,0 +1,385 @@
+"""Speculative decoding (drafts from a session's own text, runtime/loop/drafting.py; verified by the
+executor): the tokens, reasons, journal rows and receipts of a token at a time, and drafts that own
+nothing once rejected, whatever happens during a verification (a failure, a reset, a close, a
+fork, a park, a cancel). On the fake engine for the logic (its toy model made repetitive, so that
+drafts are taken and refused); the bits, on both pinned models, are tests/test_speculative_model.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.runtime.api import (
+    Done,
+    GenerationOptions,
+    Handle,
+    PolicyRequest,
+    SamplingRequest,
+    TokenEvent,
+)
+from sinkd.daemon.runtime.loop.drafting import (
+    PROBE_EVERY,
+    DecodeCosts,
+    DraftControl,
+    lookup,
+)
+from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal, Session
+from sinkd.errors import Cancelled, SinkdError
+from tests.support.services import fake_engine_of, fake_service, in_one_step
+
+pytestmark = pytest.mark.unit
+WHO = Principal("alice")
+GREEDY = SamplingRequest(temperature=0.0)
+CASES = [  # (opening, options): every way a reply ends, past a full window (4 + 40 cells) or not
+    ("Sea 171.", GenerationOptions(90, sampling=GREEDY)),
+    ("Sea 263.", GenerationOptions(40, sampling=GREEDY)),  # max tokens
+    ("Sea 114.", GenerationOptions(None, sampling=GREEDY)),  # the repetition guard
+    ("Sea 185.", GenerationOptions(50, stops=["cdw"], sampling=GREEDY)),
+    ("Sea 90.", GenerationOptions(60, sampling=SamplingRequest(temperature=0.8, seed=3))),
+    (
+        "Sea 91.",
+        GenerationOptions(60, sampling=SamplingRequest(temperature=0.0, repeat_penalty=1.3)),
+    ),
+]
+
+
+def drafts(service: SinkdService) -> tuple[int, int]:
+    """The draft tokens accepted and rejected so far."""
+    r = service.metrics.registry
+    got = [
+        r.get_sample_value("sinkd_draft_tokens_total", {"outcome": o})
+        for o in ("accepted", "rejected")
+    ]
+    return int(got[0] or 0), int(got[1] or 0)
+
+
+def repetitive(tmp: Path, speculative: str = "auto", **kw: Any) -> SinkdService:
+    """A fake service whose toy model looks at the last two tokens alone: its text repeats."""
+    service = fake_service(tmp, speculative=speculative, **kw)
+    fake_engine_of(service).markov = 2
+    return service
+
+
+def session_of(service: SinkdService, handle: Handle) -> Session:
+    session = service.registry.get(handle.session_id)
+    assert session is not None
+    return session
+
+
+def cells_hold_the_ledger(service: SinkdService, session: Session) -> None:
+    """The session's cells hold its ledger's tokens, in order, and nothing else."""
+    cells = fake_engine_of(service).cells.seqs[session.seq_id]
+    assert [cells[p] for p in sorted(cells)] == session.retained.all()
+
+
+def reply(service: SinkdService, opening: str, options: GenerationOptions) -> tuple[Any, ...]:
+    """A session that evicts and shifts on the way (S=4, W=40, E=4, K=8): its generated ids, text,
+    reason, journal rows and receipt."""
+    policy = PolicyRequest(name="sink", sinks=4, window=40, evict_chunk=4, compact_interval=8)
+    handle = service.create(WHO, policy).handle
+    service.append(WHO, handle, opening, timeout=20)
+    ids, text, done = [], [], None
+    for event in service.generate(WHO, handle, options, timeout=30):
+        if isinstance(event, TokenEvent):
+            ids.append(event.id)
+            text.append(event.text)
+        else:
+            assert isinstance(event, Done)
+            done = event
+    assert done is not None
+    session = session_of(service, handle)
+    cells_hold_the_ledger(service, session)
+    r = done.receipt
+    receipt = (r.n_seen, r.retained, r.evictions, r.evicted_tokens, r.shifts, r.recent_cache)
+    rows = session.log_chunks
+    service.close(WHO, handle)
+    return ids, "".join(text), done.reason, rows, receipt
+
+
+def test_lookup_proposes_what_followed_the_longest_latest_match() -> None:
+    assert lookup([1, 2, 3, 4, 9, 2, 3, 5, 7, 1, 2, 3], 3) == [4, 9, 2]  # 1 2 3: the longest
+    assert lookup([2, 3, 5, 2, 3, 6, 0, 2, 3], 2) == [6, 0]  # the latest occurrence of 2 3
+    assert lookup([5, 6, 7, 8, 6, 7], 5) == [8, 6, 7]  # no more than what follows it
+    assert lookup([1, 2, 3, 4], 4) == [] and lookup([1, 2, 1, 2], 0) == []
+    # ids whose bytes line up across two ids are no match (the search is over raw bytes)
+    assert lookup([0x01000000, 0x00000002, 0x02000000, 0x00000000, 1, 2], 2) == []
+    assert lookup([7, 7, 7], 2) == [7]  # 7 7 at 0..1, then only one token follows it
+
+
+def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> None:
+    costs = DecodeCosts()  # the prior: each row past the first costs 0.45 of one
+    control = DraftControl(max_drafts=8)
+    assert control.length(costs) >= 1  # the first drafts are tried
+    for _ in range(20):
+        control.observe(drafted=4, accepted=4)
+    assert control.length(costs) == 8  # all taken: the longest pays most
+    for _ in range(20):
+        control.observe(drafted=1, accepted=0)
+    assert control.length(costs) == 0  # none taken: nothing drafted ...
+    for _ in range(PROBE_EVERY):
+        control.skipped()
+    assert control.length(costs) == 1  # ... but a one-token probe after PROBE_EVERY tokens
+    # measured costs replace the prior: rows that cost as much as their tokens never pay
+    linear = DecodeCosts()
+    for rows in range(1, 10):
+        for _ in range(3):
+            linear.observe(rows, 0.01 * rows)
+    sure = DraftControl(max_drafts=8)
+    for _ in range(20):
+        sure.observe(drafted=3, accepted=2)
+    assert linear.ratio(4) == pytest.approx(4.0) and sure.length(linear) == 0
+    assert sure.length(costs) > 0
+
+
+def test_drafts_take_only_the_room_prefill_leaves_and_share_one_length() -> None:
+    decoding = [Candidate(0, True, 0, drafts=6), Candidate(1, True, 0, drafts=3)]
+    plain = Candidate(2, True, 0)
+    prefill = Candidate(3, False, 50)
+    slots = plan_step([*decoding, plain, prefill], 64, 50, 0).slots
+    by_key = {s.key: s.n_tokens for s in slots}
+    assert by_key == {0: 1 + 3, 1: 1 + 3, 2: 1, 3: 50}  # 3 each: one verification length
+    slots = plan_step([*decoding, plain, prefill], 57, 50, 0).slots
+    assert {s.key: s.n_tokens for s in slots} == {0: 3, 1: 3, 2: 1, 3: 50}  # 4 left: 2 each
+    slots = plan_step([*decoding, prefill], 52, 50, 0).slots
+    assert {s.key: s.n_tokens for s in slots} == {0: 1, 1: 1, 3: 50}  # none left: none
+
+
+@pytest.fixture
+def spoken_and_plain(tmp_path: Path) -> Iterator[Callable[[str], SinkdService]]:
+    made: list[SinkdService] = []
+
+    def make(speculative: str) -> SinkdService:
+        service = repetitive(tmp_path / speculative, speculative, durable=True)
+        made.append(service)
+        return service
+
+    yield make
+    for service in made:
+        service.stop()
+
+
+def test_speculation_gives_the_tokens_reasons_journal_rows_and_receipts_of_one_at_a_time(
+    spoken_and_plain: Callable[[str], SinkdService],
+) -> None:
+    got = {}
+    steps = {}
+    for mode in ("off", "auto"):
+        service = spoken_and_plain(mode)
+        got[mode] = [reply(service, opening, options) for opening, options in CASES]
+        steps[mode] = service.metrics.count("steps")
+        if mode == "auto":
+            accepted, rejected = drafts(service)
+            assert accepted > 10 and rejected > 0  # both ways out of a verification were taken
+        else:
+            assert drafts(service) == (0, 0)
+    assert got["auto"] == got["off"]
+    reasons = [r[2] for r in got["off"]]
+    assert {"max_tokens", "repetition", "stop"} <= set(reasons)
+    assert all(r[4][2] > 0 and r[4][4] > 0 for r in got["off"][:2])  # evicted and shifted
+    assert steps["auto"] < steps["off"]
+
+
+def three_together(service: SinkdService) -> list[list[int]]:
+    """Two greedy replies and a sampled one, their jobs in the same steps."""
+    handles = []
+    for opening in ("Sea 114.", "Sea 185.", "Sea 90."):
+        policy = PolicyRequest(name="sink", sinks=4, window=40, evict_chunk=4)
+        handle = service.create(WHO, policy).handle
+        service.append(WHO, handle, opening, timeout=20)
+        handles.append(handle)
+    options = [
+        GenerationOptions(90, sampling=GREEDY),
+        GenerationOptions(25, sampling=GREEDY),
+        GenerationOptions(30, sampling=SamplingRequest(temperature=0.8, seed=5)),
+    ]
+
+    def generate(k: int) -> list[int]:
+        events = service.generate(WHO, handles[k], options[k], timeout=30)
+        return [e.id for e in events if isinstance(e, TokenEvent)]
+
+    futures = in_one_step(service, [lambda k=k: generate(k) for k in range(3)])
+    got = [f.result(60) for f in futures]
+    for handle in handles:
+        cells_hold_the_ledger(service, session_of(service, handle))
+    return got
+
+
+def test_sessions_in_one_step_verify_together_each_as_alone(tmp_path: Path) -> None:
+    """Three replies whose jobs share steps, two greedy and one sampled: each as one at a time
+    gives it, with fewer steps."""
+    got = {}
+    for mode in ("off", "auto"):
+        service = repetitive(tmp_path / mode, mode)
+        try:
+            got[mode] = three_together(service), service.metrics.count("steps")
+            if mode == "auto":
+                assert drafts(service)[0] > 0, drafts(service)
+        finally:
+            service.stop()
+    assert got["auto"][0] == got["off"][0] and [len(i) for i in got["off"][0]] == [90, 25, 30]
+    assert got["auto"][1] < got["off"][1]
+
+
+def during_first_verification(action: Callable[[], None]) -> Any:
+    """Arm `verify-draft` to run `action` once, in the engine thread, mid-verification (the
+    pending token decoded, its drafts' cells in)."""
+    fired = threading.Event()
+
+    def once() -> None:
+        if not fired.is_set():
+            fired.set()
+            action()
+
+    return failpoints.armed("verify-draft", once), fired
+
+
+def enqueue_and_wait(service: SinkdService, call: Callable[[], Any]) -> Callable[[], None]:
+    """An action that starts `call` on another thread and returns once its work waits in the
+    engine's inbox (so that it runs right after the step); errors are collected and re-raised."""
+    errors: list[BaseException] = []
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(call())
+        except BaseException as e:  # collected, re-raised by the test
+            errors.append(e)
+
+    def action() -> None:
+        before = service.scheduler._inbox.qsize()
+        thread = threading.Thread(target=run)
+        thread.start()
+        while service.scheduler._inbox.qsize() <= before and thread.is_alive():
+            thread.join(0.005)
+        action.thread = thread  # type: ignore[attr-defined]
+
+    action.errors = errors  # type: ignore[attr-defined]
+    action.results = results  # type: ignore[attr-defined]
+    return action
+
+
+def started_session(service: SinkdService, opening: str = "Sea 171.") -> Handle:
+    policy = PolicyRequest(name="sink", sinks=4, window=60, evict_chunk=4)
+    handle = service.create(WHO, policy).handle
+    service.append(WHO, handle, opening, timeout=20)
+    return handle
+
+
+def generated(service: SinkdService, handle: Handle, n: int = 40) -> list[int]:
+    events = service.generate(WHO, handle, GenerationOptions(n, sampling=GREEDY), timeout=30)
+    return [e.id for e in events if isinstance(e, TokenEvent)]
+
+
+def generated_until(service: SinkdService, handle: Handle, n: int = 40) -> tuple[list[int], Any]:
+    """The tokens streamed, and the error that ended the stream (None: it finished)."""
+    ids: list[int] = []
+    try:
+        for e in service.generate(WHO, handle, GenerationOptions(n, sampling=GREEDY), timeout=30):
+            if isinstance(e, TokenEvent):
+                ids.append(e.id)
+    except SinkdError as error:
+        return ids, error
+    return ids, None
+
+
+@pytest.mark.parametrize("call", ["reset", "close", "fork", "park"])
+def test_a_call_made_during_a_verification_finds_no_draft(tmp_path: Path, call: str) -> None:
+    """A reset, close, fork or park asked for while a verification is under way runs right after
+    its step: the sessions it leaves hold their ledgers' tokens alone, and each goes on as a
+    session that never drafted (a reset one as a new session)."""
+    service = repetitive(tmp_path, max_sessions=2, max_parked_sessions=4)
+    try:
+        handle = started_session(service)
+        calls = {
+            "reset": lambda: service.reset(WHO, handle),
+            "close": lambda: service.close(WHO, handle),
+            "fork": lambda: service.fork(WHO, handle),
+            "park": lambda: [started_session(service, f"Sea {k}.") for k in (5, 6)],
+        }
+        action = enqueue_and_wait(service, calls[call])
+        armed, fired = during_first_verification(action)
+        with armed:
+            first, error = generated_until(service, handle)
+        assert fired.is_set() and first
+        assert isinstance(error, Cancelled) if call in ("reset", "close") else error is None
+        action.thread.join(30)  # type: ignore[attr-defined]
+        if action.errors:  # type: ignore[attr-defined]
+            raise action.errors[0]  # type: ignore[attr-defined]
+        session = session_of(service, handle) if call != "close" else None
+        if call == "close":
+            assert service.registry.get(handle.session_id) is None
+            engine = fake_engine_of(service)
+            assert all(not cells for cells in engine.cells.seqs.values())
+            return
+        assert session is not None
+        if call == "park":
+            assert session.parked  # made room for the two new ones
+        else:
+            cells_hold_the_ledger(service, session)
+        if call == "fork":
+            child = session_of(service, action.results[0].handle)  # type: ignore[attr-defined]
+            cells_hold_the_ledger(service, child)
+            forked_at = len(child.retained)  # after the step: the parent went on generating
+            assert child.retained.all() == session.retained.all()[:forked_at]
+        current = Handle(handle.session_id, session.generation)
+        then = generated(service, current)
+        cells_hold_the_ledger(service, session)
+    finally:
+        service.stop()
+    # the same script where nothing drafts
+    plain = repetitive(tmp_path / "plain", "off", max_sessions=2, max_parked_sessions=4)
+    try:
+        handle = started_session(plain)
+        if call == "reset":
+            assert first == generated(plain, handle)[: len(first)]  # as far as it went
+            handle = Handle(handle.session_id, plain.reset(WHO, handle).generation)
+            assert then == generated(plain, handle)  # a new session's reply, nothing carried
+        else:
+            assert first + then == generated(plain, handle, 80)
+    finally:
+        plain.stop()
+
+
+def test_a_cancel_or_a_failure_during_a_verification_leaves_no_draft(tmp_path: Path) -> None:
+    """A client that cancels mid-verification gets what was sampled so far and no more; a bug
+    inside a verification fails the request, not the session; either way the cells hold the
+    ledger alone and the session goes on."""
+    service = repetitive(tmp_path, durable=True)
+    try:
+        handle = started_session(service)
+        session = session_of(service, handle)
+        stream = service.generate(WHO, handle, GenerationOptions(60, sampling=GREEDY), timeout=30)
+
+        # a cancel: the job's flag is set mid-verification; the next step drops it
+        def cancel() -> None:
+            for job in service.scheduler.queues._queues.get(handle.session_id, []):
+                job.cancel()
+
+        armed, fired = during_first_verification(cancel)
+        got: list[int] = []
+        with armed, pytest.raises(Cancelled):
+            for event in stream:
+                if isinstance(event, TokenEvent):
+                    got.append(event.id)
+        assert fired.is_set() and 0 < len(got) < 60
+        cells_hold_the_ledger(service, session)
+
+        def bug() -> None:
+            raise RuntimeError("a bug inside a verification")
+
+        armed, fired = during_first_verification(bug)
+        with armed, pytest.raises(SinkdError, match="internal error"):
+            generated(service, handle)
+        assert fired.is_set() and session.state.value != "failed"
+        cells_hold_the_ledger(service, session)
+        generated(service, handle)  # the session still serves
+        cells_hold_the_ledger(service, session)
+    finally:
+        service.stop()
