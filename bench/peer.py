@@ -156,6 +156,7 @@ def env_threads() -> int:
 
 THREADS = env_threads()
 INTERVAL_ENV = "SINKD_SYNC_INTERVAL_MS"  # the daemon's setting sync_interval_ms
+SPEC_ENV = "SINKD_SPECULATIVE"  # the daemon's setting speculative
 # llama-server's context shift as a sink policy: E = W/2, the shift at every eviction
 SERVER_SCHEME = {"evict_chunk": (BUDGET - SINKS) // 2, "compact_interval": 0}
 
@@ -205,13 +206,15 @@ class Stream:
 class Server:
     """llama-server with one slot per session and `BUDGET` cells each, context shift on."""
 
-    def __init__(self, binary: Path, slots: int) -> None:
+    def __init__(self, binary: Path, slots: int, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
+        # --no-repack: the weights as sinkd loads them (and on an AMX CPU this llama.cpp's repacked
+        # Q4_1 aborts at load); `extra`: e.g. its own speculative decoding
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(model_file()), "-c", str(BUDGET * slots), "-np", str(slots),
              "--keep", str(SINKS), "--context-shift", "-t", str(THREADS), "-b", "256", "-ub", "256",
-             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui",
-             *(["-ngl", str(GPU_LAYERS)] if GPU_LAYERS else [])],
+             "--port", str(self.port), "--host", "127.0.0.1", "--no-webui", "--no-repack",
+             *(["-ngl", str(GPU_LAYERS)] if GPU_LAYERS else []), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 120
@@ -491,6 +494,12 @@ def main(solo_only: bool = False, throughput_only: bool = False) -> None:
         # what durability costs (a journal commit per step, its fsync on a thread of its own):
         # llama-server keeps nothing across a restart
         ("sinkd --no-durable", lambda k: Sinkd(k, durable=False)),
+        # speculative decoding: llama.cpp's own n-gram drafts, and sinkd's turned off
+        (
+            "llama-server --spec-type ngram-simple",
+            lambda k: Server(bins["llama-server"], k, ("--spec-type", "ngram-simple")),
+        ),
+        ("sinkd speculative=off", lambda k: Sinkd(k, env={**os.environ, SPEC_ENV: "off"})),
         # durable, one journal fsync per 20 ms at most (each fsync slows the decode beside it)
         ("sinkd sync_interval_ms=20", lambda k: Sinkd(k, env={**os.environ, INTERVAL_ENV: "20"})),
         # llama-server's eviction scheme in sinkd (discard half the window, shift at once; its
@@ -503,7 +512,8 @@ def main(solo_only: bool = False, throughput_only: bool = False) -> None:
     ]
     loads = ((1, SOLO_TOKENS),) if solo_only else ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS))
     if solo_only or throughput_only:
-        servers = servers[:3]
+        # one session: both servers with and without drafts; at eight: without, and sinkd's off
+        servers = servers[:5] if solo_only else [*servers[:3], servers[4]]
     counts = [k for k, _ in loads]
     for rnd in range(ROUNDS):  # each set back to back, who goes first alternating by round
         for k, n in loads:

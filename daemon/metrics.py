@@ -44,6 +44,11 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.verifications = Counter(
+            "sinkd_verifications",
+            "Tokens decoded with drafts after them (verifications)",
+            registry=r,
+        )
         self.sequence_swaps = Counter(
             "sinkd_sequence_swaps",
             "Sequences exchanged so that a step's sessions hold one run of ids (one llama.cpp pass)",

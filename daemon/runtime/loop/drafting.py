@@ -10,9 +10,8 @@ and drafts nothing.
 How many to verify is a trade. A verification decodes the pending token and the drafts in one
 pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.5 of one, 5 rows
 ~2.6; on a GPU about one), and yields the accepted drafts plus the pending token. `DraftControl`
-keeps a session's acceptance rate and picks the length that maximises tokens per cost under a
-geometric model (each draft accepted with probability p once the one before was); where no
-length pays, the session drafts nothing but a one-token probe now and then, so that a session
+keeps how often a session's first draft is taken and how often one after a taken one is, and
+picks the length that maximises tokens per cost under that model; where no length pays, the session drafts nothing but a one-token probe now and then, so that a session
 whose text turns repetitive finds out.
 """
 
@@ -23,7 +22,8 @@ from collections.abc import Sequence
 
 MIN_MATCH = 2  # a single repeated token predicts little
 MAX_MATCH = 8  # longer suffixes are tried first: the longer the match, the better the guess
-PRIOR_ACCEPTANCE = 0.6  # a session's first drafts are tried
+PRIOR_FIRST = 0.6  # a session's first drafts are tried ...
+PRIOR_THEN = 0.8  # ... at a length of two or three
 LEARNING_RATE = 0.1  # of the acceptance estimate, per draft token verified
 PROBE_EVERY = 16  # tokens a session that does not draft decodes between two one-token probes
 
@@ -82,11 +82,14 @@ class DecodeCosts:
 
 
 class DraftControl:
-    """One session's drafting: its acceptance estimate and the length that pays."""
+    """One session's drafting: how often its first draft is taken, how often a draft after a
+    taken one is (copied text runs on once it starts: the second is the higher), and the length
+    that pays."""
 
     def __init__(self, max_drafts: int) -> None:
         self.max_drafts = max_drafts
-        self.acceptance = PRIOR_ACCEPTANCE
+        self.first = PRIOR_FIRST
+        self.then = PRIOR_THEN
         self.since_draft = 0  # tokens decoded since its last verification
         self.drafted = 0
         self.accepted = 0
@@ -95,10 +98,9 @@ class DraftControl:
         """How many drafts to verify with the next token (0: none): the length with the most
         expected tokens per cost, or a one-token probe after PROBE_EVERY tokens without one."""
         best, best_gain = 0, 1.0
-        p = self.acceptance
-        expected = 1.0  # tokens a pass yields: the pending one, then each draft with p^i
+        expected = 1.0  # tokens a pass yields: the pending one, then draft i with p1 * pc^(i-1)
         for k in range(1, self.max_drafts + 1):
-            expected += p**k
+            expected += self.first * self.then ** (k - 1)
             gain = expected / costs.ratio(k + 1)
             if gain > best_gain * 1.02:  # a gain within noise is not worth the longer pass
                 best, best_gain = k, gain
@@ -108,16 +110,21 @@ class DraftControl:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verification of `drafted` tokens accepted the first `accepted`."""
+        if drafted <= 0:
+            return
         self.drafted += drafted
         self.accepted += accepted
         self.since_draft = 0
-        p = self.acceptance
-        for _ in range(accepted):
-            p += LEARNING_RATE * (1.0 - p)
-        if accepted < drafted:
-            p -= LEARNING_RATE * p
-        self.acceptance = p
+        self.first = _learned(self.first, accepted >= 1)
+        for _ in range(max(0, accepted - 1)):  # each draft after a taken one: taken
+            self.then = _learned(self.then, True)
+        if 1 <= accepted < drafted:  # ... and the one that was not
+            self.then = _learned(self.then, False)
 
     def skipped(self) -> None:
         """A token decoded without drafts."""
         self.since_draft += 1
+
+
+def _learned(p: float, taken: bool) -> float:
+    return p + LEARNING_RATE * ((1.0 if taken else 0.0) - p)

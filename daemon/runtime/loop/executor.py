@@ -394,6 +394,7 @@ class Executor:
         finally:
             self._drop_drafts(session, first_draft_pos + kept, len(drafts) - kept)
             control.observe(len(drafts), kept)
+            self.metrics.verifications.inc()
             self.metrics.draft_tokens.labels("accepted").inc(kept)
             self.metrics.draft_tokens.labels("rejected").inc(len(drafts) - kept)
         if session.state is SessionState.FAILED:

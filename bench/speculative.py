@@ -1,0 +1,305 @@
+"""Speculative decoding, on and off, in the same run: `sinkd serve` in its default configuration
+(the default model, 1,024 cells, durable), once with `speculative = "off"` and once with "auto",
+each workload through the client a user would run:
+
+- chat: the default model's chat turns (gRPC Chat, its recommended sampling, seeded), a conversation;
+- narrate: the real `sinkd narrate` over this machine's /var/log/dpkg.log;
+- json: a JSON schema's reply through the openai SDK (`response_format`, the HTTP front);
+- code: a code-editing request (gRPC Chat): the reply restates most of the code it was given.
+
+Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
+wall time from each reply's first token to its last), read before and after each workload.
+Acceptance and draft length come from `sinkd_draft_tokens_total` and `sinkd_verifications_total`.
+Same tokens: the gRPC replies' token ids, the narrator's printed output and the JSON replies'
+text and token counts, compared between the two runs.
+
+    python bench/speculative.py [--quick]   -> bench/results/speculative[_quick].json
+
+Its last line is a JSON object: `speedup` per workload (tok/s on over off) and `same_tokens`.
+One-session speed against llama-server (plain and with its own ngram drafts) is bench/peer.py
+--solo-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from common import table, write
+
+QUICK = "--quick" in sys.argv[1:]
+ROUNDS = 1 if QUICK else 2
+LOG = Path("/var/log/dpkg.log")
+LOG_LINES = 400 if QUICK else 1200
+NARRATE_EVERY = 40  # lines an interval
+SEED = 7
+CHAT = [
+    "Hi! I'm planning a weekend in Lisbon in October. What should I see?",
+    "Which of those are good for a rainy day?",
+    "And where could I eat well near the river?",
+    "Thanks. Can you give me a short plan for Saturday?",
+]
+CODE = """Rename the variable `total` to `order_total` in this function and return the whole function:
+
+def checkout(cart, coupon=None):
+    total = 0
+    for item in cart.items:
+        price = item.unit_price * item.quantity
+        if item.taxable:
+            price = price * 1.2
+        total = total + price
+    if coupon is not None and coupon.valid:
+        total = total - coupon.amount
+    if total < 0:
+        total = 0
+    cart.total = total
+    return total
+"""
+PEOPLE = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "age": {"type": "integer"},
+                    "city": {"type": "string"},
+                    "email": {"type": "string"},
+                },
+                "required": ["name", "age", "city", "email"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["people"],
+    "additionalProperties": False,
+}
+JSON_ASK = "List six people with a name, an age, a city and an email address, as JSON."
+
+
+COUNTED = {  # the daemon's samples read, by the name used here
+    "sinkd_inter_token_latency_seconds_sum": "itl_sum",
+    "sinkd_inter_token_latency_seconds_count": "tokens",
+    'sinkd_draft_tokens_total{outcome="accepted"}': "accepted",
+    'sinkd_draft_tokens_total{outcome="rejected"}': "rejected",
+    "sinkd_verifications_total": "verifications",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    """`sinkd serve` with its defaults, but for `speculative`, a metrics port and an HTTP port."""
+
+    def __init__(self, speculative: str) -> None:
+        self.tmp = Path(tempfile.mkdtemp())
+        self.sock = self.tmp / "sinkd.sock"
+        self.metrics_port, self.http_port = free_port(), free_port()
+        env = {
+            **os.environ,
+            "SINKD_SPECULATIVE": speculative,
+            "SINKD_METRICS_PORT": str(self.metrics_port),
+            "SINKD_HTTP": f"127.0.0.1:{self.http_port}",
+            "SINKD_STATE_DIR": str(self.tmp / "state"),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sinkd.cli.main", "serve", "--socket", str(self.sock)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        from sinkd.daemon.rpc.client import daemon_answers
+
+        deadline = time.monotonic() + 120
+        while not daemon_answers(f"unix:{self.sock}"):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("sinkd serve did not start")
+            time.sleep(0.2)
+        self.env = env
+        self.key = (self.tmp / "http-token").read_text().strip()  # beside the socket
+
+    def metrics(self) -> dict[str, float]:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name in COUNTED:
+                out[COUNTED[name]] = float(value)
+        return out
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def chat_turns(d: Daemon, messages: list[str], max_tokens: int) -> list[list[int]]:
+    """One session, a turn per message, seeded: each reply's ids."""
+    from sinkd.daemon.models.registry import load_lock
+    from sinkd.daemon.rpc.client import Client
+    from sinkd.proto.v1 import sinkd_pb2 as pb
+
+    s = Client(f"unix:{d.sock}").s
+    h = s.Create(pb.CreateSessionRequest(policy=pb.Policy(name="sink", fill_window=True))).handle
+    # the model's recommended chat sampling, as a chat turn takes it, with a seed of our own
+    # (a turn's own seed comes from its session's generation: another in each run)
+    sampling = pb.Sampling(**dict(load_lock().get(None).sampling), seed=SEED)
+    replies = []
+    for message in messages:
+        ids = []
+        request = pb.ChatRequest(
+            handle=h, message=message, max_tokens=max_tokens, sampling=sampling
+        )
+        for ev in s.Chat(request):
+            if ev.HasField("token"):
+                ids.append(ev.token.id)
+        replies.append(ids)
+    s.Close(pb.HandleRequest(handle=h))
+    return replies
+
+
+def json_replies(d: Daemon, n: int) -> list[Any]:
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{d.http_port}/v1", api_key=d.key, max_retries=0
+    )
+    out = []
+    for i in range(n):
+        reply = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": f"{JSON_ASK} (set {i + 1})"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "people", "schema": PEOPLE, "strict": True},
+            },
+            max_tokens=400,
+            seed=SEED,
+        )
+        usage = reply.usage.completion_tokens if reply.usage else None
+        out.append([reply.choices[0].message.content, usage])
+    return out
+
+
+def narrate(d: Daemon) -> list[str]:
+    """The real `sinkd narrate`, fed an interval's lines at a time: each next batch once the last
+    is printed, intervals cut by line counts alone (no clock), so that both runs phrase the same
+    intervals; its output without the timestamps."""
+    lines = LOG.read_text(errors="replace").splitlines(keepends=True)[:LOG_LINES]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sinkd.cli.main", "narrate", "--connect", f"unix:{d.sock}",
+         "--every-lines", str(NARRATE_EVERY), "--incident-lines", "100000",
+         "--every-seconds", "100000", "--incident-seconds", "100000", "--gap-seconds", "100000"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**d.env, "PYTHONUNBUFFERED": "1"}, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    out: list[str] = []
+    for start in range(0, len(lines) - NARRATE_EVERY + 1, NARRATE_EVERY):
+        proc.stdin.write("".join(lines[start : start + NARRATE_EVERY]))
+        proc.stdin.flush()
+        header = f"Log lines {start + 1}-{start + NARRATE_EVERY}:"
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(proc.stderr.read() if proc.stderr else "narrate ended")
+            out.append(line.split(" ", 1)[1] if line[:4].isdigit() else line)  # no timestamp
+            if header in line:
+                break
+    proc.stdin.close()
+    out += [line for line in proc.stdout]
+    if proc.wait(120) != 0:
+        raise RuntimeError(proc.stderr.read() if proc.stderr else "narrate failed")
+    return out
+
+
+WORKLOADS = {
+    "chat": lambda d: chat_turns(d, CHAT if not QUICK else CHAT[:3], 200),
+    "narrate": narrate,
+    "json": lambda d: json_replies(d, 1 if QUICK else 3),
+    "code": lambda d: chat_turns(d, [CODE], 400),
+}
+
+
+def measure(mode: str) -> dict[str, Any]:
+    d = Daemon(mode)
+    try:
+        out: dict[str, Any] = {}
+        for name, work in WORKLOADS.items():
+            before = d.metrics()
+            result = work(d)
+            after = d.metrics()
+            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTED.values()}
+            drafted = delta["accepted"] + delta["rejected"]
+            out[name] = {
+                "tokens": int(delta["tokens"]),
+                "tok_s": delta["tokens"] / delta["itl_sum"],
+                "acceptance": delta["accepted"] / drafted if drafted else None,
+                "draft_length": drafted / delta["verifications"]
+                if delta["verifications"]
+                else None,
+                "verifications": int(delta["verifications"]),
+                "result": result,
+            }
+            print(
+                f"{mode} {name}: {out[name]['tok_s']:.1f} tok/s over {out[name]['tokens']} tokens",
+                flush=True,
+            )
+        return out
+    finally:
+        d.stop()
+
+
+def main() -> None:
+    runs: list[dict[str, Any]] = []
+    for rnd in range(ROUNDS):
+        for mode in ("off", "auto") if rnd % 2 == 0 else ("auto", "off"):
+            runs.append({"mode": mode, "round": rnd, "workloads": measure(mode)})
+    speedup: dict[str, float] = {}
+    same = True
+    rows = []
+    for name in WORKLOADS:
+        ratios = []
+        for rnd in range(ROUNDS):
+            on = next(r for r in runs if r["mode"] == "auto" and r["round"] == rnd)["workloads"][
+                name
+            ]
+            off = next(r for r in runs if r["mode"] == "off" and r["round"] == rnd)["workloads"][
+                name
+            ]
+            ratios.append(on["tok_s"] / off["tok_s"])
+            same = same and on["result"] == off["result"]
+            rows.append([name, rnd, off["tok_s"], on["tok_s"], on["tok_s"] / off["tok_s"],
+                         on["acceptance"] if on["acceptance"] is not None else "-",
+                         on["draft_length"] if on["draft_length"] is not None else "-",
+                         on["tokens"], on["result"] == off["result"]])  # fmt: skip
+        speedup[name] = sorted(ratios)[len(ratios) // 2]
+    table(
+        "speculative decoding, same run: sinkd serve's defaults, decode tok/s (the daemon's ITL)",
+        ["workload", "round", "off tok/s", "on tok/s", "on / off", "acceptance", "draft length",
+         "tokens", "same tokens"],
+        rows,
+    )  # fmt: skip
+    name = "speculative_quick" if QUICK else "speculative"
+    print(
+        f"wrote {write(name, {'rounds': ROUNDS, 'runs': runs, 'speedup': speedup, 'same_tokens': same})}"
+    )
+    print(json.dumps({"speedup": speedup, "same_tokens": same}))
+
+
+if __name__ == "__main__":
+    main()
