@@ -4,7 +4,8 @@ each workload through the client a user would run:
 
 - chat: the default model's chat turns (gRPC Chat, its recommended sampling, seeded), a conversation;
 - narrate: the real `sinkd narrate` over this machine's /var/log/dpkg.log;
-- json: a JSON schema's reply through the openai SDK (`response_format`, the HTTP front);
+- json: the logins in a dozen log lines extracted under a JSON schema, through the openai SDK
+  (`response_format`, the HTTP front): structured output copying its input;
 - code: a code-editing request (gRPC Chat): the reply restates most of the code it was given.
 
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
@@ -64,30 +65,33 @@ def checkout(cart, coupon=None):
     cart.total = total
     return total
 """
-PEOPLE = {
+LOGINS = "".join(
+    f"Dec  5 10:{i:02d}:{7 * i % 60:02d} web sshd[{1000 + 37 * i}]: Accepted publickey for"
+    f" {('alice', 'bob', 'carol', 'dave')[i % 4]} from 10.0.{i % 3}.{20 + i} port {40000 + 113 * i}\n"
+    for i in range(12)
+)
+EVENTS = {
     "type": "object",
     "properties": {
-        "people": {
+        "logins": {
             "type": "array",
             "items": {
                 "type": "object",
                 "properties": {
-                    "name": {"type": "string"},
-                    "age": {"type": "integer"},
-                    "city": {"type": "string"},
-                    "email": {"type": "string"},
+                    "time": {"type": "string"},
+                    "user": {"type": "string"},
+                    "address": {"type": "string"},
+                    "port": {"type": "integer"},
                 },
-                "required": ["name", "age", "city", "email"],
+                "required": ["time", "user", "address", "port"],
                 "additionalProperties": False,
             },
         }
     },
-    "required": ["people"],
+    "required": ["logins"],
     "additionalProperties": False,
 }
-JSON_ASK = "List six people with a name, an age, a city and an email address, as JSON."
-
-
+JSON_ASK = f"Extract every login from these log lines as JSON:\n{LOGINS}"
 COUNTED = {  # the daemon's samples read, by the name used here
     "sinkd_inter_token_latency_seconds_sum": "itl_sum",
     "sinkd_inter_token_latency_seconds_count": "tokens",
@@ -182,12 +186,12 @@ def json_replies(d: Daemon, n: int) -> list[Any]:
     for i in range(n):
         reply = client.chat.completions.create(
             model="smollm2-135m-instruct",
-            messages=[{"role": "user", "content": f"{JSON_ASK} (set {i + 1})"}],
+            messages=[{"role": "user", "content": JSON_ASK + "\n" * i}],
             response_format={
                 "type": "json_schema",
-                "json_schema": {"name": "people", "schema": PEOPLE, "strict": True},
+                "json_schema": {"name": "logins", "schema": EVENTS, "strict": True},
             },
-            max_tokens=400,
+            max_tokens=600,
             seed=SEED,
         )
         usage = reply.usage.completion_tokens if reply.usage else None

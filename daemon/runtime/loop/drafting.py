@@ -26,6 +26,8 @@ PRIOR_FIRST = 0.6  # a session's first drafts are tried ...
 PRIOR_THEN = 0.8  # ... at a length of two or three
 LEARNING_RATE = 0.1  # of the acceptance estimate, per draft token verified
 PROBE_EVERY = 16  # tokens a session that does not draft decodes between two one-token probes
+PROBE_MATCH = 4  # a probe's draft follows a match of at least this many tokens
+EXPLORE_EVERY = 8  # verifications between two that try one draft more than pays
 
 
 def lookup(
@@ -91,12 +93,15 @@ class DraftControl:
         self.first = PRIOR_FIRST
         self.then = PRIOR_THEN
         self.since_draft = 0  # tokens decoded since its last verification
+        self.chosen = 0  # lengths chosen
+        self.probing = False  # the last length is a probe's
         self.drafted = 0
         self.accepted = 0
 
     def length(self, costs: DecodeCosts) -> int:
         """How many drafts to verify with the next token (0: none): the length with the most
-        expected tokens per cost, or a one-token probe after PROBE_EVERY tokens without one."""
+        expected tokens per cost, or a one-token probe after PROBE_EVERY tokens without one
+        (`probing`: its draft needs a match of PROBE_MATCH tokens)."""
         best, best_gain = 0, 1.0
         expected = 1.0  # tokens a pass yields: the pending one, then draft i with p1 * pc^(i-1)
         for k in range(1, self.max_drafts + 1):
@@ -105,7 +110,12 @@ class DraftControl:
             if gain > best_gain * 1.02:  # a gain within noise is not worth the longer pass
                 best, best_gain = k, gain
         if best == 0 and self.max_drafts and self.since_draft >= PROBE_EVERY:
+            self.probing = True  # one draft, where a long match (PROBE_MATCH) makes it likely
             return 1
+        self.probing = False
+        self.chosen += best > 0
+        if best and best < self.max_drafts and self.chosen % EXPLORE_EVERY == 0:
+            return best + 1  # now and then one more: what it yields and costs is learnt too
         return best
 
     def observe(self, drafted: int, accepted: int) -> None:

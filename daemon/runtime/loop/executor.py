@@ -35,7 +35,13 @@ from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import Done, TokenEvent
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
-from sinkd.daemon.runtime.loop.drafting import DecodeCosts, DraftControl, lookup
+from sinkd.daemon.runtime.loop.drafting import (
+    MIN_MATCH,
+    PROBE_MATCH,
+    DecodeCosts,
+    DraftControl,
+    lookup,
+)
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
 from sinkd.daemon.runtime.loop.prefixes import PrefixStates
@@ -192,7 +198,7 @@ class Executor:
             return []
         context = session.retained.all()
         context.append(job.pending or 0)
-        drafts = lookup(context, k)
+        drafts = lookup(context, k, PROBE_MATCH if control.probing else MIN_MATCH)
         if drafts and seq.plan(1 + len(drafts), max_batch=1 + len(drafts)).sub_batches[0].ops:
             drafts = []  # the policy would move cells for them (a shift): none
         if not drafts:
