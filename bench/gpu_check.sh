@@ -14,6 +14,8 @@
 #     that keeps none: on a GPU a read cut elsewhere may compute other bits) and prefixes.py
 #     (against llama-server's prompt cache, same GPU; no Open WebUI side requests: their
 #     templates come from PyPI);
+#   - speculative decoding: whether a pass's rows equal alone on the GPU (llamafile.py --gpu; sinkd
+#     does not draft there until they do), the same-tokens tests and speculative.py --quick;
 #   - latency.py (latency vs session age), shortened.
 # Prints the figures and keeps them in OUT_DIR. Budget: ten minutes on 16 cores (the two builds run
 # at once and take most of it; not yet timed on such a machine).
@@ -54,6 +56,12 @@ cp bench/results/peer_throughput.json "$out/peer_throughput.json" 2>/dev/null ||
 python3 -m pytest -q -p no:cacheprovider tests/test_prefixes.py 2>&1 | tee "$out/prefix-tests.txt"
 SINKD_PREFIX_ROUNDS=2 SINKD_PREFIX_SIDE=0 python3 bench/prefixes.py 2>&1 | grep -v '^llama' | tee "$out/prefixes.txt"
 cp bench/results/prefixes.json "$out/prefixes.json" 2>/dev/null || true
+# speculative decoding: whether a pass's rows equal the same tokens alone on this GPU (sinkd
+# does not draft there until they do), and the same-tokens tests and speculative.py offloaded
+python3 bench/llamafile.py --gpu 2>&1 | grep -v '^llama' | tee "$out/rows.txt"
+python3 -m pytest -q -p no:cacheprovider tests/test_speculative_model.py 2>&1 | tee "$out/speculative-tests.txt" || true
+python3 bench/speculative.py --quick 2>&1 | grep -v '^llama' | tee "$out/speculative.txt"
+cp bench/results/speculative_quick.json "$out/speculative_quick.json" 2>/dev/null || true
 python3 bench/latency.py --tokens 2600 --full-tokens 2048 2>&1 | grep -v '^llama' | tee "$out/latency.txt"
 cp bench/results/latency.json "$out/latency.json" 2>/dev/null || true
 echo "total: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"

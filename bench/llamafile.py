@@ -2,6 +2,8 @@
 (`-DGGML_LLAMAFILE=OFF`, so that speculative decoding is exact: docs/determinism.md) costs.
 
     python bench/llamafile.py OTHER_PYTHON   -> bench/results/llamafile.json
+    python bench/llamafile.py --gpu          -> bench/results/llamafile_gpu.json (layers offloaded:
+                                                whether a pass's rows equal alone on the GPU)
 
 OTHER_PYTHON is an interpreter whose llama-cpp-python (the same version) was built with llamafile,
 e.g. a venv made with `CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36 numpy`.
@@ -35,6 +37,7 @@ path, cells, flash = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 llama.llama_backend_init()
 mp = llama.llama_model_default_params()
 mp.use_extra_bufts = False  # sinkd's weights: unrepacked
+mp.n_gpu_layers = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 model = llama.llama_model_load_from_file(path.encode(), mp)
 vocab = llama.llama_model_get_vocab(model)
 n_vocab = llama.llama_vocab_n_tokens(vocab)
@@ -111,9 +114,10 @@ def model_file() -> Path:
     return locate(load_lock().get(None))
 
 
-def measure(python: str, cells: int, flash: bool) -> dict[str, Any]:
+def measure(python: str, cells: int, flash: bool, gpu_layers: int = 0) -> dict[str, Any]:
     run = subprocess.run(
-        [python, "-c", MEASURE, str(model_file()), str(cells), "1" if flash else "0"],
+        [python, "-c", MEASURE, str(model_file()), str(cells), "1" if flash else "0",
+         str(gpu_layers)],
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     return dict(json.loads(run.stdout.strip().splitlines()[-1]))
@@ -155,7 +159,22 @@ def main(other: str) -> None:
     print(f"wrote {write('llamafile', {'rounds': ROUNDS, 'runs': runs})}")
 
 
+def gpu() -> None:
+    """Layers offloaded (SINKD_GPU_LAYERS, default 99), this build alone: whether a pass's rows
+    equal the same tokens decoded alone there (bench/gpu_check.sh). sinkd drafts on a GPU only
+    once this holds for its kernels (docs/speculative.md)."""
+    import os
+
+    layers = int(os.environ.get("SINKD_GPU_LAYERS", "99"))
+    r = measure(sys.executable, 1024, False, layers)
+    print(json.dumps({"gpu_layers": layers, **r}))
+    print(f"wrote {write('llamafile_gpu', r)}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OTHER_PYTHON")
-    main(sys.argv[1])
+    if sys.argv[1:] == ["--gpu"]:
+        gpu()
+    elif len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} OTHER_PYTHON | --gpu")
+    else:
+        main(sys.argv[1])
