@@ -28,7 +28,7 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
 from tests.support.daemons import stop_without_snapshots
-from tests.support.services import fake_service, in_one_step
+from tests.support.services import fake_service, replies_together
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
@@ -111,24 +111,13 @@ def test_runs_give_the_tokens_reasons_and_journal_rows_of_a_step_at_a_time(
 
 def three_replies(service: SinkdService) -> list[list[int]]:
     """A long greedy reply, a short greedy one and a sampled one, their jobs in the same steps."""
-    handles = []
-    for opening in ("Sea 171.", "Sea 263.", "Sea 90."):
-        policy = PolicyRequest(name="sink", sinks=4, window=24, evict_chunk=4)
-        handle = service.create(WHO, policy).handle
-        service.append(WHO, handle, opening, timeout=20)
-        handles.append(handle)
+    policy = PolicyRequest(name="sink", sinks=4, window=24, evict_chunk=4)
     options = [
         GenerationOptions(60, sampling=GREEDY),
         GenerationOptions(13, sampling=GREEDY),
         GenerationOptions(30, sampling=SamplingRequest(temperature=0.8, seed=5)),
     ]
-
-    def generate(k: int) -> list[int]:
-        events = service.generate(WHO, handles[k], options[k], timeout=30)
-        return [e.id for e in events if isinstance(e, TokenEvent)]
-
-    futures = in_one_step(service, [lambda k=k: generate(k) for k in range(3)])
-    return [f.result(60) for f in futures]
+    return replies_together(service, WHO, policy, ["Sea 171.", "Sea 263.", "Sea 90."], options)[1]
 
 
 @pytest.mark.unit

@@ -841,7 +841,9 @@ def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(r
     turn: four intervals behind). While jobs wait, the engine snapshots one of them per gap
     between steps, never all four at once (a stall of every session's next token); idle, it takes
     every due one at once."""
-    c = run.start(snapshot_every_tokens=8)
+    # a token a step: drafts (speculative decoding) would end the replies in fewer steps, some
+    # before another falls due, and the claim is about steps, not about how fast replies end
+    c = run.start(snapshot_every_tokens=8, speculative="off")
     d = run.d
     assert d is not None and d.service.scheduler.snapshotter is not None
     snapshotter, scheduler = d.service.scheduler.snapshotter, d.service.scheduler

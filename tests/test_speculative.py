@@ -32,7 +32,12 @@ from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Cancelled, SinkdError
-from tests.support.services import fake_engine_of, fake_service, in_one_step
+from tests.support.services import (
+    draft_counts,
+    fake_engine_of,
+    fake_service,
+    replies_together,
+)
 
 pytestmark = pytest.mark.unit
 WHO = Principal("alice")
@@ -48,16 +53,6 @@ CASES = [  # (opening, options): every way a reply ends, past a full window (4 +
         GenerationOptions(60, sampling=SamplingRequest(temperature=0.0, repeat_penalty=1.3)),
     ),
 ]
-
-
-def drafts(service: SinkdService) -> tuple[int, int]:
-    """The draft tokens accepted and rejected so far."""
-    r = service.metrics.registry
-    got = [
-        r.get_sample_value("sinkd_draft_tokens_total", {"outcome": o})
-        for o in ("accepted", "rejected")
-    ]
-    return int(got[0] or 0), int(got[1] or 0)
 
 
 def repetitive(tmp: Path, speculative: str = "auto", **kw: Any) -> SinkdService:
@@ -175,10 +170,10 @@ def test_speculation_gives_the_tokens_reasons_journal_rows_and_receipts_of_one_a
         got[mode] = [reply(service, opening, options) for opening, options in CASES]
         steps[mode] = service.metrics.count("steps")
         if mode == "auto":
-            accepted, rejected = drafts(service)
+            accepted, rejected = draft_counts(service)
             assert accepted > 10 and rejected > 0  # both ways out of a verification were taken
         else:
-            assert drafts(service) == (0, 0)
+            assert draft_counts(service) == (0, 0)
     assert got["auto"] == got["off"]
     reasons = [r[2] for r in got["off"]]
     assert {"max_tokens", "repetition", "stop"} <= set(reasons)
@@ -188,24 +183,14 @@ def test_speculation_gives_the_tokens_reasons_journal_rows_and_receipts_of_one_a
 
 def three_together(service: SinkdService) -> list[list[int]]:
     """Two greedy replies and a sampled one, their jobs in the same steps."""
-    handles = []
-    for opening in ("Sea 114.", "Sea 185.", "Sea 90."):
-        policy = PolicyRequest(name="sink", sinks=4, window=40, evict_chunk=4)
-        handle = service.create(WHO, policy).handle
-        service.append(WHO, handle, opening, timeout=20)
-        handles.append(handle)
+    policy = PolicyRequest(name="sink", sinks=4, window=40, evict_chunk=4)
     options = [
         GenerationOptions(90, sampling=GREEDY),
         GenerationOptions(25, sampling=GREEDY),
         GenerationOptions(30, sampling=SamplingRequest(temperature=0.8, seed=5)),
     ]
-
-    def generate(k: int) -> list[int]:
-        events = service.generate(WHO, handles[k], options[k], timeout=30)
-        return [e.id for e in events if isinstance(e, TokenEvent)]
-
-    futures = in_one_step(service, [lambda k=k: generate(k) for k in range(3)])
-    got = [f.result(60) for f in futures]
+    openings = ["Sea 114.", "Sea 185.", "Sea 90."]
+    handles, got = replies_together(service, WHO, policy, openings, options)
     for handle in handles:
         cells_hold_the_ledger(service, session_of(service, handle))
     return got
@@ -220,7 +205,7 @@ def test_sessions_in_one_step_verify_together_each_as_alone(tmp_path: Path) -> N
         try:
             got[mode] = three_together(service), service.metrics.count("steps")
             if mode == "auto":
-                assert drafts(service)[0] > 0, drafts(service)
+                assert draft_counts(service)[0] > 0, draft_counts(service)
         finally:
             service.stop()
     assert got["auto"][0] == got["off"][0] and [len(i) for i in got["off"][0]] == [90, 25, 30]
@@ -294,14 +279,14 @@ def test_a_call_made_during_a_verification_finds_no_draft(tmp_path: Path, call: 
     """A reset, close, fork or park asked for while a verification is under way runs right after
     its step: the sessions it leaves hold their ledgers' tokens alone, and each goes on as a
     session that never drafted (a reset one as a new session)."""
-    service = repetitive(tmp_path, max_sessions=2, max_parked_sessions=4)
+    service = repetitive(tmp_path, max_sessions=1 if call == "park" else 2, max_parked_sessions=4)
     try:
         handle = started_session(service)
         calls = {
             "reset": lambda: service.reset(WHO, handle),
             "close": lambda: service.close(WHO, handle),
             "fork": lambda: service.fork(WHO, handle),
-            "park": lambda: [started_session(service, f"Sea {k}.") for k in (5, 6)],
+            "park": lambda: started_session(service, "Sea 5."),  # room made by parking it
         }
         action = enqueue_and_wait(service, calls[call])
         armed, fired = during_first_verification(action)
@@ -320,7 +305,7 @@ def test_a_call_made_during_a_verification_finds_no_draft(tmp_path: Path, call: 
             return
         assert session is not None
         if call == "park":
-            assert session.parked  # made room for the two new ones
+            assert session.parked  # it made room for the new one once its reply ended
         else:
             cells_hold_the_ledger(service, session)
         if call == "fork":
@@ -334,7 +319,7 @@ def test_a_call_made_during_a_verification_finds_no_draft(tmp_path: Path, call: 
     finally:
         service.stop()
     # the same script where nothing drafts
-    plain = repetitive(tmp_path / "plain", "off", max_sessions=2, max_parked_sessions=4)
+    plain = repetitive(tmp_path / "plain", "off", max_sessions=2)
     try:
         handle = started_session(plain)
         if call == "reset":

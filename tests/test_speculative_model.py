@@ -31,8 +31,10 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
 from tests.support.daemons import http_daemon, openai_client, serve_subprocess
+from tests.support.services import draft_counts
 from tests.support.settings import settings
 from tests.support.tokens import ALICE, sha
+from tests.support.tools import WEATHER
 
 pytestmark = pytest.mark.model
 WHO = Principal("alice")
@@ -49,15 +51,6 @@ CASES = [
 ]
 
 
-def accepted_drafts(service: SinkdService) -> tuple[int, int]:
-    r = service.metrics.registry
-    got = [
-        r.get_sample_value("sinkd_draft_tokens_total", {"outcome": o})
-        for o in ("accepted", "rejected")
-    ]
-    return int(got[0] or 0), int(got[1] or 0)
-
-
 def replies(tmp: Path, speculative: str, model: str | None, cells: int) -> list[Any]:
     """Each case's ids, reason and receipt, in a session that evicts and shifts as it goes
     (S=4, W=200, E=16, K=32: the prompt alone is past its window)."""
@@ -69,6 +62,9 @@ def replies(tmp: Path, speculative: str, model: str | None, cells: int) -> list[
     service.wait_ready(120)
     out: list[Any] = []
     try:
+        engine = service.scheduler.engine
+        assert engine is not None
+        assert engine.rows_not_exact() is None, engine.rows_not_exact()  # the build drafts here
         for options in CASES:
             policy = PolicyRequest(
                 name="sink", sinks=4, window=200, evict_chunk=16, compact_interval=32
@@ -86,7 +82,7 @@ def replies(tmp: Path, speculative: str, model: str | None, cells: int) -> list[
             r = done.receipt
             out.append((ids, done.reason, (r.n_seen, r.evictions, r.shifts, r.recent_cache)))
             service.close(WHO, handle)
-        out.append(accepted_drafts(service))
+        out.append(draft_counts(service))
     finally:
         service.stop()
     return out
@@ -119,20 +115,6 @@ class Events(BaseModel):
     events: list[Event]
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}},
-            "required": ["city"],
-        },
-    },
-}
-
-
 def structured_and_tool(tmp: Path, speculative: str, model: str) -> list[Any]:
     """A JSON schema's reply and a tool call over HTTP (openai SDK), and every session's tokens."""
     d = http_daemon(tmp, model=model, n_ctx_seq=1024, speculative=speculative)
@@ -163,7 +145,7 @@ def structured_and_tool(tmp: Path, speculative: str, model: str) -> list[Any]:
             call.function.name,
             call.function.arguments,
             sessions,
-            accepted_drafts(d.service),
+            draft_counts(d.service),
         ]
     finally:
         d.stop()

@@ -28,21 +28,10 @@ from tests.support.daemons import (
     serve_subprocess,
     stop_without_snapshots,
 )
+from tests.support.tools import WEATHER
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m-instruct"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}},
-            "required": ["city"],
-        },
-    },
-}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 

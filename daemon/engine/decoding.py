@@ -222,21 +222,7 @@ class Decoder:
         It runs once per token on the engine thread, right after a decode has swept the caches:
         plain loops, one pass (bench/README.md, "overhead.py").
         """
-        n_seq_max = self.n_seq_max
-        total = 0
-        seen: set[int] = set()
-        for item in items:
-            q, tokens = item.seq_id, item.tokens
-            if q in seen or not 0 <= q < n_seq_max:
-                seqs = [it.seq_id for it in items]
-                raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
-            seen.add(q)
-            if not tokens:
-                raise InvalidInput(f"empty batch item for sequence {q}")
-            self.vocab.check_tokens(tokens)
-            total += len(tokens)
-        if not 0 < total <= self.n_batch:
-            raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
+        self._validate(items)
         if len({len(item.tokens) for item in items}) == 1:
             return self._decode_same_length(items, first=True, lend=lend)
         out: list[Next | None] = [None] * len(items)
@@ -253,6 +239,25 @@ class Decoder:
             for k, row in zip(group, rows, strict=True):
                 out[k] = row
         return out
+
+    def _validate(self, items: list[BatchItem]) -> None:
+        """What llama.cpp would abort on, refused first: sequence ids out of range or repeated,
+        an empty item, a token outside the vocabulary, a batch past n_batch."""
+        n_seq_max = self.n_seq_max
+        total = 0
+        seen: set[int] = set()
+        for item in items:
+            q, tokens = item.seq_id, item.tokens
+            if q in seen or not 0 <= q < n_seq_max:
+                seqs = [it.seq_id for it in items]
+                raise InvalidInput(f"invalid or repeated sequence ids in one batch: {seqs}")
+            seen.add(q)
+            if not tokens:
+                raise InvalidInput(f"empty batch item for sequence {q}")
+            self.vocab.check_tokens(tokens)
+            total += len(tokens)
+        if not 0 < total <= self.n_batch:
+            raise InvalidInput(f"batch of {total} tokens is outside 1..n_batch ({self.n_batch})")
 
     def _decode_same_length(
         self, items: list[BatchItem], first: bool, lend: bool = False
@@ -285,30 +290,7 @@ class Decoder:
     def _decode_items(self, items: list[BatchItem], lend: bool = False) -> list[Next | None]:
         """One llama_decode of validated items: a copy of each asked row (`lend`: a view) and, with
         the backend argmax, its greedy token."""
-        b = self._batch
-        self._greedy_ids = None  # the slots change
-        i = 0
-        out_index: list[int | None] = [None] * len(items)
-        # by sequence id: llama.cpp puts only rising, consecutive ids in one ubatch
-        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
-            item = items[k]
-            q, pos0, last = item.seq_id, item.pos0, len(item.tokens) - 1
-            for j, tok in enumerate(item.tokens):
-                b.token[i] = tok
-                b.pos[i] = pos0 + j
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = q
-                b.logits[i] = item.logits and j == last
-                i += 1
-            if item.logits:
-                out_index[k] = i - 1
-        b.n_tokens = i
-        self.before_decode()
-        self._overwriting()
-        rc = llama.llama_decode(self._ctx, b)
-        if rc != 0:
-            seqs = [it.seq_id for it in items]
-            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
+        out_index = self._run(items, all_rows=False)
         if self.backend_argmax:
             return [None if idx is None else self._next_at(idx, lend) for idx in out_index]
         # the output rows are in batch order: one copy of them all, each item's row a view of it
@@ -321,6 +303,35 @@ class Decoder:
         row_of = {idx: r for r, idx in enumerate(sorted(x for x in out_index if x is not None))}
         return [None if idx is None else Next(rows[row_of[idx]], None) for idx in out_index]
 
+    def _run(self, items: list[BatchItem], all_rows: bool) -> list[int | None]:
+        """One llama_decode of validated items, by rising sequence id (llama.cpp puts only rising,
+        consecutive ids in one ubatch), each item's last row asked where it asks (`all_rows`:
+        every row); per item, the batch index of its last row if asked."""
+        b = self._batch
+        self._greedy_ids = None  # the slots change
+        i = 0
+        out_index: list[int | None] = [None] * len(items)
+        for k in sorted(range(len(items)), key=lambda k: items[k].seq_id):
+            item = items[k]
+            q, pos0, last = item.seq_id, item.pos0, len(item.tokens) - 1
+            for j, tok in enumerate(item.tokens):
+                b.token[i] = tok
+                b.pos[i] = pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = q
+                b.logits[i] = all_rows or (item.logits and j == last)
+                i += 1
+            if item.logits or all_rows:
+                out_index[k] = i - 1
+        b.n_tokens = i
+        self.before_decode()
+        self._overwriting()
+        rc = llama.llama_decode(self._ctx, b)
+        if rc != 0:
+            seqs = [it.seq_id for it in items]
+            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
+        return out_index
+
     def decode_rows(self, items: list[BatchItem]) -> list[list[Next]]:
         """Items of one length, each asking every row: one llama_decode, and per item a row per
         token (row i predicting token i + 1), as views of llama.cpp's buffer valid until the next
@@ -331,42 +342,17 @@ class Decoder:
         n = len(items[0].tokens)
         if n > self.max_rows:
             raise InvalidInput(f"{n} rows of a sequence in one decode: at most {self.max_rows}")
-        seen: set[int] = set()
-        for item in items:
-            if item.seq_id in seen or not 0 <= item.seq_id < self.n_seq_max:
-                raise InvalidInput(f"invalid or repeated sequence ids: {[i.seq_id for i in items]}")
-            seen.add(item.seq_id)
-            self.vocab.check_tokens(item.tokens)
-        if not 0 < n * len(items) <= self.n_batch:
-            raise InvalidInput(f"batch of {n * len(items)} tokens is outside 1..n_batch")
-        order = sorted(range(len(items)), key=lambda k: items[k].seq_id)
-        b = self._batch
-        self._greedy_ids = None  # the slots change
-        i = 0
-        for k in order:
-            item = items[k]
-            for j, tok in enumerate(item.tokens):
-                b.token[i] = tok
-                b.pos[i] = item.pos0 + j
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = item.seq_id
-                b.logits[i] = True
-                i += 1
-        b.n_tokens = i
-        self.before_decode()
-        self._overwriting()
-        rc = llama.llama_decode(self._ctx, b)
-        if rc != 0:
-            seqs = [it.seq_id for it in items]
-            raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
-        out: list[list[Next]] = [[] for _ in items]
-        view = None if self.backend_argmax else self._logits_rows_view(i)
-        for place, k in enumerate(order):
-            first = place * n
+        self._validate(items)
+        last = self._run(items, all_rows=True)
+        view = None if self.backend_argmax else self._logits_rows_view(n * len(items))
+        out: list[list[Next]] = []
+        for end in last:
+            assert end is not None
+            first = end - n + 1
             if view is None:
-                out[k] = [self._next_at(first + j, lend=True) for j in range(n)]
+                out.append([self._next_at(first + j, lend=True) for j in range(n)])
             else:
-                out[k] = [Next(view[first + j], None) for j in range(n)]
+                out.append([Next(view[first + j], None) for j in range(n)])
         return out
 
     def decode_greedy(

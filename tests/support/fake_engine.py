@@ -244,12 +244,16 @@ class FakeEngine:
                 if it.pos0 + j in cells:
                     raise EngineError(f"sequence {it.seq_id}: position {it.pos0 + j} is taken")
                 cells[it.pos0 + j] = token
-                self._buffer[k * n + j] = next_token_logits(cells, self.markov)
+                self._buffer[k * n + j] = self._logits(cells)
                 row = self._buffer[k * n + j]
                 rows.append(Next(row, greedy_token(row)))
             self.decoded += n
             out.append(rows)
         return out
+
+    def _logits(self, cells: dict[int, int]) -> np.ndarray:
+        """The toy model's row (a test may replace `next_token_logits` with one of its own)."""
+        return next_token_logits(cells, self.markov) if self.markov else next_token_logits(cells)
 
     def rows_not_exact(self) -> str | None:
         """A row here is a hash of its cells: the same however many share its pass."""
@@ -297,7 +301,7 @@ class FakeEngine:
                     raise EngineError(f"sequence {it.seq_id}: position {it.pos0 + k} is taken")
                 cells[it.pos0 + k] = token
             self.decoded += len(it.tokens)
-            rows.append(next_token_logits(cells, self.markov) if it.logits else None)
+            rows.append(self._logits(cells) if it.logits else None)
         return rows
 
 

@@ -9,7 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sinkd.daemon.runtime.api import GenerationOptions, Handle, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal
 from tests.support.fake_engine import FakeEngine, open_fake
 from tests.support.settings import settings
 
@@ -49,3 +51,36 @@ def in_one_step(svc: SinkdService, calls: list[Any]) -> list[Any]:
     blocker.result(60)
     pool.shutdown(wait=False)
     return futures
+
+
+def draft_counts(service: SinkdService) -> tuple[int, int]:
+    """The draft tokens the service's verifications accepted and rejected so far."""
+    r = service.metrics.registry
+    got = [
+        r.get_sample_value("sinkd_draft_tokens_total", {"outcome": o})
+        for o in ("accepted", "rejected")
+    ]
+    return int(got[0] or 0), int(got[1] or 0)
+
+
+def replies_together(
+    service: SinkdService,
+    who: Principal,
+    policy: PolicyRequest,
+    openings: list[str],
+    options: list[GenerationOptions],
+) -> tuple[list[Handle], list[list[int]]]:
+    """A session per opening, its opening appended; then every session's reply, their jobs in the
+    same steps (`in_one_step`): the handles and each reply's ids."""
+    handles = []
+    for opening in openings:
+        handle = service.create(who, policy).handle
+        service.append(who, handle, opening, timeout=20)
+        handles.append(handle)
+
+    def generate(k: int) -> list[int]:
+        events = service.generate(who, handles[k], options[k], timeout=30)
+        return [e.id for e in events if isinstance(e, TokenEvent)]
+
+    futures = in_one_step(service, [lambda k=k: generate(k) for k in range(len(handles))])
+    return handles, [f.result(60) for f in futures]
