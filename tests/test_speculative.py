@@ -131,6 +131,17 @@ def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> No
         sure.observe(drafted=3, accepted=2)
     assert linear.ratio(4) == pytest.approx(4.0) and sure.length(linear) == 0
     assert sure.length(costs) > 0
+    # beside seven other decoding sessions a draft's row weighs more against the step: a length
+    # that pays alone does not pay there, unless the drafts are nearly always taken
+    assert costs.ratio(2, sequences=8) > costs.ratio(2) * 1.2
+    likely = DraftControl(max_drafts=1)
+    for taken in [True, True, True, False] * 10:  # its one draft taken three times in four
+        likely.observe(drafted=1, accepted=int(taken))
+    assert likely.length(costs) == 1 and likely.length(costs, sequences=8) == 0
+    certain = DraftControl(max_drafts=8)
+    for _ in range(40):
+        certain.observe(drafted=4, accepted=4)
+    assert certain.length(costs, sequences=8) > 0
 
 
 def test_drafts_take_only_the_room_prefill_leaves_and_share_one_length() -> None:

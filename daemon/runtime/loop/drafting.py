@@ -11,8 +11,12 @@ How many to verify is a trade. A verification decodes the pending token and the 
 pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.5 of one, 5 rows
 ~2.6; on a GPU about one), and yields the accepted drafts plus the pending token. `DraftControl`
 keeps how often a session's first draft is taken and how often one after a taken one is, and
-picks the length that maximises tokens per cost under that model; where no length pays, the session drafts nothing but a one-token probe now and then, so that a session
+picks the length that maximises tokens per cost under that model; where no length pays, the
+session drafts nothing but a one-token probe now and then, after a long match, so that a session
 whose text turns repetitive finds out.
+
+A clock is read by the executor alone (`DecodeCosts.observe`): the length chosen follows the
+machine's speed, the tokens never do (the executor verifies them one by one).
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ MIN_MATCH = 2  # a single repeated token predicts little
 MAX_MATCH = 8  # longer suffixes are tried first: the longer the match, the better the guess
 PRIOR_FIRST = 0.6  # a session's first drafts are tried ...
 PRIOR_THEN = 0.8  # ... at a length of two or three
-LEARNING_RATE = 0.1  # of the acceptance estimate, per draft token verified
+LEARNING_RATE = 0.1  # of the acceptance estimates, per draft verified
 PROBE_EVERY = 16  # tokens a session that does not draft decodes between two one-token probes
 PROBE_MATCH = 4  # a probe's draft follows a match of at least this many tokens
-EXPLORE_EVERY = 8  # verifications between two that try one draft more than pays
+EXPLORE_EVERY = 8  # every this many lengths chosen, one draft more than pays (learning its worth)
 
 
 def lookup(
@@ -72,15 +76,22 @@ class DecodeCosts:
         rate = max(0.05, 1.0 / self._seen[rows])
         self._seconds[rows] = seconds if old is None else old + rate * (seconds - old)
 
-    def ratio(self, rows: int) -> float:
-        """Cost of `rows` rows over the cost of one (both measured at least 3 times, else the
-        prior)."""
-        one, many = self._seconds[1], self._seconds[min(rows, len(self._seconds) - 1)]
+    def ratio(self, rows: int, sequences: int = 1) -> float:
+        """Cost of a pass where each of `sequences` sequences carries `rows` rows over the same
+        pass with one row each. One sequence: measured (both at least 3 times), else the prior.
+        Several: a pass is a fixed part and a part per row, the split one sequence's two-row pass
+        shows; so the more sequences share a step, the more a draft's row costs against it."""
+        rows = min(rows, len(self._seconds) - 1)
         if rows <= 1:
             return 1.0
-        if one and many and self._seen[1] >= 3 and self._seen[rows] >= 3:
-            return max(1.0, many / one)
-        return 1.0 + self.prior_per_row * (rows - 1)
+        if sequences <= 1:
+            one, many = self._seconds[1], self._seconds[rows]
+            if one and many and self._seen[1] >= 3 and self._seen[rows] >= 3:
+                return max(1.0, many / one)
+            return 1.0 + self.prior_per_row * (rows - 1)
+        per_row = min(1.0, self.ratio(2) - 1.0)  # of a one-row pass
+        fixed = 1.0 - per_row
+        return (fixed + per_row * sequences * rows) / (fixed + per_row * sequences)
 
 
 class DraftControl:
@@ -98,15 +109,16 @@ class DraftControl:
         self.drafted = 0
         self.accepted = 0
 
-    def length(self, costs: DecodeCosts) -> int:
-        """How many drafts to verify with the next token (0: none): the length with the most
-        expected tokens per cost, or a one-token probe after PROBE_EVERY tokens without one
-        (`probing`: its draft needs a match of PROBE_MATCH tokens)."""
+    def length(self, costs: DecodeCosts, sequences: int = 1) -> int:
+        """How many drafts to verify with the next token (0: none), in a step where `sequences`
+        sessions decode: the length with the most expected tokens per cost, or a one-token probe
+        after PROBE_EVERY tokens without one (`probing`: its draft needs a match of PROBE_MATCH
+        tokens)."""
         best, best_gain = 0, 1.0
         expected = 1.0  # tokens a pass yields: the pending one, then draft i with p1 * pc^(i-1)
         for k in range(1, self.max_drafts + 1):
             expected += self.first * self.then ** (k - 1)
-            gain = expected / costs.ratio(k + 1)
+            gain = expected / costs.ratio(k + 1, sequences)
             if gain > best_gain * 1.02:  # a gain within noise is not worth the longer pass
                 best, best_gain = k, gain
         if best == 0 and self.max_drafts and self.since_draft >= PROBE_EVERY:

@@ -148,8 +148,6 @@ class Executor:
                 return
             if job.gen is not None and not job.prefilling and job.pending is None:
                 self._sample(job)
-            if job.gen is not None and job.pending is not None and not job.answered:
-                job.drafts = self._draft(job)
         except SinkdError as e:
             self.end(job, e)
 
@@ -177,7 +175,14 @@ class Executor:
             control = self._drafting[key] = DraftControl(self.max_drafts)
         return control
 
-    def _draft(self, job: Job) -> list[int]:
+    def draft(self, jobs: list[Job]) -> None:
+        """Once every head is prepared: drafts for each job whose token waits to be decoded,
+        weighed against a step in which all of them decode."""
+        decoding = [j for j in jobs if j.gen is not None and j.pending is not None]
+        for job in decoding:
+            job.drafts = [] if job.answered else self._draft(job, len(decoding))
+
+    def _draft(self, job: Job, sequences: int) -> list[int]:
         """Drafts to verify with the job's pending token: as many as pay (DraftControl), none
         past its max tokens, none where its cells would need an eviction or a shift, and none
         after a final token."""
@@ -186,7 +191,7 @@ class Executor:
         session = job.session
         assert job.gen is not None
         control = self.draft_control(session)
-        k = min(control.length(self.costs), job.gen.max_tokens - job.generated)
+        k = min(control.length(self.costs, sequences), job.gen.max_tokens - job.generated)
         k = min(k, self.engine.max_rows - 1)
         planned = job.pending_plan
         if planned is not None and planned.sub_batches[0].ops:
