@@ -146,15 +146,16 @@ def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> No
 
 def test_drafts_take_only_the_room_prefill_leaves_and_share_one_length() -> None:
     decoding = [Candidate(0, True, 0, drafts=6), Candidate(1, True, 0, drafts=3)]
-    plain = Candidate(2, True, 0)
     prefill = Candidate(3, False, 50)
-    slots = plan_step([*decoding, plain, prefill], 64, 50, 0).slots
-    by_key = {s.key: s.n_tokens for s in slots}
-    assert by_key == {0: 1 + 3, 1: 1 + 3, 2: 1, 3: 50}  # 3 each: one verification length
-    slots = plan_step([*decoding, plain, prefill], 57, 50, 0).slots
-    assert {s.key: s.n_tokens for s in slots} == {0: 3, 1: 3, 2: 1, 3: 50}  # 4 left: 2 each
+    slots = plan_step([*decoding, prefill], 64, 50, 0).slots
+    assert {s.key: s.n_tokens for s in slots} == {0: 1 + 3, 1: 1 + 3, 3: 50}  # one length: 3
+    slots = plan_step([*decoding, prefill], 56, 50, 0).slots
+    assert {s.key: s.n_tokens for s in slots} == {0: 3, 1: 3, 3: 50}  # 4 left: 2 each
     slots = plan_step([*decoding, prefill], 52, 50, 0).slots
     assert {s.key: s.n_tokens for s in slots} == {0: 1, 1: 1, 3: 50}  # none left: none
+    # beside a decoder with none, drafts would take a second pass: none
+    slots = plan_step([*decoding, Candidate(2, True, 0), prefill], 64, 50, 0).slots
+    assert {s.key: s.n_tokens for s in slots} == {0: 1, 1: 1, 2: 1, 3: 50}
 
 
 @pytest.fixture

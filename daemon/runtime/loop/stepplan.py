@@ -6,8 +6,9 @@ step's budget goes to prefill chunks, round-robin. A session's prefill is cut in
 sub-batches, hence its logits, are the same alone or batched: a solo replay is bit-identical.
 
 Drafts (speculative decoding, drafting.py) take what is left once the decoders and the prefill
-chunks have theirs, so they never delay a prefill; every drafting session in a step gets the same
-number, so that their verifications share one `llama_decode` (a pass per length: `by_length`).
+chunks have theirs, so they never delay a prefill; they are given only where every decoding session
+of the step drafts, all the same number, so that the verifications share one `llama_decode` (a
+pass per length: `by_length`) and never add one.
 
 NOTE: when prefill waits and the decoders alone would leave no room for a chunk, every other step
 the decoders give up one chunk's worth of slots (rotating who gives them up): a long append is never
@@ -74,11 +75,13 @@ def plan_step(
 
 
 def _with_drafts(slots: list[Slot], candidates: list[Candidate], budget: int) -> tuple[Slot, ...]:
-    """The decoding slots whose session asked for drafts get one common number of them, as many
-    as each asked and the budget left allows."""
+    """Where every decoding slot's session asked for drafts, each gets one common number of them,
+    as many as each asked and the budget left allows: their verifications then share one pass.
+    Beside a decoder without drafts they would take a second pass, which costs more than they
+    save: none then."""
     asked = {c.key: c.drafts for c in candidates if c.decoding and c.drafts > 0}
-    drafting = [s for s in slots if s.decoding and s.key in asked]
-    if not drafting:
+    drafting = [s for s in slots if s.decoding]
+    if not drafting or any(s.key not in asked for s in drafting):
         return tuple(slots)
     k = min(min(asked[s.key] for s in drafting), budget // len(drafting))
     if k <= 0:
