@@ -15,11 +15,9 @@ import pytest
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import (
-    Done,
     GenerationOptions,
     PolicyRequest,
     SamplingRequest,
-    TokenEvent,
 )
 from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
 from sinkd.daemon.runtime.loop.runahead import tokens_allowed
@@ -28,7 +26,7 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
 from tests.support.daemons import stop_without_snapshots
-from tests.support.services import fake_service, replies_together
+from tests.support.services import collected, fake_service, replies_together
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
@@ -59,20 +57,12 @@ def reply(
         WHO, PolicyRequest(name="sink", sinks=4, window=window, evict_chunk=4)
     ).handle
     service.append(WHO, handle, opening, timeout=20)
-    ids, text, done = [], [], None
-    for event in service.generate(WHO, handle, options, timeout=30):
-        if isinstance(event, TokenEvent):
-            ids.append(event.id)
-            text.append(event.text)
-        else:
-            assert isinstance(event, Done)
-            done = event
-    assert done is not None
+    ids, text, done = collected(service.generate(WHO, handle, options, timeout=30))
     session = service.registry.get(handle.session_id)
     assert session is not None
     rows, evictions = session.log_chunks, session.seq.state.evictions
     service.close(WHO, handle)
-    return ids, "".join(text), done.reason, rows, evictions
+    return ids, text, done.reason, rows, evictions
 
 
 CASES = [  # (opening, options): every way a reply ends, each well past a full window (28 cells)

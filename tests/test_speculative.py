@@ -15,7 +15,6 @@ import pytest
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.runtime.api import (
-    Done,
     GenerationOptions,
     Handle,
     PolicyRequest,
@@ -33,6 +32,7 @@ from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.errors import Cancelled, SinkdError
 from tests.support.services import (
+    collected,
     draft_counts,
     fake_engine_of,
     fake_service,
@@ -80,22 +80,14 @@ def reply(service: SinkdService, opening: str, options: GenerationOptions) -> tu
     policy = PolicyRequest(name="sink", sinks=4, window=40, evict_chunk=4, compact_interval=8)
     handle = service.create(WHO, policy).handle
     service.append(WHO, handle, opening, timeout=20)
-    ids, text, done = [], [], None
-    for event in service.generate(WHO, handle, options, timeout=30):
-        if isinstance(event, TokenEvent):
-            ids.append(event.id)
-            text.append(event.text)
-        else:
-            assert isinstance(event, Done)
-            done = event
-    assert done is not None
+    ids, text, done = collected(service.generate(WHO, handle, options, timeout=30))
     session = session_of(service, handle)
     cells_hold_the_ledger(service, session)
     r = done.receipt
     receipt = (r.n_seen, r.retained, r.evictions, r.evicted_tokens, r.shifts, r.recent_cache)
     rows = session.log_chunks
     service.close(WHO, handle)
-    return ids, "".join(text), done.reason, rows, receipt
+    return ids, text, done.reason, rows, receipt
 
 
 def test_lookup_proposes_what_followed_the_longest_latest_match() -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sinkd.daemon.runtime.api import GenerationOptions, Handle, PolicyRequest, TokenEvent
+from sinkd.daemon.runtime.api import Done, GenerationOptions, Handle, PolicyRequest, TokenEvent
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from tests.support.fake_engine import FakeEngine, open_fake
@@ -84,3 +85,17 @@ def replies_together(
 
     futures = in_one_step(service, [lambda k=k: generate(k) for k in range(len(handles))])
     return handles, [f.result(60) for f in futures]
+
+
+def collected(events: Iterable[Any]) -> tuple[list[int], str, Done]:
+    """A generation's stream read to its end: the token ids, the text, the Done."""
+    ids, text, done = [], [], None
+    for event in events:
+        if isinstance(event, TokenEvent):
+            ids.append(event.id)
+            text.append(event.text)
+        else:
+            assert isinstance(event, Done)
+            done = event
+    assert done is not None
+    return ids, "".join(text), done
