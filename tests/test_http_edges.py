@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from sinkd.daemon import failpoints
+from sinkd.daemon.http import calls as calls_module
 from sinkd.daemon.http import front as front_module
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import CancelToken, Handle, TokenEvent
@@ -134,7 +135,7 @@ def test_an_unexpected_error_is_answered_in_each_apis_error_body(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug whose message quotes the request: Hello!")
 
-    monkeypatch.setattr(daemon.http.chats, "turn", broken)
+    monkeypatch.setattr(daemon.http.calls.chats, "turn", broken)
     r = post(daemon, "/v1/chat/completions", hello())
     assert r.status_code == 500
     error = r.json()["error"]
@@ -156,7 +157,7 @@ def test_a_stream_torn_by_a_bug_ends_with_an_error_and_done(
 
         return Continuation(Handle("s_x", "g"), "new", "a test", 0), events()
 
-    monkeypatch.setattr(daemon.http.chats, "turn", torn)
+    monkeypatch.setattr(daemon.http.calls.chats, "turn", torn)
     r = post(daemon, "/v1/chat/completions", hello(stream=True))
     assert r.status_code == 200
     datas = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
@@ -184,7 +185,7 @@ def test_the_local_token_is_compared_in_constant_time(
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(front_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(calls_module.hmac, "compare_digest", spy)
     try:
         token = front_module.local_token(d.settings.socket.parent)
         r = httpx.get(f"{url(d)}/v1/models", headers={"authorization": f"Bearer {token}"})

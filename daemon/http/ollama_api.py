@@ -10,12 +10,13 @@ import json
 import re
 import time
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
+from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import FINISH, extension, usage
 from sinkd.daemon.http.wire import (
@@ -43,9 +44,6 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import message_of
-
-if TYPE_CHECKING:
-    from sinkd.daemon.http.front import HttpFront
 
 VERSION = "0.12.0"  # the Ollama API version whose fields these answers carry
 
@@ -205,15 +203,15 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def router(front: HttpFront) -> APIRouter:
+def router(calls: Calls) -> APIRouter:
     api = APIRouter(route_class=Guarded)
-    entry = front.service.entry
+    entry = calls.service.entry
     name = entry.name
 
     def tag() -> dict[str, Any]:
         return {
             "name": name, "model": name,
-            "modified_at": datetime.datetime.fromtimestamp(front.created, datetime.timezone.utc)
+            "modified_at": datetime.datetime.fromtimestamp(calls.created, datetime.timezone.utc)
             .isoformat().replace("+00:00", "Z"),
             "size": entry.size,
             "digest": entry.sha256,
@@ -227,13 +225,13 @@ def router(front: HttpFront) -> APIRouter:
 
     @api.get("/api/tags")
     async def tags(request: Request) -> Any:
-        front.principal(request)
+        calls.principal(request)
         return {"models": [tag()]}
 
     @api.post("/api/show")
     async def show(request: Request) -> Any:
-        front.principal(request)
-        asked = parse_json(await front.body(request))
+        calls.principal(request)
+        asked = parse_json(await calls.body(request))
         wanted = asked.get("model") or asked.get("name") if isinstance(asked, dict) else None
         if wanted not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {wanted!r} not found ({name} is served here)")
@@ -254,9 +252,9 @@ def router(front: HttpFront) -> APIRouter:
 
     @api.post("/api/chat")
     async def chat(request: Request) -> Response:
-        principal = front.principal(request)
-        front.ready()
-        body = validated(ChatBody, parse_json(await front.body(request)))
+        principal = calls.principal(request)
+        calls.ready()
+        body = validated(ChatBody, parse_json(await calls.body(request)))
         if body.model not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {body.model!r} not found ({name} is served here)")
         if body.think:
@@ -278,9 +276,9 @@ def router(front: HttpFront) -> APIRouter:
     async def generate(request: Request) -> Response:
         """One prompt, framed by the chat template as a user turn under `system`: a conversation
         of one turn (the same prompt again is a conversation of its own)."""
-        principal = front.principal(request)
-        front.ready()
-        body = validated(GenerateBody, parse_json(await front.body(request)))
+        principal = calls.principal(request)
+        calls.ready()
+        body = validated(GenerateBody, parse_json(await calls.body(request)))
         if body.model not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {body.model!r} not found ({name} is served here)")
         for field, why in GENERATE_REFUSED.items():
@@ -311,14 +309,14 @@ def router(front: HttpFront) -> APIRouter:
     ) -> Response:
         """A turn in Ollama's framing: NDJSON lines, or one object; the text under `field`
         ("message" for /api/chat, "response" for /api/generate)."""
-        start = front.chat(principal, turn)
+        start = calls.chat(principal, turn)
         if stream:
 
             def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
                 return _ndjson(model, c, events, field)
 
-            return await front.streamed(principal, request, start, pieces, "application/x-ndjson")
-        continuation, text, done, seconds = await front.whole(principal, request, start)
+            return await calls.streamed(principal, request, start, pieces, "application/x-ndjson")
+        continuation, text, done, seconds = await calls.whole(principal, request, start)
         return JSONResponse(
             {"model": model, "created_at": _now(), **_text(field, text, calls_of(done)),
              **_final(continuation, done, seconds)},

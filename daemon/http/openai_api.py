@@ -9,11 +9,12 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, body, internal
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
@@ -36,9 +37,6 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.conversations.chats import Continuation
 from sinkd.errors import message_of
-
-if TYPE_CHECKING:
-    from sinkd.daemon.http.front import HttpFront
 
 # a reply cut short is "length" (a loop the repetition guard cut too: OpenAI has no other word)
 FINISH = {
@@ -104,14 +102,14 @@ def cached_tokens(c: Continuation, done: Done) -> int:
     return max(done.receipt.prefix_tokens - c.prefix_before, 0)
 
 
-def router(front: HttpFront) -> APIRouter:
+def router(calls: Calls) -> APIRouter:
     api = APIRouter(route_class=Guarded)
-    model_name = front.service.entry.name
+    model_name = calls.service.entry.name
 
     @api.get("/v1/models")
     async def models(request: Request) -> Any:
-        front.principal(request)
-        created = front.created
+        calls.principal(request)
+        created = calls.created
         return {
             "object": "list",
             "data": [
@@ -121,15 +119,15 @@ def router(front: HttpFront) -> APIRouter:
 
     @api.get("/v1/models/{name}")
     async def model(name: str, request: Request) -> Any:
-        front.principal(request)
+        calls.principal(request)
         check_model(name, model_name)
-        return {"id": model_name, "object": "model", "created": front.created, "owned_by": "sinkd"}
+        return {"id": model_name, "object": "model", "created": calls.created, "owned_by": "sinkd"}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        principal = front.principal(request)
-        front.ready()
-        parsed = validated(ChatCompletionBody, parse_json(await front.body(request)))
+        principal = calls.principal(request)
+        calls.ready()
+        parsed = validated(ChatCompletionBody, parse_json(await calls.body(request)))
         check_model(parsed.model, model_name)
         turn = chat_request(parsed, request.headers.get(SESSION_HEADER))
         if parsed.stream:
@@ -138,11 +136,11 @@ def router(front: HttpFront) -> APIRouter:
             def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
                 return _sse(model_name, c, events, include_usage)
 
-            return await front.streamed(
-                principal, request, front.chat(principal, turn), pieces, "text/event-stream"
+            return await calls.streamed(
+                principal, request, calls.chat(principal, turn), pieces, "text/event-stream"
             )
-        continuation, text, done, _ = await front.whole(
-            principal, request, front.chat(principal, turn)
+        continuation, text, done, _ = await calls.whole(
+            principal, request, calls.chat(principal, turn)
         )
         return JSONResponse(
             {

@@ -8,12 +8,13 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
+from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import cached_tokens, extension
 from sinkd.daemon.http.wire import (
@@ -49,9 +50,6 @@ from sinkd.daemon.runtime.conversations.responses import (
     new_response_id,
 )
 from sinkd.errors import message_of
-
-if TYPE_CHECKING:
-    from sinkd.daemon.http.front import HttpFront
 
 INCOMPLETE = {
     "max_tokens": "max_output_tokens",
@@ -256,19 +254,19 @@ def _item_id(response_id: str) -> str:
     return "msg_" + response_id.removeprefix("resp_")
 
 
-def router(front: HttpFront) -> APIRouter:
+def router(calls: Calls) -> APIRouter:
     api = APIRouter(route_class=Guarded)
-    model_name = front.service.entry.name
-    responses = front.service.responses
+    model_name = calls.service.entry.name
+    responses = calls.service.responses
 
     @api.post("/v1/responses")
     async def create(request: Request) -> Response:
-        principal = front.principal(request)
-        front.ready()
-        body = validated(ResponsesBody, parse_json(await front.body(request)))
+        principal = calls.principal(request)
+        calls.ready()
+        body = validated(ResponsesBody, parse_json(await calls.body(request)))
         check_model(body.model, model_name)
         ask = request_of(body)
-        response_id = new_response_id(front.settings.node)
+        response_id = new_response_id(calls.settings.node)
 
         def start(cancel: CancelToken, admit: Admit) -> tuple[Continuation, ChatStream]:
             return responses.respond(principal, ask, response_id, cancel, admit)
@@ -279,19 +277,19 @@ def router(front: HttpFront) -> APIRouter:
             def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
                 return _events(model_name, response_id, c, events, ask, instructions)
 
-            return await front.streamed(principal, request, start, pieces, "text/event-stream")
-        c, text, done, _ = await front.whole(principal, request, start)
+            return await calls.streamed(principal, request, start, pieces, "text/event-stream")
+        c, text, done, _ = await calls.whole(principal, request, start)
         stored = StoredResponse.of(response_id, c, text, done, ask)
         return JSONResponse(response_object(model_name, stored, c, done), headers=headers_of(c))
 
     @api.get("/v1/responses/{response_id}")
     async def get(response_id: str, request: Request) -> Any:
-        principal = front.principal(request)
+        principal = calls.principal(request)
         return response_object(model_name, responses.get(principal, response_id), None, None)
 
     @api.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request) -> Any:
-        principal = front.principal(request)
+        principal = calls.principal(request)
         responses.delete(principal, response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
