@@ -56,9 +56,12 @@ CASES = [  # (opening, options): every way a reply ends, past a full window (4 +
 
 
 def repetitive(tmp: Path, speculative: str = "auto", **kw: Any) -> SinkdService:
-    """A fake service whose toy model looks at the last two tokens alone: its text repeats."""
+    """A fake service whose toy model looks at the last two tokens alone: its text repeats. Its
+    drafts are weighed at the prior's costs, not at what this machine's clock says a fake pass
+    took, so that how much it drafts is the same on any machine."""
     service = fake_service(tmp, speculative=speculative, **kw)
     fake_engine_of(service).markov = 2
+    service.scheduler.executor.costs.observe = lambda rows, seconds: None  # type: ignore[method-assign]
     return service
 
 

@@ -32,7 +32,6 @@ from sinkd.daemon.runtime.service import SinkdService
 from sinkd.errors import ListenError, SinkdError
 
 log = logging.getLogger("sinkd.http")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def local_token(folder: Path) -> str:
@@ -51,7 +50,6 @@ class HttpFront:
         self.service = service
         self.settings = settings
         self.authenticator = authenticator
-        self.limits = limits
         self.calls = Calls(service, settings, authenticator, limits, self.serving)
         self.app = self._app()
         self.address = ""
@@ -60,8 +58,6 @@ class HttpFront:
         self.died = threading.Event()
         self.stopping = threading.Event()
         self.on_death: Callable[[BaseException], None] = lambda e: None
-
-    # --- who is calling ---
 
     # --- the app ---
 

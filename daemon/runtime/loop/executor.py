@@ -377,8 +377,10 @@ class Executor:
         kept = 0
         control = self.draft_control(session)
         try:
-            if not self._record_decoded(it, rows[0]):
+            if not self._recorded(it, it.tokens[:1], rows[0]):  # the pending token, as a step's
                 return
+            self.metrics.decode_tokens.inc()
+            job.pending = None
             for i, draft in enumerate(drafts, start=1):
                 if job.final or job.answered:
                     break
@@ -535,23 +537,18 @@ class Executor:
             failpoints.hit("before-compact")
             self.engine.cells.compact(session.seq_id)
 
-    def _record_decoded(self, it: _Item, row: Next) -> bool:
-        """Record a verification's pending token as `_after_decode` records a decoded one."""
+    def _recorded(self, it: _Item, tokens: list[int], row: Next | None) -> bool:
+        """Record the item's decoded `tokens` (`absorb`); a failure fails its session (False)."""
         try:
-            self.absorb(it.job.session, it.sub_batch, it.tokens[:1], row)
+            self.absorb(it.job.session, it.sub_batch, tokens, row)
         except (EngineError, JournalError) as e:
             self.auditor.fail_session(it.job.session, f"recording the step failed: {e}")
             return False
-        self.metrics.decode_tokens.inc()
-        it.job.pending = None
         return True
 
     def _after_decode(self, it: _Item, row: Next | None) -> None:
         job, session = it.job, it.job.session
-        try:
-            self.absorb(session, it.sub_batch, it.tokens, row)
-        except (EngineError, JournalError) as e:
-            self.auditor.fail_session(session, f"recording the step failed: {e}")
+        if not self._recorded(it, it.tokens, row):
             return
         if it.decode_pending:
             self.metrics.decode_tokens.inc()
