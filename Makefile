@@ -4,7 +4,12 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_LLAMAFILE=OFF
+# llamafile's sgemm sums a lone row otherwise than a pass of several, so drafts would not give the
+# tokens of one at a time (docs/speculative.md): appended to whatever CMAKE_ARGS the caller sets
+export CMAKE_ARGS := $(strip $(CMAKE_ARGS) -DLLAVA_BUILD=OFF -DGGML_LLAMAFILE=OFF)
+LLAMA_CPP := $(shell sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml)
+# pip reuses a wheel it built before, whatever CMAKE_ARGS says: check what was installed
+NO_LLAMAFILE := $(BIN)/python -c "import llama_cpp, sys; sys.exit(b'LLAMAFILE' in llama_cpp.llama_print_system_info())"
 
 .PHONY: check install models lint format test test-unit
 
@@ -15,6 +20,8 @@ install: $(VENV)/.installed models
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev]'
+	$(NO_LLAMAFILE) || $(BIN)/pip install -q --no-cache-dir --force-reinstall --no-deps '$(LLAMA_CPP)'
+	$(NO_LLAMAFILE) || (echo "llama.cpp still has llamafile's sgemm: CMAKE_ARGS=$$CMAKE_ARGS" && false)
 	touch $@
 
 models: $(VENV)/.installed
