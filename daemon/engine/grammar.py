@@ -2,10 +2,12 @@
 each sampled token's logits, so a reply is always valid for it.
 
 The schema goes through llama-cpp-python's own converter (`llama_grammar.SchemaConverter`, the
-port of llama.cpp's `json-schema-to-grammar`), never a hand-written one. What the converter does not
-enforce is refused by name, with its path in the schema (`UnsupportedSchema`): a schema accepted
-and not enforced would be a promise sinkd does not keep. Annotations that constrain nothing
-(`title`, `description`, ...) are allowed.
+port of llama.cpp's `json-schema-to-grammar`), with what its port lacks added (`Converter`): integer
+ranges, number bounds and OpenAI's string formats (`schema_rules`). What the grammar holds only in
+part (a float's bounds, `multipleOf`) is checked after generation (`schemas.check_reply`). Keywords
+outside OpenAI's structured-outputs subset are refused by name, with their path in the schema
+(`UnsupportedSchema`): a schema accepted and not enforced would be a promise sinkd does not keep.
+Annotations that constrain nothing (`title`, `description`, ...) are allowed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import llama_cpp as llama
 import numpy as np
 from llama_cpp import llama_grammar
 
+from sinkd.daemon.engine import schema_rules
 from sinkd.errors import InvalidInput
 
 # what the converter enforces, by the kind of schema that holds it
@@ -26,7 +29,8 @@ ENFORCED = frozenset(
     {
         "type", "properties", "required", "additionalProperties", "items", "prefixItems",
         "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
-        "definitions", "pattern", "format", "minLength", "maxLength",
+        "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
+        "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
     }
 )  # fmt: skip
 ANNOTATIONS = frozenset(
@@ -35,7 +39,8 @@ ANNOTATIONS = frozenset(
         "deprecated", "readOnly", "writeOnly",
     }
 )  # fmt: skip
-FORMATS = frozenset({"date", "time", "date-time"})
+FORMATS = frozenset(schema_rules.FORMATS)
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 MAX_SCHEMA_BYTES = 64 * 1024
 # a JSON string's character, as llama.cpp's own converter writes it: llama-cpp-python's port
@@ -64,22 +69,67 @@ def schema_grammar(schema: Any) -> str:
             raise UnsupportedSchema(f"{where}: only references inside the schema (#/...)")
         if key == "format" and value not in FORMATS:
             raise UnsupportedSchema(f"{where}: format {value!r} is not enforced by sinkd")
+        if key in (*BOUNDS, "multipleOf") and (
+            not isinstance(value, int | float) or isinstance(value, bool)
+        ):
+            raise InvalidInput(f"{where}: {key} must be a number")
+        if key == "multipleOf" and value <= 0:
+            raise InvalidInput(f"{where}: multipleOf must be above 0")
         if key == "type":
             kinds = value if isinstance(value, list) else [value]
             if not kinds or any(k not in TYPES for k in kinds):
                 raise UnsupportedSchema(f"{where}: type {value!r} is not a JSON schema type")
-    converter = llama_grammar.SchemaConverter(  # type: ignore[no-untyped-call]
+    converter = Converter(  # type: ignore[no-untyped-call]
         prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
     )
     try:
         resolved = converter.resolve_refs(json.loads(json.dumps(schema)), "input")
-        converter.visit(resolved, "")  # type: ignore[no-untyped-call]
+        converter.visit(resolved, "")
         text = str(converter.format_grammar())  # type: ignore[no-untyped-call]
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise InvalidInput(f"the schema cannot be made a grammar: {e}") from None
     return "\n".join(
         JSON_CHAR if line.startswith("char ::= ") else line for line in text.splitlines()
     )
+
+
+class Converter(llama_grammar.SchemaConverter):
+    """llama-cpp-python's converter, with the rules its port lacks and llama.cpp's C++ converter
+    (or OpenAI) has: integer ranges, number bounds, OpenAI's string formats."""
+
+    def visit(self, schema: Any, name: str) -> str:
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        own = isinstance(schema, dict) and not any(
+            k in schema for k in ("$ref", "anyOf", "oneOf", "allOf", "const", "enum")
+        )
+        if own and kind in ("integer", "number") and "multipleOf" in schema:
+            bounds = schema_rules.number_bounds(schema)
+            values = schema_rules.multiples(bounds, schema["multipleOf"])
+            if values is not None:  # a few values: each one a literal, exact
+                if not values:
+                    raise InvalidInput(f"the schema at {name or '#'}: no multiple in its bounds")
+                return self._own(name, "(" + " | ".join(f'"{v}"' for v in values) + ") space")
+        if own and kind == "integer" and any(k in schema for k in BOUNDS):
+            lo, hi = schema_rules.integer_bounds(schema)
+            try:
+                rule = schema_rules.integer_range(lo, hi)
+            except ValueError as e:
+                raise InvalidInput(f"the schema at {name or '#'}: {e}") from None
+            return self._own(name, f"({rule}) space")
+        if own and kind == "number" and any(k in schema for k in BOUNDS):
+            bounds = schema_rules.number_bounds(schema)
+            if bounds.empty():
+                raise InvalidInput(f"the schema at {name or '#'}: no number within its bounds")
+            return self._own(name, f"({schema_rules.number_range(bounds)}) space")
+        if own and kind in (None, "string") and "format" in schema and "pattern" not in schema:
+            bounded = schema_rules.format_rule(schema["format"], schema.get("maxLength"))
+            rule = f'"\\"" ({bounded}) "\\"" space'
+            return self._own(name, rule)
+        return str(super().visit(schema, name))  # type: ignore[no-untyped-call]
+
+    def _own(self, name: str, rule: str) -> str:
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        return str(self._add_rule(rule_name, rule))  # type: ignore[no-untyped-call]
 
 
 def json_object_grammar() -> str:

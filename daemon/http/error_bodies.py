@@ -27,6 +27,7 @@ _BY_STATUS = {
     "UNAVAILABLE": (503, "service_unavailable"),
     "DEADLINE_EXCEEDED": (504, "timeout"),
     "CANCELLED": (499, "cancelled"),
+    "ABORTED": (422, "invalid_response_error"),  # a reply broke its schema (never returned)
 }
 RETRY_AFTER_S = "1"
 

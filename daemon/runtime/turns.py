@@ -5,11 +5,14 @@ against."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sinkd.cachepolicy.recall_plan import RecallMode
 from sinkd.daemon import failpoints
+from sinkd.daemon.engine import schemas
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.models.registry import ModelEntry
@@ -24,6 +27,7 @@ from sinkd.daemon.runtime.api import (
     GenerationOptions,
     Handle,
     Stream,
+    TokenEvent,
     Turn,
 )
 from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
@@ -229,7 +233,11 @@ class Turns:
         if cancel is not None:
             cancel.tie(job.cancel)
         self.scheduler.submit(job)
-        return self._events(job, time.monotonic() + (timeout or self.call_timeout_s))
+        deadline = time.monotonic() + (timeout or self.call_timeout_s)
+        output = options.output
+        if output is None or output.schema_json is None:
+            return self._events(job, deadline)
+        return self._checked(self._events(job, deadline), json.loads(output.schema_json))
 
     def _events(self, job: Job, deadline: float) -> Stream:
         while True:
@@ -240,4 +248,16 @@ class Turns:
                 failpoints.hit("generation-done")
                 yield event
                 return
+            yield event
+
+    @staticmethod
+    def _checked(events: Stream, schema: dict[str, Any]) -> Stream:
+        """A reply the model ended is checked against its schema before its end is told: what
+        the grammar holds only in part (a float's bounds, `multipleOf`) raises SchemaUnmet."""
+        pieces: list[str] = []
+        for event in events:
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+            elif isinstance(event, Done) and event.reason == "eog":
+                schemas.check_reply(schema, "".join(pieces))
             yield event
