@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from sinkd.daemon.node import Daemon
-from tests.support.settings import settings
+from tests.support.daemons import http_daemon
 
 pytestmark = pytest.mark.model
 MODELS = ["smollm2-135m-instruct", "gemma3-270m"]
@@ -88,11 +89,7 @@ def test_the_models_ask_every_keyword_of_the_subset() -> None:
 def daemon(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Daemon]:
-    d = Daemon(
-        settings(tmp_path_factory.mktemp("keywords"), http="127.0.0.1:0", model=request.param)
-    )
-    d.start()
-    d.wait_ready(120)
+    d = http_daemon(tmp_path_factory.mktemp("keywords"), model=request.param, n_ctx_seq=1024)
     yield d
     d.stop()
 
@@ -174,3 +171,47 @@ def test_a_broken_bound_is_answered_422_naming_it(client: openai.OpenAI, daemon:
     with pytest.raises(openai.APIError, match="breaks exclusiveMinimum 0.5"):  # after the text
         for chunk in stream:
             assert not chunk.choices or chunk.choices[0].finish_reason is None  # never "stop"
+
+
+class Volume(BaseModel):
+    level: int = Field(ge=0, le=10)
+    fade_s: float = Field(gt=0, lt=5)
+
+
+VOLUME = {  # as a client writes a tool's parameters: what pydantic writes, less its titles
+    "type": "object",
+    "properties": {
+        "level": {"type": "integer", "minimum": 0, "maximum": 10},
+        "fade_s": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 5},
+    },
+    "required": ["level", "fade_s"],
+}
+
+
+def test_a_tools_parameters_and_ollamas_format_hold_the_same_keywords(
+    client: openai.OpenAI, daemon: Daemon
+) -> None:
+    import ollama
+
+    name = daemon.service.settings.model
+    reply = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Set the volume in the kitchen to 7."}],
+        tools=[{"type": "function", "function": {
+            "name": "set_volume", "parameters": {  # short: a session here pins 128 tokens
+                "type": "object", "properties": {"level": VOLUME["properties"]["level"]},
+                "required": ["level"]}}}],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=120, temperature=0,
+    )  # fmt: skip
+    calls = reply.choices[0].message.tool_calls or []
+    assert calls and reply.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        level = json.loads(call.function.arguments)["level"]  # type: ignore[union-attr]
+        assert isinstance(level, int) and 0 <= level <= 10, level
+    assert daemon.http is not None
+    answer = ollama.Client(
+        host=daemon.http.address, headers={"authorization": "Bearer alice-token"}
+    ).chat(
+        model=name, messages=[{"role": "user", "content": "The kitchen, level 7, a slow fade."}],
+        format=VOLUME, options={"num_predict": 120, "temperature": 0},
+    )  # fmt: skip
+    Volume.model_validate_json(answer.message.content or "")
