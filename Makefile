@@ -28,6 +28,7 @@ models: $(VENV)/.installed
 	$(BIN)/sinkd models pull smollm2-135m-instruct
 	$(BIN)/sinkd models pull gemma3-270m
 	$(BIN)/sinkd models pull minilm-l6-v2
+	$(BIN)/sinkd models pull cl100k-base
 
 # mypy cannot follow setuptools' editable import hook, so it checks a tree of links laid out as the
 # installed package (sinkd/<folder> -> <folder>), under the names the code imports.

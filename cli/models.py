@@ -132,20 +132,26 @@ def fetch(entry: PinnedFile) -> None:
 
 
 def fetch_embedder() -> None:
-    """At a daemon's first start: recall's embedder, if it is not here. A pull that fails (no
-    network) is said and passed over: recall then searches by BM25 alone, and says so."""
-    entry = load_lock().default_embedder()
-    if entry is None or model_path(entry).is_file():
-        return
-    err.print(f"recall's embedder {entry.name} is not pulled yet: pulling it now", highlight=False)
-    try:
-        fetch(entry)
-    except SinkdError as e:
-        err.print(
-            f"could not pull {entry.name} ({message_of(e)}): recall searches by BM25 alone"
-            f" until `sinkd models pull {entry.name}`",
-            highlight=False,
-        )
+    """At a daemon's first start: recall's embedder, and the vocabulary token-id input to
+    embeddings is read with, if they are not here. A pull that fails (no network) is said and
+    passed over: recall then searches by BM25 alone, and says so; token ids are refused naming
+    the pull."""
+    lock = load_lock()
+    for entry, without in (
+        (lock.default_embedder(), "recall searches by BM25 alone"),
+        (lock.token_vocabulary(), "embeddings take text, not token ids,"),
+    ):
+        if entry is None or model_path(entry).is_file():
+            continue
+        err.print(f"{entry.name} is not pulled yet: pulling it now", highlight=False)
+        try:
+            fetch(entry)
+        except SinkdError as e:
+            err.print(
+                f"could not pull {entry.name} ({message_of(e)}): {without}"
+                f" until `sinkd models pull {entry.name}`",
+                highlight=False,
+            )
 
 
 @app.command("verify")

@@ -33,6 +33,7 @@ __all__ = [
     "PullFailed",
     "Refused",
     "ResourceExhausted",
+    "SchemaUnmet",
     "SessionElsewhere",
     "SessionFailed",
     "SessionLimit",
@@ -250,6 +251,14 @@ class PullFailed(SinkdError):
 
     status = "UNAVAILABLE"
     exit_code = 7
+
+
+class SchemaUnmet(SinkdError):
+    """A finished reply breaks its JSON schema where the grammar could not hold it (a float's
+    bound, `multipleOf`): refused naming the keyword, never returned as valid."""
+
+    status = "ABORTED"
+    exit_code = 9
 
 
 class Unsupported(SinkdError):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from sinkd.daemon.engine import schema_rules
 from sinkd.daemon.engine.schema_rules import Bounds
-from sinkd.daemon.engine.schemas import SchemaUnmet, check_reply, violation
+from sinkd.daemon.engine.schemas import check_reply, violation
+from sinkd.errors import SchemaUnmet
 
 pytestmark = pytest.mark.unit
 

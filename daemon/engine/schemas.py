@@ -14,7 +14,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sinkd.errors import SinkdError
+from sinkd.errors import SchemaUnmet
 
 _DURATION = re.compile(
     r"P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S))?"
@@ -25,14 +25,6 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _LABEL = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 _ATOM = re.compile(r"[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+")
 _UUID = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
-
-
-class SchemaUnmet(SinkdError):
-    """A finished reply breaks its schema where the grammar could not hold it (a float's bound,
-    `multipleOf`): refused by name, never returned as valid."""
-
-    status = "ABORTED"
-    exit_code = 10
 
 
 def violation(schema: dict[str, Any], text: str) -> str | None:

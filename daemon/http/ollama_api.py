@@ -223,16 +223,33 @@ def router(calls: Calls) -> APIRouter:
     async def version() -> Any:
         return {"version": VERSION}
 
+    embeddings = calls.service.embeddings
+
+    def embedder_tag() -> dict[str, Any]:
+        return {**tag(), "name": embeddings.name, "model": embeddings.name,
+                "size": embeddings.size, "digest": embeddings.sha256,
+                "details": {"format": "safetensors", "family": "bert",
+                            "parameter_size": "", "quantization_level": ""}}  # fmt: skip
+
     @api.get("/api/tags")
     async def tags(request: Request) -> Any:
         calls.principal(request)
-        return {"models": [tag()]}
+        return {"models": [tag()] + ([embedder_tag()] if embeddings.name else [])}
 
     @api.post("/api/show")
     async def show(request: Request) -> Any:
         calls.principal(request)
         asked = parse_json(await calls.body(request))
         wanted = asked.get("model") or asked.get("name") if isinstance(asked, dict) else None
+        if embeddings.name and wanted in (embeddings.name, f"{embeddings.name}:latest"):
+            return {
+                "details": embedder_tag()["details"],
+                "model_info": {"general.architecture": "bert",
+                               "bert.embedding_length": embeddings.dimensions,
+                               "bert.context_length": embeddings.max_tokens},
+                "capabilities": ["embedding"],
+                "modified_at": tag()["modified_at"],
+            }  # fmt: skip
         if wanted not in (name, f"{name}:latest"):
             raise HttpError(404, f"model {wanted!r} not found ({name} is served here)")
         arch = entry.architecture

@@ -106,22 +106,22 @@ def router(calls: Calls) -> APIRouter:
     api = APIRouter(route_class=Guarded)
     model_name = calls.service.entry.name
 
+    served = [n for n in (model_name, calls.service.embeddings.name) if n]  # chat, embeddings
+
+    def listed(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": calls.created, "owned_by": "sinkd"}
+
     @api.get("/v1/models")
     async def models(request: Request) -> Any:
         calls.principal(request)
-        created = calls.created
-        return {
-            "object": "list",
-            "data": [
-                {"id": model_name, "object": "model", "created": created, "owned_by": "sinkd"}
-            ],
-        }
+        return {"object": "list", "data": [listed(n) for n in served]}
 
     @api.get("/v1/models/{name}")
     async def model(name: str, request: Request) -> Any:
         calls.principal(request)
-        check_model(name, model_name)
-        return {"id": model_name, "object": "model", "created": calls.created, "owned_by": "sinkd"}
+        if name not in served:
+            check_model(name, model_name)
+        return listed(name)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

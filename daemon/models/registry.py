@@ -137,13 +137,16 @@ class ModelLock(BaseModel):
     models: dict[str, ModelEntry]
     embedder: str | None = None  # recall's sentence encoder, one of `embedders`
     embedders: dict[str, EmbedderEntry] = Field(default_factory=dict)
+    # the token ids clients send for text (LangChain's OpenAIEmbeddings: OpenAI's cl100k_base)
+    token_ids: str | None = None
+    vocabularies: dict[str, PinnedFile] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _names(cls, data: Any) -> Any:
         """Each entry is named by its table's key."""
         if isinstance(data, dict):
-            for table in ("models", "embedders"):
+            for table in ("models", "embedders", "vocabularies"):
                 if isinstance(data.get(table), dict):
                     named = {k: {**v, "name": k} for k, v in data[table].items()}
                     data = {**data, table: named}
@@ -155,19 +158,26 @@ class ModelLock(BaseModel):
             raise ValueError(f"default {self.default!r} has no entry")
         if self.embedder is not None and self.embedder not in self.embedders:
             raise ValueError(f"embedder {self.embedder!r} has no entry")
+        if self.token_ids is not None and self.token_ids not in self.vocabularies:
+            raise ValueError(f"token_ids {self.token_ids!r} has no entry")
         return self
 
     def pinned(self, name: str | None) -> PinnedFile:
-        """A model or an embedder by name (what `sinkd models pull` fetches)."""
+        """A model, an embedder or a vocabulary by name (what `sinkd models pull` fetches)."""
         if name is not None and name in self.embedders:
             return self.embedders[name]
+        if name is not None and name in self.vocabularies:
+            return self.vocabularies[name]
         if name is None or name in self.models:
             return self.get(name)
-        known = ", ".join(sorted([*self.models, *self.embedders]))
+        known = ", ".join(sorted([*self.models, *self.embedders, *self.vocabularies]))
         raise ModelNotAllowed(f"{echo(name)} is not in models.lock (allowed: {known})")
 
     def default_embedder(self) -> EmbedderEntry | None:
         return self.embedders[self.embedder] if self.embedder else None
+
+    def token_vocabulary(self) -> PinnedFile | None:
+        return self.vocabularies[self.token_ids] if self.token_ids else None
 
     def get(self, name: str | None) -> ModelEntry:
         key = name or self.default

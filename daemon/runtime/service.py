@@ -37,6 +37,7 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.conversations.clients import ClientState
 from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.embeddings import Embeddings
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.prefixes import PrefixStates
@@ -75,6 +76,7 @@ class SinkdService:
         self.identity: ModelIdentity | None = None
         self.durability: Durability | None = None
         self.embedder: Embedder | None = None  # loaded with the model (`_open_engine`)
+        self.embeddings = Embeddings(lambda: self.embedder, lambda: self.recall.search)
         if settings.durable:
             self.durability = Durability(
                 settings.state_dir,

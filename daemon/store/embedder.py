@@ -160,6 +160,16 @@ class Embedder:
         out[part] = self._forward([tokens[j] for j in part])
         return out
 
+    def measure(self, texts: list[str]) -> list[tuple[int, bool]]:
+        """Each text's tokens as the embedder reads it (its two marks included), and whether it
+        is longer than MAX_TOKENS (then only the first MAX_TOKENS are read)."""
+        out: list[tuple[int, bool]] = []
+        for i in range(0, len(texts), TOKENIZE_BATCH):
+            with self._lock:
+                batch = self._tok.encode_batch(texts[i : i + TOKENIZE_BATCH])
+            out += [(len(e.ids), bool(e.overflowing)) for e in batch]
+        return out
+
     def _working_bytes(self, batch: int, n: int) -> int:
         """The larger of one layer's attention scores and its feed-forward activations."""
         return 4 * batch * max(self._heads * n * n, n * 4 * DIM)
