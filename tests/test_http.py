@@ -193,6 +193,12 @@ def test_an_ollama_client_lists_and_chats(daemon: Daemon) -> None:
     shown = client.show(MODEL)  # what a client sizes its trimming by: the trained context
     assert shown.modelinfo == {"general.architecture": "llama", "llama.context_length": 8192}
     assert shown.capabilities == ["completion", "tools"]
+    assert client.show("minilm-l6-v2").capabilities == ["embedding"]
+    loaded = client.ps().models  # what `ollama ps` and Open WebUI read
+    assert [m.model for m in loaded] == [MODEL, "minilm-l6-v2"]
+    assert loaded[0].size == daemon.service.entry.size and loaded[0].size_vram == 0
+    assert loaded[0].expires_at is not None and loaded[0].expires_at.year > 2100  # "forever"
+    assert loaded[0].context_length == daemon.service.settings.n_ctx_seq
     parts = list(
         client.chat(
             model=MODEL,

@@ -191,6 +191,9 @@ def keep_alive_seconds(value: str | int | float | None) -> float | None:
     return None if seconds < 0 else seconds
 
 
+LOADED_UNTIL = "2262-04-11T23:47:16Z"  # Ollama's "forever": its latest time (keep_alive < 0)
+
+
 def refuse_unknown(body: BaseModel, handled: Collection[str] = ()) -> None:
     """A field Ollama's API does not have, or sinkd does not take, is refused naming it (a null
     is unset; `handled`: checked already); nothing is dropped silently."""
@@ -230,6 +233,22 @@ def router(calls: Calls) -> APIRouter:
                 "size": embeddings.size, "digest": embeddings.sha256,
                 "details": {"format": "safetensors", "family": "bert",
                             "parameter_size": "", "quantization_level": ""}}  # fmt: skip
+
+    @api.get("/api/ps")
+    async def ps(request: Request) -> Any:
+        """What is loaded, as `ollama ps` and Open WebUI read it: the model and the embedder,
+        loaded while the daemon runs (Ollama's "forever"), a session's context, on the CPU unless
+        layers are offloaded."""
+        calls.principal(request)
+        offloaded = calls.settings.n_gpu_layers > 0
+        loaded = [tag()] + ([embedder_tag()] if embeddings.name else [])
+        return {
+            "models": [
+                {**t, "expires_at": LOADED_UNTIL, "size_vram": t["size"] if offloaded else 0,
+                 "context_length": calls.settings.n_ctx_seq}
+                for t in loaded
+            ]
+        }  # fmt: skip
 
     @api.get("/api/tags")
     async def tags(request: Request) -> Any:
