@@ -305,7 +305,7 @@ def test_without_tenants_a_local_token_guards_the_port(tmp_path: Path) -> None:
         with pytest.raises(openai.AuthenticationError):
             sdk(d, "guess").models.list()
         listed = sdk(d, token_file.read_text().strip()).models.list()
-        assert [m.id for m in listed][0] == MODEL
+        assert listed.data[0].id == MODEL
     finally:
         d.stop()
 

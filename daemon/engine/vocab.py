@@ -44,6 +44,13 @@ class Vocabulary:
         self._text_users = 0
         self._text_closed = False
         self.sha256 = self._tokenizer_hash()
+        fim = (llama.llama_vocab_fim_pre, llama.llama_vocab_fim_suf, llama.llama_vocab_fim_mid)
+        ids = tuple(int(f(vocab)) for f in fim)
+        self._fim = ids if min(ids) >= 0 else None
+
+    def fim_tokens(self) -> tuple[int, ...] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle) llama.cpp finds, or None."""
+        return self._fim
 
     def close(self) -> None:
         """Wait for the calls in progress; any later call raises ShuttingDown."""

@@ -19,13 +19,16 @@ from sinkd.daemon.http.error_bodies import Guarded, body, internal
 from sinkd.daemon.http.wire import (
     SESSION_HEADER,
     ChatCompletionBody,
+    CompletionBody,
     chat_request,
     check_model,
+    completion_request,
     headers_of,
     parse_json,
     validated,
 )
 from sinkd.daemon.runtime.api import (
+    CancelToken,
     ChatStream,
     Done,
     RecallReport,
@@ -35,7 +38,7 @@ from sinkd.daemon.runtime.api import (
     calls_of,
     to_json,
 )
-from sinkd.daemon.runtime.conversations.chats import Continuation
+from sinkd.daemon.runtime.conversations.chats import Admit, Continuation
 from sinkd.errors import message_of
 
 # a reply cut short is "length" (a loop the repetition guard cut too: OpenAI has no other word)
@@ -157,7 +160,75 @@ def router(calls: Calls) -> APIRouter:
             headers=headers_of(continuation),
         )
 
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        principal = calls.principal(request)
+        calls.ready()
+        parsed = validated(CompletionBody, parse_json(await calls.body(request)))
+        check_model(parsed.model, model_name)
+        asked = completion_request(parsed)
+        echo = asked.prompt if parsed.echo else ""
+
+        def start(cancel: CancelToken, admit: Admit) -> tuple[Continuation, ChatStream]:
+            return calls.service.completions.complete(principal, asked, cancel, admit)
+
+        if parsed.stream:
+            include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+
+            def pieces(c: Continuation, events: ChatStream) -> Iterator[bytes]:
+                return _completion_sse(model_name, c, events, include_usage, echo)
+
+            return await calls.streamed(principal, request, start, pieces, "text/event-stream")
+        continuation, text, done, _ = await calls.whole(principal, request, start)
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": echo + text,
+                        "logprobs": None,
+                        "finish_reason": finish(done),
+                    }
+                ],  # fmt: skip
+                "usage": usage(continuation, done),
+                "sinkd": extension(continuation, done),
+            },
+            headers=headers_of(continuation),
+        )
+
     return api
+
+
+def _completion_sse(
+    model: str, c: Continuation, events: ChatStream, include_usage: bool, echo: str
+) -> Iterator[bytes]:
+    ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(text: str, reason: str | None, choices: bool = True, **extra: Any) -> bytes:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        data = {"id": ident, "object": "text_completion", "created": created, "model": model,
+                "choices": [choice] if choices else [], **extra}  # fmt: skip
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    if echo:
+        yield chunk(echo, None)
+    try:
+        for event in events:
+            if isinstance(event, TokenEvent):
+                if event.text:
+                    yield chunk(event.text, None)
+            elif isinstance(event, Done):
+                yield chunk("", finish(event), sinkd=extension(c, event))
+                if include_usage:
+                    yield chunk("", None, choices=False, usage=usage(c, event))
+    except Exception as error:  # headers are sent: the error goes in the stream, as OpenAI's does
+        e = internal(error)
+        yield f"data: {json.dumps(body(message_of(e), 'server_error', code=type(e).__name__))}\n\n".encode()
+    yield b"data: [DONE]\n\n"
 
 
 def finish(done: Done) -> str:

@@ -22,6 +22,7 @@ from sinkd.daemon.runtime.api import (
     Turn,
 )
 from sinkd.daemon.runtime.conversations.chats import Continuation, StatelessChatRequest
+from sinkd.daemon.runtime.conversations.completions import CompletionRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)
 SESSION_HEADER = "x-sinkd-session"  # a client may name its session; every answer names it
@@ -106,6 +107,51 @@ class ChatCompletionBody(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+
+class CompletionBody(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked against COMPLETION_UNSUPPORTED below
+
+    model: str
+    prompt: str | list[str]
+    suffix: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    echo: bool = False
+
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for a legacy completion
+COMPLETION_UNSUPPORTED: Unsupported = (
+    ("n", _one, "one choice per request (n = 1)"),
+    ("best_of", _one, "one choice per request (best_of = 1)"),
+    ("logprobs", lambda v: v in (None, 0), "no logprobs"),
+    ("logit_bias", _off, "no logit bias"),
+    ("presence_penalty", _off, "no presence penalty"),
+    ("frequency_penalty", _off, "no frequency penalty"),
+)
+
+
+def completion_request(body: CompletionBody) -> CompletionRequest:
+    """A legacy completion: one prompt (a string, or a list of one) continued as raw text."""
+    check_supported(body, COMPLETION_UNSUPPORTED, HARMLESS)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+        raise HttpError(400, f"prompt: one prompt per request, not {len(prompts)}", param="prompt")
+    limit = max_tokens_of(("max_tokens", body.max_tokens))
+    return CompletionRequest(
+        prompts[0],
+        GenerationOptions(
+            COMPLETION_MAX_TOKENS if limit is None else limit,
+            stops_of(body.stop),
+            sampling_of(body.temperature, body.top_p, body.seed),
+        ),
+        body.suffix,
+    )
 
 
 def output_of(response_format: dict[str, Any] | None) -> OutputFormat | None:

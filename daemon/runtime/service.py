@@ -36,6 +36,7 @@ from sinkd.daemon.runtime.api import (
     Stream,
 )
 from sinkd.daemon.runtime.conversations.clients import ClientState
+from sinkd.daemon.runtime.conversations.completions import Completions
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.embeddings import Embeddings
 from sinkd.daemon.runtime.lifecycle import Lifecycle
@@ -163,6 +164,13 @@ class SinkdService:
         )
         # the HTTP front's named parts: stateless clients' chats, and stored responses
         self.chats, self.responses = self.clients.stateless, self.clients.responses
+        self.completions = Completions(
+            self.access,
+            lambda p: self.chats.new_session(p, ""),
+            lambda p, h, text, cancel: self.turns.append(p, h, text, None, cancel),
+            lambda p, h, options, cancel: self.turns.generate(p, h, options, cancel),
+            self.close,
+        )
         self.lifecycle.on_closed = self.chats.forget
         self.lifecycle.on_released = self.prefixes.release
         self.scheduler.on_close = self.lifecycle.close
