@@ -138,6 +138,10 @@ class Record:
     error: str = ""
     tools_sent: int = 0  # functions in the request's `tools`
     tools: str = ""  # x-sinkd-tools: pinned, or not offered and why (counts only)
+    # a side request's answer as Open WebUI reads it: "object" (the JSON object it asked for),
+    # "copied" (that object, its values copied from the task prompt's own examples), "prose"
+    form: str = ""
+    output_note: bool = False  # x-sinkd-output: sinkd decoded it under the object's grammar
 
 
 @dataclass
@@ -146,6 +150,7 @@ class Recorder:
     records: list[Record] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: int = 0
+    statuses: list[tuple[str, int]] = field(default_factory=list)  # every request: path, status
 
 
 def why_class(why: str) -> str:
@@ -204,6 +209,8 @@ def make_proxy(recorder: Recorder) -> type[http.server.BaseHTTPRequestHandler]:
                 self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
+            with recorder.lock:
+                recorder.statuses.append((self.path.split("?")[0], resp.status))
             if body is None:
                 return
             rec = Record(
@@ -215,7 +222,10 @@ def make_proxy(recorder: Recorder) -> type[http.server.BaseHTTPRequestHandler]:
                 total_ms=1000 * (time.perf_counter() - t0),
                 tools_sent=len(body.get("tools") or []),
                 tools=resp.getheader("x-sinkd-tools", ""),
+                output_note=bool(resp.getheader("x-sinkd-output")),
             )  # fmt: skip
+            if rec.kind in TASK_KEYS and resp.status == 200:
+                rec.form = form_of(tail, rec.kind, body)
             ext = extension_of(tail)
             if ext is not None:
                 receipt = ext.get("receipt") or {}
@@ -229,6 +239,25 @@ def make_proxy(recorder: Recorder) -> type[http.server.BaseHTTPRequestHandler]:
                 recorder.records.append(rec)
 
     return Proxy
+
+
+TASK_KEYS = {"title": "title", "tags": "tags", "follow-ups": "follow_ups"}
+
+
+def form_of(tail: bytes, kind: str, body: dict[str, Any]) -> str:
+    """How Open WebUI reads a task's answer (its text from the first "{" to the last "}"), as a
+    class: the object it asked for, the same with values copied from its own prompt, or prose.
+    Only the class is kept."""
+    try:
+        content = json.loads(tail)["choices"][0]["message"]["content"] or ""
+        value = json.loads(content[content.find("{") : content.rfind("}") + 1])[TASK_KEYS[kind]]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "prose"
+    values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if not values or not all(isinstance(v, str) and v.strip() for v in values):
+        return "prose"
+    prompt = json.dumps(body.get("messages") or []).lower()
+    return "copied" if all(v.strip().lower() in prompt for v in values) else "object"
 
 
 def extension_of(tail: bytes) -> dict[str, Any] | None:
@@ -330,6 +359,10 @@ class Proxy:
     def records(self) -> list[Record]:
         with self.recorder.lock:
             return list(self.recorder.records)
+
+    def statuses(self) -> list[tuple[str, int]]:
+        with self.recorder.lock:
+            return list(self.recorder.statuses)
 
     def idle(self) -> bool:
         with self.recorder.lock:
@@ -533,11 +566,12 @@ def main() -> None:
             for proc in reversed(procs):
                 proc.terminate()
                 proc.wait(60)
-    report(proxy.records(), paths, titles, held, browser.errors, elapsed)
+    report(proxy.records(), proxy.statuses(), paths, titles, held, browser.errors, elapsed)
 
 
 def report(
     records: list[Record],
+    statuses: list[tuple[str, int]],
     paths: list[str],
     titles: dict[str, str],
     held: list[dict[str, Any]],
@@ -574,6 +608,17 @@ def report(
         "main_turns_read_again": len(reread),
         "side_requests": len(side),
         "side_requests_not_200": sum(r.status != 200 for r in side),
+        "requests_seen": len(statuses),
+        "not_200": sorted({f"{p} {st}" for p, st in statuses if st != 200}),
+        "answers_404": sum(st == 404 for _, st in statuses),
+        "side_forms": {
+            kind: {
+                f: sum(r.form == f for r in side if r.kind == kind)
+                for f in ("object", "copied", "prose")
+            }
+            for kind in TASK_KEYS
+        },  # fmt: skip
+        "side_requests_said_decoded": sum(r.output_note for r in side),
         "restored_turns": sum(r.restored_ms > 0 for r in records),
         "ui_errors": len(ui_errors),
         "titles_read": sum(cid in titles for cid in chat_ids),

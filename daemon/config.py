@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     http: str | None = DEFAULT_HTTP
     # the window of the sessions the HTTP front makes (its clients cannot choose); None: the model's
     http_window: int | None = Field(default=None, ge=1)
+    # a chat UI's side task (Open WebUI's title, tags, follow-ups) that asks in its prompt for a
+    # JSON object and sends no format: decoded under that object's grammar, and said so
+    ui_task_grammar: bool = True
     tenants: list[Tenant] = Field(default_factory=list)
     # a node of a deployment behind a proxy (docs/deployment.md): its name, in the ids of the
     # sessions it makes, so that another node answers UNAVAILABLE for them rather than NOT_FOUND

@@ -62,6 +62,8 @@ def extension(c: Continuation, done: Done | None) -> dict[str, Any]:
         "why": c.why,
         "ingested_turns": c.ingested_turns,
     }
+    if c.output:
+        out["output"] = c.output
     if c.tools is not None:
         t = c.tools
         out["tools"] = {"offered": t.offered, "pinned": t.pinned, "tokens": t.tokens,

@@ -36,6 +36,7 @@ def headers_of(c: Continuation) -> dict[str, str]:
         "x-sinkd-continuation": c.how,
         "x-sinkd-why": c.why,
         **({"x-sinkd-tools": c.tools.note} if c.tools is not None else {}),
+        **({"x-sinkd-output": c.output} if c.output else {}),
     }
 
 

@@ -161,6 +161,7 @@ class SinkdService:
             settings.http_window,
             settings.conversations_key_file,
             min(settings.max_pinned_system_tokens, settings.n_ctx_seq // 2),
+            settings.ui_task_grammar,
         )
         # the HTTP front's named parts: stateless clients' chats, and stored responses
         self.chats, self.responses = self.clients.stateless, self.clients.responses

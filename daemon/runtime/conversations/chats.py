@@ -31,7 +31,7 @@ from sinkd.daemon.runtime.api import (
     ToolUse,
     Turn,
 )
-from sinkd.daemon.runtime.conversations import tool_format, tool_plan
+from sinkd.daemon.runtime.conversations import tool_format, tool_plan, ui_tasks
 from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place, Took, chain
 from sinkd.daemon.runtime.conversations.tool_plan import ToolsReport
 from sinkd.daemon.runtime.sessions import Principal, SessionState
@@ -77,6 +77,7 @@ class Continuation:
     # ... and of them, those restored from stored prefixes (the receipt's `prefix_tokens`)
     prefix_before: int = 0
     tools: ToolsReport | None = None  # the turn's tools, pinned or left out (None: none sent)
+    output: str = ""  # a form the client did not ask by a field, and why (a UI's task prompt)
 
 
 # the edge admits the session a call turned out to touch, before anything is done to it (the
@@ -114,10 +115,12 @@ class StatelessChats:
         persist: Persist | None = None,
         policy: PolicyRequest | None = None,
         pin_bound: int = 0,
+        ui_task_grammar: bool = True,
     ) -> None:
         self.access = access
         self.turns = turns
         self.index = index
+        self.ui_task_grammar = ui_task_grammar  # a UI's task prompt decoded as it asks (ui_tasks)
         self.create = create
         self.close = close
         self.rewind = rewind
@@ -142,12 +145,13 @@ class StatelessChats:
         """`cancel` and the call's deadline (`timeout`, else the daemon's) bound the history's
         ingest and the turn alike; `admit` is given the session before anything is done to it."""
         request, plan = self._with_tools(request)  # refused (400) before any session
+        request, form = self._ui_task(request)
         tenant = _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         earlier, new = list(request.turns[:-1]), request.turns[-1]
         call = _Call(Deadline(timeout or self.turns.call_timeout_s), cancel, admit or _admitted)
         continuation, seen = self._find(principal, tenant, request, earlier, call)
-        continuation = dataclasses.replace(continuation, tools=plan.report)
+        continuation = dataclasses.replace(continuation, tools=plan.report, output=form)
         handle = continuation.handle
         session = self.access.registry.get(handle.session_id)
         before = Place(
@@ -165,6 +169,17 @@ class StatelessChats:
             self._started(handle.session_id)
             raise
         return continuation, plan.reading(self._placed(events, before, handle, request))
+
+    def _ui_task(self, request: StatelessChatRequest) -> tuple[StatelessChatRequest, str]:
+        """A chat UI's side task that asks for a JSON object and sends no format: decoded under
+        that object's grammar, and said (ui_tasks.py); anything else as it came."""
+        if not self.ui_task_grammar or request.options.output is not None or request.tools:
+            return request, ""
+        task = ui_tasks.recognized(request.turns)
+        if task is None:
+            return request, ""
+        options = dataclasses.replace(request.options, output=task.output)
+        return dataclasses.replace(request, options=options), task.note
 
     def _with_tools(
         self, request: StatelessChatRequest

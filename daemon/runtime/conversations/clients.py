@@ -64,6 +64,7 @@ class ClientState:
         window: int | None = None,
         key_file: Path | None = None,
         pin_bound: int = 0,
+        ui_task_grammar: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
@@ -72,7 +73,7 @@ class ClientState:
         durable = durability is not None
         self.stateless = StatelessChats(
             access, turns, self.conversations, create, close, rewind,
-            self._put_head if durable else None, http_policy(window), pin_bound,
+            self._put_head if durable else None, http_policy(window), pin_bound, ui_task_grammar,
         )  # fmt: skip
         self.responses = Responses(
             access, turns, lambda p, system: self.stateless.new_session(p, system, stateless=False),
