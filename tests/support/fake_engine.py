@@ -51,6 +51,7 @@ class FakeVocabulary(Vocabulary):
         self._text_users = 0
         self._text_closed = False
         self.sha256 = hashlib.sha256(b"sinkd fake vocabulary 1").hexdigest()
+        self._fim = None  # no fill-in-the-middle tokens
 
     def _tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
         out = [BOS] if add_bos else []

@@ -87,6 +87,10 @@ class Completions:
             held, rest = claimed
             try:
                 admit(held.handle.session_id)
+            except BaseException:  # refused (its per-session calls): it stays to continue
+                self._put(principal, held)
+                raise
+            try:
                 read = self._append(principal, held.handle, rest, cancel) if rest else None
                 n_before = read.receipt.n_seen - read.appended if read else held.n_seen
                 how = Continuation(
@@ -154,10 +158,13 @@ class Completions:
             return best, prompt[best.length :]
 
     def _keep(self, principal: Principal, handle: Handle, text: str, n_seen: int) -> None:
-        tenant = principal.tenant or ""
+        self._put(principal, _Held(handle, len(text), _digest(text), n_seen))
+
+    def _put(self, principal: Principal, entry: _Held) -> None:
+        """Into the index, the most recent; past MAX_HELD the least recent is closed."""
         with self._lock:
-            held = self._held.setdefault(tenant, OrderedDict())
-            held[handle.session_id] = _Held(handle, len(text), _digest(text), n_seen)
+            held = self._held.setdefault(principal.tenant or "", OrderedDict())
+            held[entry.handle.session_id] = entry
             oldest = next(iter(held.values())) if len(held) > MAX_HELD else None
             if oldest is not None:
                 del held[oldest.handle.session_id]
