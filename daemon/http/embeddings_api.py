@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
@@ -14,7 +14,13 @@ from starlette.concurrency import run_in_threadpool
 
 from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, HttpError
-from sinkd.daemon.http.wire import HARMLESS, check_supported, parse_json, validated
+from sinkd.daemon.http.wire import (
+    HARMLESS,
+    Unsupported,
+    check_supported,
+    parse_json,
+    validated,
+)
 from sinkd.daemon.runtime.embeddings import Embedded, Embeddings
 from sinkd.daemon.runtime.sessions import Principal
 
@@ -48,6 +54,8 @@ class LegacyBody(BaseModel):
     options: dict[str, Any] | None = None
 
 
+Body = TypeVar("Body", OpenAIBody, EmbedBody, LegacyBody)
+
 # fields an embedding request may carry that ask nothing of it (Ollama's: the model stays loaded)
 OLLAMA_HARMLESS = frozenset({"keep_alive", "options"})
 UNSUPPORTED = (
@@ -59,6 +67,18 @@ def router(calls: Calls) -> APIRouter:
     api = APIRouter(route_class=Guarded)
     embeddings = calls.service.embeddings
 
+    async def asked(
+        request: Request, cls: type[Body], unsupported: Unsupported, harmless: frozenset[str]
+    ) -> tuple[Principal, Body]:
+        """Who asks, and their body, checked: every field taken or refused by name, the model
+        the embedder (404 naming it otherwise)."""
+        principal = calls.principal(request)
+        calls.ready()
+        body = validated(cls, parse_json(await calls.body(request)))
+        check_supported(body, unsupported, harmless)
+        embeddings.check_model(body.model)
+        return principal, body
+
     async def computed(principal: Principal, texts: list[str], truncate: bool) -> Embedded:
         slot = await run_in_threadpool(calls.slot, principal)
         try:
@@ -68,14 +88,10 @@ def router(calls: Calls) -> APIRouter:
 
     @api.post("/v1/embeddings")
     async def openai_embeddings(request: Request) -> Any:
-        principal = calls.principal(request)
-        calls.ready()
-        body = validated(OpenAIBody, parse_json(await calls.body(request)))
-        check_supported(body, UNSUPPORTED, HARMLESS)
+        principal, body = await asked(request, OpenAIBody, UNSUPPORTED, HARMLESS)
         if body.encoding_format not in ("float", "base64"):
             raise HttpError(400, f"encoding_format: {body.encoding_format!r} is not float or"
                             " base64", param="encoding_format")  # fmt: skip
-        embeddings.check_model(body.model)
         texts = await run_in_threadpool(_texts, embeddings, body.input)
         done = await computed(principal, texts, truncate=False)
         data = [
@@ -87,11 +103,7 @@ def router(calls: Calls) -> APIRouter:
 
     @api.post("/api/embed")
     async def embed(request: Request) -> Any:
-        principal = calls.principal(request)
-        calls.ready()
-        body = validated(EmbedBody, parse_json(await calls.body(request)))
-        check_supported(body, (), OLLAMA_HARMLESS)
-        embeddings.check_model(body.model)
+        principal, body = await asked(request, EmbedBody, (), OLLAMA_HARMLESS)
         started = time.perf_counter_ns()
         texts = [body.input] if isinstance(body.input, str) else body.input
         done = await computed(principal, texts, body.truncate)
@@ -105,11 +117,7 @@ def router(calls: Calls) -> APIRouter:
 
     @api.post("/api/embeddings")
     async def legacy_embeddings(request: Request) -> Any:
-        principal = calls.principal(request)
-        calls.ready()
-        body = validated(LegacyBody, parse_json(await calls.body(request)))
-        check_supported(body, (), OLLAMA_HARMLESS)
-        embeddings.check_model(body.model)
+        principal, body = await asked(request, LegacyBody, (), OLLAMA_HARMLESS)
         done = await computed(principal, [body.prompt], truncate=True)
         return {"embedding": done.vectors[0].tolist()}
 
