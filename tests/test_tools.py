@@ -152,10 +152,14 @@ def test_tools_that_do_not_fit_are_said_and_refused_when_required(
         )  # fmt: skip
     assert "tools: the 36 tools' descriptions" in str(err.value) and "512" in str(err.value)
     bad = json.loads(json.dumps(WEATHER))
-    bad["function"]["parameters"]["properties"]["days"] = {"type": "integer", "minimum": 1}
+    bad["function"]["parameters"]["properties"]["days"] = {
+        "type": "array",
+        "items": {"type": "integer"},
+        "uniqueItems": True,
+    }  # outside OpenAI's structured-outputs subset
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[bad])
-    assert "tools[0] (get_weather)" in str(err.value) and "'minimum'" in str(err.value)
+    assert "tools[0] (get_weather)" in str(err.value) and "'uniqueItems'" in str(err.value)
     assert len(daemon.service.registry.of_tenant("alice")) == sessions  # nothing was made
 
 
