@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from sinkd.daemon.node import Daemon
-from tests.support.daemons import http_daemon
+from tests.support.daemons import http_daemon, openai_client
 
 pytestmark = pytest.mark.model
 MODELS = ["smollm2-135m-instruct", "gemma3-270m"]
@@ -96,8 +96,8 @@ def daemon(
 
 @pytest.fixture(scope="module")
 def client(daemon: Daemon) -> openai.OpenAI:
-    assert daemon.http is not None
-    return openai.OpenAI(base_url=f"{daemon.http.address}/v1", api_key="alice-token", max_retries=0)
+    sdk: openai.OpenAI = openai_client(daemon)
+    return sdk
 
 
 def parsed_or_named(call: Any, model: type[BaseModel]) -> BaseModel | str:
