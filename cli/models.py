@@ -131,7 +131,7 @@ def fetch(entry: PinnedFile) -> None:
     err.print(f"{entry.name}: {path} (sha256 verified)", highlight=False)
 
 
-def fetch_embedder() -> None:
+def fetch_first_start() -> None:
     """At a daemon's first start: recall's embedder, and the vocabulary token-id input to
     embeddings is read with, if they are not here. A pull that fails (no network) is said and
     passed over: recall then searches by BM25 alone, and says so; token ids are refused naming

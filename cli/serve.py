@@ -100,7 +100,7 @@ def serve(
         err.print(f"model {entry.name} is not pulled yet: pulling it now")
         models.fetch(entry)
     if settings.recall_dense:
-        models.fetch_embedder()
+        models.fetch_first_start()
     daemon = Daemon(settings)
     daemon.trap_signals()
     daemon.start()

@@ -100,3 +100,23 @@ def test_fill_in_the_middle_and_an_empty_prompt_are_refused_by_name(service: Sin
         )  # fmt: skip
     with pytest.raises(InvalidInput, match="prompt: empty"):
         complete(service, ALICE, "")
+
+
+@pytest.mark.parametrize("what", ["close", "reset"])
+def test_a_session_closed_or_reset_as_it_is_claimed_is_read_anew(
+    service: SinkdService, what: str
+) -> None:
+    """The race, triggered where it bites: after the request claimed the session and before it
+    appends (its admission), the owner closes or resets it. The prompt is read into a new session;
+    nothing of the old generation answers."""
+    _, first, text = complete(service, ALICE, "race me ")
+    handle = service.completions._held["alice"][first].handle
+    done: list[str] = []
+
+    def meanwhile(session_id: str) -> None:
+        if session_id == first and not done:
+            (service.close if what == "close" else service.reset)(ALICE, handle)
+            done.append(what)
+
+    how, answered, _ = complete(service, ALICE, "race me " + text + "again", admit=meanwhile)
+    assert done == [what] and how == "new" and answered != first

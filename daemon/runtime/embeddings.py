@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkd.daemon.models.registry import load_lock, model_path
+from sinkd.daemon.models.registry import ModelLock, model_path
 from sinkd.daemon.models.token_ids import TokenIds, load
 from sinkd.daemon.store.embedder import DIM, MAX_TOKENS, Embedder
 from sinkd.errors import InvalidInput, ModelMissing, NotFound
@@ -27,17 +27,20 @@ MAX_INPUTS = 256  # texts a request embeds (OpenAI takes 2,048; the embedder sub
 class Embedded:
     vectors: np.ndarray  # (n, dim) float32, unit rows
     tokens: int  # what the embedder read, its marks included
-    truncated: int  # how many texts were longer than it reads (only where truncation was asked)
 
 
 class Embeddings:
     """The embedder as a service part: named, checked input, one computation at a time."""
 
-    def __init__(self, embedder: Callable[[], Embedder | None], why_not: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        lock: ModelLock,
+        embedder: Callable[[], Embedder | None],
+        why_not: Callable[[], str],
+    ) -> None:
         self._embedder = embedder
         self._why_not = why_not
         self._one_at_a_time = threading.Lock()
-        lock = load_lock()
         entry = lock.default_embedder()
         self.name = entry.name if entry is not None else ""
         self.size = entry.size if entry is not None else 0
@@ -68,16 +71,16 @@ class Embeddings:
         if embedder is None:
             raise ModelMissing(f"the embedder is not loaded: {self._why_not()}")
         with self._one_at_a_time:
-            measured = embedder.measure(list(texts))
-            long = [i for i, (_, cut) in enumerate(measured) if cut]
+            reads = embedder.read(list(texts))  # once: checked, then embedded
+            long = [i for i, r in enumerate(reads) if r.cut]
             if long and not truncate:
                 raise InvalidInput(
                     f"input[{long[0]}]: longer than the {MAX_TOKENS} tokens {self.name} reads"
                     f" ({len(long)} such texts); send shorter texts",
                     field="input",
                 )
-            vectors = embedder.embed(list(texts))
-        return Embedded(vectors, sum(n for n, _ in measured), len(long))
+            vectors = embedder.vectors(reads)
+        return Embedded(vectors, sum(len(r.ids) for r in reads))
 
     def _token_ids(self) -> TokenIds:
         entry = self._vocabulary

@@ -72,12 +72,13 @@ class SinkdService:
         self.settings = settings
         self._open_for = open_engine
         self.metrics = metrics or Metrics()
-        self.entry: ModelEntry = load_lock().get(settings.model)
+        lock = load_lock()
+        self.entry: ModelEntry = lock.get(settings.model)
         self.registry = Registry(settings.node)
         self.identity: ModelIdentity | None = None
         self.durability: Durability | None = None
         self.embedder: Embedder | None = None  # loaded with the model (`_open_engine`)
-        self.embeddings = Embeddings(lambda: self.embedder, lambda: self.recall.search)
+        self.embeddings = Embeddings(lock, lambda: self.embedder, lambda: self.recall.search)
         if settings.durable:
             self.durability = Durability(
                 settings.state_dir,

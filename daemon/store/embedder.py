@@ -41,6 +41,14 @@ class EmbedderUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Read:
+    """A text as the embedder reads it."""
+
+    ids: np.ndarray  # int32, its marks included, at most MAX_TOKENS
+    cut: bool  # the text was longer: only its first MAX_TOKENS are read
+
+
+@dataclass(frozen=True)
 class _Layer:
     qkv: np.ndarray  # (384, 1152): query, key and value side by side
     qkv_b: np.ndarray
@@ -140,17 +148,27 @@ class Embedder:
         )
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), 384) float32, each row of unit length (a text of no tokens: zeros).
-        Texts of like lengths go through together, in sub-batches under WORKING_BYTES."""
-        out = np.zeros((len(texts), DIM), np.float32)
-        if not texts:
-            return out
-        tokens: list[np.ndarray] = []
+        """(len(texts), 384) float32, each row of unit length (a text of no tokens: zeros)."""
+        return self.vectors(self.read(texts))
+
+    def read(self, texts: list[str]) -> list[Read]:
+        """Each text as the embedder reads it: its ids (its two marks included, at most
+        MAX_TOKENS), and whether it was longer (then only the first MAX_TOKENS are read)."""
+        out: list[Read] = []
         for i in range(0, len(texts), TOKENIZE_BATCH):  # the tokenizer's objects stay few
             with self._lock:
                 batch = self._tok.encode_batch(texts[i : i + TOKENIZE_BATCH])
-            tokens += [np.asarray(e.ids, np.int32) for e in batch]
-        order = sorted(range(len(texts)), key=lambda i: len(tokens[i]))
+            out += [Read(np.asarray(e.ids, np.int32), bool(e.overflowing)) for e in batch]
+        return out
+
+    def vectors(self, reads: list[Read]) -> np.ndarray:
+        """The unit vectors of texts read. Texts of like lengths go through together, in
+        sub-batches under WORKING_BYTES."""
+        out = np.zeros((len(reads), DIM), np.float32)
+        if not reads:
+            return out
+        tokens = [r.ids for r in reads]
+        order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
         part: list[int] = []
         for i in order:  # the newest is the longest: it sets the sub-batch's width
             if part and self._working_bytes(len(part) + 1, len(tokens[i])) > WORKING_BYTES:
@@ -158,16 +176,6 @@ class Embedder:
                 part = []
             part.append(i)
         out[part] = self._forward([tokens[j] for j in part])
-        return out
-
-    def measure(self, texts: list[str]) -> list[tuple[int, bool]]:
-        """Each text's tokens as the embedder reads it (its two marks included), and whether it
-        is longer than MAX_TOKENS (then only the first MAX_TOKENS are read)."""
-        out: list[tuple[int, bool]] = []
-        for i in range(0, len(texts), TOKENIZE_BATCH):
-            with self._lock:
-                batch = self._tok.encode_batch(texts[i : i + TOKENIZE_BATCH])
-            out += [(len(e.ids), bool(e.overflowing)) for e in batch]
         return out
 
     def _working_bytes(self, batch: int, n: int) -> int:

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from sinkd.daemon.runtime import requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
     AppendResult,
@@ -82,6 +83,8 @@ class Completions:
             raise InvalidInput(self._no_fim(), field="suffix")
         if not request.prompt:
             raise InvalidInput("prompt: empty (sinkd continues text; give it some)", field="prompt")
+        options = request.options  # refused before a session is claimed, never after
+        requests.check_generation_args(options.max_tokens or 1, options.stops)
         claimed = self._claim(principal, request.prompt)
         if claimed is not None:
             held, rest = claimed
