@@ -20,9 +20,9 @@ from sinkd.cli.console import console, shown
 from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.runtime.api import Handle, Receipt, to_json
+from sinkd.daemon.runtime.api import Handle, Receipt, TenantUsage, to_json
 from sinkd.daemon.store.archive import write_private
-from sinkd.errors import InvalidInput
+from sinkd.errors import InvalidInput, PermissionDenied
 
 app = typer.Typer(
     help="List, inspect, trace, search the memory of, reset and close your sessions on a running"
@@ -120,6 +120,44 @@ def list_sessions(
     out.print(table)
     for note in notes:
         out.print(note, markup=False, highlight=False)
+    try:
+        usage = backend.tenants()
+    except PermissionDenied:  # a tenant's token: its own sessions above, nobody's shares
+        return
+    out.print(_tenants_table(usage, backend.address))
+
+
+@app.command("tenants")
+@handle_errors
+def list_tenants(
+    address: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFlag = False
+) -> None:
+    """Each tenant's open sessions, stored bytes and responses beside its limits as they stand
+    now (the admin's token): counts and bytes, no text."""
+    backend = connect(address, token)
+    usage = backend.tenants()
+    if as_json:
+        print(json.dumps(to_json(usage), indent=2))
+        return
+    out.print(_tenants_table(usage, backend.address))
+
+
+def _tenants_table(usage: list[TenantUsage], address: str) -> Table:
+    """Use against limit: a tenant's limit now is its cap, or the pool less the other tenants'
+    unused reserves (docs/security.md, "Shares")."""
+    table = Table(title=f"tenants at {address}")
+    for col in ("tenant", "sessions", "parked", "stored", "memory", "prefixes", "responses"):
+        table.add_column(col, no_wrap=col == "tenant")
+    for t in usage:
+        stored = f"{_mib(t.stored_bytes) if t.stored_bytes else '0'}"
+        if t.max_stored_bytes:
+            stored += f" / {_mib(t.max_stored_bytes)}"
+        table.add_row(
+            t.tenant, f"{t.sessions} / {t.max_sessions} (reserved {t.reserved_sessions})",
+            str(t.parked), stored, _mib(t.memory_bytes), _mib(t.prefix_bytes),
+            f"{t.responses} / {t.max_responses}",
+        )  # fmt: skip
+    return table
 
 
 @app.command("prefixes")

@@ -54,8 +54,18 @@ def default_state_dir() -> Path:
 
 
 class Tenant(BaseModel):
+    """A tenant, and its overrides of the shares every tenant has (runtime/shares.py): a reserve
+    is kept for it while it holds less; a cap bounds it. None: the defaults."""
+
+    model_config = {"extra": "forbid"}
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    max_open_sessions: int | None = Field(default=None, ge=0)  # resident and parked
+    reserved_sessions: int | None = Field(default=None, ge=0)
+    max_stored_mb: float | None = Field(default=None, ge=0)  # snapshots, journal, memory
+    reserved_stored_mb: float | None = Field(default=None, ge=0)
+    max_stored_responses: int | None = Field(default=None, ge=0)  # the setting's, per tenant
 
 
 class Settings(BaseSettings):
@@ -91,6 +101,12 @@ class Settings(BaseSettings):
     # 23 MB for 1,020 cells of the default model), restored by their next call; 0: none parked
     # (a session past max_sessions is refused, or makes room by closing, as before)
     max_parked_sessions: int = Field(default=64, ge=0, le=65536)
+    # what the state directory may hold, shared by the tenants as the open sessions are: each
+    # has a reserve (half the pool split evenly, or its reserved_stored_mb) and may take what no
+    # other's unused reserve claims (docs/security.md, "Shares"). None: the filesystem's size
+    max_state_mb: float | None = Field(default=None, gt=0)
+    # stored /v1/responses per tenant (each tenant its own; a tenant's max_stored_responses wins)
+    max_stored_responses: int = Field(default=10_000, ge=0)
     n_batch: int = Field(default=256, ge=1, le=8192)
     step_tokens: int = Field(default=256, ge=1)
     # a session's prefill per step, whatever the load: 128 tokens (~0.8 s here) bound what a long
@@ -270,6 +286,13 @@ class Settings(BaseSettings):
         hashes = [t.token_sha256 for t in self.tenants]
         if len(set(hashes)) != len(hashes):
             raise ValueError("tenants: two tenants share a token (one would act as the other)")
+        reserved = sum(t.reserved_sessions or 0 for t in self.tenants)
+        if reserved > self.max_sessions + self.max_parked_sessions:
+            raise ValueError(
+                f"tenants: reserved_sessions add up to {reserved}, more than the"
+                f" {self.max_sessions + self.max_parked_sessions} sessions that may be open"
+                " (max_sessions + max_parked_sessions)"
+            )
         if self.admin_token_sha256 in hashes:
             raise ValueError("admin_token_sha256 is also a tenant's token: give the admin its own")
         return self

@@ -72,6 +72,12 @@ class Metrics:
         self.alloc_failures = Counter(
             "sinkd_allocation_failures", "Sessions or batches refused for lack of room", registry=r
         )
+        self.tenant_refusals = Counter(
+            "sinkd_tenant_share_refusals",
+            "New sessions or stored responses refused at the tenant's own share (its use and"
+            " limits: the admin's Stats)",
+            registry=r,
+        )
         self.invariant_violations = Counter(
             "sinkd_invariant_violations", "Sessions failed by a run-time cache check", registry=r
         )

@@ -6,6 +6,8 @@ The servicer converts its answers here; the CLI's client converts them back. Ran
 
 from __future__ import annotations
 
+import dataclasses
+
 from sinkd.cachepolicy import PolicyConfig
 from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan
 from sinkd.cachepolicy.sequence import TraceEvent
@@ -18,6 +20,7 @@ from sinkd.daemon.runtime.api import (
     RecallReport,
     Receipt,
     Stats,
+    TenantUsage,
     TokenEvent,
 )
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -351,7 +354,16 @@ def stats_to_pb(s: Stats) -> pb.StatsResponse:
         max_parked_sessions=s.max_parked_sessions,
         parks=s.parks,
         restores=s.restores,
+        tenants=[tenant_usage_to_pb(t) for t in s.tenants],
     )
+
+
+def tenant_usage_to_pb(t: TenantUsage) -> pb.TenantUsage:
+    return pb.TenantUsage(**dataclasses.asdict(t))
+
+
+def tenant_usage_from_pb(m: pb.TenantUsage) -> TenantUsage:
+    return TenantUsage(**{f.name: getattr(m, f.name) for f in dataclasses.fields(TenantUsage)})
 
 
 def model_to_pb(m: ModelInfo) -> pb.ModelInfo:

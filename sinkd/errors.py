@@ -41,6 +41,7 @@ __all__ = [
     "SinkdError",
     "SnapshotError",
     "StaleGeneration",
+    "TenantLimit",
     "Unauthenticated",
     "Unsupported",
     "UntrustedPath",
@@ -148,6 +149,12 @@ class ResourceExhausted(SinkdError):
 class SessionLimit(ResourceExhausted):
     """No more sessions may be open: the resident sessions and the parked ones beyond them are
     at their limits (closing one makes room; waiting does not)."""
+
+
+class TenantLimit(SessionLimit):
+    """The calling tenant is at its own share (its sessions, its stored bytes or responses): the
+    message names the limit and the use. Closing or deleting what it holds makes room; waiting
+    does not; no other tenant is refused because of it."""
 
 
 class Cancelled(SinkdError):

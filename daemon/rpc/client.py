@@ -36,6 +36,7 @@ from sinkd.daemon.runtime.api import (
     Receipt,
     SamplingRequest,
     Stream,
+    TenantUsage,
     TokenEvent,
 )
 from sinkd.errors import (
@@ -372,6 +373,14 @@ class Client:
         except grpc.RpcError as e:
             raise self._refused(e) from None
         return [convert.receipt_from_pb(x) for x in r.sessions]
+
+    def tenants(self) -> builtins.list[TenantUsage]:
+        """Each tenant's holdings and limits (the admin's token)."""
+        try:
+            r = self.admin.Stats(pb.StatsRequest(), metadata=self.md)
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
+        return [convert.tenant_usage_from_pb(t) for t in r.tenants]
 
     def stop_daemon(self) -> None:
         """Ask the daemon to stop gracefully (the admin's token)."""

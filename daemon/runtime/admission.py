@@ -1,6 +1,7 @@
 """How many sessions the daemon admits, and the one admission check every new sequence passes
 (create, fork, resume): the resident sessions the context holds, and the parked ones beyond them
-(`max_parked_sessions`; each parked session is its snapshot on disk)."""
+(`max_parked_sessions`; each parked session is its snapshot on disk). A new session (not a resumed
+one) is within its tenant's shares first (runtime/tenancy.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.loop.residency import NoRoom, ParkFailed, Residency
 from sinkd.daemon.runtime.sessions import Registry
-from sinkd.errors import ResourceExhausted, SessionLimit
+from sinkd.daemon.runtime.tenancy import Tenancy
+from sinkd.errors import ResourceExhausted, SessionLimit, TenantLimit
 
 
 class Admission:
-    def __init__(self, registry: Registry, metrics: Metrics, residency: Residency) -> None:
+    def __init__(
+        self, registry: Registry, metrics: Metrics, residency: Residency, tenancy: Tenancy
+    ) -> None:
         self.registry = registry
         self.metrics = metrics
         self.residency = residency
+        self.tenancy = tenancy
 
     def limit(self, engine: Engine) -> int:
         """Sessions resident in the context at once."""
@@ -27,18 +32,31 @@ class Admission:
         """Sessions open at once: resident, and parked beyond them."""
         return self.limit(engine) + self.residency.max_parked
 
+    def check_share(self, engine: Engine, tenant: str) -> None:
+        """TenantLimit if the tenant may not add a session now (its shares)."""
+        try:
+            self.tenancy.check_new_session(self.capacity(engine), tenant)
+        except TenantLimit:
+            self.metrics.alloc_failures.inc()
+            self.metrics.tenant_refusals.inc()
+            raise
+
     def acquire(
         self,
         engine: Engine,
         keep: Collection[str] = (),
         tenant: str = "",
         may_wait: bool = False,
+        resuming: bool = False,
     ) -> int:
         """A free, empty sequence for one more session (an idle one parked for it if need be).
         SessionLimit when no more sessions may be open; ResourceExhausted when every resident
         session is busy, or with `may_wait` -1: the new session starts parked, empty, and its
         first call waits for a sequence. Engine thread; the caller releases what it got if what
-        follows fails. `keep`: sessions not to park for it (a fork's parent)."""
+        follows fails. `keep`: sessions not to park for it (a fork's parent). `resuming`: a session
+        that was open before a restart (its tenant's shares are not asked again)."""
+        if not resuming:
+            self.check_share(engine, tenant)
         parked = self.residency.max_parked
         if parked and len(self.registry) >= self.capacity(engine):
             self.metrics.alloc_failures.inc()

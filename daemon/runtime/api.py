@@ -376,6 +376,30 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class TenantUsage:
+    """What one tenant holds, counts and bytes (never text), beside its limits as they stand
+    now (`max_*`: what it holds plus the room left it; `reserved_*`: kept for it)."""
+
+    tenant: str
+    sessions: int  # open: resident and parked
+    parked: int
+    max_sessions: int
+    reserved_sessions: int
+    snapshot_bytes: int  # the state directory's: its sessions' snapshots,
+    journal_bytes: int  # their journalled tokens,
+    memory_bytes: int  # and their memory's passages (token ids and text)
+    max_stored_bytes: int  # 0: no state directory (nothing stored)
+    reserved_stored_bytes: int
+    prefix_bytes: int  # its prefix states on disk: a cache, bounded by prefix_disk_mb
+    responses: int  # stored /v1/responses
+    max_responses: int
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.snapshot_bytes + self.journal_bytes + self.memory_bytes
+
+
+@dataclass(frozen=True)
 class Stats:
     sessions: int
     max_sessions: int
@@ -396,6 +420,7 @@ class Stats:
     max_parked_sessions: int = 0
     parks: int = 0
     restores: int = 0
+    tenants: tuple[TenantUsage, ...] = ()
 
 
 @dataclass(frozen=True)

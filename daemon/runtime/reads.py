@@ -70,8 +70,9 @@ class SessionReads:
         return self.scheduler.call(lambda e: list(session.seq.trace))
 
     def list_sessions(self, principal: Principal) -> list[Receipt]:
+        """The caller's sessions; the admin's token (no tenant), every session, as it reads them."""
         if principal.tenant is None:
-            return []
+            return self.list_all(principal) if principal.admin else []
         sessions = self.registry.of_tenant(principal.tenant)
         return self.scheduler.call(lambda e: [s.receipt(e.kv_bytes_per_token) for s in sessions])
 
@@ -105,6 +106,10 @@ class SessionReads:
         cells = sum(s.seq.retained for s in sessions)
         self.metrics.cells_in_use.set(cells)
         count = self.metrics.count
+        admission = self.admission
+        tenants = self.scheduler.call(
+            lambda e: tuple(admission.tenancy.usage(admission.capacity(e)))
+        )
         return Stats(
             sessions=len(sessions),
             max_sessions=self.admission.limit(engine),
@@ -125,4 +130,5 @@ class SessionReads:
             max_parked_sessions=self.admission.residency.max_parked,
             parks=count("parks"),
             restores=count("restores"),
+            tenants=tenants,
         )

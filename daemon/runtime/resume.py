@@ -187,7 +187,8 @@ class Resumer:
         except SinkdError as e:
             raise Unrestorable(f"its policy does not fit this daemon: {e}") from None
         try:
-            session.seq_id = self.admission.acquire(engine, tenant=session.tenant)
+            # open before (a restart), or an import its mover checked against the shares
+            session.seq_id = self.admission.acquire(engine, tenant=session.tenant, resuming=True)
         except ResourceExhausted as e:
             raise Unrestorable(f"no free sequence: {e}") from None
         self.registry.add(session)

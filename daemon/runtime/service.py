@@ -50,6 +50,7 @@ from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.remembering import Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
+from sinkd.daemon.runtime.tenancy import Tenancy
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
@@ -119,7 +120,16 @@ class SinkdService:
             prefixes=self.prefixes,
             max_drafts=settings.max_drafts if settings.speculative == "auto" else 0,
         )
-        self.admission = Admission(self.registry, self.metrics, self.scheduler.residency)
+        self.tenancy = Tenancy(
+            settings,
+            self.registry,
+            self.durability,
+            lambda: self.prefixes.disk_by_owner(),
+            lambda: self.responses.held(),
+        )
+        self.admission = Admission(
+            self.registry, self.metrics, self.scheduler.residency, self.tenancy
+        )
         self.lifecycle = Lifecycle(
             self.scheduler,
             self.scheduler.snapshotter,
@@ -174,10 +184,16 @@ class SinkdService:
             self.close,
         )
         self.lifecycle.on_closed = self.chats.forget
-        self.lifecycle.on_released = self.prefixes.release
+        self.lifecycle.on_released = self._released
+        self.responses.max_stored = self.tenancy.max_responses
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
         self.moves = SessionMoves(self.access, self.scheduler, self.registry, self.metrics)
+
+    def _released(self, session_id: str, reset_count: int) -> None:
+        """Engine thread: a session generation ended; what was kept of it elsewhere goes."""
+        self.prefixes.release(session_id, reset_count)
+        self.responses.released(session_id, reset_count)
 
     def _memory_store(self) -> MemoryStore:
         if self.durability is not None:

@@ -503,7 +503,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256", "stale_sessions", "snapshots", "snapshot_failures", "parked_sessions", "max_parked_sessions", "parks", "restores")
+    __slots__ = ("sessions", "max_sessions", "cells_in_use", "cells_per_session", "kv_bytes_per_token", "prefill_tokens", "decode_tokens", "evictions", "steps", "invariant_violations", "model", "model_sha256", "stale_sessions", "snapshots", "snapshot_failures", "parked_sessions", "max_parked_sessions", "parks", "restores", "tenants")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     CELLS_IN_USE_FIELD_NUMBER: _ClassVar[int]
@@ -523,6 +523,7 @@ class StatsResponse(_message.Message):
     MAX_PARKED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     PARKS_FIELD_NUMBER: _ClassVar[int]
     RESTORES_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     max_sessions: int
     cells_in_use: int
@@ -542,7 +543,38 @@ class StatsResponse(_message.Message):
     max_parked_sessions: int
     parks: int
     restores: int
-    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., stale_sessions: _Optional[int] = ..., snapshots: _Optional[int] = ..., snapshot_failures: _Optional[int] = ..., parked_sessions: _Optional[int] = ..., max_parked_sessions: _Optional[int] = ..., parks: _Optional[int] = ..., restores: _Optional[int] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    def __init__(self, sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., cells_in_use: _Optional[int] = ..., cells_per_session: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., steps: _Optional[int] = ..., invariant_violations: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., stale_sessions: _Optional[int] = ..., snapshots: _Optional[int] = ..., snapshot_failures: _Optional[int] = ..., parked_sessions: _Optional[int] = ..., max_parked_sessions: _Optional[int] = ..., parks: _Optional[int] = ..., restores: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("tenant", "sessions", "parked", "max_sessions", "reserved_sessions", "snapshot_bytes", "journal_bytes", "memory_bytes", "max_stored_bytes", "reserved_stored_bytes", "prefix_bytes", "responses", "max_responses")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sessions: int
+    parked: int
+    max_sessions: int
+    reserved_sessions: int
+    snapshot_bytes: int
+    journal_bytes: int
+    memory_bytes: int
+    max_stored_bytes: int
+    reserved_stored_bytes: int
+    prefix_bytes: int
+    responses: int
+    max_responses: int
+    def __init__(self, tenant: _Optional[str] = ..., sessions: _Optional[int] = ..., parked: _Optional[int] = ..., max_sessions: _Optional[int] = ..., reserved_sessions: _Optional[int] = ..., snapshot_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., max_stored_bytes: _Optional[int] = ..., reserved_stored_bytes: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., responses: _Optional[int] = ..., max_responses: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "sha256", "loaded", "is_default", "default_sinks", "default_window")

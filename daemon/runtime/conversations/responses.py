@@ -14,6 +14,7 @@ import hashlib
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,7 +39,7 @@ from sinkd.daemon.runtime.conversations import tool_plan
 from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, Deadline
 from sinkd.daemon.runtime.sessions import Principal, Session, SessionState, made_elsewhere
 from sinkd.daemon.runtime.turns import Turns
-from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
+from sinkd.errors import FailedPrecondition, InvalidInput, NotFound, TenantLimit
 
 MAX_ITEMS = 4096
 
@@ -128,12 +129,30 @@ class Responses:
         self._lock = threading.Lock()
         self._by_id: dict[str, StoredResponse] = {}
         self._latest: dict[str, str] = {}  # session id -> its latest stored response
+        self._held: Counter[str] = Counter()  # stored responses per tenant
+        # how many responses a tenant may keep stored (the service's tenancy sets it)
+        self.max_stored: Callable[[str], int | None] = lambda tenant: None
 
     def adopt(self, stored: StoredResponse) -> None:
         """A response journalled before a restart (in the order they were made)."""
+        self._put(stored)
+
+    def held(self) -> Counter[str]:
+        """Stored responses per tenant."""
         with self._lock:
-            self._by_id[stored.id] = stored
-            self._latest[stored.session_id] = stored.id
+            return self._held.copy()
+
+    def _room(self, principal: Principal) -> None:
+        """TenantLimit if the caller keeps as many responses stored as it may."""
+        tenant = principal.tenant or ""
+        most = self.max_stored(tenant)
+        with self._lock:
+            held = self._held[tenant]
+        if most is not None and held >= most:
+            raise TenantLimit(
+                f"tenant {tenant} stores {held} of its {most} responses (max_stored_responses);"
+                " delete some, or send store=false"
+            )
 
     # --- reads ---
 
@@ -185,6 +204,8 @@ class Responses:
         # each response keeps its conversation's instructions, as the next turn's tools need them
         request = replace(request, instructions=instructions, items=p.turns, options=p.options)
         _check(principal, request)
+        if request.store:
+            self._room(principal)
         requests.output_grammar(request.options.output)  # a schema refused before any session
         deadline = Deadline(self.turns.call_timeout_s)
         c = self._session_for(principal, request, system)
@@ -282,13 +303,33 @@ class Responses:
     def _keep(self, stored: StoredResponse) -> None:
         if self.journal_keep is not None:
             self.journal_keep(stored)
+        self._put(stored)
+
+    def _put(self, stored: StoredResponse) -> None:
         with self._lock:
+            if stored.id not in self._by_id:
+                self._held[stored.tenant] += 1
             self._by_id[stored.id] = stored
             self._latest[stored.session_id] = stored.id
+
+    def released(self, session_id: str, reset_count: int) -> None:
+        """A session generation ended (closed, or reset): its responses went with its rows."""
+        with self._lock:
+            gone = [
+                r.id
+                for r in self._by_id.values()
+                if r.session_id == session_id and r.reset_count == reset_count
+            ]
+        for response_id in gone:
+            self._drop(response_id)
 
     def _drop(self, response_id: str) -> None:
         with self._lock:
             stored = self._by_id.pop(response_id, None)
+            if stored is not None:
+                self._held[stored.tenant] -= 1
+                if not self._held[stored.tenant]:
+                    del self._held[stored.tenant]
             if stored is not None and self._latest.get(stored.session_id) == response_id:
                 del self._latest[stored.session_id]
 

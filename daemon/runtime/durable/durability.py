@@ -301,6 +301,10 @@ class Durability:
     def chunk_stats(self, session: Session) -> tuple[int, int]:
         return self.journal.chunk_stats(session.id, session.reset_count)
 
+    def stored_bytes(self) -> dict[str, tuple[int, int]]:
+        """Per tenant: (snapshot bytes, journalled token bytes)."""
+        return self.journal.stored_bytes()
+
     # --- transitions ---
 
     def put(self, session: Session, live: bool | None = None) -> None:

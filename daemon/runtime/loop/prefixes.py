@@ -482,6 +482,14 @@ class PrefixStates:
             self._drop(p, "forgotten", "")
         return len(mine)
 
+    def disk_by_owner(self) -> dict[str, int]:
+        """Bytes on disk per owner (a tenant, or SHARED)."""
+        self._settle()
+        held: dict[str, int] = {}
+        for p in self._prefixes.values():
+            held[p.owner] = held.get(p.owner, 0) + p.file_size
+        return held
+
     def listing(self, tenant: str | None) -> list[PrefixInfo]:
         """What is held, by key and size, never text: a tenant's own and the shared ones; the
         admin's (None) all, with their owners."""
