@@ -197,7 +197,8 @@ def test_admission_parks_past_the_resident_limit_and_refuses_past_the_parked_one
     tmp_path: Path,
 ) -> None:
     """Two resident sessions and two parked beyond them: a third session parks the least recently
-    used one, a fifth is refused with the limits named, and the parked ones still answer."""
+    used one, a fifth is refused with the limits named, and the parked ones still answer. (One
+    tenant alone is refused sooner, at its share: tests/test_tenant_limits.py.)"""
     d = Daemon(settings(tmp_path, max_sessions=2, max_parked_sessions=2))
     d.start()
     d.wait_ready(120)
@@ -209,9 +210,9 @@ def test_admission_parks_past_the_resident_limit_and_refuses_past_the_parked_one
         third = client.create()
         assert third.receipt.residency == "resident"
         assert client.inspect(handles[0]).receipt.residency == "parked"
-        client.create()
+        client.create(md=BOB)  # within bob's reserve (1 of the 4: half, split between two)
         with pytest.raises(grpc.RpcError) as err:
-            client.create(md=BOB)
+            client.create()
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "session limit reached: 2 resident and 2 parked sessions" in err.value.details()
         appended = client.append(handles[0], " and more")

@@ -55,13 +55,17 @@ class Pool:
             max(0, s.reserved - held.get(t, 0)) for t, s in self.shares.items() if t != tenant
         )
 
+    def limit(self, held: Mapping[str, int], tenant: str) -> int:
+        """The most `tenant` may hold now: its cap, or what it holds and what the pool less the
+        others' unused reserves leaves."""
+        mine = held.get(tenant, 0)
+        most = max(0, mine + self.total - sum(held.values()) - self.owed(held, tenant))
+        cap = self.share(tenant).most
+        return most if cap is None else min(most, cap)
+
     def room(self, held: Mapping[str, int], tenant: str) -> int:
         """How much more `tenant` may take now (0: none)."""
-        share = self.share(tenant)
-        free = self.total - sum(held.values()) - self.owed(held, tenant)
-        if share.most is not None:
-            free = min(free, share.most - held.get(tenant, 0))
-        return max(0, free)
+        return max(0, self.limit(held, tenant) - held.get(tenant, 0))
 
     def refusal(self, held: Mapping[str, int], tenant: str, amount: int = 1) -> str | None:
         """Why `tenant` may not take `amount` more now, naming its own limit and use; None: it

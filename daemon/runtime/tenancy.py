@@ -142,14 +142,12 @@ class Tenancy:
                     tenant=name,
                     sessions=open_[name],
                     parked=parked[name],
-                    max_sessions=open_[name] + sessions.room(open_, name),
+                    max_sessions=sessions.limit(open_, name),
                     reserved_sessions=sessions.share(name).reserved,
                     snapshot_bytes=snap,
                     journal_bytes=chunks,
                     memory_bytes=memory,
-                    max_stored_bytes=(
-                        0 if pool is None else held_bytes.get(name, 0) + pool.room(held_bytes, name)
-                    ),
+                    max_stored_bytes=(0 if pool is None else pool.limit(held_bytes, name)),
                     reserved_stored_bytes=0 if pool is None else pool.share(name).reserved,
                     prefix_bytes=prefixes.get(name, 0),
                     responses=responses[name],
