@@ -14,11 +14,11 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from sinkd.daemon.runtime.shares import Pool, in_bytes, shares_of
 from sinkd.daemon.config import Settings
 from sinkd.daemon.runtime.api import TenantUsage
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.sessions import Registry
+from sinkd.daemon.runtime.shares import Pool, in_bytes, shares_of
 from sinkd.errors import TenantLimit
 
 log = logging.getLogger("sinkd.tenancy")
