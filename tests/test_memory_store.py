@@ -8,6 +8,7 @@ import itertools
 import math
 import random
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,77 @@ def test_pruning_at_the_cap_reads_the_oldest_passages_not_every_row(tmp_path: Pa
     # reading every row grows with them (here 8,600 -> 65,800 steps); what remains is FTS5's own
     # delete, which grows with the index's segments (600 -> 1,800)
     assert large < 4 * small, (small, large)
+
+
+def vm_steps(store: MemoryStore, run: Callable[[], object]) -> int:
+    """The SQLite virtual machine's instructions `run` executes: the work of a search, counted
+    (not timed: the same on any machine)."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store.db.set_progress_handler(count, 1)
+    try:
+        run()
+    finally:
+        store.db.set_progress_handler(None, 1)
+    return steps
+
+
+def test_a_tenant_search_costs_the_same_whatever_another_tenant_stored(tmp_path: Path) -> None:
+    """Each tenant's passages are in its own full-text index: alice's search of "whale" does the
+    same work before and after bob stores 1,000 passages full of whales (with one index shared,
+    the lookup read every whale of bob's: a tenant timing its recalls learnt how common a word is
+    in the others' memories). The same search from bob's side does grow: the count can tell."""
+    store = store_in(tmp_path)
+    alice, bob = SessionKey("a", 0, "alice"), SessionKey("b", 0, "bob")
+    for i in range(0, 400, 16):
+        part = stream(16, seed=i)
+        store.add_evicted(alice, i, part, [False] * 16, piece)
+    whale = WORDS.index("whale")
+    search = lambda key: lambda: store.search(key, "whale ships", 10)  # noqa: E731
+    store.add_evicted(bob, 0, [whale] * 16, [False] * 16, piece)
+    store.db.commit()
+    search(alice)(), search(bob)()  # each tenant's terms view made on this connection
+    before = vm_steps(store, search(alice)), vm_steps(store, search(bob))
+    for i in range(16, 48_000, 16):
+        store.add_evicted(bob, i, [whale] * 16, [False] * 16, piece)
+    store.db.commit()
+    assert len(store.passages(bob)) == 1000 and store.search(alice, "whale ships", 10)
+    assert vm_steps(store, search(alice)) == before[0]
+    assert vm_steps(store, search(bob)) > 10 * before[1]
+
+
+def test_a_store_with_one_shared_index_is_split_by_tenant(tmp_path: Path) -> None:
+    """A journal from before per-tenant indexes: each passage moves to its session's tenant's
+    index (the journal's sessions say whose), the shared index goes, and searches find the same."""
+    journal = Journal(tmp_path / "journal.db")
+    for session, tenant in (("a", "alice"), ("b", "bob")):
+        journal.put_session(session, tenant, {}, "live", "")
+    db = journal.db
+    db.executescript(
+        """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
+        reset_count INTEGER NOT NULL, logical_start INTEGER NOT NULL, logical_end INTEGER NOT
+        NULL, tokens BLOB NOT NULL, text TEXT NOT NULL, sealed INTEGER NOT NULL, created REAL NOT
+        NULL);
+        CREATE VIRTUAL TABLE passages_fts USING fts5(text, tokenize='porter unicode61');"""
+    )
+    for i, session in enumerate("abab"):
+        cur = db.execute(
+            "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens, text,"
+            " sealed, created) VALUES (?, 0, ?, ?, ?, 'a whale', 1, 0)",
+            (session, 10 * i, 10 * i + 1, (7).to_bytes(4, "little")),
+        )
+        db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, 'a whale')", (cur.lastrowid,))
+    db.commit()
+    store = MemoryStore(db, Segmenting("text"))
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "passages_fts" not in tables and len(store.words.all()) == 2
+    for session, tenant in (("a", "alice"), ("b", "bob")):
+        key = SessionKey(session, 0, tenant)
+        assert len(store.search(key, "whale", 10)) == 2
+        index = store.words.table(tenant)
+        assert db.execute(f"SELECT COUNT(*) FROM {index}").fetchone()[0] == 2

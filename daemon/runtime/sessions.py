@@ -248,7 +248,7 @@ class Session:
     @property
     def key(self) -> SessionKey:
         """What its stored memory is filed under: this session at this reset count."""
-        return SessionKey(self.id, self.reset_count)
+        return SessionKey(self.id, self.reset_count, self.tenant)
 
     def transition(self, to: SessionState) -> None:
         """Move to `to` along an edge of TRANSITIONS; any other move is a bug, refused loudly."""

@@ -7,12 +7,14 @@ import sqlite3
 
 from sinkd.daemon.store.passages import PassageTable, SessionKey
 from sinkd.daemon.store.speakers import UNKNOWN
+from sinkd.daemon.store.word_index import WordIndexes
 
 
 class Forgetting:
-    def __init__(self, db: sqlite3.Connection, table: PassageTable) -> None:
+    def __init__(self, db: sqlite3.Connection, table: PassageTable, words: WordIndexes) -> None:
         self.db = db
         self.table = table
+        self.words = words
 
     def forget(
         self,
@@ -60,8 +62,8 @@ class Forgetting:
         return len(ids)
 
     def purge(self) -> None:
-        """After a committed delete: merge the full-text index (its old segments still name the
-        deleted words) and truncate the write-ahead log, so deleted text leaves the disk."""
-        self.db.execute("INSERT INTO passages_fts (passages_fts) VALUES ('optimize')")
+        """After a committed delete: merge the full-text indexes (their old segments still name
+        the deleted words) and truncate the write-ahead log, so deleted text leaves the disk."""
+        self.words.optimize()
         self.db.commit()
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -8,6 +8,8 @@ import base64
 import sqlite3
 from typing import Any
 
+from sinkd.daemon.store.word_index import WordIndexes
+
 # table -> the columns that file a row under its session generation; `n` and `id` are this
 # database's own row numbers, never carried (the order of the rows is)
 TABLES: dict[str, tuple[str, ...]] = {
@@ -20,11 +22,14 @@ TABLES: dict[str, tuple[str, ...]] = {
     "recalls": ("session", "reset_count"),
 }
 OWN_ROW_NUMBERS = {"chunks": "n", "passages": "id"}
+# a passage's tenant is the importing owner's, set as it is loaded: not carried, so that archives
+# move between nodes from before per-tenant indexes and after
+FILLED_IN = {"passages": "tenant"}
 
 
 def _columns(db: sqlite3.Connection, table: str) -> list[str]:
-    own = OWN_ROW_NUMBERS.get(table)
-    return [str(r[1]) for r in db.execute(f"PRAGMA table_info({table})") if r[1] != own]
+    own = (OWN_ROW_NUMBERS.get(table), FILLED_IN.get(table))
+    return [str(r[1]) for r in db.execute(f"PRAGMA table_info({table})") if r[1] not in own]
 
 
 def _plain(value: Any) -> Any:
@@ -50,10 +55,12 @@ def rows_of(db: sqlite3.Connection, session_id: str, reset_count: int) -> dict[s
     return out
 
 
-def load_rows(db: sqlite3.Connection, session_id: str, data: dict[str, Any]) -> None:
-    """Insert `rows_of`'s data under `session_id`, in the caller's transaction (a failure rolls
-    back with it). Raises ValueError when a table has columns this database lacks; columns an
-    older node's archive lacks (columns added since, e.g. a passage's speaker) are left NULL."""
+def load_rows(db: sqlite3.Connection, session_id: str, tenant: str, data: dict[str, Any]) -> None:
+    """Insert `rows_of`'s data under `session_id` of `tenant`, in the caller's transaction (a
+    failure rolls back with it). Raises ValueError when a table has columns this database lacks;
+    columns an older node's archive lacks (columns added since, e.g. a passage's speaker) are left
+    NULL."""
+    words = WordIndexes(db)
     for table in TABLES:
         part = data.get(table, {"columns": _columns(db, table), "rows": []})
         columns = list(part["columns"])
@@ -67,8 +74,6 @@ def load_rows(db: sqlite3.Connection, session_id: str, data: dict[str, Any]) -> 
             if values[at] != session_id:
                 raise ValueError(f"{table}: a row of another session")
             cur = db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", values)
-            if table == "passages":  # the full-text index's row beside it
-                text = values[columns.index("text")]
-                db.execute(
-                    "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text)
-                )
+            if table == "passages":  # the full-text index's row beside it, its tenant's
+                db.execute("UPDATE passages SET tenant=? WHERE id=?", (tenant, cur.lastrowid))
+                words.add(tenant, int(cur.lastrowid or 0), values[columns.index("text")])

@@ -27,12 +27,14 @@ from sinkd.daemon.store.passages import (
     SessionKey,
     Sizes,
     add_speaker_columns,
+    add_tenant_column,
     add_vector_column,
     number_old_passages,
 )
 from sinkd.daemon.store.recalled_copies import RecallLog
 from sinkd.daemon.store.search import PassageSearch, query_terms
 from sinkd.daemon.store.speakers import NO_TURNS, Turns
+from sinkd.daemon.store.word_index import WordIndexes
 from sinkd.daemon.store.writing import EvictedText
 
 __all__ = ["MemoryStore", "Passage", "Segmenting", "SessionKey", "query_terms"]
@@ -57,14 +59,17 @@ class MemoryStore:
         number_old_passages(db)
         add_vector_column(db)
         add_speaker_columns(db)
-        db.commit()
+        add_tenant_column(db)
         db.execute("PRAGMA temp_store=MEMORY")  # a query's words never reach a temporary file
         db.executescript(_SEARCH_SCHEMA)
+        self.words = WordIndexes(db)
+        self.words.split_legacy()
+        db.commit()
         self.sizes = Sizes(db)
-        self.table = PassageTable(db, self.sizes)
+        self.table = PassageTable(db, self.sizes, self.words)
         self.evicted = EvictedText(self.table, self.segmenting)
-        self.finder = PassageSearch(db, embedder)
-        self.forgetting = Forgetting(db, self.table)
+        self.finder = PassageSearch(db, self.words, embedder)
+        self.forgetting = Forgetting(db, self.table, self.words)
         self.recall_log = RecallLog(db)
 
     @classmethod
@@ -196,13 +201,11 @@ class MemoryStore:
         for a, b, t, x, s, c, number, v, who, turn in rows:  # the same numbers: recalls name them
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens,"
-                " text, sealed, created, number, vector, speaker, turn)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (child, child_reset, a, b, t, x, s, c, number, v, who, turn),
+                " text, sealed, created, number, vector, speaker, turn, tenant)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (child, child_reset, a, b, t, x, s, c, number, v, who, turn, child_key.tenant),
             )
-            self.db.execute(
-                "INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, x)
-            )
+            self.words.add(child_key.tenant, int(cur.lastrowid or 0), x)
         self.db.execute(
             "INSERT OR REPLACE INTO memory_marks (session, reset_count, evicted_end, speaker,"
             " turn, header) SELECT ?, ?, evicted_end, speaker, turn, header FROM memory_marks"

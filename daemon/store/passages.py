@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sinkd.daemon.store.speakers import UNKNOWN, SpeakerState
+from sinkd.daemon.store.word_index import WordIndexes
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS passages (
@@ -33,7 +34,6 @@ CREATE TABLE IF NOT EXISTS passages (
 );
 CREATE INDEX IF NOT EXISTS passages_by_session ON passages (session, reset_count, logical_start);
 CREATE INDEX IF NOT EXISTS passages_open ON passages (session, reset_count) WHERE sealed=0;
-CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(text, tokenize='porter unicode61');
 CREATE TABLE IF NOT EXISTS memory_marks (
     session TEXT NOT NULL,
     reset_count INTEGER NOT NULL,
@@ -61,9 +61,8 @@ CREATE TABLE IF NOT EXISTS recalls (
 CREATE INDEX IF NOT EXISTS recalls_by_session ON recalls (session, reset_count, stream_start);
 """
 
-# this connection's: the index's terms by passage, and a one-row table that stems a query
+# this connection's: a one-row table that stems a query (each tenant's terms: word_index.py)
 _SEARCH_SCHEMA = """
-CREATE VIRTUAL TABLE IF NOT EXISTS temp.passage_terms USING fts5vocab(main, passages_fts, instance);
 CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_text USING fts5(text, tokenize='porter unicode61');
 CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_terms USING fts5vocab(temp, query_text, instance);
 """
@@ -76,6 +75,7 @@ class SessionKey:
 
     session_id: str
     reset_count: int
+    tenant: str = ""  # whose: its passages are in the tenant's own full-text index
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,14 @@ def add_speaker_columns(db: sqlite3.Connection) -> None:
         columns = {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
         if column not in columns:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
+def add_tenant_column(db: sqlite3.Connection) -> None:
+    """A store written before per-tenant indexes: its passages' tenants are filled in as its
+    shared index is split (word_index.py)."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
+    if "tenant" not in columns:
+        db.execute("ALTER TABLE passages ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
 
 
 def add_vector_column(db: sqlite3.Connection) -> None:
@@ -202,9 +210,10 @@ class PassageTable:
     sessions evicted: it stays inside the store (the full-text index's row id); callers name a
     passage by its number."""
 
-    def __init__(self, db: sqlite3.Connection, sizes: Sizes) -> None:
+    def __init__(self, db: sqlite3.Connection, sizes: Sizes, words: WordIndexes) -> None:
         self.db = db
         self.sizes = sizes
+        self.words = words
 
     def write(
         self,
@@ -225,10 +234,10 @@ class PassageTable:
             self.sizes.bump(key, 1, len(toks), size)
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
-                " tokens, text, sealed, created, number, speaker, turn)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " tokens, text, sealed, created, number, speaker, turn, tenant)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key.session_id, key.reset_count, start, end, data, text, int(sealed),
-                 time.time(), self._next_number(key), speaker[0], speaker[1]),
+                 time.time(), self._next_number(key), speaker[0], speaker[1], key.tenant),
             )  # fmt: skip
             pid = int(cur.lastrowid or 0)
         else:
@@ -240,15 +249,15 @@ class PassageTable:
                 " WHERE id=?",  # the text grew: its vector is made again when next searched
                 (end, data, text, int(sealed), pid),
             )
-            self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
-        self.db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (pid, text))
+            self.words.remove(key.tenant, pid)
+        self.words.add(key.tenant, pid, text)
 
     def delete(self, ids: Sequence[int]) -> None:
         for pid in ids:
             old = self._size_of(pid)
             if old is not None:
                 self.sizes.bump(old[0], -1, -old[1], -old[2])
-            self.db.execute("DELETE FROM passages_fts WHERE rowid=?", (pid,))
+                self.words.remove(old[0].tenant, pid)
             self.db.execute("DELETE FROM passages WHERE id=?", (pid,))
 
     def rows(
@@ -349,7 +358,9 @@ class PassageTable:
     def _size_of(self, pid: int) -> tuple[SessionKey, int, int] | None:
         row = self.db.execute(
             "SELECT session, reset_count, logical_end - logical_start,"
-            " LENGTH(tokens) + LENGTH(CAST(text AS BLOB)) FROM passages WHERE id=?",
+            " LENGTH(tokens) + LENGTH(CAST(text AS BLOB)), tenant FROM passages WHERE id=?",
             (pid,),
         ).fetchone()
-        return (SessionKey(str(row[0]), int(row[1])), int(row[2]), int(row[3])) if row else None
+        if row is None:
+            return None
+        return SessionKey(str(row[0]), int(row[1]), str(row[4])), int(row[2]), int(row[3])

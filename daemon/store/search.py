@@ -15,6 +15,7 @@ from sinkd.cachepolicy.recall_plan import Candidate
 from sinkd.daemon.store.embedder import DIM, Embedder
 from sinkd.daemon.store.passages import SessionKey
 from sinkd.daemon.store.speakers import UNKNOWN
+from sinkd.daemon.store.word_index import WordIndexes
 
 LEXICAL_WEIGHT = 0.15
 EMBED_BATCH = 32
@@ -70,8 +71,11 @@ def vectors_of(embedder: Embedder, rows: Sequence[tuple[int, str]]) -> list[tupl
 
 
 class PassageSearch:
-    def __init__(self, db: sqlite3.Connection, embedder: Embedder | None = None) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, words: WordIndexes, embedder: Embedder | None = None
+    ) -> None:
         self.db = db
+        self.words = words
         self.embedder = embedder
         self._last_query: tuple[str, np.ndarray] | None = None
 
@@ -155,11 +159,12 @@ class PassageSearch:
         """BM25 over this session generation's passages alone (higher is better).
 
         Not FTS5's `bm25()`: it takes its statistics (passage count, lengths, how many passages
-        hold a word) from the whole index, every session and tenant, so another's text would move
-        a session's scores, and which passages it recalls, and the scores would tell of it. Here
-        they come from the session's own passages: FTS5 finds a word's occurrences (its porter
-        stems, as a MATCH would), the length of a passage is its tokens, and the weights are
-        FTS5's (k1 1.2, b 0.75, idf log((N - n + 0.5) / (n + 0.5)), at least 1e-6).
+        hold a word) from the whole index, every session of the tenant, so another session's text
+        would move a session's scores. Here they come from the session's own passages: FTS5 finds
+        a word's occurrences (its porter stems, as a MATCH would) in the tenant's own index (so no
+        other tenant's text costs the lookup anything: word_index.py), the length of a passage is
+        its tokens, and the weights are FTS5's (k1 1.2, b 0.75, idf log((N - n + 0.5) /
+        (n + 0.5)), at least 1e-6).
         """
         stems = self._stems(query_terms(query))
         if not stems:
@@ -167,9 +172,11 @@ class PassageSearch:
         length = {i: b - a for i, (a, b) in spans.items()}
         n, avgdl = len(spans), max(sum(length.values()) / len(spans), 1.0)
         score: dict[int, float] = {}
+        self.words.table(key.tenant)  # its terms view exists on this connection
+        terms = self.words.terms(key.tenant)
         for stem in stems:
             hits = self.db.execute(
-                "SELECT v.doc, COUNT(*) FROM temp.passage_terms v JOIN passages p ON p.id = v.doc"
+                f"SELECT v.doc, COUNT(*) FROM temp.{terms} v JOIN passages p ON p.id = v.doc"
                 " WHERE v.term=? AND p.session=? AND p.reset_count=? GROUP BY v.doc",
                 (stem, key.session_id, key.reset_count),
             ).fetchall()
@@ -254,6 +261,8 @@ class PassageSearch:
             rows = self.db.execute("SELECT term FROM temp.query_terms ORDER BY offset").fetchall()
         finally:
             self.db.execute("DELETE FROM temp.query_text")
+            # merged back to empty: otherwise each query leaves a segment, and the next reads it
+            self.db.execute("INSERT INTO temp.query_text (query_text) VALUES ('optimize')")
             if opened:
                 self.db.commit()  # the temp database only: nothing of the journal's
         return list(dict.fromkeys(str(r[0]) for r in rows))

@@ -495,5 +495,5 @@ class Durability:
         self.journal.put_session(
             stored.id, stored.tenant, stored.record, stored.state, stored.reason
         )
-        generation_rows.load_rows(self.journal.db, stored.id, rows)
+        generation_rows.load_rows(self.journal.db, stored.id, stored.tenant, rows)
         self.journal.drop_moved_out(stored.id)  # it came back
