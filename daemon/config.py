@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     # has a reserve (half the pool split evenly, or its reserved_stored_mb) and may take what no
     # other's unused reserve claims (docs/security.md, "Shares"). None: the filesystem's size
     max_state_mb: float | None = Field(default=None, gt=0)
+    # below this much free space on the state directory's filesystem nothing new is written:
+    # calls that would write are refused by name until space returns (runtime/durable/disk_space.py)
+    min_free_mb: float = Field(default=64.0, ge=0)
     # stored /v1/responses per tenant (each tenant its own; a tenant's max_stored_responses wins)
     max_stored_responses: int = Field(default=10_000, ge=0)
     n_batch: int = Field(default=256, ge=1, le=8192)

@@ -72,6 +72,16 @@ class Metrics:
         self.alloc_failures = Counter(
             "sinkd_allocation_failures", "Sessions or batches refused for lack of room", registry=r
         )
+        self.disk_full_refusals = Counter(
+            "sinkd_disk_full_refusals",
+            "Calls refused because the state directory's filesystem is below min_free_mb",
+            registry=r,
+        )
+        self.state_disk_free = Gauge(
+            "sinkd_state_disk_free_bytes",
+            "Free space on the state directory's filesystem, as last checked",
+            registry=r,
+        )
         self.tenant_refusals = Counter(
             "sinkd_tenant_share_refusals",
             "New sessions or stored responses refused at the tenant's own share (its use and"

@@ -18,6 +18,7 @@ __all__ = [
     "CorruptSnapshot",
     "DaemonUnavailable",
     "DeadlineExceeded",
+    "DiskFull",
     "EngineError",
     "FailedPrecondition",
     "IllegalTransition",
@@ -149,6 +150,11 @@ class ResourceExhausted(SinkdError):
 class SessionLimit(ResourceExhausted):
     """No more sessions may be open: the resident sessions and the parked ones beyond them are
     at their limits (closing one makes room; waiting does not)."""
+
+
+class DiskFull(ResourceExhausted):
+    """The state directory's filesystem is below its free-space margin (`min_free_mb`): nothing
+    new is written until space returns; what is stored stays."""
 
 
 class TenantLimit(SessionLimit):

@@ -33,7 +33,11 @@ class Admission:
         return self.limit(engine) + self.residency.max_parked
 
     def check_share(self, engine: Engine, tenant: str) -> None:
-        """TenantLimit if the tenant may not add a session now (its shares)."""
+        """TenantLimit if the tenant may not add a session now (its shares); DiskFull if nothing
+        more may be written."""
+        durability = self.tenancy.durability
+        if durability is not None:
+            durability.check_space("a new session")
         try:
             self.tenancy.check_new_session(self.capacity(engine), tenant)
         except TenantLimit:

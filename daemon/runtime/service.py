@@ -37,6 +37,7 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.conversations.clients import ClientState
 from sinkd.daemon.runtime.conversations.completions import Completions
+from sinkd.daemon.runtime.durable.disk_space import DiskSpace
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.embeddings import Embeddings
 from sinkd.daemon.runtime.lifecycle import Lifecycle
@@ -90,6 +91,9 @@ class SinkdService:
                 keep=settings.snapshots_kept,
                 purge_interval_s=settings.purge_interval_s,
                 segmenting=Segmenting(settings.memory_passages),
+                space=DiskSpace(
+                    settings.state_dir, int(settings.min_free_mb * 2**20), self.metrics
+                ),
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)

@@ -25,6 +25,7 @@ from sinkd.cachepolicy import PolicyConfig, SeqState
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon import failpoints
 from sinkd.daemon.private import private_dir
+from sinkd.daemon.runtime.durable.disk_space import DiskSpace
 from sinkd.daemon.runtime.durable.purge import Purge
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import generation_rows, snapshots
@@ -184,8 +185,10 @@ class Durability:
         segmenting: Segmenting | None = None,
         embedder: Embedder | None = None,
         purge_interval_s: float = 0.0,
+        space: DiskSpace | None = None,
     ) -> None:
         self.dir = state_dir
+        self.space = space  # the filesystem's margin: what would write is refused below it
         self.segmenting = segmenting
         self.embedder = embedder
         self.sync = sync
@@ -300,6 +303,11 @@ class Durability:
 
     def chunk_stats(self, session: Session) -> tuple[int, int]:
         return self.journal.chunk_stats(session.id, session.reset_count)
+
+    def check_space(self, what: str) -> None:
+        """DiskFull if the state directory's filesystem is below its margin (`DiskSpace`)."""
+        if self.space is not None:
+            self.space.check(what)
 
     def stored_bytes(self) -> dict[str, tuple[int, int]]:
         """Per tenant: (snapshot bytes, journalled token bytes)."""

@@ -168,6 +168,10 @@ class Scheduler:
                     raise DeadlineExceeded("the engine did not answer in time") from None
 
     def submit(self, job: Job) -> Job:
+        """Queue a job (every job writes: its tokens, or a restore's parked neighbour); DiskFull
+        first if the state directory's filesystem is below its margin."""
+        if self.durability is not None:
+            self.durability.check_space("this call")
         self._enqueue("job", job)
         return job
 
