@@ -30,6 +30,8 @@ POINTS = (
     "engine-copy",  # lifecycle: a fork is about to copy the parent's cells
     "sequence-acquired",  # admission: a sequence was taken for a new session, not yet cleared
     "before-restore",  # residency: a parked session has a free sequence, its cells not yet read
+    "restore-read",  # residency: a parked session's cells are back in a sequence, not yet audited
+    "park-written",  # residency: a park's snapshot is written, the sequence not yet freed
     "tokenize",  # engine: inside a text operation, off the engine thread
     "call-enqueued",  # scheduler: a call is in the inbox, its caller about to wait
     "swap-cleared",  # engine: two sequences being exchanged are both empty, their images in hand

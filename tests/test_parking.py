@@ -61,15 +61,26 @@ def reference(tmp: Path) -> dict[tuple[int, int], np.ndarray]:
     return out
 
 
-def test_parked_sessions_restore_bit_for_bit_and_survive_a_kill_9(tmp_path: Path) -> None:
-    ref = reference(tmp_path / "ref")
-    sock = tmp_path / "d.sock"
-    env = dict(
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], np.ndarray]:
+    return reference(tmp_path_factory.mktemp("ref"))
+
+
+def env_of(tmp: Path, **extra: str) -> dict[str, str]:
+    return dict(
         os.environ,
-        SINKD_STATE_DIR=str(tmp_path / "state"),
+        SINKD_STATE_DIR=str(tmp / "state"),
         SINKD_SNAPSHOT_EVERY_TOKENS="100000",  # a park writes the snapshot it needs itself
         **{f"SINKD_{k.upper()}": str(v) for k, v in ENGINE.items()},
+        **extra,
     )
+
+
+def test_parked_sessions_restore_bit_for_bit_and_survive_a_kill_9(
+    tmp_path: Path, ref: dict[tuple[int, int], np.ndarray]
+) -> None:
+    sock = tmp_path / "d.sock"
+    env = env_of(tmp_path)
     proc = serve_subprocess(sock, env)
     try:
         s = pb_grpc.SessionsStub(grpc.insecure_channel(f"unix:{sock}"))
@@ -107,6 +118,46 @@ def test_parked_sessions_restore_bit_for_bit_and_survive_a_kill_9(tmp_path: Path
             assert np.array_equal(
                 logits_of(s, h, LOCAL), ref[i, ROUNDS]
             ), f"session {i} after resume"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("point", ["park-written", "restore-read"])
+def test_a_kill_9_while_parking_or_restoring_resumes_every_session_bit_for_bit(
+    tmp_path: Path, ref: dict[tuple[int, int], np.ndarray], point: str
+) -> None:
+    """kill -9 at `park-written` (a park's snapshot written, its sequence not yet freed: the
+    third session's create parks the first) or at `restore-read` (a parked session's cells back in
+    a sequence, not yet audited: the first session's next append). Restarted, every session that
+    was acknowledged resumes with the logits of the one never parked, and carries on as it did;
+    the call the kill cut was never acknowledged, and nothing of it is served."""
+    sock = tmp_path / "d.sock"
+    proc = serve_subprocess(sock, env_of(tmp_path, SINKD_FAILPOINT=point))
+    s = pb_grpc.SessionsStub(grpc.insecure_channel(f"unix:{sock}"))
+    try:
+        handles = []
+        for i in range(3 if point == "restore-read" else 2):  # the third parks the first
+            handles.append(s.Create(pb.CreateSessionRequest(policy=POLICY), metadata=LOCAL).handle)
+            s.Append(pb.AppendRequest(handle=handles[i], text=text_of(i, 0)), metadata=LOCAL)
+        with pytest.raises(grpc.RpcError):  # the point kills the daemon mid-call
+            if point == "park-written":
+                s.Create(pb.CreateSessionRequest(policy=POLICY), metadata=LOCAL)
+            else:
+                s.Append(pb.AppendRequest(handle=handles[0], text=text_of(0, 1)), metadata=LOCAL)
+        assert proc.wait(30) == -signal.SIGKILL
+        proc = serve_subprocess(sock, env_of(tmp_path))
+        s = pb_grpc.SessionsStub(grpc.insecure_channel(f"unix:{sock}"))
+        listed = s.List(pb.ListSessionsRequest(), metadata=LOCAL).sessions
+        assert sorted(r.session_id for r in listed) == sorted(h.session_id for h in handles)
+        for i, h in enumerate(handles):
+            receipt = s.Inspect(pb.InspectRequest(handle=h), metadata=LOCAL).receipt
+            assert receipt.state == "idle", receipt.stale_reason
+            assert np.array_equal(logits_of(s, h, LOCAL), ref[i, 0]), f"session {i} resumed"
+        for i, h in enumerate(handles):
+            s.Append(pb.AppendRequest(handle=h, text=text_of(i, 1)), metadata=LOCAL)
+            assert np.array_equal(logits_of(s, h, LOCAL), ref[i, 1]), f"session {i} after"
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)

@@ -148,6 +148,7 @@ class Residency:
                 self._images[session.id] = engine.cells.save_seq(session.seq_id)
         elif self._writes(session) and not self.snapshotter.take(session):
             return False
+        failpoints.hit("park-written")
         engine.cells.release_seq(session.seq_id)
         session.seq_id = -1
         session.parked = True
@@ -169,6 +170,7 @@ class Residency:
             if kv:
                 engine.cells.restore_seq(seq_id, kv)
             session.seq_id = seq_id
+            failpoints.hit("restore-read")
             found = audit.problems(engine, self.registry, session)
             if found:
                 raise CorruptSnapshot("the restored cells failed their check: " + "; ".join(found))
