@@ -209,11 +209,11 @@ def test_an_older_nodes_archive_loads_its_passages_as_said_by_unknown(tmp_path: 
         part["columns"] = [part["columns"][i] for i in keep]
         part["rows"] = [[row[i] for i in keep] for row in part["rows"]]
     MemoryStore(new.db)
-    generation_rows.load_rows(new.db, KEY.session_id, data)
+    generation_rows.load_rows(new.db, KEY.session_id, KEY.tenant, data)
     moved = MemoryStore(new.db).passages(KEY)
     assert moved and {p.speaker for p in moved} == {"unknown"}
     data["passages"]["columns"][0] = "no_such_column"
     with pytest.raises(ValueError, match="differ"):
-        generation_rows.load_rows(new.db, KEY.session_id, data)
+        generation_rows.load_rows(new.db, KEY.session_id, KEY.tenant, data)
     old.close()
     new.close()

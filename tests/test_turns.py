@@ -30,7 +30,7 @@ from tests.support.fake_engine import BYTE0, IM_START, N_VOCAB
 from tests.support.services import fake_engine_of, fake_service
 
 pytestmark = pytest.mark.unit
-ALICE = Principal("alice")
+ALICE, BOB = Principal("alice"), Principal("bob")
 WINDOW = PolicyRequest(name="sink", sinks=4, window=60, evict_chunk=8)
 
 
@@ -117,10 +117,14 @@ def test_a_reset_stales_the_handle(service: SinkdService) -> None:
 
 
 def test_past_the_session_limit_create_is_refused_until_one_closes(service: SinkdService) -> None:
-    """The limit of open sessions is the resident ones and the parked ones beyond them."""
+    """The limit of open sessions is the resident ones and the parked ones beyond them (each
+    tenant holding what the other's reserve leaves it: tests/test_tenant_shares.py)."""
     capacity = service.admission.capacity(service.engine)
     assert capacity == service.max_sessions() + service.settings.max_parked_sessions
-    handles = [service.create(ALICE, WINDOW).handle for _ in range(capacity)]
+    reserve = capacity // 4  # half the pool, split between alice and bob
+    handles = [service.create(ALICE, WINDOW).handle for _ in range(capacity - reserve)]
+    for _ in range(reserve):
+        service.create(BOB, WINDOW)
     with pytest.raises(SessionLimit, match="session limit reached"):
         service.create(ALICE, WINDOW)
     service.close(ALICE, handles[0])
