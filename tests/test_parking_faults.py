@@ -59,9 +59,11 @@ def test_a_full_disk_at_a_parks_snapshot_write_keeps_the_session_and_refuses_the
         h = service.create(ALICE, POLICY).handle
         turn(service, ALICE, h, "Keep every word of this.")
         before = state_of(session_of(service, h))
-        with failpoints.armed("snapshot-before-rename", full_disk):
-            with pytest.raises(ResourceExhausted, match="snapshots could not be written"):
-                service.create(BOB, POLICY)
+        with (
+            failpoints.armed("snapshot-before-rename", full_disk),
+            pytest.raises(ResourceExhausted, match="snapshots could not be written"),
+        ):
+            service.create(BOB, POLICY)
         session = session_of(service, h)
         assert not session.parked and state_of(session) == before
         assert service.registry.of_tenant("bob") == []
