@@ -133,7 +133,7 @@ def test_a_parked_snapshot_swapped_for_another_sessions_is_refused(tmp_path: Pat
 def test_a_parking_lot_one_tenant_fills_still_takes_another_tenants_session(
     tmp_path: Path,
 ) -> None:
-    """Guard: the tenant's share of the open sessions (admission.check_share). One resident and
+    """Guard: the tenant's share of the open sessions (admission.check_new). One resident and
     four parked: alice fills what bob's reserve leaves; bob's session is made (alice's resident
     one parked for it) and answers."""
     service = fake_service(tmp_path, max_sessions=1, max_parked_sessions=4, durable=True)

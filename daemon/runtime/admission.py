@@ -32,9 +32,9 @@ class Admission:
         """Sessions open at once: resident, and parked beyond them."""
         return self.limit(engine) + self.residency.max_parked
 
-    def check_share(self, engine: Engine, tenant: str) -> None:
-        """TenantLimit if the tenant may not add a session now (its shares); DiskFull if nothing
-        more may be written."""
+    def check_new(self, engine: Engine, tenant: str) -> None:
+        """Whether the tenant may add a session now: DiskFull if nothing more may be written,
+        TenantLimit past its shares."""
         durability = self.tenancy.durability
         if durability is not None:
             durability.check_space("a new session")
@@ -60,7 +60,7 @@ class Admission:
         follows fails. `keep`: sessions not to park for it (a fork's parent). `resuming`: a session
         that was open before a restart (its tenant's shares are not asked again)."""
         if not resuming:
-            self.check_share(engine, tenant)
+            self.check_new(engine, tenant)
         parked = self.residency.max_parked
         if parked and len(self.registry) >= self.capacity(engine):
             self.metrics.alloc_failures.inc()

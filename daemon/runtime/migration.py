@@ -152,7 +152,7 @@ class Mover:
             raise PermissionDenied("this archive holds another tenant's session")
         if self.registry.get(session_id) is not None:
             raise FailedPrecondition(f"session {session_id} is already on this node")
-        self.resumer.admission.check_share(engine, owner)  # a new session here, as a create
+        self.resumer.admission.check_new(engine, owner)  # a new session here, as a create
         d = self.durability
         made_under = m.get("config", {})
         differences = [  # every gate: an archive's lack of one is not excused (GATED_SINCE)

@@ -91,19 +91,20 @@ class Tenancy:
         return Counter(s.tenant for s in self.registry.all())
 
     def stored_bytes(self) -> dict[str, tuple[int, int, int]]:
-        """Per tenant: (snapshot, journal, memory) bytes in the state directory."""
+        """Per tenant: (snapshot, journal, memory) bytes in the state directory. The snapshots'
+        from their rows (a few a session); the journalled tokens and the memory from the counts
+        each session keeps, so that a new session's check reads no chunk or passage."""
         if self.durability is None or not self.durability.is_open:
             return {}
-        found = {
-            t: (snap, chunks, 0) for t, (snap, chunks) in self.durability.stored_bytes().items()
-        }
+        snapshots = self.durability.snapshot_bytes()
+        journal: Counter[str] = Counter()
         memory: Counter[str] = Counter()
         for session in self.registry.all():
+            journal[session.tenant] += 4 * session.log_tokens  # int32 token ids
             memory[session.tenant] += session.memory_stats[2]
-        for tenant, size in memory.items():
-            snap, chunks, _ = found.get(tenant, (0, 0, 0))
-            found[tenant] = (snap, chunks, size)
-        return found
+        return {
+            t: (snapshots.get(t, 0), journal[t], memory[t]) for t in {*snapshots, *journal, *memory}
+        }
 
     # --- the check ---
 

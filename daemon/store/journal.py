@@ -440,20 +440,15 @@ class Journal:
         ).fetchone()
         return int(n), int(size) // 4
 
-    def stored_bytes(self) -> dict[str, tuple[int, int]]:
-        """Per tenant: (bytes of its sessions' snapshot files, of their journalled tokens)."""
-        found: dict[str, tuple[int, int]] = {}
-        for column, sql in enumerate((
-            "SELECT s.tenant, SUM(x.bytes) FROM snapshots x JOIN sessions s ON s.id = x.session"
-            " GROUP BY s.tenant",
-            "SELECT s.tenant, SUM(LENGTH(c.tokens)) FROM chunks c JOIN sessions s"
-            " ON s.id = c.session GROUP BY s.tenant",
-        )):  # fmt: skip
-            for tenant, size in self._db.execute(sql):
-                pair = list(found.get(str(tenant), (0, 0)))
-                pair[column] = int(size or 0)
-                found[str(tenant)] = (pair[0], pair[1])
-        return found
+    def snapshot_bytes(self) -> dict[str, int]:
+        """Per tenant: the bytes of its sessions' snapshot files."""
+        return {
+            str(tenant): int(size or 0)
+            for tenant, size in self._db.execute(
+                "SELECT s.tenant, SUM(x.bytes) FROM snapshots x JOIN sessions s"
+                " ON s.id = x.session GROUP BY s.tenant"
+            )
+        }
 
     def drop_chunks_before(self, session_id: str, reset_count: int, logical_pos: int) -> None:
         """Chunks wholly before `logical_pos` are covered by every kept snapshot: not needed."""

@@ -309,9 +309,9 @@ class Durability:
         if self.space is not None:
             self.space.check(what)
 
-    def stored_bytes(self) -> dict[str, tuple[int, int]]:
-        """Per tenant: (snapshot bytes, journalled token bytes)."""
-        return self.journal.stored_bytes()
+    def snapshot_bytes(self) -> dict[str, int]:
+        """Per tenant: its sessions' snapshot files' bytes (a few rows a session)."""
+        return self.journal.snapshot_bytes()
 
     # --- transitions ---
 
