@@ -279,12 +279,9 @@ def test_passages_are_numbered_within_their_session_generation(tmp_path: Path) -
     assert store.passages(SessionKey("a", 0), [found[0].passage_id])[0].id == found[0].passage_id
 
 
-def test_a_store_from_before_numbers_keeps_its_passages_ids(tmp_path: Path) -> None:
-    """Opened on a file whose passages had only the shared row id: each keeps that id as its
-    number (receipts and listings made before stay right), and its session generation numbers on
-    from there."""
-    path = tmp_path / "journal.db"
-    db = sqlite3.connect(path)
+def old_store(db: sqlite3.Connection, text: str) -> list[tuple[str, int]]:
+    """The tables of a store from before numbers and per-tenant indexes (one shared index), with
+    four passages of `text`, sessions a, b, a, b: their (session, row id)."""
     db.executescript(
         """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
         reset_count INTEGER NOT NULL, logical_start INTEGER NOT NULL, logical_end INTEGER NOT
@@ -292,16 +289,26 @@ def test_a_store_from_before_numbers_keeps_its_passages_ids(tmp_path: Path) -> N
         NULL);
         CREATE VIRTUAL TABLE passages_fts USING fts5(text, tokenize='porter unicode61');"""
     )
-    old = []  # row ids 1 and 3 for session a, 2 and 4 for b
+    rows = []
     for i, session in enumerate("abab"):
         cur = db.execute(
             "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens, text,"
-            " sealed, created) VALUES (?, 0, ?, ?, ?, 'whale', 1, 0)",
-            (session, 10 * i, 10 * i + 1, (7).to_bytes(4, "little")),
+            " sealed, created) VALUES (?, 0, ?, ?, ?, ?, 1, 0)",
+            (session, 10 * i, 10 * i + 1, (7).to_bytes(4, "little"), text),
         )
-        db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, 'whale')", (cur.lastrowid,))
-        old.append((session, cur.lastrowid))
+        db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
+        rows.append((session, int(cur.lastrowid or 0)))
     db.commit()
+    return rows
+
+
+def test_a_store_from_before_numbers_keeps_its_passages_ids(tmp_path: Path) -> None:
+    """Opened on a file whose passages had only the shared row id: each keeps that id as its
+    number (receipts and listings made before stay right), and its session generation numbers on
+    from there."""
+    path = tmp_path / "journal.db"
+    db = sqlite3.connect(path)
+    old = old_store(db, "whale")  # row ids 1 and 3 for session a, 2 and 4 for b
     db.close()
     store = store_in(tmp_path)
     assert sorted(p.id for p in store.passages(SessionKey("a", 0))) == [
@@ -396,21 +403,7 @@ def test_a_store_with_one_shared_index_is_split_by_tenant(tmp_path: Path) -> Non
     for session, tenant in (("a", "alice"), ("b", "bob")):
         journal.put_session(session, tenant, {}, "live", "")
     db = journal.db
-    db.executescript(
-        """CREATE TABLE passages (id INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL,
-        reset_count INTEGER NOT NULL, logical_start INTEGER NOT NULL, logical_end INTEGER NOT
-        NULL, tokens BLOB NOT NULL, text TEXT NOT NULL, sealed INTEGER NOT NULL, created REAL NOT
-        NULL);
-        CREATE VIRTUAL TABLE passages_fts USING fts5(text, tokenize='porter unicode61');"""
-    )
-    for i, session in enumerate("abab"):
-        cur = db.execute(
-            "INSERT INTO passages (session, reset_count, logical_start, logical_end, tokens, text,"
-            " sealed, created) VALUES (?, 0, ?, ?, ?, 'a whale', 1, 0)",
-            (session, 10 * i, 10 * i + 1, (7).to_bytes(4, "little")),
-        )
-        db.execute("INSERT INTO passages_fts (rowid, text) VALUES (?, 'a whale')", (cur.lastrowid,))
-    db.commit()
+    old_store(db, "a whale")
     store = MemoryStore(db, Segmenting("text"))
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "passages_fts" not in tables and len(store.words.all()) == 2
