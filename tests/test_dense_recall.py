@@ -134,3 +134,35 @@ def test_a_store_from_before_dense_search_gains_the_column(tmp_path: Path) -> No
     db.commit()
     MemoryStore(db, Segmenting(), None)
     assert "vector" in {r[1] for r in db.execute("PRAGMA table_info(passages)")}
+
+
+def test_a_tenant_dense_search_reads_no_other_tenant_rows(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    """The dense half of a search (its passages' vectors, those still to embed) reads the
+    session's own rows: its SQL work is the same, to a B-tree seek's depth (the log of every
+    row's count: docs/security.md), before and after another tenant stores 400 passages of the
+    same facts, none of them embedded yet; reading those would cost hundreds of steps more
+    (tests/test_memory_store.py counts the word index's side the same way)."""
+    from tests.test_memory_store import vm_steps
+
+    store = MemoryStore(Journal(tmp_path / "journal.db").db, Segmenting("text"), embedder)
+    vocab = Tokens()
+    alice, bob = SessionKey("a", 0, "alice"), SessionKey("b", 0, "bob")
+    fill(store, alice, vocab, FACTS)
+    store.db.commit()
+    question = PARAPHRASES["carpenter"]
+    assert "carpenter" in best_texts(store, alice, question)[0]  # alice's vectors made
+
+    def search() -> None:
+        store.db.commit()  # each search starts outside a transaction, as between steps
+        store.search(alice, question, 2)
+
+    search()
+    before = vm_steps(store, search)
+    tokens = vocab.of("".join(FACTS.values()) * 4)
+    for i in range(100):
+        store.add_evicted(bob, i * len(tokens), tokens, [False] * len(tokens), vocab.piece)
+    store.db.commit()
+    assert len(store.unindexed(1000)) >= 400  # bob's, waiting for their vectors
+    assert 0 <= vm_steps(store, search) - before <= 3

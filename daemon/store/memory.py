@@ -144,7 +144,7 @@ class MemoryStore:
         nothing but vectors is in it); otherwise with the journal's next commit."""
         opened = not self.db.in_transaction
         n = self.finder.write_vectors(made)
-        if n and opened:
+        if opened and self.db.in_transaction:  # an UPDATE of no row opens one too
             self.db.commit()
         return n
 

@@ -228,12 +228,16 @@ class PassageSearch:
         first."""
         if most < 1:
             return []
-        where, args = "vector IS NULL", []
-        if key is not None:
-            where += " AND session=? AND reset_count=?"
+        if key is None:
+            sql, args = "FROM passages WHERE vector IS NULL", []
+        else:  # the session's own rows, never a scan of every tenant's still to embed
+            sql = (
+                "FROM passages INDEXED BY passages_by_number WHERE session=? AND reset_count=?"
+                " AND vector IS NULL"
+            )
             args = [key.session_id, key.reset_count]
         rows = self.db.execute(
-            f"SELECT id, text FROM passages WHERE {where} ORDER BY id DESC LIMIT ?", (*args, most)
+            f"SELECT id, text {sql} ORDER BY id DESC LIMIT ?", (*args, most)
         ).fetchall()
         return [(int(i), str(t)) for i, t in rows]
 
