@@ -17,6 +17,7 @@ from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Journal
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
 from sinkd.daemon.store.passages import SessionKey
+from tests.support.sql import vm_steps
 
 pytestmark = pytest.mark.unit
 
@@ -144,8 +145,6 @@ def test_a_tenant_dense_search_reads_no_other_tenant_rows(
     row's count: docs/security.md), before and after another tenant stores 400 passages of the
     same facts, none of them embedded yet; reading those would cost hundreds of steps more
     (tests/test_memory_store.py counts the word index's side the same way)."""
-    from tests.test_memory_store import vm_steps
-
     store = MemoryStore(Journal(tmp_path / "journal.db").db, Segmenting("text"), embedder)
     vocab = Tokens()
     alice, bob = SessionKey("a", 0, "alice"), SessionKey("b", 0, "bob")

@@ -8,7 +8,6 @@ import itertools
 import math
 import random
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from sinkd.daemon.store.journal import Journal
 from sinkd.daemon.store.memory import MemoryStore, Passage, Segmenting, query_terms
 from sinkd.daemon.store.passages import SessionKey
+from tests.support.sql import vm_steps
 
 pytestmark = pytest.mark.unit
 
@@ -352,24 +352,6 @@ def test_pruning_at_the_cap_reads_the_oldest_passages_not_every_row(tmp_path: Pa
     # reading every row grows with them (here 8,600 -> 65,800 steps); what remains is FTS5's own
     # delete, which grows with the index's segments (600 -> 1,800)
     assert large < 4 * small, (small, large)
-
-
-def vm_steps(store: MemoryStore, run: Callable[[], object]) -> int:
-    """The SQLite virtual machine's instructions `run` executes: the work of a search, counted
-    (not timed: the same on any machine)."""
-    steps = 0
-
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0
-
-    store.db.set_progress_handler(count, 1)
-    try:
-        run()
-    finally:
-        store.db.set_progress_handler(None, 1)
-    return steps
 
 
 def test_a_tenant_search_costs_the_same_whatever_another_tenant_stored(tmp_path: Path) -> None:
