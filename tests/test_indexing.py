@@ -211,3 +211,35 @@ def test_close_drops_the_batch_in_flight(store: MemoryStore, stub: GatedEmbedder
     run_out(indexer, store)  # after close: a new worker takes the rest
     assert unembedded(store) == 0
     indexer.close()
+
+
+def test_the_tenants_take_turns_so_a_flood_keeps_no_one_waiting(
+    store: MemoryStore, stub: GatedEmbedder
+) -> None:
+    """Bob stores 40 passages after alice's one: newest first across tenants, alice's would wait
+    behind five of bob's batches (and her search would embed it itself, paying for bob's flood).
+    The tenants take turns: hers is in the first batch after bob's first, whoever went first."""
+    words = {"alice": "My name is Ada and I like tulips.", "bob": SENTENCES}
+    for tenant, who in (("alice", "a"), ("bob", "b")):
+        texts = [words[tenant]] if tenant == "alice" else words[tenant]
+        split = [w + " " for s in texts for w in str(s).split()]
+        store.add_evicted(
+            SessionKey(who, 0, tenant), 0, range(len(split)), [False] * len(split),
+            lambda t, split=split: split[t].encode(),
+        )  # fmt: skip
+    store.db.commit()
+    assert store.tenants_waiting() == ["alice", "bob"]
+    indexer = Indexer()
+    indexer._last_tenant = "alice"  # bob's turn first: alice must still come next
+    alice = SessionKey("a", 0, "alice")
+    indexer.between_steps(store)  # the first batch: bob's
+    for _ in range(2):
+        finished(indexer)
+        indexer.between_steps(store)  # written back; the next batch started
+        if not store.unindexed(1, key=alice):
+            break
+    else:
+        raise AssertionError("alice's passage waited behind more than one batch of bob's")
+    run_out(indexer, store)
+    assert unembedded(store) == 0
+    indexer.close()

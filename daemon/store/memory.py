@@ -133,10 +133,16 @@ class MemoryStore:
     def dense(self) -> bool:
         return self.finder.embedder is not None
 
-    def unindexed(self, most: int, key: SessionKey | None = None) -> list[tuple[int, str]]:
-        """(id, text) of up to `most` passages without vectors, newest first (see
-        `search.vectors_of`, which makes them anywhere)."""
-        return self.finder.unindexed(key, most)
+    def unindexed(
+        self, most: int, key: SessionKey | None = None, tenant: str | None = None
+    ) -> list[tuple[int, str]]:
+        """(id, text) of up to `most` passages without vectors, newest first: a session's, a
+        tenant's or any (see `search.vectors_of`, which makes them anywhere)."""
+        return self.finder.unindexed(key, most, tenant)
+
+    def tenants_waiting(self) -> list[str]:
+        """The tenants with passages still to embed."""
+        return self.finder.tenants_waiting()
 
     def write_vectors(self, made: Sequence[tuple[int, str, bytes]]) -> int:
         """Vectors made elsewhere for (id, text), kept where the passage still holds that text.

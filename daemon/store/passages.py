@@ -133,6 +133,11 @@ def add_tenant_column(db: sqlite3.Connection) -> None:
     columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
     if "tenant" not in columns:
         db.execute("ALTER TABLE passages ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+    # each tenant's passages still to embed, newest first: the indexer takes the tenants in turn
+    db.execute(
+        "CREATE INDEX IF NOT EXISTS passages_unindexed_by_tenant ON passages (tenant, id)"
+        " WHERE vector IS NULL"
+    )
 
 
 def add_vector_column(db: sqlite3.Connection) -> None:

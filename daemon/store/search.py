@@ -223,23 +223,41 @@ class PassageSearch:
         rows = self.unindexed(key, most)
         return self.write_vectors(vectors_of(self.embedder, rows)) if rows else 0
 
-    def unindexed(self, key: SessionKey | None, most: int) -> list[tuple[int, str]]:
-        """(id, text) of up to `most` passages without vectors (of one session, or any), newest
-        first."""
+    def unindexed(
+        self, key: SessionKey | None, most: int, tenant: str | None = None
+    ) -> list[tuple[int, str]]:
+        """(id, text) of up to `most` passages without vectors (of one session, one tenant's, or
+        any), newest first."""
         if most < 1:
             return []
-        if key is None:
-            sql, args = "FROM passages WHERE vector IS NULL", []
-        else:  # the session's own rows, never a scan of every tenant's still to embed
+        if key is not None:  # the session's own rows, never a scan of every tenant's to embed
             sql = (
                 "FROM passages INDEXED BY passages_by_number WHERE session=? AND reset_count=?"
                 " AND vector IS NULL"
             )
-            args = [key.session_id, key.reset_count]
+            args: list[object] = [key.session_id, key.reset_count]
+        elif tenant is not None:
+            sql = (
+                "FROM passages INDEXED BY passages_unindexed_by_tenant WHERE tenant=?"
+                " AND vector IS NULL"
+            )
+            args = [tenant]
+        else:
+            sql, args = "FROM passages WHERE vector IS NULL", []
         rows = self.db.execute(
             f"SELECT id, text {sql} ORDER BY id DESC LIMIT ?", (*args, most)
         ).fetchall()
         return [(int(i), str(t)) for i, t in rows]
+
+    def tenants_waiting(self) -> list[str]:
+        """The tenants with passages still to embed, in order of name."""
+        return [
+            str(r[0])
+            for r in self.db.execute(
+                "SELECT DISTINCT tenant FROM passages INDEXED BY passages_unindexed_by_tenant"
+                " WHERE vector IS NULL ORDER BY tenant"
+            )
+        ]
 
     def write_vectors(self, made: Sequence[tuple[int, str, bytes]]) -> int:
         """Store vectors made for (id, text): only where the passage still holds that text and

@@ -7,7 +7,8 @@ decodes or waits, and the engine thread only reads the texts out and writes the 
 steps (the store is the engine thread's: the worker never touches it). numpy's BLAS is kept to
 the calling thread (runtime/boot.py), so the worker's priority is the embedding's. A search that needs a
 passage still on the worker waits for that batch (the engine is then idle, so the worker has the
-cores) and embeds what is left itself.
+cores) and embeds what is left itself. The tenants take turns, a batch each (newest first within
+one): a tenant that stores a flood never keeps another's passages waiting.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Indexer:
         self._pool: ThreadPoolExecutor | None = None
         self._flight: tuple[MemoryStore, Future[Made]] | None = None
         self._maybe_missing = True  # a store opened with passages not yet embedded
+        self._last_tenant = ""  # whose passages the last batch embedded (they take turns)
         self.failed = False
 
     @property
@@ -111,10 +113,15 @@ class Indexer:
     def _start(self, store: MemoryStore) -> None:
         embedder = store.embedder
         assert embedder is not None
-        rows = store.unindexed(self.batch)
-        if not rows:
+        waiting = store.tenants_waiting()
+        if not waiting:
             self._maybe_missing = False
             return
+        # the tenants in turn, each batch one tenant's newest: a tenant that stores a flood never
+        # keeps another's passages waiting for their vectors (which its searches would then make)
+        tenant = next((t for t in waiting if t > self._last_tenant), waiting[0])
+        self._last_tenant = tenant
+        rows = store.unindexed(self.batch, tenant=tenant)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 1, thread_name_prefix="sinkd-index", initializer=_lower_priority
