@@ -390,3 +390,18 @@ def test_without_a_fair_wait_a_full_pool_refuses_at_once() -> None:
     limits = CallLimits(total=1, per_tenant=1, per_session=1)
     with limits.admit("a"), pytest.raises(ResourceExhausted, match="busy"), limits.admit("b"):
         pass
+
+
+def test_a_fair_wait_ends_by_the_calls_deadline() -> None:
+    """A tenant below its share waits for a slot at most `fair_wait_s` (30 here), and never past
+    what its call's deadline leaves: it is told the deadline passed, and its worker is free."""
+    from sinkd.errors import DeadlineExceeded
+
+    limits = CallLimits(total=1, per_tenant=1, per_session=1, fair_wait_s=30)
+    with limits.admit("a"):
+        with (
+            pytest.raises(DeadlineExceeded, match="deadline passed while it waited"),
+            limits.admit("b", time_left=0.2),
+        ):
+            pass
+        assert limits.waiting() == 0 and limits.in_flight() == 1

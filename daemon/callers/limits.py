@@ -5,8 +5,9 @@ Engine calls (every Sessions method, every HTTP turn) are admitted against three
 less a reserve (health checks, admin calls and refusals always find a worker), a bound per tenant
 and a bound per session. Past one, the call is refused with RESOURCE_EXHAUSTED (HTTP 429 with
 Retry-After) naming the bound. One wait only: a tenant below its fair share of a full pool (the
-pool over the tenants active now) waits for a slot, at most `fair_wait_s`, holding its worker (the
-reserve stays free), while a tenant past its share is refused even the slot that frees: one
+pool over the tenants active now) waits for a slot, at most `fair_wait_s` and never past its
+call's deadline (gRPC's: the client has given up by then), holding its worker (the reserve stays
+free), while a tenant past its share is refused even the slot that frees: one
 tenant's flood leaves another served within about one call's time.
 """
 
@@ -18,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-from sinkd.errors import ResourceExhausted
+from sinkd.errors import DeadlineExceeded, ResourceExhausted
 
 
 class CallLimits:
@@ -43,10 +44,14 @@ class CallLimits:
         self._sessions: Counter[tuple[str, str]] = Counter()
 
     @contextlib.contextmanager
-    def admit(self, tenant: str, session_id: str = "") -> Iterator[None]:
+    def admit(
+        self, tenant: str, session_id: str = "", time_left: float | None = None
+    ) -> Iterator[None]:
+        """A slot for the call. `time_left`: what the caller's deadline leaves (None: none); a
+        fair wait never outlasts it (DeadlineExceeded: the client has given up by then)."""
         key = (tenant, session_id)
         with self._cond:
-            self._take(tenant, key if session_id else None)
+            self._take(tenant, key if session_id else None, time_left)
         try:
             yield
         finally:
@@ -59,10 +64,14 @@ class CallLimits:
                     self._give_session(key)
                 self._cond.notify_all()
 
-    def _take(self, tenant: str, key: tuple[str, str] | None) -> None:
-        """Under the lock: a slot for the tenant now, after a bounded wait below its fair share,
-        or ResourceExhausted naming the bound."""
-        deadline = time.monotonic() + self.fair_wait_s
+    def _take(
+        self, tenant: str, key: tuple[str, str] | None, time_left: float | None = None
+    ) -> None:
+        """Under the lock: a slot for the tenant now, after a bounded wait below its fair share
+        (at most `fair_wait_s`, and never past the caller's deadline), or ResourceExhausted naming
+        the bound."""
+        wait_s = self.fair_wait_s if time_left is None else min(self.fair_wait_s, time_left)
+        deadline = time.monotonic() + wait_s
         waiting = False
         try:
             while True:
@@ -80,6 +89,11 @@ class CallLimits:
                     self._tenants[tenant] += 1
                     return
                 left = deadline - time.monotonic()
+                if waiting and left <= 0 and wait_s < self.fair_wait_s:
+                    raise DeadlineExceeded(
+                        "the call's deadline passed while it waited for a slot"
+                        f" ({self.total} engine calls in flight)"
+                    )
                 if self._tenants[tenant] >= share or left <= 0:
                     raise ResourceExhausted(
                         f"the daemon is busy: {self.total} engine calls in flight"

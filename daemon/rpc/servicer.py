@@ -79,7 +79,7 @@ def rpc(fn: Callable[..., Any]) -> Method:
             principal = self.auth(context)
             if loaded:
                 self.service.check_serving()
-            with self.admit(principal, request):
+            with self.admit(principal, request, context):
                 return fn(self, request, context, principal)
         except SinkdError as e:
             abort(context, e)
@@ -93,7 +93,7 @@ def rpc_stream(fn: Callable[..., Iterator[Any]]) -> Method:
         try:
             principal = self.auth(context)
             self.service.check_serving()
-            with self.admit(principal, request):
+            with self.admit(principal, request, context):
                 yield from fn(self, request, context, principal)
         except SinkdError as e:
             abort(context, e)
@@ -116,10 +116,13 @@ class _Base:
             self.service.metrics.auth_rejections.inc()
             raise
 
-    def admit(self, principal: Principal, request: Any) -> Any:
+    def admit(self, principal: Principal, request: Any, context: grpc.ServicerContext) -> Any:
+        """A slot under the call limits; a fair wait ends by the client's deadline."""
         if self.limits is None:
             return contextlib.nullcontext()
-        return self.limits.admit(principal.tenant or "(admin)", _session_of(request))
+        return self.limits.admit(
+            principal.tenant or "(admin)", _session_of(request), context.time_remaining()
+        )
 
 
 def _handle(h: pb.Handle) -> Handle:
@@ -386,7 +389,7 @@ class AdminServicer(_Base, pb_grpc.AdminServicer):
         super().__init__(service, authenticator, None)
         self.ask_stop = ask_stop
 
-    def admit(self, principal: Principal, request: Any) -> Any:
+    def admit(self, principal: Principal, request: Any, context: grpc.ServicerContext) -> Any:
         return contextlib.nullcontext()
 
     @rpc
