@@ -144,7 +144,7 @@ def list_tenants(
 
 def _tenants_table(usage: list[TenantUsage], address: str) -> Table:
     """Use against limit: a tenant's limit now is its cap, or the pool less the other tenants'
-    unused reserves (docs/security.md, "Shares")."""
+    unused reserves (docs/daemon.md, "Shares")."""
     table = Table(title=f"tenants at {address}")
     for col in ("tenant", "sessions", "parked", "stored", "memory", "prefixes", "responses"):
         table.add_column(col, no_wrap=col == "tenant")
