@@ -144,3 +144,30 @@ def test_over_http_stored_responses_then_open_sessions_are_each_tenant_own(
         assert respond(bob).output_text
     finally:
         d.stop()
+
+
+def test_over_http_a_tenant_filling_its_stored_bytes_leaves_room_for_another(
+    tmp_path: Path,
+) -> None:
+    """Alice at 1 MiB stored: each new stored conversation parks her previous one (its snapshot
+    written), until her next is refused with OpenAI's 429 naming her stored bytes and the
+    setting; bob's chat is served, alice's resident session parked for it."""
+    caps = tenants(alice={"max_stored_mb": 1})
+    d = http_daemon(tmp_path, max_sessions=1, max_parked_sessions=16, tenants=caps)
+    try:
+        alice, bob = openai_client(d), openai_client(d, "bob-token")
+        made = 0
+        with pytest.raises(openai.RateLimitError) as refused:
+            for _ in range(16):
+                alice.responses.create(
+                    model=MODEL, input="Tell me about the sea. " * 4, max_output_tokens=4
+                )
+                made += 1
+        assert 1 <= made < 16
+        assert "of its 1.0 MiB stored (max_stored_mb)" in str(refused.value)
+        chat = bob.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi!"}], max_tokens=6
+        )
+        assert chat.choices[0].message.content
+    finally:
+        d.stop()
