@@ -149,11 +149,11 @@ def _tenants_table(usage: list[TenantUsage], address: str) -> Table:
     for col in ("tenant", "sessions", "parked", "stored", "memory", "prefixes", "responses"):
         table.add_column(col, no_wrap=col == "tenant")
     for t in usage:
-        stored = f"{_mib(t.stored_bytes) if t.stored_bytes else '0'}"
+        stored = _mib(t.stored_bytes) if t.stored_bytes else "0"
         if t.max_stored_bytes:
             stored += f" / {_mib(t.max_stored_bytes)}"
         table.add_row(
-            t.tenant, f"{t.sessions} / {t.max_sessions} (reserved {t.reserved_sessions})",
+            shown(t.tenant), f"{t.sessions} / {t.max_sessions} (reserved {t.reserved_sessions})",
             str(t.parked), stored, _mib(t.memory_bytes), _mib(t.prefix_bytes),
             f"{t.responses} / {t.max_responses}",
         )  # fmt: skip

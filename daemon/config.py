@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     max_parked_sessions: int = Field(default=64, ge=0, le=65536)
     # what the state directory may hold, shared by the tenants as the open sessions are: each
     # has a reserve (half the pool split evenly, or its reserved_stored_mb) and may take what no
-    # other's unused reserve claims (docs/security.md, "Shares"). None: the filesystem's size
+    # other's unused reserve claims (docs/daemon.md, "Shares"). None: the filesystem's size
     max_state_mb: float | None = Field(default=None, gt=0)
     # below this much free space on the state directory's filesystem nothing new is written:
     # calls that would write are refused by name until space returns (runtime/durable/disk_space.py)

@@ -25,10 +25,6 @@ class Share:
     most: int | None = None
 
 
-def counted(n: int) -> str:
-    return str(n)
-
-
 def in_bytes(n: int) -> str:
     """Bytes as an operator reads them: KiB below a MiB, MiB above."""
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
@@ -44,7 +40,7 @@ class Pool:
     shares: Mapping[str, Share]
     setting: str
     reserve_setting: str
-    show: Callable[[int], str] = field(default=counted)
+    show: Callable[[int], str] = field(default=str)  # a count; `in_bytes` for bytes
 
     def share(self, tenant: str) -> Share:
         return self.shares.get(tenant, Share())
