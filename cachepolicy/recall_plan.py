@@ -43,6 +43,10 @@ class RecallConfig:
     passages: int = 2
     threshold: float = 1.0
     dense_threshold: float = 0.35
+    # the conversation takes part in its tenant's memory across conversations (the tenant opted
+    # in, and the conversation was not made private): the user's words are kept for the others,
+    # and a turn recalls from theirs after its own
+    across: bool = False
 
     def __post_init__(self) -> None:
         for name in ("budget", "passages"):
@@ -82,6 +86,7 @@ class RecallConfig:
             "passages": self.passages,
             "threshold": float(self.threshold),
             "dense_threshold": float(self.dense_threshold),
+            "across": self.across,
         }
 
 
@@ -108,6 +113,14 @@ class Candidate:
     lexical: float
     dense: float
     speaker: str = "unknown"
+    # another conversation of the tenant's, where the passage was said ("": this one's own memory)
+    conversation: str = ""
+    said_at: float = 0.0  # unix time it was said (kept for another conversation's)
+
+    @property
+    def ref(self) -> tuple[str, int]:
+        """What names the passage: its number, within its conversation's memory or the tenant's."""
+        return self.conversation, self.passage_id
 
     def strong(self, config: RecallConfig) -> bool:
         """Worth recalling: BM25 at the threshold, or a sentence vector as close as
@@ -128,11 +141,21 @@ class RecalledSpan:
     score: float
     at: float  # unix time of the recall
     speaker: str = "unknown"  # who said the passage (its turn's role; "text" outside a turn)
+    # from the tenant's memory across conversations: the conversation it was said in, and when
+    # (`passage_id` then numbers it in the tenant's memory; `source` is its place there)
+    conversation: str = ""
+    said_at: float = 0.0
+
+    @property
+    def ref(self) -> tuple[str, int]:
+        return self.conversation, self.passage_id
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "passage_id": self.passage_id,
             "speaker": self.speaker,
+            "conversation": self.conversation,
+            "said_unix_time": self.said_at,
             "source_logical": list(self.source),
             "stream_logical": list(self.stream),
             "score": self.score,
@@ -195,6 +218,8 @@ def plan_recall(
                 c.score,
                 at,
                 c.speaker,
+                c.conversation,
+                c.said_at,
             )
         )
         offset = start + c.n_tokens + frame_after

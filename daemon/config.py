@@ -66,6 +66,8 @@ class Tenant(BaseModel):
     max_stored_mb: float | None = Field(default=None, ge=0)  # snapshots, journal, memory
     reserved_stored_mb: float | None = Field(default=None, ge=0)
     max_stored_responses: int | None = Field(default=None, ge=0)  # the setting's, per tenant
+    # the setting's, for this tenant (None: the daemon's)
+    memory_across_conversations: bool | None = None
 
 
 class Settings(BaseSettings):
@@ -193,6 +195,11 @@ class Settings(BaseSettings):
     # where recalled text goes in a chat turn; "" = the model's entry in models.lock
     recall_presentation: Literal["", "system-after", "system-before", "quoted", "user-turn"] = ""
     memory_max_tokens: int = Field(default=1_000_000, ge=1)  # per session; oldest pruned first
+    # a tenant's memory across its conversations (docs/recall.md, "Across conversations"): what
+    # the user says in one conversation is kept, and a later conversation's turn may recall it.
+    # Off unless a tenant opts in, here for every tenant or in its [[tenants]] table
+    memory_across_conversations: bool = False
+    memory_across_max_tokens: int = Field(default=200_000, ge=1)  # per tenant; oldest pruned
     memory_passages: Literal["text", "fixed"] = "text"  # cut at lines/sentences, or every 48
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     verify_model_hash: bool = True
@@ -211,6 +218,13 @@ class Settings(BaseSettings):
     # once, or this long after the previous purge (a merge of the whole shared index: a tenant
     # forgetting in a loop must not stall every session's steps); 0: always at once
     purge_interval_s: float = Field(default=2.0, ge=0, le=60)
+
+    def memory_across(self, tenant: str) -> bool:
+        """Whether the tenant keeps a memory across its conversations."""
+        for t in self.tenants:
+            if t.name == tenant and t.memory_across_conversations is not None:
+                return t.memory_across_conversations
+        return self.memory_across_conversations
 
     @classmethod
     def settings_customise_sources(

@@ -7,6 +7,7 @@ The servicer converts its answers here; the CLI's client converts them back. Ran
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sinkd.cachepolicy import PolicyConfig
 from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan
@@ -14,6 +15,7 @@ from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import (
     Done,
     Handle,
+    KeptSelection,
     ModelInfo,
     PassageView,
     PrefixInfo,
@@ -68,7 +70,11 @@ def policy_from_pb(message: pb.Policy) -> PolicyConfig:
 
 def recall_settings_to_pb(c: RecallConfig) -> pb.RecallSettings:
     return pb.RecallSettings(
-        mode=c.mode.value, budget=c.budget, passages=c.passages, threshold=c.threshold
+        mode=c.mode.value,
+        budget=c.budget,
+        passages=c.passages,
+        threshold=c.threshold,
+        private=not c.across,
     )
 
 
@@ -78,6 +84,7 @@ def recall_settings_from_pb(message: pb.RecallSettings) -> RecallConfig:
         budget=message.budget,
         passages=message.passages,
         threshold=message.threshold,
+        across=not message.private and (message.mode or "off") != "off",
     )
 
 
@@ -89,6 +96,8 @@ def recalled_to_pb(s: RecalledSpan) -> pb.RecalledPassage:
         score=s.score,
         recalled_unix_time=s.at,
         speaker=s.speaker,
+        conversation=s.conversation,
+        said_unix_time=s.said_at,
     )
 
 
@@ -101,6 +110,8 @@ def recalled_from_pb(message: pb.RecalledPassage) -> RecalledSpan:
         score=message.score,
         at=message.recalled_unix_time,
         speaker=message.speaker or "unknown",
+        conversation=message.conversation,
+        said_at=message.said_unix_time,
     )
 
 
@@ -316,6 +327,8 @@ def passage_to_pb(p: PassageView) -> pb.Passage:
         score=p.score,
         speaker=p.speaker,
         turn=p.turn,
+        conversation=p.conversation,
+        asked=p.asked,
     )
 
 
@@ -330,6 +343,31 @@ def passage_from_pb(m: pb.Passage) -> PassageView:
         score=m.score if m.HasField("score") else None,
         speaker=m.speaker or "unknown",
         turn=m.turn,
+        conversation=m.conversation,
+        asked=m.asked,
+    )
+
+
+def kept_selection_to_pb(k: KeptSelection) -> pb.KeptSelection:
+    return pb.KeptSelection(
+        passage_id=k.passage_id,
+        conversation=k.conversation,
+        speaker=k.speaker,
+        since=k.since,
+        until=k.until,
+    )
+
+
+def kept_selection_from_pb(m: pb.KeptSelection) -> KeptSelection:
+    def given(name: str) -> Any:
+        return getattr(m, name) if m.HasField(name) else None
+
+    return KeptSelection(
+        passage_id=given("passage_id"),
+        conversation=given("conversation"),
+        speaker=given("speaker"),
+        since=given("since"),
+        until=given("until"),
     )
 
 

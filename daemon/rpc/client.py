@@ -28,6 +28,7 @@ from sinkd.daemon.runtime.api import (
     GenerationOptions,
     Handle,
     Inspection,
+    KeptSelection,
     PassageView,
     PolicyRequest,
     PrefixInfo,
@@ -265,6 +266,8 @@ class Client:
             message=request.message,
             max_tokens=options.max_tokens or 0,  # 0: unset
             stop=list(options.stops),
+            private=request.private,
+            reply_before=request.reply_before,
         )
         if options.sampling is not None:
             req.sampling.CopyFrom(_sampling(options.sampling))
@@ -348,6 +351,24 @@ class Client:
             req.speaker = speaker
         return int(self._call("Forget", req).forgotten)
 
+    def kept(
+        self, which: KeptSelection | None = None, search: str = "", limit: int = 100
+    ) -> builtins.list[PassageView]:
+        """The tenant's memory across conversations: the newest, or the best matches."""
+        req = pb.KeptRequest(
+            which=convert.kept_selection_to_pb(which or KeptSelection()), search=search, limit=limit
+        )
+        return [convert.passage_from_pb(p) for p in self._call("Kept", req).passages]
+
+    def forget_kept(self, which: KeptSelection) -> int:
+        req = pb.ForgetKeptRequest(which=convert.kept_selection_to_pb(which))
+        return int(self._call("ForgetKept", req).forgotten)
+
+    def remember(self, text: str) -> builtins.list[PassageView]:
+        """Keep a text in the tenant's memory across conversations, as the user's words."""
+        found = self._call("Remember", pb.RememberRequest(text=text)).passages
+        return [convert.passage_from_pb(p) for p in found]
+
     def list(self) -> list[Receipt]:
         sessions = self._call("List", pb.ListSessionsRequest()).sessions
         return [convert.receipt_from_pb(r) for r in sessions]
@@ -408,7 +429,11 @@ def _policy(p: PolicyRequest) -> pb.Policy:
 
 def _recall(r: RecallRequest) -> pb.RecallSettings:
     return pb.RecallSettings(
-        mode=r.mode or "", budget=r.budget, passages=r.passages, threshold=r.threshold
+        mode=r.mode or "",
+        budget=r.budget,
+        passages=r.passages,
+        threshold=r.threshold,
+        private=r.private,
     )
 
 

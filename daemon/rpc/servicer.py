@@ -33,6 +33,7 @@ from sinkd.proto.convert import (
     event_to_pb,
     handle_from_pb,
     handle_to_pb,
+    kept_selection_from_pb,
     model_to_pb,
     passage_to_pb,
     prefix_to_pb,
@@ -194,6 +195,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             budget=_optional(r, "budget"),
             passages=_optional(r, "passages"),
             threshold=_optional(r, "threshold"),
+            private=r.private,
         )
         receipt = self.service.create(
             principal, policy, sampling, request.system_prompt, recall=recall
@@ -237,7 +239,12 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Chat(
         self, request: pb.ChatRequest, context: Any, principal: Principal
     ) -> Iterator[pb.GenerateEvent]:
-        chat = ChatRequest(request.message, _options(request))
+        chat = ChatRequest(
+            request.message,
+            _options(request),
+            private=request.private,
+            reply_before=request.reply_before,
+        )
         events = self.service.chat(
             principal,
             _handle(request.handle),
@@ -378,6 +385,30 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
             speaker=request.speaker if which == "speaker" else None,
         )
         return pb.ForgetResponse(forgotten=n)
+
+    @rpc
+    def Kept(self, request: pb.KeptRequest, context: Any, principal: Principal) -> pb.KeptResponse:
+        found = self.service.across.listing(
+            principal,
+            kept_selection_from_pb(request.which),
+            request.search,
+            request.limit or 100,
+        )
+        return pb.KeptResponse(passages=[passage_to_pb(p) for p in found])
+
+    @rpc
+    def ForgetKept(
+        self, request: pb.ForgetKeptRequest, context: Any, principal: Principal
+    ) -> pb.ForgetResponse:
+        n = self.service.across.forget(principal, kept_selection_from_pb(request.which))
+        return pb.ForgetResponse(forgotten=n)
+
+    @rpc
+    def Remember(
+        self, request: pb.RememberRequest, context: Any, principal: Principal
+    ) -> pb.KeptResponse:
+        kept = self.service.across.remember(principal, request.text)
+        return pb.KeptResponse(passages=[passage_to_pb(p) for p in kept])
 
 
 class AdminServicer(_Base, pb_grpc.AdminServicer):

@@ -31,6 +31,7 @@ __all__ = [
     "GenerationOptions",
     "Handle",
     "Inspection",
+    "KeptSelection",
     "ModelInfo",
     "PassageView",
     "PolicyRequest",
@@ -82,6 +83,8 @@ class RecallRequest:
     budget: int | None = None
     passages: int | None = None
     threshold: float | None = None
+    # out of the tenant's memory across conversations (where the tenant keeps one)
+    private: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,12 @@ class Turn:
 class ChatRequest:
     message: str
     options: GenerationOptions = field(default_factory=GenerationOptions)
+    # keep the conversation out of its tenant's memory across conversations, from this turn on
+    # (what it gave goes too): nothing of it kept, nothing recalled from the others
+    private: bool = False
+    # the model's reply before this message: kept in the tenant's memory when the message asks
+    # to remember it ("remember that"); the model's words cross no other way
+    reply_before: str = ""
 
 
 class CancelToken:
@@ -363,6 +372,23 @@ class PassageView:
     score: float | None = None
     speaker: str = "unknown"  # who said it: its turn's role, "text" outside any turn
     turn: int = 0  # its turn's number in the session generation's stream (0: before any)
+    # in the tenant's memory across conversations: the conversation that said it ("" for a text
+    # given to the memory itself), and whether the user asked for it to be remembered
+    conversation: str = ""
+    asked: bool = False
+
+
+@dataclass(frozen=True)
+class KeptSelection:
+    """Which passages of the tenant's memory across conversations a listing or a forget takes:
+    one passage, one conversation's, one speaker's, those kept in [since, until) (unix seconds);
+    unset: any."""
+
+    passage_id: int | None = None
+    conversation: str | None = None
+    speaker: str | None = None
+    since: float | None = None
+    until: float | None = None
 
 
 @dataclass(frozen=True)

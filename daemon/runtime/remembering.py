@@ -7,18 +7,26 @@ from collections.abc import Callable
 
 from sinkd.cachepolicy.recall_plan import RecallMode
 from sinkd.daemon.config import Settings
+from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.runtime import lifecycle, requests
 from sinkd.daemon.runtime.access import Access
-from sinkd.daemon.runtime.api import Handle, PassageView, RecallRequest, RecallResult
+from sinkd.daemon.runtime.api import (
+    Handle,
+    KeptSelection,
+    PassageView,
+    RecallRequest,
+    RecallResult,
+)
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.recall.layer import Recall, RecallAsk, check_query
 from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.daemon.runtime.turns import Turns
-from sinkd.daemon.store.memory import Passage
+from sinkd.daemon.store.memory import Origin, Passage
 from sinkd.daemon.store.speakers import SPEAKERS, UNKNOWN
-from sinkd.errors import FailedPrecondition, InvalidInput, NotFound
+from sinkd.daemon.store.tenant_memory import Selection
+from sinkd.errors import FailedPrecondition, InvalidInput, NotFound, PermissionDenied
 
 
 class Remembering:
@@ -74,9 +82,10 @@ class Remembering:
             ),
             session.policy,
             self.settings,
+            across=current.across,
         )
         job = Job(session, [], generation=handle.generation)
-        job.recall = RecallAsk(query, config)
+        job.recall = RecallAsk(query, config, across=config.across)
         done = self.turns.wait(self.scheduler.submit(job), timeout)
         assert done.recall is not None  # a recall job always reports
         return RecallResult(done.recall, done.receipt)
@@ -168,6 +177,110 @@ class Remembering:
         return n
 
 
+class AcrossConversations:
+    """The tenant's memory across its conversations, under the owner's control: list and search
+    it, forget from it (by passage, conversation, speaker or time), give it a text to remember."""
+
+    def __init__(self, access: Access, scheduler: Scheduler, remembering: Remembering) -> None:
+        self.access = access
+        self.scheduler = scheduler
+        self.recall = remembering.recall
+        self.durability = remembering.durability
+        self.settings = remembering.settings
+
+    def _tenant(self, principal: Principal) -> str:
+        if principal.tenant is None:
+            raise PermissionDenied("the admin token keeps no memory; use a tenant's token")
+        return principal.tenant
+
+    def listing(
+        self, principal: Principal, which: KeptSelection, search: str = "", limit: int = 100
+    ) -> list[PassageView]:
+        """What the tenant's memory keeps (text included: the owner's), newest last, or the best
+        matches of `search`."""
+        tenant = self._tenant(principal)
+        if not 1 <= limit <= 10_000:
+            raise InvalidInput(f"limit: must be in 1..10000, got {limit}")
+        selection = check_selection(which)
+        floor = self.settings.recall_dense_threshold
+        found = self.scheduler.call(
+            lambda e: self.recall.across_passages(tenant, selection, search, limit, floor)
+        )
+        return [_view(p, score) for p, score in found]
+
+    def forget(self, principal: Principal, which: KeptSelection) -> int:
+        """Delete from the tenant's memory, from disk; a copy recalled into a conversation leaves
+        that conversation's files too (at once, or once its stream has evicted a live copy)."""
+        tenant = self._tenant(principal)
+        selection = check_selection(which)
+        if selection == Selection():
+            raise InvalidInput(
+                "forget: name a passage, a conversation, a speaker or a time range (all of it:"
+                " --since 0)"
+            )
+        n = self.scheduler.call(lambda e: self._forget(tenant, selection))
+        if n == 0:
+            raise NotFound("the memory across conversations keeps no such passage")
+        return n
+
+    def _forget(self, tenant: str, which: Selection) -> int:
+        sessions = self.access.registry.of_tenant(tenant)
+        n = self.recall.forget_across(tenant, which, sessions)
+        if not n:
+            return n
+        if self.durability is None:
+            self.recall.purge()
+            return n
+        self.durability.record(lambda: None)  # the rows, zeroed (secure_delete)
+        self.durability.purge.request()
+        self.durability.commit()
+        return n
+
+    def remember(self, principal: Principal, text: str) -> list[PassageView]:
+        """Keep a text the user gives the memory itself (no conversation said it), as the user's
+        words asked to be remembered."""
+        tenant = self._tenant(principal)
+        if not self.settings.memory_across(tenant):
+            raise FailedPrecondition(
+                f"tenant {tenant} keeps no memory across conversations"
+                " (memory_across_conversations is off)"
+            )
+        if not text.strip():
+            raise InvalidInput("remember: the text is empty")
+        if len(text.encode("utf-8", errors="replace")) > MAX_REMEMBER_BYTES:
+            raise InvalidInput(f"remember: the text is longer than {MAX_REMEMBER_BYTES} bytes")
+        engine = self.access.engine
+        tokens = engine.vocab.tokenize(text)
+        kept = self.scheduler.call(lambda e: self._keep(e, tenant, tokens))
+        return [_view(p, None) for p in kept]
+
+    def _keep(self, engine: Engine, tenant: str, tokens: list[int]) -> list[Passage]:
+        before = {p.id for p in self.recall.store.across.passages(tenant, Selection(), 1_000_000)}
+        self.recall.store.across.keep(
+            tenant, Origin("", 0, (0, len(tokens)), True), tokens, engine.vocab.piece, "user", 0
+        )
+        if self.durability is not None:
+            self.durability.record(lambda: None)
+            self.durability.commit()
+        kept = self.recall.store.across.passages(tenant, Selection(), 1_000_000)
+        return [p for p in kept if p.id not in before]
+
+
+MAX_REMEMBER_BYTES = 4096
+
+
+def check_selection(which: KeptSelection) -> Selection:
+    """The store's selection, once the caller's is valid."""
+    check_speaker(which.speaker)
+    if which.passage_id is not None and not 0 < which.passage_id < 2**63:
+        raise InvalidInput("passage ids are 1 .. 2**63-1")
+    if which.since is not None and which.until is not None and which.since >= which.until:
+        raise InvalidInput(
+            f"the time range must be since < until, got {which.since}..{which.until}"
+        )
+    return Selection(which.passage_id, which.conversation, which.speaker, which.since, which.until)
+
+
 def _view(p: Passage, score: float | None) -> PassageView:
     return PassageView(
         passage_id=p.id,
@@ -179,6 +292,8 @@ def _view(p: Passage, score: float | None) -> PassageView:
         score=score,
         speaker=p.speaker,
         turn=p.turn,
+        conversation=p.conversation,
+        asked=p.asked,
     )
 
 

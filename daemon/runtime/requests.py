@@ -28,11 +28,14 @@ MIN_DEFAULT_BUDGET = 16  # a passage's smallest size: below it, recall is off un
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 
 
-def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings) -> RecallConfig:
+def resolve_recall(
+    req: RecallRequest, policy: PolicyConfig, settings: Settings, across: bool = False
+) -> RecallConfig:
     """Unset mode: the daemon's default for the sink policy, off for the controls (they stay
     what they were, for the comparisons). A full session cannot recall: asking is refused.
     Unset budget: the daemon's default, at most half the window (a window too small to hold a
-    passage beside the question defaults to off)."""
+    passage beside the question defaults to off). `across`: the tenant keeps a memory across
+    its conversations; a session that stores and was not asked to be private takes part."""
     default_on = policy.policy is PolicyName.SINK and policy.window // 2 >= MIN_DEFAULT_BUDGET
     mode = req.mode or (settings.recall_mode if default_on else "off")
     config = RecallConfig.named(
@@ -44,6 +47,7 @@ def resolve_recall(req: RecallRequest, policy: PolicyConfig, settings: Settings)
         passages=settings.recall_passages if req.passages is None else req.passages,
         threshold=settings.recall_threshold if req.threshold is None else req.threshold,
         dense_threshold=settings.recall_dense_threshold,
+        across=across and not req.private and mode != RecallMode.OFF.value,
     )
     if config.mode is not RecallMode.OFF:
         check_recallable(policy)

@@ -8,6 +8,7 @@ memory is `Remembering`, reads are `SessionReads`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -48,7 +49,7 @@ from sinkd.daemon.runtime.migration import Mover, SessionMoves
 from sinkd.daemon.runtime.reads import SessionReads
 from sinkd.daemon.runtime.recall.framing import Presentation
 from sinkd.daemon.runtime.recall.layer import Recall
-from sinkd.daemon.runtime.remembering import Remembering
+from sinkd.daemon.runtime.remembering import AcrossConversations, Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
 from sinkd.daemon.runtime.tenancy import Tenancy
@@ -97,6 +98,7 @@ class SinkdService:
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)
+        self.recall.across_max_tokens = settings.memory_across_max_tokens
         self.prefixes = PrefixStates(
             self.metrics,
             settings.prefix_ram_mb * 2**20,
@@ -159,6 +161,7 @@ class SinkdService:
             self.access, self.scheduler, self.turns, self.recall, self.durability, settings
         )
         self.memory.on_forgot = self.prefixes.forget_tenant  # a prefix may hold forgotten text
+        self.across = AcrossConversations(self.access, self.scheduler, self.memory)
         self.reads = SessionReads(
             self.access, self.registry, self.scheduler, self.admission, self.metrics, self.entry
         )
@@ -235,6 +238,9 @@ class SinkdService:
             self.recall,
         )
         boot.resume(engine, self.entry, self.identity, self.durability, resumer)
+        for session in self.registry.all():  # a tenant that no longer keeps a memory across
+            if session.recall.across and not self.settings.memory_across(session.tenant):
+                session.recall = dataclasses.replace(session.recall, across=False)
         self.prefixes.prune({(s.id, s.reset_count) for s in self.registry.all()})
         assert self.scheduler.snapshotter is not None
         self.moves.mover = Mover(
@@ -333,7 +339,12 @@ class SinkdService:
             engine.n_ctx_seq,
         )
         engine.check_policy(config)
-        recall_config = requests.resolve_recall(recall or RecallRequest(), config, self.settings)
+        recall_config = requests.resolve_recall(
+            recall or RecallRequest(),
+            config,
+            self.settings,
+            across=self.settings.memory_across(principal.tenant),
+        )
         assert self.identity is not None
         identity, tenant = self.identity, principal.tenant
         session: Session = self.scheduler.call(

@@ -224,6 +224,11 @@ class Session:
     last_recall: RecallReport | None = None
     # regenerated turns so far: each draws its chat sampling seed anew (kept in snapshots)
     rewinds: int = 0
+    # the user's chat turns so far in this generation (kept in snapshots): the turn a passage of
+    # the tenant's memory names; and whether a passage of that memory was copied into the stream
+    # (a forget of one then rewrites this session's files too)
+    user_turns: int = 0
+    took_across: bool = False
     # closed after this long idle, if shorter than the daemon's `idle_timeout_s` (a client's
     # keep_alive; not kept across a restart)
     idle_timeout_s: float | None = None
@@ -268,6 +273,7 @@ class Session:
         self.seq.reset()
         self.retained = RetainedTokens(self.policy.sinks)
         self.recalled = []
+        self.user_turns = 0
         self.memory_stats = (0, 0, 0)
         self.last_recall = None
         if self.sampler is not None:

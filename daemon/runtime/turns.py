@@ -32,6 +32,8 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.loop.jobs import GenSpec, Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.recall import across
+from sinkd.daemon.runtime.recall.across import Said
 from sinkd.daemon.runtime.recall.framing import Presentation, chat_layout
 from sinkd.daemon.runtime.recall.layer import RecallAsk, chat_query
 from sinkd.daemon.runtime.recall.past import may_need_the_past
@@ -161,30 +163,45 @@ class Turns:
         # one goes in, and the seed of the model's chat sampling, is decided as the job starts, on
         # the engine thread, where the session stands then
         message = engine.vocab.tokenize(request.message)  # as text, once, for both framings
-        framings = [self._chat_turn(session, request.message, message, p) for p in AFTER]
+        framings = [
+            self._chat_turn(session, request.message, message, p, request.private) for p in AFTER
+        ]
+        asked = across.asks_to_remember(request.message)
+        bare = across.asks_for_the_reply(request.message)  # "remember that": the reply is meant
+        reply = request.reply_before if bare else ""
+        # what the user states is kept (a bare question or bidding is not: `states_something`)
+        keeps = bool(message) and not bare and (asked or across.states_something(request.message))
         params = requests.sampling_params(request.options.sampling)
         seeded = params is None and not session.sampling.chosen
         entry = self.entry
 
         def frame(job: Job) -> None:
             s = job.session
-            job.tokens, job.recall = framings[after_reply(s)]
+            job.tokens, job.recall, offset = framings[after_reply(s)]
+            job.private = request.private
+            if s.recall.across and not request.private and (keeps or reply):
+                job.keep = Said(offset, message if keeps else [], asked, reply)
             if seeded and job.gen is not None:
                 n_seen = s.seq.state.n_seen
                 chat = requests.chat_sampling(entry.sampling, s.generation, n_seen, s.rewinds)
                 if chat is not None:
                     job.gen.sampler = Sampler(chat)
 
-        prompt, ask = framings[0]
+        prompt, ask, _ = framings[0]
         return self._stream(
             session, handle, request.options, params, prompt, ask, cancel, timeout, frame
         )
 
     def _chat_turn(
-        self, session: Session, message: str, message_tokens: list[int], prefix: str
-    ) -> tuple[list[int], RecallAsk | None]:
-        """The user's turn in the template's framing (the message as text) and, when the session
-        recalls on its own, where its recalled passages go."""
+        self,
+        session: Session,
+        message: str,
+        message_tokens: list[int],
+        prefix: str,
+        private: bool = False,
+    ) -> tuple[list[int], RecallAsk | None, int]:
+        """The user's turn in the template's framing (the message as text), when the session
+        recalls on its own, where its recalled passages go, and where the message starts."""
         engine = self.access.engine
         mark = content_mark(0)  # the message goes in as text, the template's framing around it
         turn = engine.vocab.render_chat([("user", mark)], add_assistant=False)
@@ -192,6 +209,8 @@ class Turns:
         if not text.startswith(turn):  # a template that does not end the turn before the header
             turn = text
         question = engine.vocab.tokenize_framed(prefix + turn, [message_tokens])
+        head = (prefix + turn).partition(mark)[0]
+        offset = len(engine.vocab.tokenize(head, special=True)) if head else 0
         rest = text[len(turn) :]
         prompt = question + (engine.vocab.tokenize_framed(rest, []) if rest else [])
         ask = None
@@ -205,8 +224,9 @@ class Turns:
                 strip_control=True,
                 insert_at=layout.insert_at,
                 by_meaning=may_need_the_past(message),
+                across=not private,
             )
-        return prompt, ask
+        return prompt, ask, offset
 
     def _stream(
         self,

@@ -21,11 +21,13 @@ from sinkd.daemon.store.forgetting import Forgetting
 from sinkd.daemon.store.passages import (
     _SCHEMA,
     _SEARCH_SCHEMA,
+    Origin,
     Passage,
     PassageTable,
     Segmenting,
     SessionKey,
     Sizes,
+    add_origin_columns,
     add_speaker_columns,
     add_tenant_column,
     add_vector_column,
@@ -34,10 +36,11 @@ from sinkd.daemon.store.passages import (
 from sinkd.daemon.store.recalled_copies import RecallLog
 from sinkd.daemon.store.search import PassageSearch, query_terms
 from sinkd.daemon.store.speakers import NO_TURNS, Turns
+from sinkd.daemon.store.tenant_memory import TenantMemory
 from sinkd.daemon.store.word_index import WordIndexes
 from sinkd.daemon.store.writing import EvictedText
 
-__all__ = ["MemoryStore", "Passage", "Segmenting", "SessionKey", "query_terms"]
+__all__ = ["MemoryStore", "Origin", "Passage", "Segmenting", "SessionKey", "query_terms"]
 
 
 class MemoryStore:
@@ -60,6 +63,7 @@ class MemoryStore:
         add_vector_column(db)
         add_speaker_columns(db)
         add_tenant_column(db)
+        add_origin_columns(db)
         db.execute("PRAGMA temp_store=MEMORY")  # a query's words never reach a temporary file
         db.executescript(_SEARCH_SCHEMA)
         self.words = WordIndexes(db)
@@ -71,6 +75,7 @@ class MemoryStore:
         self.finder = PassageSearch(db, self.words, embedder)
         self.forgetting = Forgetting(db, self.table, self.words)
         self.recall_log = RecallLog(db)
+        self.across = TenantMemory(db, self.table)  # each tenant's, across its conversations
 
     @classmethod
     def temporary(
@@ -122,8 +127,9 @@ class MemoryStore:
         limit: int,
         embed_missing: bool = True,
         by_meaning: bool = True,
+        leave_out: str | None = None,
     ) -> list[Candidate]:
-        return self.finder.search(key, query, limit, embed_missing, by_meaning)
+        return self.finder.search(key, query, limit, embed_missing, by_meaning, leave_out)
 
     @property
     def embedder(self) -> Embedder | None:
@@ -189,7 +195,13 @@ class MemoryStore:
         return self.forgetting.forget(key, passage_id, logical, speaker)
 
     def drop(self, session_id: str, keep_reset_count: int | None = None) -> int:
-        return self.forgetting.drop(session_id, keep_reset_count)
+        """A reset (`keep_reset_count`, the new generation's) or a close (None): the session's
+        memory goes. A reset takes what its old generations gave the tenant's memory with it; a
+        close leaves that for the tenant's other conversations."""
+        n = self.forgetting.drop(session_id, keep_reset_count)
+        if keep_reset_count is not None:
+            n += self.across.drop_from(session_id, keep_reset_count)
+        return n
 
     def purge(self) -> None:
         self.forgetting.purge()
@@ -225,8 +237,9 @@ class MemoryStore:
         )
         self.db.execute(
             "INSERT INTO recalls (session, reset_count, stream_start, stream_end, source_start,"
-            " source_end, passage_id, offset, score, at, speaker) SELECT ?, ?, stream_start,"
-            " stream_end, source_start, source_end, passage_id, offset, score, at, speaker"
+            " source_end, passage_id, offset, score, at, speaker, conversation, said_at)"
+            " SELECT ?, ?, stream_start, stream_end, source_start, source_end, passage_id,"
+            " offset, score, at, speaker, conversation, said_at"
             " FROM recalls WHERE session=? AND reset_count=?",
             (child, child_reset, parent, parent_reset),
         )

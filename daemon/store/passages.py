@@ -88,6 +88,22 @@ class Passage:
     sealed: bool
     speaker: str = UNKNOWN  # its turn's role (speakers.py); "text" outside any turn
     turn: int = 0  # the number of its turn in the session generation's stream (0: before any)
+    # in the tenant's memory across conversations (tenant_memory.py): the conversation that said
+    # it ("" elsewhere; `turn` is then that conversation's), and whether the user asked for it to
+    # be remembered (a request to remember, or a text given to the memory itself)
+    conversation: str = ""
+    asked: bool = False
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a passage of the tenant's memory was said: a conversation's generation, its logical
+    range there, and whether the user asked for it to be remembered."""
+
+    session_id: str
+    reset_count: int
+    logical: tuple[int, int]
+    asked: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,30 @@ def add_tenant_column(db: sqlite3.Connection) -> None:
         "CREATE INDEX IF NOT EXISTS passages_unindexed_by_tenant ON passages (tenant, id)"
         " WHERE vector IS NULL"
     )
+
+
+def add_origin_columns(db: sqlite3.Connection) -> None:
+    """The tenant's memory across conversations (tenant_memory.py) keeps where each passage was
+    said: the conversation and its generation (a reset of it drops them), its place there, and
+    whether the user asked for it; NULL in a conversation's own memory."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(passages)")}
+    for column, kind in (
+        ("origin_session", "TEXT"),
+        ("origin_reset", "INTEGER"),
+        ("origin_start", "INTEGER"),
+        ("origin_end", "INTEGER"),
+        ("asked", "INTEGER"),
+    ):
+        if column not in columns:
+            db.execute(f"ALTER TABLE passages ADD COLUMN {column} {kind}")
+    db.execute(
+        "CREATE INDEX IF NOT EXISTS passages_by_origin ON passages (origin_session, origin_reset)"
+        " WHERE origin_session IS NOT NULL"
+    )
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(recalls)")}
+    for column, kind in (("conversation", "TEXT"), ("said_at", "REAL")):
+        if column not in columns:
+            db.execute(f"ALTER TABLE recalls ADD COLUMN {column} {kind}")
 
 
 def add_vector_column(db: sqlite3.Connection) -> None:
@@ -229,20 +269,26 @@ class PassageTable:
         text: str,
         sealed: bool,
         speaker: tuple[str, int] = (UNKNOWN, 0),
+        origin: Origin | None = None,
     ) -> None:
         """Rewrite row `pid` (its start, number, speaker and creation time stay), or add one,
-        numbered next in its session generation, said by `speaker` (role, turn)."""
+        numbered next in its session generation, said by `speaker` (role, turn), in `origin`
+        (the tenant's memory)."""
         end = start + len(toks)
         data = blob(toks)
         size = len(data) + len(text.encode("utf-8"))
         if pid is None:
             self.sizes.bump(key, 1, len(toks), size)
+            o = origin
             cur = self.db.execute(
                 "INSERT INTO passages (session, reset_count, logical_start, logical_end,"
-                " tokens, text, sealed, created, number, speaker, turn, tenant)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " tokens, text, sealed, created, number, speaker, turn, tenant, origin_session,"
+                " origin_reset, origin_start, origin_end, asked)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key.session_id, key.reset_count, start, end, data, text, int(sealed),
-                 time.time(), self._next_number(key), speaker[0], speaker[1], key.tenant),
+                 time.time(), self._next_number(key), speaker[0], speaker[1], key.tenant,
+                 o and o.session_id, o and o.reset_count, o and o.logical[0],
+                 o and o.logical[1], o and int(o.asked)),
             )  # fmt: skip
             pid = int(cur.lastrowid or 0)
         else:
@@ -271,7 +317,7 @@ class PassageTable:
         """(row id, passage) of the session generation's passages, by logical start."""
         sql = (
             "SELECT id, number, logical_start, logical_end, tokens, text, created, sealed,"
-            " speaker, turn FROM passages WHERE session=? AND reset_count=?"
+            " speaker, turn, origin_session, asked FROM passages WHERE session=? AND reset_count=?"
         )
         args: list[object] = [key.session_id, key.reset_count]
         if numbers is not None:
@@ -283,10 +329,10 @@ class PassageTable:
                 int(i),
                 Passage(
                     int(n), (int(a), int(b)), unblob(t), x, float(c), bool(s), who or UNKNOWN,
-                    int(turn or 0),
+                    int(turn or 0), origin or "", bool(asked),
                 ),
             )
-            for i, n, a, b, t, x, c, s, who, turn in rows
+            for i, n, a, b, t, x, c, s, who, turn, origin, asked in rows
         ]  # fmt: skip
 
     def ids(self, key: SessionKey, limit: int = -1) -> list[tuple[int, int, int]]:

@@ -19,26 +19,27 @@ class RecallLog:
         for s in spans:
             self.db.execute(
                 "INSERT INTO recalls (session, reset_count, stream_start, stream_end,"
-                " source_start, source_end, passage_id, offset, score, at, speaker)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " source_start, source_end, passage_id, offset, score, at, speaker,"
+                " conversation, said_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key.session_id, key.reset_count, s.stream[0], s.stream[1], s.source[0],
-                 s.source[1], s.passage_id, s.offset, s.score, s.at, s.speaker),
+                 s.source[1], s.passage_id, s.offset, s.score, s.at, s.speaker,
+                 s.conversation or None, s.said_at),
             )  # fmt: skip
 
     def of(self, key: SessionKey) -> list[RecalledSpan]:
         """The session generation's copies, by where they start in the stream."""
         rows = self.db.execute(
             "SELECT passage_id, source_start, source_end, stream_start, stream_end, offset,"
-            " score, at, speaker FROM recalls WHERE session=? AND reset_count=?"
-            " ORDER BY stream_start",
+            " score, at, speaker, conversation, said_at FROM recalls"
+            " WHERE session=? AND reset_count=? ORDER BY stream_start",
             (key.session_id, key.reset_count),
         )
         return [
             RecalledSpan(
                 int(p), (int(a), int(b)), (int(c), int(d)), int(o), float(s), float(t),
-                who or UNKNOWN,
+                who or UNKNOWN, conv or "", float(said or 0.0),
             )
-            for p, a, b, c, d, o, s, t, who in rows
+            for p, a, b, c, d, o, s, t, who, conv, said in rows
         ]  # fmt: skip
 
     def drop_before(self, key: SessionKey, logical: int) -> None:

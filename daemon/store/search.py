@@ -86,8 +86,10 @@ class PassageSearch:
         limit: int,
         embed_missing: bool = True,
         by_meaning: bool = True,
+        leave_out: str | None = None,
     ) -> list[Candidate]:
-        """The session generation's passages that either search finds, best first.
+        """The session generation's passages that either search finds, best first (in the
+        tenant's memory, those said in conversation `leave_out` left out: the asking one's).
 
         `by_meaning` False: BM25 alone, the query not embedded (a turn that needs no past).
 
@@ -100,19 +102,19 @@ class PassageSearch:
         vectors carry paraphrase, the words break ties and keep exact names first. Chosen on the
         chat arm's facts (bench/README.md, "recall retrieval"): reciprocal rank fusion let BM25's
         chance matches in unrelated text outvote the vectors on paraphrased questions."""
-        spans, numbers, speakers = self._passages(key)
+        spans, numbers, speakers, origins = self._passages(key, leave_out)
         if not spans:
             return []
         lexical = self._bm25(key, query, spans)
         dense = (
-            self._dense(key, query, embed_missing)
+            self._dense(key, query, embed_missing, spans)
             if self.embedder is not None and by_meaning
             else {}
         )
         if not dense:
             ranked = sorted(lexical, key=lambda d: (-lexical[d], spans[d]))[:limit]
             return [
-                self._candidate(d, lexical[d], spans, numbers, speakers, lexical, {})
+                self._candidate(d, lexical[d], spans, numbers, speakers, origins, lexical, {})
                 for d in ranked
             ]
         top = max(lexical.values(), default=0.0)
@@ -122,7 +124,8 @@ class PassageSearch:
         }
         ranked = sorted(fused, key=lambda d: (-fused[d], spans[d]))[:limit]
         return [
-            self._candidate(d, fused[d], spans, numbers, speakers, lexical, dense) for d in ranked
+            self._candidate(d, fused[d], spans, numbers, speakers, origins, lexical, dense)
+            for d in ranked
         ]
 
     @staticmethod
@@ -132,26 +135,37 @@ class PassageSearch:
         spans: dict[int, tuple[int, int]],
         numbers: dict[int, int],
         speakers: dict[int, str],
+        origins: dict[int, tuple[str, float]],
         lexical: dict[int, float],
         dense: dict[int, float],
     ) -> Candidate:
         a, b = spans[d]
+        conversation, said_at = origins.get(d, ("", 0.0))
         return Candidate(
-            numbers[d], (a, b), b - a, score, lexical.get(d, 0.0), dense.get(d, 0.0), speakers[d]
-        )
+            numbers[d], (a, b), b - a, score, lexical.get(d, 0.0), dense.get(d, 0.0), speakers[d],
+            conversation, said_at,
+        )  # fmt: skip
 
     def _passages(
-        self, key: SessionKey
-    ) -> tuple[dict[int, tuple[int, int]], dict[int, int], dict[int, str]]:
-        spans, numbers, speakers = {}, {}, {}
-        for i, a, b, number, speaker in self.db.execute(
-            "SELECT id, logical_start, logical_end, number, speaker FROM passages"
-            " WHERE session=? AND reset_count=?",
+        self, key: SessionKey, leave_out: str | None = None
+    ) -> tuple[
+        dict[int, tuple[int, int]], dict[int, int], dict[int, str], dict[int, tuple[str, float]]
+    ]:
+        """Each passage's range, number and speaker by row id, and, in the tenant's memory, the
+        conversation that said it and when."""
+        spans, numbers, speakers, origins = {}, {}, {}, {}
+        for i, a, b, number, speaker, origin, created in self.db.execute(
+            "SELECT id, logical_start, logical_end, number, speaker, origin_session, created"
+            " FROM passages WHERE session=? AND reset_count=?",
             (key.session_id, key.reset_count),
         ):
+            if origin is not None and origin == leave_out:
+                continue
             spans[int(i)], numbers[int(i)] = (int(a), int(b)), int(number)
             speakers[int(i)] = speaker or UNKNOWN
-        return spans, numbers, speakers
+            if origin is not None:
+                origins[int(i)] = (str(origin), float(created))
+        return spans, numbers, speakers, origins
 
     def _bm25(
         self, key: SessionKey, query: str, spans: dict[int, tuple[int, int]]
@@ -180,6 +194,7 @@ class PassageSearch:
                 " WHERE v.term=? AND p.session=? AND p.reset_count=? GROUP BY v.doc",
                 (stem, key.session_id, key.reset_count),
             ).fetchall()
+            hits = [h for h in hits if h[0] in length]  # none left out (the asker's own words)
             idf = math.log((n - len(hits) + 0.5) / (len(hits) + 0.5))
             idf = idf if idf > 0 else 1e-6
             for doc, tf in hits:
@@ -187,7 +202,9 @@ class PassageSearch:
                 score[doc] = score.get(doc, 0.0) + idf * tf * (_K1 + 1) / (tf + norm)
         return score
 
-    def _dense(self, key: SessionKey, query: str, embed_missing: bool) -> dict[int, float]:
+    def _dense(
+        self, key: SessionKey, query: str, embed_missing: bool, spans: dict[int, tuple[int, int]]
+    ) -> dict[int, float]:
         """Each passage's closest sentence to the query, by cosine (the session's passages only).
         Per sentence, not per passage: a passage cut from a turn holds other text too, and its
         mean vector drifts from the one sentence a question is about."""
@@ -199,6 +216,7 @@ class PassageSearch:
             " AND vector IS NOT NULL AND LENGTH(vector) > 0",
             (key.session_id, key.reset_count),
         ).fetchall()
+        rows = [r for r in rows if int(r[0]) in spans]
         if not rows:
             return {}
         q = self._query_vector(query)

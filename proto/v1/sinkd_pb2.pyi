@@ -141,32 +141,38 @@ class Receipt(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., generation: _Optional[str] = ..., reset_count: _Optional[int] = ..., state: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., n_seen: _Optional[int] = ..., retained: _Optional[int] = ..., anchors_logical: _Optional[_Union[Range, _Mapping]] = ..., recent_logical: _Optional[_Union[Range, _Mapping]] = ..., anchors_cache: _Optional[_Union[Range, _Mapping]] = ..., recent_cache: _Optional[_Union[Range, _Mapping]] = ..., pending_gap: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_tokens: _Optional[int] = ..., shifts: _Optional[int] = ..., kv_payload_bytes: _Optional[int] = ..., model: _Optional[str] = ..., model_sha256: _Optional[str] = ..., system_prompt_tokens: _Optional[int] = ..., system_prompt_tokens_pinned: _Optional[int] = ..., system_prompt_sha256: _Optional[str] = ..., tenant: _Optional[str] = ..., resume: _Optional[str] = ..., stale_reason: _Optional[str] = ..., snapshot_n_seen: _Optional[int] = ..., snapshot_unix_time: _Optional[float] = ..., journal_chunks: _Optional[int] = ..., journal_tokens: _Optional[int] = ..., recall: _Optional[_Union[RecallSettings, _Mapping]] = ..., recalled: _Optional[_Iterable[_Union[RecalledPassage, _Mapping]]] = ..., memory_passages: _Optional[int] = ..., memory_tokens: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., last_recall: _Optional[_Union[RecallReport, _Mapping]] = ..., residency: _Optional[str] = ..., restores: _Optional[int] = ..., restored_ms: _Optional[float] = ..., prefix_tokens: _Optional[int] = ...) -> None: ...
 
 class RecallSettings(_message.Message):
-    __slots__ = ("mode", "budget", "passages", "threshold")
+    __slots__ = ("mode", "budget", "passages", "threshold", "private")
     MODE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    PRIVATE_FIELD_NUMBER: _ClassVar[int]
     mode: str
     budget: int
     passages: int
     threshold: float
-    def __init__(self, mode: _Optional[str] = ..., budget: _Optional[int] = ..., passages: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
+    private: bool
+    def __init__(self, mode: _Optional[str] = ..., budget: _Optional[int] = ..., passages: _Optional[int] = ..., threshold: _Optional[float] = ..., private: _Optional[bool] = ...) -> None: ...
 
 class RecalledPassage(_message.Message):
-    __slots__ = ("passage_id", "source_logical", "stream_logical", "score", "recalled_unix_time", "speaker")
+    __slots__ = ("passage_id", "source_logical", "stream_logical", "score", "recalled_unix_time", "speaker", "conversation", "said_unix_time")
     PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LOGICAL_FIELD_NUMBER: _ClassVar[int]
     STREAM_LOGICAL_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RECALLED_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    SAID_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
     passage_id: int
     source_logical: Range
     stream_logical: Range
     score: float
     recalled_unix_time: float
     speaker: str
-    def __init__(self, passage_id: _Optional[int] = ..., source_logical: _Optional[_Union[Range, _Mapping]] = ..., stream_logical: _Optional[_Union[Range, _Mapping]] = ..., score: _Optional[float] = ..., recalled_unix_time: _Optional[float] = ..., speaker: _Optional[str] = ...) -> None: ...
+    conversation: str
+    said_unix_time: float
+    def __init__(self, passage_id: _Optional[int] = ..., source_logical: _Optional[_Union[Range, _Mapping]] = ..., stream_logical: _Optional[_Union[Range, _Mapping]] = ..., score: _Optional[float] = ..., recalled_unix_time: _Optional[float] = ..., speaker: _Optional[str] = ..., conversation: _Optional[str] = ..., said_unix_time: _Optional[float] = ...) -> None: ...
 
 class RecallReport(_message.Message):
     __slots__ = ("query_sha256", "query_terms", "candidates", "best_score", "threshold", "note", "recalled", "search")
@@ -245,18 +251,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("handle", "message", "max_tokens", "stop", "sampling")
+    __slots__ = ("handle", "message", "max_tokens", "stop", "sampling", "private", "reply_before")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PRIVATE_FIELD_NUMBER: _ClassVar[int]
+    REPLY_BEFORE_FIELD_NUMBER: _ClassVar[int]
     handle: Handle
     message: str
     max_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     sampling: Sampling
-    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., message: _Optional[str] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+    private: bool
+    reply_before: str
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., message: _Optional[str] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., private: _Optional[bool] = ..., reply_before: _Optional[str] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "index", "latency_ms")
@@ -407,7 +417,7 @@ class MemoryRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., search: _Optional[str] = ..., limit: _Optional[int] = ..., speaker: _Optional[str] = ...) -> None: ...
 
 class Passage(_message.Message):
-    __slots__ = ("passage_id", "logical", "n_tokens", "text", "created_unix_time", "sealed", "score", "speaker", "turn")
+    __slots__ = ("passage_id", "logical", "n_tokens", "text", "created_unix_time", "sealed", "score", "speaker", "turn", "conversation", "asked")
     PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     LOGICAL_FIELD_NUMBER: _ClassVar[int]
     N_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -417,6 +427,8 @@ class Passage(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    ASKED_FIELD_NUMBER: _ClassVar[int]
     passage_id: int
     logical: Range
     n_tokens: int
@@ -426,7 +438,51 @@ class Passage(_message.Message):
     score: float
     speaker: str
     turn: int
-    def __init__(self, passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., n_tokens: _Optional[int] = ..., text: _Optional[str] = ..., created_unix_time: _Optional[float] = ..., sealed: _Optional[bool] = ..., score: _Optional[float] = ..., speaker: _Optional[str] = ..., turn: _Optional[int] = ...) -> None: ...
+    conversation: str
+    asked: bool
+    def __init__(self, passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., n_tokens: _Optional[int] = ..., text: _Optional[str] = ..., created_unix_time: _Optional[float] = ..., sealed: _Optional[bool] = ..., score: _Optional[float] = ..., speaker: _Optional[str] = ..., turn: _Optional[int] = ..., conversation: _Optional[str] = ..., asked: _Optional[bool] = ...) -> None: ...
+
+class KeptSelection(_message.Message):
+    __slots__ = ("passage_id", "conversation", "speaker", "since", "until")
+    PASSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    passage_id: int
+    conversation: str
+    speaker: str
+    since: float
+    until: float
+    def __init__(self, passage_id: _Optional[int] = ..., conversation: _Optional[str] = ..., speaker: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class KeptRequest(_message.Message):
+    __slots__ = ("which", "search", "limit")
+    WHICH_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    which: KeptSelection
+    search: str
+    limit: int
+    def __init__(self, which: _Optional[_Union[KeptSelection, _Mapping]] = ..., search: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class KeptResponse(_message.Message):
+    __slots__ = ("passages",)
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    passages: _containers.RepeatedCompositeFieldContainer[Passage]
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ...) -> None: ...
+
+class ForgetKeptRequest(_message.Message):
+    __slots__ = ("which",)
+    WHICH_FIELD_NUMBER: _ClassVar[int]
+    which: KeptSelection
+    def __init__(self, which: _Optional[_Union[KeptSelection, _Mapping]] = ...) -> None: ...
+
+class RememberRequest(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class MemoryResponse(_message.Message):
     __slots__ = ("passages",)

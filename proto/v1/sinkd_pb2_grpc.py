@@ -119,6 +119,21 @@ class SessionsStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.FromString,
                 _registered_method=True)
+        self.Kept = channel.unary_unary(
+                '/sinkd.v1.Sessions/Kept',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptResponse.FromString,
+                _registered_method=True)
+        self.ForgetKept = channel.unary_unary(
+                '/sinkd.v1.Sessions/ForgetKept',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetKeptRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.FromString,
+                _registered_method=True)
+        self.Remember = channel.unary_unary(
+                '/sinkd.v1.Sessions/Remember',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RememberRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptResponse.FromString,
+                _registered_method=True)
 
 
 class SessionsServicer:
@@ -230,6 +245,25 @@ class SessionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Kept(self, request, context):
+        """the tenant's memory across its conversations
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetKept(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Remember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -317,6 +351,21 @@ def add_SessionsServicer_to_server(servicer, server):
                     servicer.Forget,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.SerializeToString,
+            ),
+            'Kept': grpc.unary_unary_rpc_method_handler(
+                    servicer.Kept,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptResponse.SerializeToString,
+            ),
+            'ForgetKept': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetKept,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetKeptRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.SerializeToString,
+            ),
+            'Remember': grpc.unary_unary_rpc_method_handler(
+                    servicer.Remember,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RememberRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -778,6 +827,87 @@ class Sessions:
             '/sinkd.v1.Sessions/Forget',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Kept(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Kept',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetKept(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/ForgetKept',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetKeptRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Remember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Sessions/Remember',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.RememberRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.KeptResponse.FromString,
             options,
             channel_credentials,
             insecure,

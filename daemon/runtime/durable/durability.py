@@ -103,6 +103,7 @@ def snapshot_meta(session: Session, config: dict[str, Any]) -> dict[str, Any]:
         "sampler_seed": session.sampling.seed,
         "sampler_draws": session.sampler.draws,
         "rewinds": session.rewinds,
+        "user_turns": session.user_turns,
         "greedy": session.greedy_hint,  # llama.cpp's argmax of the logits stored beside
         "created": time.time(),
     }
@@ -142,6 +143,7 @@ def adopt_snapshot_meta(session: Session, meta: dict[str, Any]) -> None:
     session.sampler.reset()
     session.sampler.advance(int(meta["sampler_draws"]))
     session.rewinds = int(meta.get("rewinds", 0))
+    session.user_turns = int(meta.get("user_turns", 0))
 
 
 class StateDirLock:

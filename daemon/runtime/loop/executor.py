@@ -225,6 +225,8 @@ class Executor:
             job.restored_ms = self.residency.restore(self.engine, session)
         if job.on_start is not None:
             job.on_start(job)
+        if self.recall is not None:
+            self._across(job)
         if job.recall is not None and self.recall is not None:
             try:  # recalled passages go in where the job says (after the question)
                 at = job.recall.insert_at
@@ -245,6 +247,21 @@ class Executor:
             and not self.auditor.check(session, full=True)  # restored cells, as a decode's
         ):
             raise SessionFailed(f"session {session.id}: {session.failure}; reset or close it")
+
+    def _across(self, job: Job) -> None:
+        """A private turn takes its conversation out of the tenant's memory (journalled with the
+        turn); a chat turn of a conversation that takes part gives its words to it."""
+        assert self.recall is not None
+        session = job.session
+        try:
+            if job.private and session.recall.across:
+                self.recall.made_private(session)
+                if self.durability is not None:
+                    self.durability.put(session)
+            if job.keep is not None:
+                self.recall.keep(self.engine, session, job.keep, len(session.pending_prefix))
+        except sqlite3.Error as e:
+            raise JournalError(f"memory: the tenant's memory could not be written: {e}") from None
 
     def _sample(self, job: Job) -> None:
         """A generating job whose prefill is done: sample its next token from the last logits."""

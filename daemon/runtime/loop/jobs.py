@@ -20,6 +20,7 @@ from sinkd.cachepolicy import AppendPlan
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.runtime.api import Done, ErrorEvent, Event
 from sinkd.daemon.runtime.loop.textout import TextAssembler
+from sinkd.daemon.runtime.recall.across import Said
 from sinkd.daemon.runtime.recall.layer import RecallAsk
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.errors import Cancelled, DeadlineExceeded, SinkdError, StaleGeneration
@@ -100,6 +101,10 @@ class Job:
         self.error: SinkdError | None = None
         self.result: Done | None = None
         self.recall: RecallAsk | None = None  # passages go in first
+        # a chat turn's words for the tenant's memory across conversations; a private turn takes
+        # its conversation out of it
+        self.keep: Said | None = None
+        self.private = False
         self.store_at: list[int] = []  # stream lengths at which its read is kept (prefixes.py)
         self.submitted = time.monotonic()
         self.last_emit = self.submitted

@@ -27,10 +27,14 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import RecallReport
+from sinkd.daemon.runtime.recall import across as across_words
+from sinkd.daemon.runtime.recall.across import Said
 from sinkd.daemon.runtime.recall.indexing import Indexer
 from sinkd.daemon.runtime.sessions import Session
-from sinkd.daemon.store.memory import MemoryStore, Passage, query_terms
+from sinkd.daemon.store import tenant_memory
+from sinkd.daemon.store.memory import MemoryStore, Origin, Passage, SessionKey, query_terms
 from sinkd.daemon.store.speakers import ASSISTANT, NO_TURNS, TurnMarks, Turns
+from sinkd.daemon.store.tenant_memory import Selection
 from sinkd.errors import InvalidInput
 
 MAX_QUERY_BYTES = 4096
@@ -39,6 +43,8 @@ OWN_WORDS = "(your own earlier reply, not something the user said) "
 # a chat turn that asks no question and speaks of no earlier turn (past.py)
 WORDS_ALONE = "bm25 alone: the turn asks no question and speaks of nothing said before"
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
+# passages of the tenant's memory this close to the best match's score are taken newest first
+CORRECTION_MARGIN = 0.1
 log = logging.getLogger("sinkd.recall")
 
 
@@ -56,6 +62,8 @@ class RecallAsk:
     insert_at: int = 0  # where in the job's tokens the passages go (after the question)
     # search by meaning too (the query embedded); a chat turn that needs no past: words alone
     by_meaning: bool = True
+    # search the tenant's memory across conversations too, after the session's own
+    across: bool = False
 
 
 def said_by_model(c: Candidate) -> bool:
@@ -83,10 +91,54 @@ def turns_of(engine: Engine) -> Turns:
     return Turns(TurnMarks.of(header, vocab.is_control, vocab.piece), vocab.is_control)
 
 
-def in_window(session: Session) -> dict[int, RecalledSpan]:
-    """Passages whose recalled copy the window still holds whole, by passage id."""
+def ranked_across(strong: list[Candidate]) -> list[Candidate]:
+    """Passages from the tenant's memory, best first; among those as good as the best (within
+    `CORRECTION_MARGIN`), the newest first: a user who corrects a fact says much the same words
+    again, later, and the correction is what holds."""
+    if not strong:
+        return []
+    top = max(c.score for c in strong)
+    near = [c for c in strong if c.score >= top - CORRECTION_MARGIN]
+    return sorted(near, key=lambda c: -c.said_at) + sorted(
+        [c for c in strong if c.score < top - CORRECTION_MARGIN], key=lambda c: -c.score
+    )
+
+
+def leftover(config: RecallConfig, chosen: list[Candidate], framing: int) -> RecallConfig | None:
+    """The budget and passages the session's own memory left (None: none)."""
+    budget = config.budget - sum(c.n_tokens + framing for c in chosen)
+    passages = config.passages - len(chosen)
+    if budget < 1 or passages < 1:
+        return None
+    return dataclasses.replace(config, budget=budget, passages=passages)
+
+
+def nothing_recalled(
+    best_held: RecalledSpan | None,
+    found: list[Candidate],
+    strong_others: list[Candidate],
+    held: dict[tuple[str, int], RecalledSpan],
+) -> tuple[str, str]:
+    """The report's note and the metric's outcome of a recall that brought nothing back."""
+    if best_held is None and strong_others:
+        best_held = held.get(strong_others[0].ref)
+    if best_held is not None:
+        a, b = best_held.stream
+        whose = f" of conversation {best_held.conversation}" if best_held.conversation else ""
+        return (
+            f"nothing recalled: the best match, passage {best_held.passage_id}{whose}, is still"
+            f" in the window (its copy at logical {a}-{b})"
+        ), "in_window"
+    if not found:
+        return "nothing recalled: no stored passage matched the query", "empty"
+    return "nothing recalled: no stored passage scored above the thresholds", "empty"
+
+
+def in_window(session: Session) -> dict[tuple[str, int], RecalledSpan]:
+    """Passages whose recalled copy the window still holds whole, by `ref` (the conversation
+    they came from, "" for the session's own, and their number)."""
     start = session.seq.state.window_start
-    return {s.passage_id: s for s in session.recalled if s.stream[0] >= start}
+    return {s.ref: s for s in session.recalled if s.stream[0] >= start}
 
 
 def chat_query(message: str) -> str:
@@ -110,6 +162,7 @@ class Recall:
         self._store = store
         self.metrics = metrics
         self.max_tokens = max_tokens_per_session
+        self.across_max_tokens = 200_000  # each tenant's memory across conversations, at most
         self.indexer = Indexer()
         # how a search finds passages: "bm25+dense", or "bm25 alone: why" (set at load)
         self.search = "bm25 alone: the model is not loaded yet"
@@ -185,50 +238,50 @@ class Recall:
     def prepare(self, engine: Engine, session: Session, ask: RecallAsk) -> list[int]:
         """Search, pick within the budget, lay out; returns the tokens to insert into the job at
         `ask.insert_at` (after the session's pending prefix) and records the spans on the
-        session."""
+        session. The session's own memory first; then, where the conversation takes part, the
+        tenant's memory across conversations (its other conversations' words), in what budget
+        and passages the session's own left."""
         check_recallable(session.policy)
         t0 = time.monotonic()
         config = ask.config
         store = self.store
         held = in_window(session)
-        # a lookup first: the passages that have their vectors already (nothing embedded now);
-        # unless its best is still in the window, search again with every passage's vector (the
-        # worker's batch in flight waited for, what is still missing embedded now)
-        meaning = ask.by_meaning
-        found = store.search(
-            session.key, ask.query, SEARCH_POOL, embed_missing=False, by_meaning=meaning
+        own = self._found(store, session.key, ask, held)
+        across = ask.across and session.recall.across
+        others = (
+            self._found(store, tenant_memory.key_of(session.tenant), ask, held, session.id)
+            if across
+            else []
         )
-        lookup = theirs_first([c for c in found if c.strong(config)])
-        if (
-            meaning
-            and not (lookup and lookup[0].passage_id in held)
-            and store.unindexed(1, key=session.key)
-        ):
-            self.indexer.settle(store)
-            found = store.search(session.key, ask.query, SEARCH_POOL)
         own_words = self._of_engine(engine)[1]
-        bodies = {
-            p.id: (own_words if p.speaker == ASSISTANT else [])
-            + [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
-            for p in store.passages(session.key, [c.passage_id for c in found])
-        }
-        found = [dataclasses.replace(c, n_tokens=len(bodies[c.passage_id])) for c in found]
+        bodies: dict[tuple[str, int], list[int]] = {}
+        for p in store.passages(session.key, [c.passage_id for c in own]):
+            head = own_words if p.speaker == ASSISTANT else []
+            bodies["", p.id] = head + self._text(engine, p, ask)
+        memory = tenant_memory.key_of(session.tenant)
+        for p in store.passages(memory, [c.passage_id for c in others]) if others else []:
+            head = engine.vocab.tokenize(across_words.heading(p.speaker, p.created))
+            bodies[p.conversation, p.id] = head + self._text(engine, p, ask)
+        found = [dataclasses.replace(c, n_tokens=len(bodies[c.ref])) for c in own + others]
         frame = engine.vocab.tokenize_framed  # the template's framing, around no content
         before = frame(ask.frame[0], []) if ask.frame[0] else []
         after = frame(ask.frame[1], []) if ask.frame[1] else []
-        strong = theirs_first([c for c in found if c.strong(config)])
+        framing = len(before) + len(after)
+        strong = theirs_first([c for c in found if c.strong(config) and not c.conversation])
+        strong_others = ranked_across([c for c in found if c.strong(config) and c.conversation])
         # the best match's copy is still in the window: the model has it, decode nothing again
         # (a turn that recalled it before costs the search alone)
-        best_held = held.get(strong[0].passage_id) if strong else None
+        best_held = held.get(strong[0].ref) if strong else None
+        chosen: list[Candidate] = []
         if best_held is None:
             chosen = select(
-                [c for c in strong if c.passage_id not in held],
-                config,
-                len(before) + len(after),
-                second=said_by_model,
+                [c for c in strong if c.ref not in held], config, framing, second=said_by_model
             )
-        else:
-            chosen = []
+        rest = leftover(config, chosen, framing)
+        if rest is not None and strong_others and strong_others[0].ref not in held:
+            chosen += select([c for c in strong_others if c.ref not in held], rest, framing)
+        if any(c.conversation for c in chosen):
+            session.took_across = True
         self.metrics.recall_latency.observe(time.monotonic() - t0)
         report = RecallReport(
             query_sha256=hashlib.sha256(ask.query.encode()).hexdigest(),
@@ -237,21 +290,10 @@ class Recall:
             best_score=max((c.score for c in found), default=0.0),
             threshold=config.threshold,
             note="",
-            search=self.search if meaning or not store.dense else WORDS_ALONE,
+            search=self.search if ask.by_meaning or not store.dense else WORDS_ALONE,
         )
         if not chosen:
-            if best_held is not None:
-                a, b = best_held.stream
-                note = (
-                    f"nothing recalled: the best match, passage {best_held.passage_id}, is still"
-                    f" in the window (its copy at logical {a}-{b})"
-                )
-                outcome = "in_window"
-            elif not found:
-                note, outcome = "nothing recalled: no stored passage matched the query", "empty"
-            else:
-                note = "nothing recalled: no stored passage scored above the thresholds"
-                outcome = "empty"
+            note, outcome = nothing_recalled(best_held, found, strong_others, held)
             session.last_recall = dataclasses.replace(report, note=note)
             self.metrics.recalls.labels(outcome=outcome).inc()
             return []
@@ -266,20 +308,115 @@ class Recall:
         )
         tokens: list[int] = []
         for c in chosen:
-            tokens += before + bodies[c.passage_id] + after
+            tokens += before + bodies[c.ref] + after
         assert len(tokens) == plan.n_tokens
         session.recalled = [*session.recalled, *plan.spans]
         store.add_recall(session.key, plan.spans)
         for span in plan.spans:
             session.seq.note_recall(span)
+        n_across = sum(1 for c in chosen if c.conversation)
         session.last_recall = dataclasses.replace(
             report,
-            note=f"recalled {len(plan.spans)} passage(s), {plan.n_tokens} tokens",
+            note=f"recalled {len(plan.spans)} passage(s), {plan.n_tokens} tokens"
+            + (f"; {n_across} from other conversations" if n_across else ""),
             recalled=tuple(plan.spans),
         )
         self.metrics.recalls.labels(outcome="recalled").inc()
         self.metrics.recalled_tokens.inc(plan.n_tokens)
         return tokens
+
+    def _found(
+        self,
+        store: MemoryStore,
+        key: SessionKey,
+        ask: RecallAsk,
+        held: dict[tuple[str, int], RecalledSpan],
+        leave_out: str | None = None,
+    ) -> list[Candidate]:
+        """A lookup first: the passages that have their vectors already (nothing embedded now);
+        unless its best is still in the window, search again with every passage's vector (the
+        worker's batch in flight waited for, what is still missing embedded now)."""
+        meaning = ask.by_meaning
+        search = store.search
+        found = search(key, ask.query, SEARCH_POOL, False, meaning, leave_out)
+        lookup = theirs_first([c for c in found if c.strong(ask.config)])
+        if meaning and not (lookup and lookup[0].ref in held) and store.unindexed(1, key=key):
+            self.indexer.settle(store)
+            found = search(key, ask.query, SEARCH_POOL, True, meaning, leave_out)
+        return found
+
+    @staticmethod
+    def _text(engine: Engine, p: Passage, ask: RecallAsk) -> list[int]:
+        return [t for t in p.tokens if not (ask.strip_control and engine.vocab.is_control(t))]
+
+    # --- the tenant's memory across conversations ---
+
+    def keep(self, engine: Engine, session: Session, said: Said, n_before: int) -> int:
+        """A chat turn's words into the tenant's memory, as the turn starts (`n_before`: the
+        tokens queued before the job's, a pending prefix). Returns passages kept."""
+        if not session.recall.across:
+            return 0
+        session.user_turns += 1
+        start = session.seq.state.n_seen + n_before + said.offset
+        at = (start, start + len(said.tokens))
+        across = self.store.across
+        piece = engine.vocab.piece
+        n = across.keep(
+            session.tenant, Origin(session.id, session.reset_count, at, said.asked),
+            said.tokens, piece, "user", session.user_turns,
+        )  # fmt: skip
+        if said.reply:
+            n += across.keep(
+                session.tenant, Origin(session.id, session.reset_count, at, True),
+                engine.vocab.tokenize(said.reply), piece, ASSISTANT, session.user_turns - 1,
+            )  # fmt: skip
+        if n:
+            self.metrics.memory_stored_tokens.inc(len(said.tokens))
+            self.indexer.noted()
+            pruned = self.store.prune(tenant_memory.key_of(session.tenant), self.across_max_tokens)
+            self.metrics.memory_pruned_tokens.inc(pruned)
+        return n
+
+    def made_private(self, session: Session) -> int:
+        """The conversation leaves its tenant's memory: nothing more of it is kept or recalled
+        across, and what it gave goes. Returns passages deleted."""
+        session.recall = dataclasses.replace(session.recall, across=False)
+        return self.store.across.drop_from(session.id, None)
+
+    def across_passages(
+        self, tenant: str, which: Selection, search: str, limit: int, dense_floor: float
+    ) -> list[tuple[Passage, float | None]]:
+        """The tenant's kept passages `which` names: the newest `limit`, or the best matches of
+        `search`."""
+        store = self.store
+        if not search:
+            return [(p, None) for p in store.across.passages(tenant, which, limit)]
+        check_query(search)
+        key = tenant_memory.key_of(tenant)
+        allowed = {p.id for p in store.across.passages(tenant, which, 1_000_000)}
+        found = [
+            c
+            for c in store.search(key, search, 10_000)
+            if (c.lexical > 0 or c.dense >= dense_floor) and c.passage_id in allowed
+        ][:limit]
+        by_id = {p.id: p for p in store.passages(key, [c.passage_id for c in found])}
+        return [(by_id[c.passage_id], c.score) for c in found if c.passage_id in by_id]
+
+    def forget_across(self, tenant: str, which: Selection, sessions: list[Session]) -> int:
+        """Delete passages from the tenant's memory. A session that holds a live copy of one
+        rewrites its files once the stream has evicted it; one that took copies before has
+        its files rewritten now (its journal may hold an evicted copy)."""
+        numbers = set(self.store.across.forget(tenant, which))
+        self.metrics.memory_forgotten_passages.inc(len(numbers))
+        for session in sessions if numbers else []:
+            live = [
+                s.stream[1] for s in session.recalled if s.conversation and s.passage_id in numbers
+            ]
+            if live:
+                session.scrub_after = max([*live, session.scrub_after or 0])
+            if session.took_across:
+                session.scrub_due = True
+        return len(numbers)
 
     def abandoned(self, session: Session) -> None:
         """A recall's job ended before all its tokens went in: its copies end where the stream
@@ -334,7 +471,8 @@ class Recall:
             live = [
                 s.stream[1]
                 for s in session.recalled
-                if any(s.source[0] < b and a < s.source[1] for a, b in ranges)
+                if not s.conversation
+                and any(s.source[0] < b and a < s.source[1] for a, b in ranges)
             ]
             if live:
                 session.scrub_after = max([*live, session.scrub_after or 0])
@@ -360,6 +498,7 @@ class Recall:
         """Before replay: the recalled copies the journal knows of, so a replayed eviction of a
         copy is not stored again."""
         session.recalled = self.store.recalls(session.key)
+        session.took_across = any(s.conversation for s in session.recalled)
 
     def resumed(self, engine: Engine, session: Session) -> None:
         """After replay: drop what was committed ahead of the history the journal kept."""

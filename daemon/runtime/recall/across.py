@@ -1,0 +1,83 @@
+"""What crosses from one conversation to another of the same tenant (its memory across
+conversations, store/tenant_memory.py), and how it reads when it comes back.
+
+Only the user's words cross: a chat turn's message, kept as it is said. The model's words cross
+only where the user asks for it: a message that asks to remember and says nothing else ("remember
+that", "please remember this") keeps the reply before it, marked as the model's, kept at the
+user's request. A message that asks to remember something it says ("Remember: my locker is 4417")
+is the user's words, marked as asked for. A passage that comes back says where it was said and
+when, so the model can weigh an older statement against a newer one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+# a message that asks to remember: "remember ...", "please remember ...", "can you remember ..."
+_ASKS = re.compile(
+    r"^\s*(?:(?:please|pls|and|ok(?:ay)?|now|also|hey)[\s,]+)*(?:(?:can|could|would|will)\s+you\s+)?"
+    r"(?:remember|memori[sz]e|keep\s+in\s+mind|note)\b[\s,:;-]*",
+    re.IGNORECASE,
+)
+# ... and says nothing of its own to remember: the reply before it is what is asked for
+_BARE = re.compile(
+    r"^(?:(?:that|this|it|what\s+you\s+(?:just\s+)?said|your\s+(?:last\s+)?(?:answer|reply))"
+    r"(?:\s+for\s+(?:me|later|next\s+time))?)?\s*(?:please)?\s*[.!?]*\s*$",
+    re.IGNORECASE,
+)
+
+
+MIN_WORDS = 3  # "hi", "thanks!": nothing to keep
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_WORDS = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_ASKS_OR_BIDS = frozenset(
+    """what which who whom whose where when why how is are was were do does did can could would
+    will should shall have has am tell show give let help teach explain write make describe list
+    summarize summarise translate continue go""".split()
+)
+
+
+@dataclass(frozen=True)
+class Said:
+    """A chat turn's words for the tenant's memory: the message (`tokens`, starting `offset`
+    tokens into the job's), whether the user asked for it to be remembered, and the model's
+    reply the user asked to be remembered (its text; "" when none was asked for)."""
+
+    offset: int
+    tokens: list[int]
+    asked: bool = False
+    reply: str = ""
+
+
+def states_something(message: str) -> bool:
+    """Whether the message says something of its own: a sentence that neither asks ("What is my
+    code?", "how is glass made") nor bids the model do a thing ("Tell me about tides."). A
+    question kept would come back for the next question like it, in the place of the answer."""
+    for sentence in _SENTENCE.split(message.strip()):
+        words = _WORDS.findall(sentence.lower())
+        if len(words) < MIN_WORDS or sentence.rstrip().endswith("?"):
+            continue
+        first = words[1] if words[0] == "please" and len(words) > 1 else words[0]
+        if first not in _ASKS_OR_BIDS:
+            return True
+    return False
+
+
+def asks_to_remember(message: str) -> bool:
+    return _ASKS.match(message) is not None
+
+
+def asks_for_the_reply(message: str) -> bool:
+    """The message asks to remember and says nothing else: the reply before it is meant."""
+    m = _ASKS.match(message)
+    return m is not None and _BARE.match(message[m.end() :]) is not None
+
+
+def heading(speaker: str, said_at: float) -> str:
+    """What goes before a passage from another conversation (the template's frame is around)."""
+    day = time.strftime("%Y-%m-%d %H:%M", time.localtime(said_at))
+    if speaker == "assistant":
+        return f"(not this conversation: your own reply in an earlier one, {day}, kept as the user asked) "
+    return f"(not this conversation: the user said this in an earlier one, {day}) "

@@ -1,0 +1,152 @@
+"""A tenant's memory across its conversations: what the user said in each (and what the user asked
+to be remembered), kept past the conversation's close, found by a later conversation's turn.
+
+Its passages are rows of `passages` filed under one key per tenant (`key_of`), so they share the
+conversations' search (BM25 and vectors), the tenant's own full-text index, the background
+embedder, secure deletion and the purge. Each row keeps where it was said (`Origin`: conversation,
+generation, range) and its turn; its `logical` range is its place in the tenant's memory, a count
+of the tokens kept in order, so the oldest come first. A reset of the conversation drops what its
+old generation gave (forgetting.py), a close does not; the owner forgets by passage, conversation,
+speaker or time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sinkd.daemon.store.passages import Origin, Passage, PassageTable, SessionKey, text_of
+
+# a key no conversation has: session ids are hex or a node's name and hex (never a "~")
+_PREFIX = "~memory-"
+
+
+def key_of(tenant: str) -> SessionKey:
+    return SessionKey(_PREFIX + hashlib.sha256(tenant.encode()).hexdigest()[:16], 0, tenant)
+
+
+def is_memory(session_id: str) -> bool:
+    return session_id.startswith(_PREFIX)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which of a tenant's kept passages a listing or a forget takes: one passage, one
+    conversation's, one speaker's, those kept within [since, until) (unix time); unset: any."""
+
+    passage_id: int | None = None
+    conversation: str | None = None
+    speaker: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def where(self) -> tuple[str, list[object]]:
+        sql, args = "", list[object]()
+        for column, op, value in (
+            ("number", "=", self.passage_id),
+            ("origin_session", "=", self.conversation),
+            ("speaker", "=", self.speaker),
+            ("created", ">=", self.since),
+            ("created", "<", self.until),
+        ):
+            if value is not None:
+                sql += f" AND {column}{op}?"
+                args.append(value)
+        return sql, args
+
+
+class TenantMemory:
+    MAX_PASSAGE_TOKENS = 64  # a long message is kept in pieces of at most this many tokens
+
+    def __init__(self, db: sqlite3.Connection, table: PassageTable) -> None:
+        self.db = db
+        self.table = table
+
+    def keep(
+        self,
+        tenant: str,
+        origin: Origin,
+        tokens: Sequence[int],
+        piece: Callable[[int], bytes],
+        speaker: str,
+        turn: int,
+    ) -> int:
+        """Keep words said in a conversation; returns passages kept (0: the same words were kept
+        before from this conversation, as a client that resends its history sends them again)."""
+        if not tokens:
+            return 0
+        key = key_of(tenant)
+        text = text_of(tokens, piece).strip()
+        if not text or self._kept_already(key, origin.session_id, text):
+            return 0
+        end = self._end(key)
+        n = 0
+        for i in range(0, len(tokens), self.MAX_PASSAGE_TOKENS):
+            part = list(tokens[i : i + self.MAX_PASSAGE_TOKENS])
+            at = origin.logical[0] + i
+            self.table.write(
+                key, None, end, part, text_of(part, piece), True, (speaker, turn),
+                Origin(origin.session_id, origin.reset_count, (at, at + len(part)), origin.asked),
+            )  # fmt: skip
+            end += len(part)
+            n += 1
+        return n
+
+    def _kept_already(self, key: SessionKey, conversation: str, text: str) -> bool:
+        return (
+            self.db.execute(
+                "SELECT 1 FROM passages INDEXED BY passages_by_origin WHERE origin_session=?"
+                " AND session=? AND text=? LIMIT 1",
+                (conversation, key.session_id, text),
+            ).fetchone()
+            is not None
+        )
+
+    def _end(self, key: SessionKey) -> int:
+        row = self.db.execute(
+            "SELECT MAX(logical_end) FROM passages WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def passages(self, tenant: str, which: Selection, limit: int) -> list[Passage]:
+        """The tenant's kept passages `which` names, the newest `limit`, oldest first."""
+        key = key_of(tenant)
+        sql, args = which.where()
+        numbers = [
+            int(r[0])
+            for r in self.db.execute(
+                "SELECT number FROM passages WHERE session=? AND reset_count=?"
+                f"{sql} ORDER BY logical_start DESC LIMIT ?",
+                (key.session_id, key.reset_count, *args, limit),
+            )
+        ]
+        return [p for _, p in self.table.rows(key, numbers)] if numbers else []
+
+    def forget(self, tenant: str, which: Selection) -> list[int]:
+        """Delete the passages `which` names; returns their numbers."""
+        key = key_of(tenant)
+        sql, args = which.where()
+        rows = self.db.execute(
+            "SELECT id, number FROM passages WHERE session=? AND reset_count=?" + sql,
+            (key.session_id, key.reset_count, *args),
+        ).fetchall()
+        self.table.delete([int(r[0]) for r in rows])
+        return [int(r[1]) for r in rows]
+
+    def drop_from(self, session_id: str, keep_reset_count: int | None) -> int:
+        """What a conversation's generations gave, but `keep_reset_count`'s (None: every one)."""
+        sql, args = "origin_session=?", list[object]([session_id])
+        if keep_reset_count is not None:
+            sql += " AND origin_reset<>?"
+            args.append(keep_reset_count)
+        ids = [
+            int(r[0])
+            for r in self.db.execute(
+                f"SELECT id FROM passages INDEXED BY passages_by_origin WHERE {sql}", args
+            )
+        ]
+        self.table.delete(ids)
+        return len(ids)
