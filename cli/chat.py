@@ -52,7 +52,12 @@ def recall_line(report: RecallReport) -> str:
     if not report.recalled:
         return f"[recall: {report.note or 'nothing recalled'}{alone}]"
     where = ", ".join(
-        f"#{s.passage_id} from {_span(s.source)} (score {s.score:.1f})" for s in report.recalled
+        (
+            f"#{s.passage_id} from conversation {s.conversation} (score {s.score:.1f})"
+            if s.conversation
+            else f"#{s.passage_id} from {_span(s.source)} (score {s.score:.1f})"
+        )
+        for s in report.recalled
     )
     n = len(report.recalled)
     return f"[recall: {n} passage(s) of earlier text back in the cache: {where}{alone}]"
@@ -67,6 +72,9 @@ class ChatLoop:
         self.max_tokens = max_tokens
         self.out = out
         self.err = err
+        self.last_reply = (
+            ""  # kept in the tenant's memory if the next message asks ("remember that")
+        )
 
     def status(self, receipt: Receipt) -> None:
         p = receipt.policy
@@ -118,14 +126,18 @@ class ChatLoop:
 
     def turn(self, message: str) -> None:
         done: Done | None = None
-        for event in self.backend.chat(
-            self.handle, ChatRequest(message, GenerationOptions(self.max_tokens))
-        ):
+        request = ChatRequest(
+            message, GenerationOptions(self.max_tokens), reply_before=self.last_reply
+        )
+        pieces: list[str] = []
+        for event in self.backend.chat(self.handle, request):
             if isinstance(event, TokenEvent):
+                pieces.append(event.text)
                 self.out.write(terminal_safe(event.text))
                 self.out.flush()
             else:
                 done = event
+        self.last_reply = "".join(pieces)
         self.out.write("\n")
         assert done is not None  # a stream ends with Done or raises
         if done.recall is not None:
@@ -208,6 +220,13 @@ def chat(
         typer.Option("--repeat-penalty", help="Over the last 64 tokens; 1: off."),
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
+    private: Annotated[
+        bool,
+        typer.Option(
+            "--private",
+            help="Keep this conversation out of your tenant's memory across conversations.",
+        ),
+    ] = False,
 ) -> None:
     """Talk to a session; replies stream as they are generated. /reset /fork /receipt /trace /quit.
 
@@ -235,7 +254,7 @@ def chat(
         receipt = backend.create(
             pol,
             system_prompt=system,
-            recall=RecallRequest(mode=recall.value) if recall else None,
+            recall=RecallRequest(mode=recall.value if recall else None, private=private),
             sampling=sampling,
         )
         loop = ChatLoop(backend, receipt.handle, max_tokens, sys.stdout, err)

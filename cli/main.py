@@ -7,7 +7,18 @@ from typing import Annotated
 
 import typer
 
-from sinkd.cli import chat, evaluate, models, narrate, nodes, options, serve, sessions, stream
+from sinkd.cli import (
+    chat,
+    evaluate,
+    memory,
+    models,
+    narrate,
+    nodes,
+    options,
+    serve,
+    sessions,
+    stream,
+)
 from sinkd.daemon.rpc.client import TlsFiles
 
 app = typer.Typer(
@@ -46,6 +57,7 @@ app.command()(chat.chat)
 app.command()(narrate.narrate)
 app.add_typer(models.app, name="models")
 app.add_typer(sessions.app, name="sessions")
+app.add_typer(memory.app, name="memory")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(evaluate.eval_app, name="eval")
 

@@ -20,11 +20,13 @@ from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, HttpError, internal
 from sinkd.daemon.http.openai_api import FINISH, extension, usage
 from sinkd.daemon.http.wire import (
+    PRIVATE_HEADER,
     SESSION_HEADER,
     headers_of,
     history,
     max_tokens_of,
     parse_json,
+    private_of,
     stops_of,
     tool_use_of,
     validated,
@@ -305,6 +307,7 @@ def router(calls: Calls) -> APIRouter:
             session_id=request.headers.get(SESSION_HEADER),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
             tools=tool_use_of(body.tools, None, None),
+            private=private_of(request.headers.get(PRIVATE_HEADER)),
         )
         return await answer(principal, request, turn, body.model, body.stream, "message")
 
@@ -332,6 +335,7 @@ def router(calls: Calls) -> APIRouter:
                 opts.generation(), output=format_of((body.model_extra or {}).get("format"))
             ),
             keep_alive_s=keep_alive_seconds(body.keep_alive),
+            private=True,  # a prompt, not a conversation: nothing of it is kept across
         )
         return await answer(principal, request, turn, body.model, body.stream, "response")
 

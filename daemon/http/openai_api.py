@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, body, internal
 from sinkd.daemon.http.wire import (
+    PRIVATE_HEADER,
     SESSION_HEADER,
     ChatCompletionBody,
     CompletionBody,
@@ -25,6 +26,7 @@ from sinkd.daemon.http.wire import (
     completion_request,
     headers_of,
     parse_json,
+    private_of,
     validated,
 )
 from sinkd.daemon.runtime.api import (
@@ -134,7 +136,11 @@ def router(calls: Calls) -> APIRouter:
         calls.ready()
         parsed = validated(ChatCompletionBody, parse_json(await calls.body(request)))
         check_model(parsed.model, model_name)
-        turn = chat_request(parsed, request.headers.get(SESSION_HEADER))
+        turn = chat_request(
+            parsed,
+            request.headers.get(SESSION_HEADER),
+            private_of(request.headers.get(PRIVATE_HEADER)),
+        )
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
 

@@ -26,6 +26,20 @@ from sinkd.daemon.runtime.conversations.completions import CompletionRequest
 
 # fields a client may send that change nothing sinkd does (metadata, defaults it already has)
 SESSION_HEADER = "x-sinkd-session"  # a client may name its session; every answer names it
+# the conversation stays out of its tenant's memory across conversations (docs/recall.md)
+PRIVATE_HEADER = "x-sinkd-private"
+
+
+def private_of(value: str | None) -> bool:
+    """The private header's value: 1/true/yes/on, or 0/false/no/off (absent: not private)."""
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise HttpError(400, f"{PRIVATE_HEADER}: {value[:16]!r} is not true or false")
 
 
 def headers_of(c: Continuation) -> dict[str, str]:
@@ -393,7 +407,9 @@ def sampling_of(
     )
 
 
-def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessChatRequest:
+def chat_request(
+    body: ChatCompletionBody, session_id: str | None, private: bool = False
+) -> StatelessChatRequest:
     check_supported(body, UNSUPPORTED, HARMLESS)
     both = body.max_tokens is not None and body.max_completion_tokens is not None
     if both and body.max_tokens != body.max_completion_tokens:
@@ -414,4 +430,5 @@ def chat_request(body: ChatCompletionBody, session_id: str | None) -> StatelessC
         ),
         session_id=session_id,
         tools=tool_use_of(body.tools, body.tool_choice, body.parallel_tool_calls),
+        private=private,
     )

@@ -59,6 +59,8 @@ class StatelessChatRequest:
     # has answered)
     keep_alive_s: float | None = None
     tools: ToolUse | None = None  # the functions the reply may call
+    # keep the conversation out of its tenant's memory across conversations (a header)
+    private: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,9 @@ class StatelessChats:
         """`cancel` and the call's deadline (`timeout`, else the daemon's) bound the history's
         ingest and the turn alike; `admit` is given the session before anything is done to it."""
         request, plan = self._with_tools(request)  # refused (400) before any session
+        # what a chat UI sends beside the chat (its task prompts quote the chat, the model's
+        # words too) never joins the tenant's memory across conversations, nor reads it
+        private = request.private or ui_tasks.recognized(request.turns) is not None
         request, form = self._ui_task(request)
         tenant = _check(principal, request)
         requests.output_grammar(request.options.output)  # a schema refused before any session
@@ -162,7 +167,13 @@ class StatelessChats:
             seen,
         )
         self.index.place(handle.session_id, before)
-        chat = ChatRequest(new.content, request.options)
+        replies = [t.content for t in earlier if t.role == "assistant"]
+        chat = ChatRequest(
+            new.content,
+            request.options,
+            private=private,
+            reply_before=replies[-1] if replies and earlier[-1].role == "assistant" else "",
+        )
         try:
             events = self.turns.chat(principal, handle, chat, cancel, call.deadline.left())
         except BaseException:
