@@ -76,7 +76,7 @@ def show(passages: list[PassageView], title: str, as_json: bool) -> None:
         table.add_row(
             str(p.passage_id),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(p.created_unix_time)),
-            p.conversation or "(given)", str(p.turn), p.speaker, "yes" if p.asked else "",
+            p.conversation, str(p.turn), p.speaker, "yes" if p.asked else "",
             "" if p.score is None else f"{p.score:.2f}", shown(p.text.replace("\n", " ")[:200]),
         )  # fmt: skip
     out.print(table)

@@ -372,8 +372,8 @@ class PassageView:
     score: float | None = None
     speaker: str = "unknown"  # who said it: its turn's role, "text" outside any turn
     turn: int = 0  # its turn's number in the session generation's stream (0: before any)
-    # in the tenant's memory across conversations: the conversation that said it ("" for a text
-    # given to the memory itself), and whether the user asked for it to be remembered
+    # in the tenant's memory across conversations: the conversation that said it ("(given)" for
+    # a text given to the memory itself), and whether the user asked for it to be remembered
     conversation: str = ""
     asked: bool = False
 

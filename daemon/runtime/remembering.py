@@ -25,7 +25,7 @@ from sinkd.daemon.runtime.sessions import Principal, Session
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.memory import Origin, Passage
 from sinkd.daemon.store.speakers import SPEAKERS, UNKNOWN
-from sinkd.daemon.store.tenant_memory import Selection
+from sinkd.daemon.store.tenant_memory import GIVEN, Selection
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound, PermissionDenied
 
 
@@ -257,7 +257,7 @@ class AcrossConversations:
     def _keep(self, engine: Engine, tenant: str, tokens: list[int]) -> list[Passage]:
         before = {p.id for p in self.recall.store.across.passages(tenant, Selection(), 1_000_000)}
         self.recall.store.across.keep(
-            tenant, Origin("", 0, (0, len(tokens)), True), tokens, engine.vocab.piece, "user", 0
+            tenant, Origin(GIVEN, 0, (0, len(tokens)), True), tokens, engine.vocab.piece, "user", 0
         )
         if self.durability is not None:
             self.durability.record(lambda: None)

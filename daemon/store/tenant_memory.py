@@ -21,6 +21,8 @@ from sinkd.daemon.store.passages import Origin, Passage, PassageTable, SessionKe
 
 # a key no conversation has: session ids are hex or a node's name and hex (never a "~")
 _PREFIX = "~memory-"
+# where a text given to the memory itself was said: no conversation (session ids start "s_")
+GIVEN = "(given)"
 
 
 def key_of(tenant: str) -> SessionKey:
