@@ -167,7 +167,10 @@ def eval_recall(
             help="passkey: keys asked by a fixed question, prefilled answer; chat: facts said in "
             "passing, asked in other words, free answers, beside the in-window ceiling; "
             "conversation: multi-turn chats through the HTTP front, a fact said in turn 1 (and "
-            "contradicted by an assistant reply in half), asked --distances turns later.",
+            "contradicted by an assistant reply in half), asked --distances turns later; "
+            "memory: one user's many conversations through the HTTP front, facts asked in a new "
+            "conversation --distances conversations later, with memory across conversations on "
+            "and off.",
         ),
     ] = "passkey",
     distances: Annotated[
@@ -175,7 +178,8 @@ def eval_recall(
         typer.Option(
             "--distances",
             help="Tokens between the key (or fact) and the question "
-            "[passkey: 126,1000,4000; chat: 1000,4000,16000]; conversation: turns [10,30].",
+            "[passkey: 126,1000,4000; chat: 1000,4000,16000]; conversation: turns [10,30];"
+            " memory: conversations [5,20].",
         ),
     ] = None,
     sources: Annotated[
@@ -195,7 +199,10 @@ def eval_recall(
         int, typer.Option("--streams", min=1, help="chat: streams per source, 20 facts each.")
     ] = 1,
     facts: Annotated[
-        int, typer.Option("--facts", min=1, max=20, help="chat: facts per stream (a quick run).")
+        int,
+        typer.Option(
+            "--facts", min=1, max=20, help="chat: facts per stream; memory: facts (a quick run)."
+        ),
     ] = 20,
     trials: Annotated[int, typer.Option("--trials", min=1, help="Streams per distance.")] = 5,
     long_distances: Annotated[
@@ -233,8 +240,11 @@ def eval_recall(
     from sinkd.daemon.runtime.service import SinkdService
     from sinkd.evaluation.recall_trials import Plan, evaluate, plot, report_tables
 
-    if arm not in ("passkey", "chat", "conversation"):
-        raise InvalidInput(f"--arm: passkey, chat or conversation, got {arm!r}")
+    if arm not in ("passkey", "chat", "conversation", "memory"):
+        raise InvalidInput(f"--arm: passkey, chat, conversation or memory, got {arm!r}")
+    if arm == "memory":
+        _eval_memory(model, distances or "5,20", facts, out_dir, as_json)
+        return
     if arm == "conversation":
         _eval_conversation(model, distances or "10,30", chats, cells, out_dir, as_json)
         return
@@ -406,6 +416,55 @@ def _eval_conversation(
     data = evaluate_conversations(daemon, plan, progress=err.print)
     _report(data, out_dir / f"eval-recall-conversation_{entry.name}.json", as_json,
             lambda: conversation_table(data))  # fmt: skip
+
+
+def _eval_memory(
+    model: str | None, distances: str, facts: int, out_dir: Path, as_json: bool
+) -> None:
+    """The memory arm: two daemons in this process (memory across conversations on, and off),
+    their HTTP fronts on free local ports, two tenants each (evaluation/recall_memory.py)."""
+    import contextlib
+    import hashlib
+    import secrets
+    import tempfile
+    from collections.abc import Iterator
+
+    from sinkd.daemon.config import Settings, Tenant
+    from sinkd.daemon.models.registry import load_lock
+    from sinkd.daemon.node import Daemon
+    from sinkd.evaluation.recall_memory import MemoryPlan, evaluate_memory, memory_tables
+
+    entry = load_lock().get(model)
+    plan = MemoryPlan(facts=facts, distances=tuple(_ints(distances, "--distances")))
+
+    @contextlib.contextmanager
+    def daemon(arm: str, n_cells: int) -> Iterator[tuple[str, list[str], str]]:
+        tokens = [secrets.token_urlsafe(16) for _ in range(2)]
+        tenants = [
+            Tenant(name=name, token_sha256=hashlib.sha256(t.encode()).hexdigest())
+            for name, t in zip(("alice", "bob"), tokens, strict=True)
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = Settings(
+                model=entry.name, socket=Path(tmp) / "sinkd.sock", state_dir=Path(tmp) / "state",
+                http="127.0.0.1:0", n_ctx_seq=n_cells, tenants=tenants, max_sessions=8,
+                memory_across_conversations=arm == "memory", call_timeout_s=3600,
+                n_threads=1,  # two engines in one process: one thread each, alike
+            )  # fmt: skip
+            d = Daemon(settings)
+            d.start()
+            try:
+                d.wait_ready(600)
+                assert d.http is not None
+                yield d.http.address, tokens, entry.name
+            finally:
+                d.stop()
+
+    data = evaluate_memory(daemon, plan, progress=err.print)
+    tables = memory_tables(data)
+    _report(data, out_dir / f"eval-recall-memory_{entry.name}.json", as_json, lambda: tables[0])
+    if not as_json:
+        _print_table(*tables[1])
 
 
 def _report(

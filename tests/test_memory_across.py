@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sinkd.cachepolicy.recall_plan import Candidate
 from sinkd.daemon.runtime.api import (
     ChatRequest,
     GenerationOptions,
@@ -23,6 +24,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.api import Turn as ChatTurn
 from sinkd.daemon.runtime.conversations.chats import StatelessChatRequest
 from sinkd.daemon.runtime.recall import across
+from sinkd.daemon.runtime.recall.layer import ranked_across
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound, PermissionDenied
@@ -287,3 +289,24 @@ def test_what_a_message_says_of_itself(message: str, states: bool, asks: bool, b
     assert across.states_something(message) is states
     assert across.asks_to_remember(message) is asks
     assert across.asks_for_the_reply(message) is bare
+
+
+def test_a_correction_ranks_first_among_the_close_matches_a_newer_distractor_does_not() -> None:
+    def c(pid: int, score: float, said_at: float) -> Candidate:
+        return Candidate(pid, (0, 8), 8, score, 0.0, score, "user", "s_1", said_at)
+
+    texts = {
+        1: "One thing about me: My dog is named Biscuit.",
+        2: "My neighbour's dog is named Comet.",
+        3: "Correction, that changed: my dog is named Mango now.",
+        4: "I read about dogs last week.",
+    }
+    found = [c(1, 0.84, 1.0), c(2, 0.85, 2.0), c(3, 0.80, 3.0), c(4, 0.5, 4.0)]
+
+    def corrects(x: Candidate) -> bool:
+        return across.says_it_corrects(texts[x.passage_id])
+
+    assert [x.passage_id for x in ranked_across(found, corrects)] == [3, 2, 1, 4]
+    assert [x.passage_id for x in ranked_across(found[:2], corrects)] == [2, 1]  # by score
+    far = [c(1, 0.84, 1.0), c(3, 0.6, 3.0)]  # a correction far below the best: by score
+    assert [x.passage_id for x in ranked_across(far, corrects)] == [1, 3]

@@ -30,6 +30,11 @@ _BARE = re.compile(
 
 
 MIN_WORDS = 3  # "hi", "thanks!": nothing to keep
+_CORRECTS = re.compile(
+    r"\b(?:actually|correction|correct(?:ed|ing)?|changed?|update[ds]?|now|anymore|any\s+more|"
+    r"no\s+longer|instead|moved|switched|new)\b",
+    re.IGNORECASE,
+)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _WORDS = re.compile(r"[a-z]+(?:'[a-z]+)?")
 _ASKS_OR_BIDS = frozenset(
@@ -63,6 +68,12 @@ def states_something(message: str) -> bool:
         if first not in _ASKS_OR_BIDS:
             return True
     return False
+
+
+def says_it_corrects(text: str) -> bool:
+    """The passage says it corrects or updates something the user said before ("Actually, I
+    moved to Lima", "Correction: ...", "my code is 5150 now", "not Oslo anymore")."""
+    return _CORRECTS.search(text) is not None
 
 
 def asks_to_remember(message: str) -> bool:

@@ -91,17 +91,21 @@ def turns_of(engine: Engine) -> Turns:
     return Turns(TurnMarks.of(header, vocab.is_control, vocab.piece), vocab.is_control)
 
 
-def ranked_across(strong: list[Candidate]) -> list[Candidate]:
-    """Passages from the tenant's memory, best first; among those as good as the best (within
-    `CORRECTION_MARGIN`), the newest first: a user who corrects a fact says much the same words
-    again, later, and the correction is what holds."""
+def ranked_across(
+    strong: list[Candidate], corrects: Callable[[Candidate], bool]
+) -> list[Candidate]:
+    """Passages from the tenant's memory, best first; but among those as good as the best
+    (within `CORRECTION_MARGIN`), the ones that say they correct something (`corrects`: "actually",
+    "changed", "correction", "now"... across.says_it_corrects) first, newest first: a user who
+    corrects a fact says much the same words again, later, and the correction is what holds. Not
+    every newer passage: "my neighbour's dog is named Comet" is as close to "what is my dog
+    named?" as "my dog is named Biscuit", and being newer makes it no answer."""
     if not strong:
         return []
     top = max(c.score for c in strong)
-    near = [c for c in strong if c.score >= top - CORRECTION_MARGIN]
-    return sorted(near, key=lambda c: -c.said_at) + sorted(
-        [c for c in strong if c.score < top - CORRECTION_MARGIN], key=lambda c: -c.score
-    )
+    first = [c for c in strong if c.score >= top - CORRECTION_MARGIN and corrects(c)]
+    rest = [c for c in strong if c not in first]
+    return sorted(first, key=lambda c: -c.said_at) + sorted(rest, key=lambda c: -c.score)
 
 
 def leftover(config: RecallConfig, chosen: list[Candidate], framing: int) -> RecallConfig | None:
@@ -259,16 +263,21 @@ class Recall:
             head = own_words if p.speaker == ASSISTANT else []
             bodies["", p.id] = head + self._text(engine, p, ask)
         memory = tenant_memory.key_of(session.tenant)
+        said: dict[tuple[str, int], str] = {}
         for p in store.passages(memory, [c.passage_id for c in others]) if others else []:
             head = engine.vocab.tokenize(across_words.heading(p.speaker, p.created))
             bodies[p.conversation, p.id] = head + self._text(engine, p, ask)
+            said[p.conversation, p.id] = p.text
         found = [dataclasses.replace(c, n_tokens=len(bodies[c.ref])) for c in own + others]
         frame = engine.vocab.tokenize_framed  # the template's framing, around no content
         before = frame(ask.frame[0], []) if ask.frame[0] else []
         after = frame(ask.frame[1], []) if ask.frame[1] else []
         framing = len(before) + len(after)
         strong = theirs_first([c for c in found if c.strong(config) and not c.conversation])
-        strong_others = ranked_across([c for c in found if c.strong(config) and c.conversation])
+        strong_others = ranked_across(
+            [c for c in found if c.strong(config) and c.conversation],
+            lambda c: across_words.says_it_corrects(said[c.ref]),
+        )
         # the best match's copy is still in the window: the model has it, decode nothing again
         # (a turn that recalled it before costs the search alone)
         best_held = held.get(strong[0].ref) if strong else None
@@ -387,7 +396,7 @@ class Recall:
         self, tenant: str, which: Selection, search: str, limit: int, dense_floor: float
     ) -> list[tuple[Passage, float | None]]:
         """The tenant's kept passages `which` names: the newest `limit`, or the best matches of
-        `search`."""
+        `search`, ranked as a conversation's recall ranks them (`ranked_across`)."""
         store = self.store
         if not search:
             return [(p, None) for p in store.across.passages(tenant, which, limit)]
@@ -398,8 +407,13 @@ class Recall:
             c
             for c in store.search(key, search, 10_000)
             if (c.lexical > 0 or c.dense >= dense_floor) and c.passage_id in allowed
-        ][:limit]
+        ]
         by_id = {p.id: p for p in store.passages(key, [c.passage_id for c in found])}
+        # as a conversation's recall ranks them (a correction first among the close ones)
+        found = ranked_across(
+            found, lambda c: across_words.says_it_corrects(by_id[c.passage_id].text)
+        )
+        found = found[:limit]
         return [(by_id[c.passage_id], c.score) for c in found if c.passage_id in by_id]
 
     def forget_across(self, tenant: str, which: Selection, sessions: list[Session]) -> int:
