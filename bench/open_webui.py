@@ -16,7 +16,10 @@ Three chats of eight turns each, interleaved (a turn of each in turn), with a re
 reply and an edit of one user message, then back to the first chat. Open WebUI's own side requests
 stay on (titles, tags, follow-up suggestions); its built-in tools are off (36 functions, more than
 a session pins: sinkd answers without them and says so), unless OWUI_DEFAULTS=1, Open WebUI as
-shipped (results in open_webui_as_shipped.json; OWUI_TURNS and OWUI_CHATS shorten the run). The
+shipped (results in open_webui_as_shipped.json; OWUI_TURNS and OWUI_CHATS shorten the run).
+OWUI_MEMORY=1 instead: the tenant keeps a memory across its conversations; one chat says "Please
+remember this: my locker code is 4417.", a new chat asks "What is my locker code?", and the run
+records where the second chat's recall came from (open_webui_memory.json, a screenshot of each). The
 model's replies are bounded at 384
 tokens in Open WebUI's model settings (OWUI_REPLY_TOKENS; 0: unbounded, as the UI's default sends
 none): unbounded, this small model's recipes and lists run to sinkd's 4,096-token cap, minutes a
@@ -49,7 +52,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 SHOTS = RESULTS / (
-    "open_webui_as_shipped" if os.environ.get("OWUI_DEFAULTS") == "1" else "open_webui"
+    "open_webui_memory"
+    if os.environ.get("OWUI_MEMORY") == "1"
+    else "open_webui_as_shipped"
+    if os.environ.get("OWUI_DEFAULTS") == "1"
+    else "open_webui"
 )
 TOKEN = "owui-bench-token"
 ADMIN = "owui-bench-admin"
@@ -60,7 +67,12 @@ REPLY_TIMEOUT_S = 400.0
 REPLY_TOKENS = int(os.environ.get("OWUI_REPLY_TOKENS", "384"))
 # OWUI_DEFAULTS=1: Open WebUI as shipped, its built-in tools on (36 functions with every chat turn)
 AS_SHIPPED = os.environ.get("OWUI_DEFAULTS") == "1"
-NAME = "open_webui_as_shipped" if AS_SHIPPED else "open_webui"
+# OWUI_MEMORY=1: the tenant keeps a memory across its conversations; one chat states a fact and asks
+# for it to be remembered, a new chat asks for it (results in open_webui_memory.json)
+MEMORY = os.environ.get("OWUI_MEMORY") == "1"
+NAME = "open_webui_memory" if MEMORY else "open_webui_as_shipped" if AS_SHIPPED else "open_webui"
+REMEMBER = "Please remember this: my locker code is 4417."
+ASK = "What is my locker code?"
 
 
 def free_port() -> int:
@@ -142,6 +154,8 @@ class Record:
     # "copied" (that object, its values copied from the task prompt's own examples), "prose"
     form: str = ""
     output_note: bool = False  # x-sinkd-output: sinkd decoded it under the object's grammar
+    # the conversations (session ids) of the passages its recall brought from other conversations
+    recalled_from: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -233,6 +247,8 @@ def make_proxy(recorder: Recorder) -> type[http.server.BaseHTTPRequestHandler]:
                 rec.n_seen = receipt.get("n_seen")
                 rec.residency = receipt.get("residency", "")
                 rec.restored_ms = receipt.get("restored_ms", 0.0)
+                recalled = (ext.get("recall") or {}).get("recalled") or []
+                rec.recalled_from = [r["conversation"] for r in recalled if r.get("conversation")]
             elif resp.status != 200:
                 rec.error = tail.decode(errors="replace")[-300:]
             with recorder.lock:
@@ -282,6 +298,7 @@ def start_sinkd(sinkd: str, tmp: Path, port: int) -> subprocess.Popen[bytes]:
     config = tmp / "sinkd.toml"
     config.write_text(
         f'admin_token_sha256 = "{hashlib.sha256(ADMIN.encode()).hexdigest()}"\n'
+        f"memory_across_conversations = {'true' if MEMORY else 'false'}\n"
         f'[[tenants]]\nname = "owui"\ntoken_sha256 = "{hashlib.sha256(TOKEN.encode()).hexdigest()}"\n'
     )
     with open(tmp / "sinkd.log", "wb") as log:  # the child keeps its own descriptor
@@ -524,6 +541,32 @@ def drive(browser: Browser) -> tuple[list[str], list[int]]:
     return paths, marks
 
 
+def drive_memory(browser: Browser) -> tuple[list[str], list[int]]:
+    """A chat states a fact and asks for it to be remembered; a new chat asks for it."""
+    paths: list[str] = []
+    marks: list[int] = []
+    for text in (REMEMBER, ASK):
+        browser.open("/")
+        before = browser.proxy.count()
+        browser.send(text)
+        browser.settle(before)
+        marks.append(before)
+        paths.append("/c/" + browser.d.current_url.split("/c/")[-1])
+        print(f"chat {len(paths)}: {browser.proxy.count()} requests so far", flush=True)
+    return paths, marks
+
+
+def kept_memory(port: int) -> list[dict[str, Any]]:
+    """The tenant's memory across conversations, as its owner lists it (ids, speaker, turn; the
+    text is not kept here)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/sinkd/memory", headers={"authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as r:
+        data = json.loads(r.read())["data"]
+    return [{k: p[k] for k in ("id", "conversation", "speaker", "turn", "asked")} for p in data]
+
+
 def sessions(sinkd: str, sock: Path) -> list[dict[str, Any]]:
     out = subprocess.run(
         [sinkd, "sessions", "list", "--connect", f"unix:{sock}", "--token", TOKEN, "--json"],
@@ -552,21 +595,47 @@ def main() -> None:
             browser = Browser(f"http://127.0.0.1:{webui_port}", proxy)
             try:
                 t0 = time.monotonic()
-                paths, _ = drive(browser)
+                paths, marks = drive_memory(browser) if MEMORY else drive(browser)
                 elapsed = time.monotonic() - t0
                 for c, path in enumerate(paths):
                     browser.open(path)
                     time.sleep(1)
                     browser.d.save_screenshot(str(SHOTS / f"chat{c}.png"))
                 titles = browser.titles()
+                answered = (
+                    MEMORY
+                    and "4417" in browser.d.find_element("css selector", "#messages-container").text
+                )  # the reply on screen holds the code (kept as a yes or no)
             finally:
                 browser.d.quit()
             held = sessions(found["sinkd"], tmp / "sinkd.sock")
+            kept = kept_memory(sinkd_port) if MEMORY else []
         finally:
             for proc in reversed(procs):
                 proc.terminate()
                 proc.wait(60)
-    report(proxy.records(), proxy.statuses(), paths, titles, held, browser.errors, elapsed)
+    records = proxy.records()
+    memory = memory_summary(records, marks, kept, answered) if MEMORY else None
+    report(records, proxy.statuses(), paths, titles, held, browser.errors, elapsed, memory)
+
+
+def memory_summary(
+    records: list[Record], marks: list[int], kept: list[dict[str, Any]], answered: bool
+) -> dict[str, Any]:
+    """Which session took the first chat's fact, and where the second chat's turn recalled from."""
+    first = next(r for r in records[marks[0] :] if r.kind == "main")
+    second = next(r for r in records[marks[1] :] if r.kind == "main")
+    return {
+        "first_chat_session": first.session,
+        "second_chat_session": second.session,
+        "second_chat_recalled_from": second.recalled_from,
+        "recalled_from_the_first_chat": first.session in second.recalled_from,
+        "kept": kept,  # the memory across conversations: side requests (titles...) kept none
+        "kept_from_side_requests": sum(
+            p["conversation"] in {r.session for r in records if r.kind != "main"} for p in kept
+        ),
+        "second_chat_answer_holds_the_code": answered,
+    }
 
 
 def report(
@@ -577,6 +646,7 @@ def report(
     held: list[dict[str, Any]],
     ui_errors: list[str],
     elapsed: float,
+    memory: dict[str, Any] | None = None,
 ) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     rows = [
@@ -633,6 +703,7 @@ def report(
         "tools_note": next((r.tools for r in records if r.tools), ""),
         "as_shipped": AS_SHIPPED,
         "reply_tokens": REPLY_TOKENS,
+        **({"memory": memory} if memory is not None else {}),
     }
     print(json.dumps(summary, indent=1))
     RESULTS.mkdir(parents=True, exist_ok=True)

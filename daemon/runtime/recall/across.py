@@ -35,8 +35,8 @@ _CORRECTS = re.compile(
     r"no\s+longer|instead|moved|switched|new)\b",
     re.IGNORECASE,
 )
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-_WORDS = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_SENTENCE = re.compile(r"(?<=[.!?\u3002\uff01\uff1f])\s*|\n+")
+_WORDS = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
 _ASKS_OR_BIDS = frozenset(
     """what which who whom whose where when why how is are was were do does did can could would
     will should shall have has am tell show give let help teach explain write make describe list
@@ -62,7 +62,9 @@ def states_something(message: str) -> bool:
     question kept would come back for the next question like it, in the place of the answer."""
     for sentence in _SENTENCE.split(message.strip()):
         words = _WORDS.findall(sentence.lower())
-        if len(words) < MIN_WORDS or sentence.rstrip().endswith("?"):
+        # a script written without spaces (Chinese, Japanese, Thai): a word per ~4 characters
+        n = len(words) if sentence.isascii() else max(len(words), len(sentence.strip()) // 4)
+        if n < MIN_WORDS or sentence.rstrip().endswith(("?", "\uff1f", "\u061f")):
             continue
         first = words[1] if words[0] == "please" and len(words) > 1 else words[0]
         if first not in _ASKS_OR_BIDS:
