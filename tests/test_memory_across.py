@@ -97,7 +97,7 @@ def test_a_users_fact_comes_back_in_another_conversation_with_where_and_when(
     (listed,) = service.across.listing(ALICE, KeptSelection(passage_id=span.passage_id))
     assert listed.text == FACT and listed.conversation == first.session_id and listed.turn == 1
     held = retained_text(service, h)
-    assert FACT in held and "not this conversation: the user said this" in held
+    assert FACT in held and "(the user, in another conversation on " in held
 
 
 def test_never_for_another_tenant(service: SinkdService) -> None:
@@ -313,3 +313,19 @@ def test_a_correction_ranks_first_among_the_close_matches_a_newer_distractor_doe
     assert [x.passage_id for x in ranked_across(found[:2], corrects)] == [2, 1]  # by score
     far = [c(1, 0.84, 1.0), c(3, 0.6, 3.0)]  # a correction far below the best: by score
     assert [x.passage_id for x in ranked_across(far, corrects)] == [1, 3]
+
+
+def test_only_a_turn_that_asks_for_the_past_searches_the_other_conversations(
+    service: SinkdService,
+) -> None:
+    """A statement or a plain request that shares words with a kept passage recalls nothing of
+    another conversation (it would pay a recall for what it did not ask)."""
+    others = [f"The {w} was on the table in the hall." for w in ("lamp", "vase", "book", "cup")]
+    conversation(service, ALICE, FACT, *FILLER, *others)
+    for message in ("My locker code is on a card in my wallet.", "Tell me about locker codes."):
+        h = service.create(ALICE, WINDOW, recall=BUDGET).handle
+        say(service, ALICE, h, message)
+        session = service.registry.get(h.session_id)
+        assert session is not None and session.last_recall is not None
+        assert session.last_recall.recalled == ()
+    assert [s.conversation for s in asked(service, ALICE, "Remind me of my locker code.")]

@@ -255,15 +255,14 @@ class AcrossConversations:
         return [_view(p, None) for p in kept]
 
     def _keep(self, engine: Engine, tenant: str, tokens: list[int]) -> list[Passage]:
-        before = {p.id for p in self.recall.store.across.passages(tenant, Selection(), 1_000_000)}
-        self.recall.store.across.keep(
+        across = self.recall.store.across
+        n = across.keep(
             tenant, Origin(GIVEN, 0, (0, len(tokens)), True), tokens, engine.vocab.piece, "user", 0
         )
         if self.durability is not None:
             self.durability.record(lambda: None)
             self.durability.commit()
-        kept = self.recall.store.across.passages(tenant, Selection(), 1_000_000)
-        return [p for p in kept if p.id not in before]
+        return across.passages(tenant, Selection(), n) if n else []  # the newest: these
 
 
 MAX_REMEMBER_BYTES = 4096

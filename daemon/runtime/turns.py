@@ -224,7 +224,7 @@ class Turns:
                 strip_control=True,
                 insert_at=layout.insert_at,
                 by_meaning=may_need_the_past(message),
-                across=not private,
+                across=not private and across.asks_for_the_past(message),
             )
         return prompt, ask, offset
 

@@ -15,6 +15,8 @@ import re
 import time
 from dataclasses import dataclass
 
+from sinkd.daemon.runtime.recall.past import may_need_the_past
+
 # a message that asks to remember: "remember ...", "please remember ...", "can you remember ..."
 _ASKS = re.compile(
     r"^\s*(?:(?:please|pls|and|ok(?:ay)?|now|also|hey)[\s,]+)*(?:(?:can|could|would|will)\s+you\s+)?"
@@ -40,7 +42,7 @@ _WORDS = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
 _ASKS_OR_BIDS = frozenset(
     """what which who whom whose where when why how is are was were do does did can could would
     will should shall have has am tell show give let help teach explain write make describe list
-    summarize summarise translate continue go""".split()
+    summarize summarise translate continue go remind recall repeat""".split()
 )
 
 
@@ -72,6 +74,16 @@ def states_something(message: str) -> bool:
     return False
 
 
+def asks_for_the_past(message: str) -> bool:
+    """Whether a chat turn searches the tenant's memory across conversations: it asks (a
+    question), or bids the model recall ("Remind me of my code"), and speaks of its user or of
+    what was said (past.py). A statement ("My dog is named Biscuit.") or a plain request ("Tell me
+    about tides.") does not: it would pay a search, and often a recall, for nothing it asked."""
+    if "?" in message or "\uff1f" in message:
+        return True
+    return may_need_the_past(message) and not states_something(message)
+
+
 def says_it_corrects(text: str) -> bool:
     """The passage says it corrects or updates something the user said before ("Actually, I
     moved to Lima", "Correction: ...", "my code is 5150 now", "not Oslo anymore")."""
@@ -90,7 +102,7 @@ def asks_for_the_reply(message: str) -> bool:
 
 def heading(speaker: str, said_at: float) -> str:
     """What goes before a passage from another conversation (the template's frame is around)."""
-    day = time.strftime("%Y-%m-%d %H:%M", time.localtime(said_at))
+    day = time.strftime("%Y-%m-%d", time.localtime(said_at))
     if speaker == "assistant":
-        return f"(not this conversation: your own reply in an earlier one, {day}, kept as the user asked) "
-    return f"(not this conversation: the user said this in an earlier one, {day}) "
+        return f"(your reply in another conversation, {day}, kept as the user asked:) "
+    return f"(the user, in another conversation on {day}:) "
