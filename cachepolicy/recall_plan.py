@@ -175,13 +175,17 @@ def select(
     config: RecallConfig,
     frame_tokens: int,
     second: Callable[[Candidate], bool] = lambda c: False,
+    ranked: bool = False,
 ) -> list[Candidate]:
     """Best first, strong enough (`Candidate.strong`), at most `passages`, each with its frame within the budget;
     then in transcript order, so the text reads as it was first said. Candidates `second` names
-    (the model's own words) are taken only after every other, and laid out after them."""
+    (the model's own words) are taken only after every other, and laid out after them. `ranked`:
+    the candidates come ranked already (the tenant's memory: a correction first), taken in their
+    order rather than by score."""
     chosen: list[Candidate] = []
     used = 0
-    for c in sorted(candidates, key=lambda c: (second(c), -c.score, c.source)):
+    order = (lambda c: second(c)) if ranked else (lambda c: (second(c), -c.score, c.source))
+    for c in sorted(candidates, key=order):
         if len(chosen) == config.passages:
             break
         cost = c.n_tokens + frame_tokens

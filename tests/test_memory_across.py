@@ -329,3 +329,20 @@ def test_only_a_turn_that_asks_for_the_past_searches_the_other_conversations(
         assert session is not None and session.last_recall is not None
         assert session.last_recall.recalled == ()
     assert [s.conversation for s in asked(service, ALICE, "Remind me of my locker code.")]
+
+
+def test_a_correction_is_recalled_though_two_closer_matches_fill_the_passages(
+    service: SinkdService,
+) -> None:
+    """One passage a turn: the old statement and another match outscore the correction a little;
+    it says it corrects, and is the one taken."""
+    others = [f"The {w} was on the table in the hall." for w in ("lamp", "vase", "book", "cup")]
+    conversation(service, ALICE, "My locker code is 4417, the locker code.", *others)
+    conversation(service, ALICE, "The locker code of my gym locker is 2020.")
+    fix = conversation(service, ALICE, "Actually my locker code is 5150 now, the locker code.")
+    one = RecallRequest(budget=300, passages=1, threshold=0.1)  # BM25 alone here: small scores
+    h = service.create(ALICE, WINDOW, recall=one).handle
+    say(service, ALICE, h, "What is my locker code?")
+    session = service.registry.get(h.session_id)
+    assert session is not None and session.last_recall is not None
+    assert [s.conversation for s in session.last_recall.recalled] == [fix.session_id]

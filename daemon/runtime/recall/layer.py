@@ -43,8 +43,8 @@ OWN_WORDS = "(your own earlier reply, not something the user said) "
 # a chat turn that asks no question and speaks of no earlier turn (past.py)
 WORDS_ALONE = "bm25 alone: the turn asks no question and speaks of nothing said before"
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
-# passages of the tenant's memory this close to the best match's score are taken newest first
-CORRECTION_MARGIN = 0.1
+# a correction this close to the best match's score (a share of it) ranks first
+CORRECTION_MARGIN = 0.12
 log = logging.getLogger("sinkd.recall")
 
 
@@ -95,7 +95,7 @@ def ranked_across(
     strong: list[Candidate], corrects: Callable[[Candidate], bool]
 ) -> list[Candidate]:
     """Passages from the tenant's memory, best first; but among those as good as the best
-    (within `CORRECTION_MARGIN`), the ones that say they correct something (`corrects`: "actually",
+    (within `CORRECTION_MARGIN` of its score), the ones that say they correct something (`corrects`: "actually",
     "changed", "correction", "now"... across.says_it_corrects) first, newest first: a user who
     corrects a fact says much the same words again, later, and the correction is what holds. Not
     every newer passage: "my neighbour's dog is named Comet" is as close to "what is my dog
@@ -103,7 +103,8 @@ def ranked_across(
     if not strong:
         return []
     top = max(c.score for c in strong)
-    first = [c for c in strong if c.score >= top - CORRECTION_MARGIN and corrects(c)]
+    near = top - CORRECTION_MARGIN * abs(top)
+    first = [c for c in strong if c.score >= near and corrects(c)]
     rest = [c for c in strong if c not in first]
     return sorted(first, key=lambda c: -c.said_at) + sorted(rest, key=lambda c: -c.score)
 
@@ -288,7 +289,8 @@ class Recall:
             )
         rest = leftover(config, chosen, framing)
         if rest is not None and strong_others and strong_others[0].ref not in held:
-            chosen += select([c for c in strong_others if c.ref not in held], rest, framing)
+            fresh = [c for c in strong_others if c.ref not in held]
+            chosen += select(fresh, rest, framing, ranked=True)
         if any(c.conversation for c in chosen):
             session.took_across = True
         self.metrics.recall_latency.observe(time.monotonic() - t0)
