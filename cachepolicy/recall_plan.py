@@ -184,7 +184,10 @@ def select(
     order rather than by score."""
     chosen: list[Candidate] = []
     used = 0
-    order = (lambda c: second(c)) if ranked else (lambda c: (second(c), -c.score, c.source))
+
+    def order(c: Candidate) -> tuple[bool, float, tuple[int, int]]:
+        return (second(c), 0.0, (0, 0)) if ranked else (second(c), -c.score, c.source)
+
     for c in sorted(candidates, key=order):
         if len(chosen) == config.passages:
             break
