@@ -132,7 +132,9 @@ class ChatClient:
         self.token = token
         self.model = model
 
-    def turn(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, float, Any]:
+    def turn(
+        self, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str] | None = None
+    ) -> tuple[str, float, Any]:
         """(reply, seconds to its first token, the `sinkd` field)."""
         body = {
             "model": self.model, "messages": messages, "max_tokens": max_tokens,
@@ -141,7 +143,11 @@ class ChatClient:
         request = urllib.request.Request(
             self.url,
             data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {self.token}",
+                "Content-Type": "application/json",
+                **(headers or {}),
+            },
         )
         t0 = time.perf_counter()
         ttft, text = 0.0, []

@@ -167,17 +167,8 @@ class MemoryClient(ChatClient):
     def private_turn(
         self, messages: list[dict[str, str]], max_tokens: int, private: bool
     ) -> tuple[str, float, Any]:
-        if not private:
-            return self.turn(messages, max_tokens)
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                "temperature": 0}  # fmt: skip
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
-                   "x-sinkd-private": "true"}  # fmt: skip
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
-        t0 = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=900) as r:
-            data = json.loads(r.read())
-        return data["choices"][0]["message"]["content"], time.perf_counter() - t0, data["sinkd"]
+        headers = {"x-sinkd-private": "true"} if private else None
+        return self.turn(messages, max_tokens, headers)
 
     def memory(self, method: str, path: str, body: Any = None) -> Any:
         request = urllib.request.Request(

@@ -25,6 +25,7 @@ from sinkd.daemon.runtime.api import (
     RecallRequest,
 )
 from sinkd.errors import NotFound
+from tests.support.cli import sinkd
 from tests.support.daemons import http_daemon, openai_client
 from tests.support.settings import settings
 from tests.support.texts import TEXT
@@ -100,6 +101,17 @@ def test_over_grpc_a_fact_crosses_to_a_later_conversation_and_is_forgotten_from_
         with pytest.raises(NotFound):
             bob.forget_kept(KeptSelection(passage_id=kept.passage_id))
 
+        who = ("--connect", d.addresses[0], "--token", "alice-token")
+        code, out, _ = sinkd("memory", "list", "--json", *who)
+        assert code == 0 and [p["conversation"] for p in json.loads(out)] == [first.session_id]
+        code, out, _ = sinkd("memory", "search", QUESTION, "--json", *who)
+        assert code == 0 and json.loads(out)[0]["passage_id"] == kept.passage_id
+        code, out, _ = sinkd("memory", "add", "I am allergic to peanuts.", "--json", *who)
+        assert code == 0 and json.loads(out)[0]["conversation"] == "(given)"
+        assert sinkd("memory", "forget", "--conversation", "(given)", *who)[0] == 0
+        assert sinkd("memory", "forget", "--conversation", "(given)", *who)[0] == 11  # none left
+        assert sinkd("memory", "forget", *who)[0] == 2  # names nothing: refused, nothing lost
+        assert sinkd("memory", "list", "--since", "yesterday", *who)[0] == 2
         assert holders(state, tokens), "the test plants the secret where it can be found"
         assert alice.forget_kept(KeptSelection(conversation=first.session_id)) >= 1
         assert alice.kept(search=QUESTION) == []

@@ -167,6 +167,7 @@ def add_origin_columns(db: sqlite3.Connection) -> None:
         ("origin_start", "INTEGER"),
         ("origin_end", "INTEGER"),
         ("asked", "INTEGER"),
+        ("corrects", "INTEGER"),  # the number of the passage it corrects (tenant_memory.py)
     ):
         if column not in columns:
             db.execute(f"ALTER TABLE passages ADD COLUMN {column} {kind}")

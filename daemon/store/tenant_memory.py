@@ -17,7 +17,11 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from sinkd.daemon.store.embedder import DIM, Embedder
 from sinkd.daemon.store.passages import Origin, Passage, PassageTable, SessionKey, text_of
+from sinkd.daemon.store.search import sentences_of
 
 # a key no conversation has: session ids are hex or a node's name and hex (never a "~")
 _PREFIX = "~memory-"
@@ -59,6 +63,22 @@ class Selection:
         return sql, args
 
 
+# a correction corrects the kept passage whose closest sentence is at least this close to one of its
+# own ("I play the banjo in a band." / "I play the clarinet in a band.": 0.8 with MiniLM)
+LINK_COSINE = 0.6
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A passage that corrects another: its number, place, size, speaker, conversation, time."""
+
+    number: int
+    logical: tuple[int, int]
+    speaker: str
+    conversation: str
+    said_at: float
+
+
 class TenantMemory:
     MAX_PASSAGE_TOKENS = 64  # a long message is kept in pieces of at most this many tokens
 
@@ -95,6 +115,54 @@ class TenantMemory:
             end += len(part)
             n += 1
         return n
+
+    def link_correction(self, tenant: str, embedder: Embedder, conversation: str) -> int | None:
+        """The newest passage `conversation` gave, which says it corrects something: linked to
+        the kept passage of another conversation it is closest to (its sentences' vectors against
+        theirs), if one is close enough (`LINK_COSINE`). A later search that finds the old one
+        brings the correction with it. Returns the number linked to, or None."""
+        key = key_of(tenant)
+        row = self.db.execute(
+            "SELECT id, text, logical_start FROM passages WHERE session=? AND reset_count=?"
+            " AND origin_session=? ORDER BY logical_start DESC LIMIT 1",
+            (key.session_id, key.reset_count, conversation),
+        ).fetchone()
+        if row is None:
+            return None
+        sentences = sentences_of(str(row[1]))
+        if not sentences:
+            return None
+        mine = embedder.embed(sentences)
+        best, best_cos = None, LINK_COSINE
+        for number, vector in self.db.execute(
+            "SELECT number, vector FROM passages WHERE session=? AND reset_count=?"
+            " AND logical_start<? AND origin_session<>? AND vector IS NOT NULL"
+            " AND LENGTH(vector) > 0",
+            (key.session_id, key.reset_count, int(row[2]), conversation),
+        ):
+            theirs = np.frombuffer(vector, dtype=np.float32).reshape(-1, DIM)
+            cos = float(np.max(mine @ theirs.T))
+            if cos >= best_cos:
+                best, best_cos = int(number), cos
+        if best is not None:
+            self.db.execute("UPDATE passages SET corrects=? WHERE id=?", (best, int(row[0])))
+        return best
+
+    def corrections_of(self, tenant: str, numbers: Sequence[int]) -> dict[int, Correction]:
+        """For each of `numbers` that a newer passage corrects: the newest such correction."""
+        if not numbers:
+            return {}
+        key = key_of(tenant)
+        rows = self.db.execute(
+            "SELECT corrects, number, logical_start, logical_end, speaker, origin_session, created"
+            " FROM passages WHERE session=? AND reset_count=?"
+            f" AND corrects IN ({','.join('?' * len(numbers))}) ORDER BY logical_start",
+            (key.session_id, key.reset_count, *numbers),
+        )
+        return {
+            int(old): Correction(int(n), (int(a), int(b)), str(who), str(conv), float(at))
+            for old, n, a, b, who, conv, at in rows
+        }  # ordered by time: the newest wins
 
     def _kept_already(self, key: SessionKey, conversation: str, text: str) -> bool:
         return (

@@ -33,6 +33,7 @@ from sinkd.daemon.runtime.recall.indexing import Indexer
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.daemon.store import tenant_memory
 from sinkd.daemon.store.memory import MemoryStore, Origin, Passage, SessionKey, query_terms
+from sinkd.daemon.store.passages import text_of
 from sinkd.daemon.store.speakers import ASSISTANT, NO_TURNS, TurnMarks, Turns
 from sinkd.daemon.store.tenant_memory import Selection
 from sinkd.errors import InvalidInput
@@ -107,6 +108,42 @@ def ranked_across(
     first = [c for c in strong if c.score >= near and corrects(c)]
     rest = [c for c in strong if c not in first]
     return sorted(first, key=lambda c: -c.said_at) + sorted(rest, key=lambda c: -c.score)
+
+
+def with_corrections(
+    store: MemoryStore, tenant: str, found: list[Candidate], leave_out: str | None = None
+) -> list[Candidate]:
+    """The passages found, each that a later passage corrects preceded by its correction (the
+    newest), scored just above it: a search that finds what the user said finds what the user
+    said instead, though its words are farther from the question (tenant_memory.py,
+    `link_correction`). A correction the asking conversation said stays out (its own words)."""
+    out = list(found)
+    for _ in range(4):  # a correction corrected in turn: followed a few links
+        fixes = store.across.corrections_of(tenant, [c.passage_id for c in out])
+        at = {c.passage_id: i for i, c in enumerate(out)}
+        changed = False
+        for c in list(out):
+            fix = fixes.get(c.passage_id)
+            if fix is None or fix.conversation == leave_out:
+                continue
+            lifted = c.score + 1e-6
+            known = at.get(fix.number)
+            if known is not None and out[known].score >= lifted:
+                continue
+            a, b = fix.logical
+            better = Candidate(
+                fix.number, fix.logical, b - a, lifted, c.lexical, c.dense, fix.speaker,
+                fix.conversation, fix.said_at,
+            )  # fmt: skip
+            if known is not None:
+                out[known] = better
+            else:
+                out.append(better)
+                at[fix.number] = len(out) - 1
+            changed = True
+        if not changed:
+            break
+    return sorted(out, key=lambda c: -c.score)
 
 
 def leftover(config: RecallConfig, chosen: list[Candidate], framing: int) -> RecallConfig | None:
@@ -254,7 +291,12 @@ class Recall:
         own = self._found(store, session.key, ask, held)
         across = ask.across and session.recall.across
         others = (
-            self._found(store, tenant_memory.key_of(session.tenant), ask, held, session.id)
+            with_corrections(
+                store,
+                session.tenant,
+                self._found(store, tenant_memory.key_of(session.tenant), ask, held, session.id),
+                session.id,
+            )
             if across
             else []
         )
@@ -381,6 +423,10 @@ class Recall:
                 session.tenant, Origin(session.id, session.reset_count, at, True),
                 engine.vocab.tokenize(said.reply), piece, ASSISTANT, session.user_turns - 1,
             )  # fmt: skip
+        if n and said.tokens and across_words.says_it_corrects(text_of(said.tokens, piece)):
+            embedder = self.store.embedder  # a correction: linked to what it corrects
+            if embedder is not None:
+                across.link_correction(session.tenant, embedder, session.id)
         if n:
             self.metrics.memory_stored_tokens.inc(len(said.tokens))
             self.indexer.noted()
@@ -410,6 +456,7 @@ class Recall:
             for c in store.search(key, search, 10_000)
             if (c.lexical > 0 or c.dense >= dense_floor) and c.passage_id in allowed
         ]
+        found = [c for c in with_corrections(store, tenant, found) if c.passage_id in allowed]
         by_id = {p.id: p for p in store.passages(key, [c.passage_id for c in found])}
         # as a conversation's recall ranks them (a correction first among the close ones)
         found = ranked_across(
