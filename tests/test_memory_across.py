@@ -24,7 +24,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.api import Turn as ChatTurn
 from sinkd.daemon.runtime.conversations.chats import StatelessChatRequest
 from sinkd.daemon.runtime.recall import across
-from sinkd.daemon.runtime.recall.layer import ranked_across
+from sinkd.daemon.runtime.recall.across import ranked_across
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.errors import FailedPrecondition, InvalidInput, NotFound, PermissionDenied

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from sinkd.daemon.runtime.boot import DENSE, open_embedder
-from sinkd.daemon.runtime.recall.layer import with_corrections
+from sinkd.daemon.runtime.recall.across import with_corrections
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.memory import MemoryStore, Origin
 from sinkd.daemon.store.tenant_memory import Selection, key_of

@@ -5,17 +5,21 @@ Only the user's words cross: a chat turn's message, kept as it is said. The mode
 only where the user asks for it: a message that asks to remember and says nothing else ("remember
 that", "please remember this") keeps the reply before it, marked as the model's, kept at the
 user's request. A message that asks to remember something it says ("Remember: my locker is 4417")
-is the user's words, marked as asked for. A passage that comes back says where it was said and
-when, so the model can weigh an older statement against a newer one.
+is the user's words, marked as asked for. A passage that comes back says when it was said, so the
+model can weigh an older statement against a newer one; a correction is found with what it
+corrects, and first (`with_corrections`, `ranked_across`).
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from sinkd.cachepolicy.recall_plan import Candidate
 from sinkd.daemon.runtime.recall.past import may_need_the_past
+from sinkd.daemon.store.memory import MemoryStore
 
 # a message that asks to remember: "remember ...", "please remember ...", "can you remember ..."
 _ASKS = re.compile(
@@ -32,6 +36,8 @@ _BARE = re.compile(
 
 
 MIN_WORDS = 3  # "hi", "thanks!": nothing to keep
+# a correction this close to the best match's score (a share of it) ranks first
+CORRECTION_MARGIN = 0.12
 _CORRECTS = re.compile(
     r"\b(?:actually|correction|correct(?:ed|ing)?|changed?|update[ds]?|now|anymore|any\s+more|"
     r"no\s+longer|instead|moved|switched|new)\b",
@@ -106,3 +112,57 @@ def heading(speaker: str, said_at: float) -> str:
     if speaker == "assistant":
         return f"(your reply in another conversation, {day}, kept as the user asked:) "
     return f"(the user, in another conversation on {day}:) "
+
+
+def ranked_across(
+    strong: list[Candidate], corrects: Callable[[Candidate], bool]
+) -> list[Candidate]:
+    """Passages from the tenant's memory, best first; but among those as good as the best
+    (within `CORRECTION_MARGIN` of its score), the ones that say they correct something
+    (`corrects`: "actually", "changed", "correction", "now"... `says_it_corrects`) first, newest
+    first: a user who corrects a fact says much the same words again, later, and the correction
+    is what holds. Not every newer passage: "my neighbour's dog is named Comet" is as close to
+    "what is my dog named?" as "my dog is named Biscuit", and being newer makes it no answer."""
+    if not strong:
+        return []
+    top = max(c.score for c in strong)
+    near = top - CORRECTION_MARGIN * abs(top)
+    first = [c for c in strong if c.score >= near and corrects(c)]
+    rest = [c for c in strong if c not in first]
+    return sorted(first, key=lambda c: -c.said_at) + sorted(rest, key=lambda c: -c.score)
+
+
+def with_corrections(
+    store: MemoryStore, tenant: str, found: list[Candidate], leave_out: str | None = None
+) -> list[Candidate]:
+    """The passages found, each that a later passage corrects preceded by its correction (the
+    newest), scored just above it: a search that finds what the user said finds what the user
+    said instead, though its words are farther from the question (tenant_memory.py,
+    `link_correction`). A correction the asking conversation said stays out (its own words)."""
+    out = list(found)
+    for _ in range(4):  # a correction corrected in turn: followed a few links
+        fixes = store.across.corrections_of(tenant, [c.passage_id for c in out])
+        at = {c.passage_id: i for i, c in enumerate(out)}
+        changed = False
+        for c in list(out):
+            fix = fixes.get(c.passage_id)
+            if fix is None or fix.conversation == leave_out:
+                continue
+            lifted = c.score + 1e-6
+            known = at.get(fix.number)
+            if known is not None and out[known].score >= lifted:
+                continue
+            a, b = fix.logical
+            better = Candidate(
+                fix.number, fix.logical, b - a, lifted, c.lexical, c.dense, fix.speaker,
+                fix.conversation, fix.said_at,
+            )  # fmt: skip
+            if known is not None:
+                out[known] = better
+            else:
+                out.append(better)
+                at[fix.number] = len(out) - 1
+            changed = True
+        if not changed:
+            break
+    return sorted(out, key=lambda c: -c.score)

@@ -28,7 +28,7 @@ from sinkd.daemon.engine.vocab import content_mark
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import RecallReport
 from sinkd.daemon.runtime.recall import across as across_words
-from sinkd.daemon.runtime.recall.across import Said
+from sinkd.daemon.runtime.recall.across import Said, ranked_across, with_corrections
 from sinkd.daemon.runtime.recall.indexing import Indexer
 from sinkd.daemon.runtime.sessions import Session
 from sinkd.daemon.store import tenant_memory
@@ -44,8 +44,6 @@ OWN_WORDS = "(your own earlier reply, not something the user said) "
 # a chat turn that asks no question and speaks of no earlier turn (past.py)
 WORDS_ALONE = "bm25 alone: the turn asks no question and speaks of nothing said before"
 SEARCH_POOL = 16  # candidates read from the index before the budget picks
-# a correction this close to the best match's score (a share of it) ranks first
-CORRECTION_MARGIN = 0.12
 log = logging.getLogger("sinkd.recall")
 
 
@@ -90,60 +88,6 @@ def turns_of(engine: Engine) -> Turns:
     head = vocab.render_chat([("user", mark)], add_assistant=False).partition(mark)[0]
     header = vocab.tokenize_framed(head, [])
     return Turns(TurnMarks.of(header, vocab.is_control, vocab.piece), vocab.is_control)
-
-
-def ranked_across(
-    strong: list[Candidate], corrects: Callable[[Candidate], bool]
-) -> list[Candidate]:
-    """Passages from the tenant's memory, best first; but among those as good as the best
-    (within `CORRECTION_MARGIN` of its score), the ones that say they correct something (`corrects`: "actually",
-    "changed", "correction", "now"... across.says_it_corrects) first, newest first: a user who
-    corrects a fact says much the same words again, later, and the correction is what holds. Not
-    every newer passage: "my neighbour's dog is named Comet" is as close to "what is my dog
-    named?" as "my dog is named Biscuit", and being newer makes it no answer."""
-    if not strong:
-        return []
-    top = max(c.score for c in strong)
-    near = top - CORRECTION_MARGIN * abs(top)
-    first = [c for c in strong if c.score >= near and corrects(c)]
-    rest = [c for c in strong if c not in first]
-    return sorted(first, key=lambda c: -c.said_at) + sorted(rest, key=lambda c: -c.score)
-
-
-def with_corrections(
-    store: MemoryStore, tenant: str, found: list[Candidate], leave_out: str | None = None
-) -> list[Candidate]:
-    """The passages found, each that a later passage corrects preceded by its correction (the
-    newest), scored just above it: a search that finds what the user said finds what the user
-    said instead, though its words are farther from the question (tenant_memory.py,
-    `link_correction`). A correction the asking conversation said stays out (its own words)."""
-    out = list(found)
-    for _ in range(4):  # a correction corrected in turn: followed a few links
-        fixes = store.across.corrections_of(tenant, [c.passage_id for c in out])
-        at = {c.passage_id: i for i, c in enumerate(out)}
-        changed = False
-        for c in list(out):
-            fix = fixes.get(c.passage_id)
-            if fix is None or fix.conversation == leave_out:
-                continue
-            lifted = c.score + 1e-6
-            known = at.get(fix.number)
-            if known is not None and out[known].score >= lifted:
-                continue
-            a, b = fix.logical
-            better = Candidate(
-                fix.number, fix.logical, b - a, lifted, c.lexical, c.dense, fix.speaker,
-                fix.conversation, fix.said_at,
-            )  # fmt: skip
-            if known is not None:
-                out[known] = better
-            else:
-                out.append(better)
-                at[fix.number] = len(out) - 1
-            changed = True
-        if not changed:
-            break
-    return sorted(out, key=lambda c: -c.score)
 
 
 def leftover(config: RecallConfig, chosen: list[Candidate], framing: int) -> RecallConfig | None:
