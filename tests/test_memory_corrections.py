@@ -42,11 +42,15 @@ def test_a_correction_is_linked_to_what_it_corrects_and_found_first(embedder: Em
     keep(store, "s_a", "One thing about me: I collect old clocks.")
     keep(store, "s_b", "My grandfather collects old radios and lamps.")
     keep(store, "s_c", "I read about how rain forms last week.")
+    keep(store, "s_x", "One thing about me: I am learning Finnish at night school.")
+    keep(store, "s_y", "Correction, that changed: I am learning Korean at night school.")
+    assert store.across.link_correction("alice", embedder, "s_y") == 4
     keep(store, "s_d", "Correction, that changed: I collect old stamps.")
     (original,) = store.across.passages("alice", Selection(conversation="s_a"), 1)
+    # the clocks, not the other correction (both open with "Correction, that changed:")
     assert store.across.link_correction("alice", embedder, "s_d") == original.id
     plain = store.search(key_of("alice"), "What kind of thing do I hoard?", 3)
-    assert plain[0].passage_id != 4  # the search alone ranks the correction lower
+    assert plain[0].passage_id != 6  # the search alone ranks the correction lower
     assert texts(store, "What kind of thing do I hoard?")[0].endswith("I collect old stamps.")
     keep(store, "s_e", "Actually it is about rain, not clocks.")  # corrects nothing kept closely
     assert store.across.link_correction("alice", embedder, "s_e") is None

@@ -13,6 +13,7 @@ speaker or time.
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,20 @@ class Selection:
 # a correction corrects the kept passage whose closest sentence is at least this close to one of its
 # own ("I play the banjo in a band." / "I play the clarinet in a band.": 0.8 with MiniLM)
 LINK_COSINE = 0.6
+
+
+# words that say a correction is one ("Correction, that changed:"): a sentence of these alone says
+# nothing to compare, and every correction says it alike
+_MARKS = re.compile(
+    r"\b(?:actually|correction|correct(?:ed|ing)?|changed?|update[ds]?|now|anymore|no|longer|"
+    r"instead|that|it|this|has|have|is|was|my|the|a|an)\b|[^\w\s]",
+    re.IGNORECASE,
+)
+
+
+def says_something(sentence: str) -> bool:
+    """A sentence with two words or more besides those that mark a correction."""
+    return len(_MARKS.sub(" ", sentence).split()) >= 2
 
 
 @dataclass(frozen=True)
@@ -129,7 +144,7 @@ class TenantMemory:
         ).fetchone()
         if row is None:
             return None
-        sentences = sentences_of(str(row[1]))
+        sentences = [t for t in sentences_of(str(row[1])) if says_something(t)]
         if not sentences:
             return None
         mine = embedder.embed(sentences)
