@@ -52,5 +52,5 @@ def test_a_correction_is_linked_to_what_it_corrects_and_found_first(embedder: Em
     plain = store.search(key_of("alice"), "What kind of thing do I hoard?", 3)
     assert plain[0].passage_id != 6  # the search alone ranks the correction lower
     assert texts(store, "What kind of thing do I hoard?")[0].endswith("I collect old stamps.")
-    keep(store, "s_e", "Actually it is about rain, not clocks.")  # corrects nothing kept closely
+    keep(store, "s_e", "Actually the trains to Peru leave at noon now.")  # like nothing kept
     assert store.across.link_correction("alice", embedder, "s_e") is None
