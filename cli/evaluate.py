@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -372,15 +373,7 @@ def _eval_conversation(
 ) -> None:
     """The conversation arm: a daemon per arm in this process, its HTTP front on a free local
     port, talked to as a chat client does (evaluation/recall_conversation.py)."""
-    import contextlib
-    import hashlib
-    import secrets
-    import tempfile
-    from collections.abc import Iterator
-
-    from sinkd.daemon.config import Settings, Tenant
     from sinkd.daemon.models.registry import load_lock
-    from sinkd.daemon.node import Daemon
     from sinkd.evaluation.recall_conversation import (
         ConversationPlan,
         conversation_table,
@@ -396,22 +389,12 @@ def _eval_conversation(
 
     @contextlib.contextmanager
     def daemon(arm: str, n_cells: int) -> Iterator[tuple[str, str, str]]:
-        token = secrets.token_urlsafe(16)
-        with tempfile.TemporaryDirectory() as tmp:
-            settings = Settings(
-                model=entry.name, socket=Path(tmp) / "sinkd.sock", state_dir=Path(tmp) / "state",
-                http="127.0.0.1:0", n_ctx_seq=n_cells,
-                recall_mode="auto" if arm == "recall" else "off",
-                tenants=[Tenant(name="eval", token_sha256=hashlib.sha256(token.encode()).hexdigest())],
-            )  # fmt: skip
-            d = Daemon(settings)
-            d.start()
-            try:
-                d.wait_ready(600)
-                assert d.http is not None
-                yield d.http.address, token, entry.name
-            finally:
-                d.stop()
+        recall = "auto" if arm == "recall" else "off"
+        with _http_daemon(entry.name, ["eval"], n_ctx_seq=n_cells, recall_mode=recall) as (
+            address,
+            tokens,
+        ):
+            yield address, tokens[0], entry.name
 
     data = evaluate_conversations(daemon, plan, progress=err.print)
     _report(data, out_dir / f"eval-recall-conversation_{entry.name}.json", as_json,
@@ -423,15 +406,7 @@ def _eval_memory(
 ) -> None:
     """The memory arm: two daemons in this process (memory across conversations on, and off),
     their HTTP fronts on free local ports, two tenants each (evaluation/recall_memory.py)."""
-    import contextlib
-    import hashlib
-    import secrets
-    import tempfile
-    from collections.abc import Iterator
-
-    from sinkd.daemon.config import Settings, Tenant
     from sinkd.daemon.models.registry import load_lock
-    from sinkd.daemon.node import Daemon
     from sinkd.evaluation.recall_memory import MemoryPlan, evaluate_memory, memory_tables
 
     entry = load_lock().get(model)
@@ -439,32 +414,56 @@ def _eval_memory(
 
     @contextlib.contextmanager
     def daemon(arm: str, n_cells: int) -> Iterator[tuple[str, list[str], str]]:
-        tokens = [secrets.token_urlsafe(16) for _ in range(2)]
-        tenants = [
-            Tenant(name=name, token_sha256=hashlib.sha256(t.encode()).hexdigest())
-            for name, t in zip(("alice", "bob"), tokens, strict=True)
-        ]
-        with tempfile.TemporaryDirectory() as tmp:
-            settings = Settings(
-                model=entry.name, socket=Path(tmp) / "sinkd.sock", state_dir=Path(tmp) / "state",
-                http="127.0.0.1:0", n_ctx_seq=n_cells, tenants=tenants, max_sessions=8,
-                memory_across_conversations=arm == "memory", call_timeout_s=3600,
-                n_threads=1,  # two engines in one process: one thread each, alike
-            )  # fmt: skip
-            d = Daemon(settings)
-            d.start()
-            try:
-                d.wait_ready(600)
-                assert d.http is not None
-                yield d.http.address, tokens, entry.name
-            finally:
-                d.stop()
+        with _http_daemon(
+            entry.name, ["alice", "bob"], n_ctx_seq=n_cells, max_sessions=8,
+            memory_across_conversations=arm == "memory", call_timeout_s=3600,
+            n_threads=1,  # two engines in one process: one thread each, alike
+        ) as (address, tokens):  # fmt: skip
+            yield address, tokens, entry.name
 
     data = evaluate_memory(daemon, plan, progress=err.print)
     tables = memory_tables(data)
     _report(data, out_dir / f"eval-recall-memory_{entry.name}.json", as_json, lambda: tables[0])
     if not as_json:
         _print_table(*tables[1])
+
+
+@contextlib.contextmanager
+def _http_daemon(
+    model: str, tenants: list[str], **settings: Any
+) -> Iterator[tuple[str, list[str]]]:
+    """A daemon in this process for an evaluation: its HTTP front on a free local port, a state
+    directory of its own, a random token per tenant; yields (address, tokens)."""
+    import hashlib
+    import secrets
+    import tempfile
+
+    from sinkd.daemon.config import Settings, Tenant
+    from sinkd.daemon.node import Daemon
+
+    tokens = [secrets.token_urlsafe(16) for _ in tenants]
+    configured = [
+        Tenant(name=name, token_sha256=hashlib.sha256(t.encode()).hexdigest())
+        for name, t in zip(tenants, tokens, strict=True)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(
+            Settings(
+                model=model,
+                socket=Path(tmp) / "sinkd.sock",
+                state_dir=Path(tmp) / "state",
+                http="127.0.0.1:0",
+                tenants=configured,
+                **settings,
+            )  # fmt: skip
+        )
+        d.start()
+        try:
+            d.wait_ready(600)
+            assert d.http is not None
+            yield d.http.address, tokens
+        finally:
+            d.stop()
 
 
 def _report(

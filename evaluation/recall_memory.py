@@ -76,8 +76,7 @@ class Said:
     index: int
     turns: tuple[str, ...]
     private: bool = False
-    fact: int | None = None  # the fact it states (or corrects, with `corrects`)
-    corrects: bool = False  # (unused: a correction is a turn of a later conversation)
+    fact: int | None = None  # the fact it states (a correction is a turn of a later one)
     forget: bool = False  # forgotten once said
 
 
@@ -136,7 +135,7 @@ def timeline(plan: MemoryPlan) -> tuple[list[Said], list[Question]]:
     # the private and the forgotten conversations, halfway through the facts
     at = plan.facts // 2
     said[at:at] = [Said(0, (PRIVATE[0],), private=True), Said(0, (FORGOTTEN[0],), forget=True)]
-    said = [Said(k, s.turns, s.private, s.fact, s.corrects, s.forget) for k, s in enumerate(said)]
+    said = [Said(k, s.turns, s.private, s.fact, s.forget) for k, s in enumerate(said)]
 
     def where(c: int) -> int:  # conversation c of the loop above, in the timeline
         return c if c < at else c + 2
