@@ -286,6 +286,7 @@ def test_a_tenant_that_did_not_opt_in_keeps_nothing(tmp_path: Path) -> None:
         ("Mein Hund heißt Bello.", True, False, False),
         ("我的储物柜密码是四四一七。", True, False, False),
         ("我的密码是什么？", False, False, False),
+        ("１２３４５６７８９０１２。", False, False, False),  # no word at all
     ],
 )
 def test_what_a_message_says_of_itself(message: str, states: bool, asks: bool, bare: bool) -> None:

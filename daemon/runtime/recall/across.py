@@ -72,7 +72,7 @@ def states_something(message: str) -> bool:
         words = _WORDS.findall(sentence.lower())
         # a script written without spaces (Chinese, Japanese, Thai): a word per ~4 characters
         n = len(words) if sentence.isascii() else max(len(words), len(sentence.strip()) // 4)
-        if n < MIN_WORDS or sentence.rstrip().endswith(("?", "\uff1f", "\u061f")):
+        if not words or n < MIN_WORDS or sentence.rstrip().endswith(("?", "\uff1f", "\u061f")):
             continue
         first = words[1] if words[0] == "please" and len(words) > 1 else words[0]
         if first not in _ASKS_OR_BIDS:
