@@ -347,3 +347,16 @@ def test_a_correction_is_recalled_though_two_closer_matches_fill_the_passages(
     session = service.registry.get(h.session_id)
     assert session is not None and session.last_recall is not None
     assert [s.conversation for s in session.last_recall.recalled] == [fix.session_id]
+
+
+def test_the_same_words_again_from_a_conversation_are_kept_once(service: SinkdService) -> None:
+    """A client resending, a regenerated turn: one passage; a long message in pieces too."""
+    long = " ".join(f"The shelf number {i} holds my winter boots." for i in range(12))
+    h = conversation(service, ALICE, FACT, long)
+    n = len(kept(service))
+    assert n > 2  # the long message in pieces
+    say(service, ALICE, h, FACT)
+    say(service, ALICE, h, long)
+    assert len(kept(service)) == n
+    conversation(service, ALICE, FACT)  # another conversation says it too: kept, its own
+    assert len(kept(service)) == n + 1

@@ -117,8 +117,8 @@ class TenantMemory:
         if not tokens:
             return 0
         key = key_of(tenant)
-        text = text_of(tokens, piece).strip()
-        if not text or self._kept_already(key, origin.session_id, text):
+        first = text_of(tokens[: self.MAX_PASSAGE_TOKENS], piece)  # what its first piece holds
+        if not first.strip() or self._kept_already(key, origin.session_id, first):
             return 0
         end = self._end(key)
         n = 0
