@@ -259,6 +259,8 @@ class AcrossConversations:
         n = across.keep(
             tenant, Origin(GIVEN, 0, (0, len(tokens)), True), tokens, engine.vocab.piece, "user", 0
         )
+        if n:
+            self.recall.indexer.noted()  # its vectors made off the engine thread, as any passage's
         if self.durability is not None:
             self.durability.record(lambda: None)
             self.durability.commit()
