@@ -97,8 +97,12 @@ class SinkdService:
                 ),
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
-        self.recall = Recall(self._memory_store, self.metrics, settings.memory_max_tokens)
-        self.recall.across_max_tokens = settings.memory_across_max_tokens
+        self.recall = Recall(
+            self._memory_store,
+            self.metrics,
+            settings.memory_max_tokens,
+            settings.memory_across_max_tokens,
+        )
         self.prefixes = PrefixStates(
             self.metrics,
             settings.prefix_ram_mb * 2**20,

@@ -34,10 +34,6 @@ def key_of(tenant: str) -> SessionKey:
     return SessionKey(_PREFIX + hashlib.sha256(tenant.encode()).hexdigest()[:16], 0, tenant)
 
 
-def is_memory(session_id: str) -> bool:
-    return session_id.startswith(_PREFIX)
-
-
 @dataclass(frozen=True)
 class Selection:
     """Which of a tenant's kept passages a listing or a forget takes: one passage, one
@@ -192,17 +188,21 @@ class TenantMemory:
         )
 
     def _end(self, key: SessionKey) -> int:
+        """Where the memory's count of kept tokens stands: the newest passage's end (the ranges
+        follow each other, so the index on the start finds it in one seek)."""
         row = self.db.execute(
-            "SELECT MAX(logical_end) FROM passages WHERE session=? AND reset_count=?",
+            "SELECT logical_end FROM passages WHERE session=? AND reset_count=?"
+            " ORDER BY logical_start DESC LIMIT 1",
             (key.session_id, key.reset_count),
         ).fetchone()
-        return int(row[0] or 0)
+        return int(row[0]) if row else 0
 
-    def passages(self, tenant: str, which: Selection, limit: int) -> list[Passage]:
-        """The tenant's kept passages `which` names, the newest `limit`, oldest first."""
+    def numbers(self, tenant: str, which: Selection, limit: int = -1) -> list[int]:
+        """The numbers of the tenant's kept passages `which` names, newest first (the newest
+        `limit`; -1: all)."""
         key = key_of(tenant)
         sql, args = which.where()
-        numbers = [
+        return [
             int(r[0])
             for r in self.db.execute(
                 "SELECT number FROM passages WHERE session=? AND reset_count=?"
@@ -210,7 +210,11 @@ class TenantMemory:
                 (key.session_id, key.reset_count, *args, limit),
             )
         ]
-        return [p for _, p in self.table.rows(key, numbers)] if numbers else []
+
+    def passages(self, tenant: str, which: Selection, limit: int) -> list[Passage]:
+        """The tenant's kept passages `which` names, the newest `limit`, oldest first."""
+        numbers = self.numbers(tenant, which, limit)
+        return [p for _, p in self.table.rows(key_of(tenant), numbers)] if numbers else []
 
     def forget(self, tenant: str, which: Selection) -> list[int]:
         """Delete the passages `which` names; returns their numbers."""

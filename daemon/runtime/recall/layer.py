@@ -143,12 +143,16 @@ def check_query(query: str) -> None:
 
 class Recall:
     def __init__(
-        self, store: Callable[[], MemoryStore], metrics: Metrics, max_tokens_per_session: int
+        self,
+        store: Callable[[], MemoryStore],
+        metrics: Metrics,
+        max_tokens_per_session: int,
+        across_max_tokens: int = 200_000,
     ) -> None:
         self._store = store
         self.metrics = metrics
         self.max_tokens = max_tokens_per_session
-        self.across_max_tokens = 200_000  # each tenant's memory across conversations, at most
+        self.across_max_tokens = across_max_tokens  # each tenant's memory across conversations
         self.indexer = Indexer()
         # how a search finds passages: "bm25+dense", or "bm25 alone: why" (set at load)
         self.search = "bm25 alone: the model is not loaded yet"
@@ -233,15 +237,12 @@ class Recall:
         store = self.store
         held = in_window(session)
         own = self._found(store, session.key, ask, held)
-        across = ask.across and session.recall.across
+        memory = tenant_memory.key_of(session.tenant)
         others = (
             with_corrections(
-                store,
-                session.tenant,
-                self._found(store, tenant_memory.key_of(session.tenant), ask, held, session.id),
-                session.id,
+                store, session.tenant, self._found(store, memory, ask, held, session.id), session.id
             )
-            if across
+            if ask.across and session.recall.across
             else []
         )
         own_words = self._of_engine(engine)[1]
@@ -249,7 +250,6 @@ class Recall:
         for p in store.passages(session.key, [c.passage_id for c in own]):
             head = own_words if p.speaker == ASSISTANT else []
             bodies["", p.id] = head + self._text(engine, p, ask)
-        memory = tenant_memory.key_of(session.tenant)
         said: dict[tuple[str, int], str] = {}
         for p in store.passages(memory, [c.passage_id for c in others]) if others else []:
             head = engine.vocab.tokenize(across_words.heading(p.speaker, p.created))
@@ -394,7 +394,7 @@ class Recall:
             return [(p, None) for p in store.across.passages(tenant, which, limit)]
         check_query(search)
         key = tenant_memory.key_of(tenant)
-        allowed = {p.id for p in store.across.passages(tenant, which, 1_000_000)}
+        allowed = set(store.across.numbers(tenant, which))
         found = [
             c
             for c in store.search(key, search, 10_000)
