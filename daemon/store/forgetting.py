@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from sinkd.daemon.store import wal
 from sinkd.daemon.store.passages import PassageTable, SessionKey
 from sinkd.daemon.store.speakers import UNKNOWN
 from sinkd.daemon.store.word_index import WordIndexes
@@ -61,9 +62,16 @@ class Forgetting:
         self.db.execute(f"DELETE FROM recalls WHERE {where}", args)
         return len(ids)
 
-    def purge(self) -> None:
-        """After a committed delete: merge the full-text indexes (their old segments still name
-        the deleted words) and truncate the write-ahead log, so deleted text leaves the disk."""
-        self.words.optimize()
+    def merge(self, every: bool = False) -> int:
+        """After a committed delete: merge the full-text indexes that lost rows (their old
+        segments still name the deleted words), and commit. The pages as they were stay in the
+        write-ahead log until it is truncated (`wal.truncate`)."""
+        n = self.words.optimize(every)
         self.db.commit()
-        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return n
+
+    def purge(self) -> wal.Checkpoint:
+        """Merge, then truncate the log: for a store whose file no other connection opens (a
+        daemon's temporary one); the journal's purge is `durable/purge.py`'s."""
+        self.merge()
+        return wal.truncate(self.db)

@@ -300,6 +300,21 @@ class Journal:
     def rollback(self) -> None:
         self._db.rollback()
 
+    # --- a purge owed: deleted rows whose pages the files may still hold ---
+
+    def owe_purge(self, since: float) -> None:
+        """In the deleting transaction: a purge is owed, and found at the next start if the
+        daemon stops (or dies) before it is done. The first unpaid one's time is kept."""
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('purge_owed', ?)", (repr(since),))
+
+    def purge_owed(self) -> float | None:
+        """Since when a purge is owed (unix time), or None."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='purge_owed'").fetchone()
+        return None if row is None else float(row[0])
+
+    def purge_paid(self) -> None:
+        self._db.execute("DELETE FROM meta WHERE key='purge_owed'")
+
     # --- sessions ---
 
     def put_session(

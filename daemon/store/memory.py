@@ -37,6 +37,7 @@ from sinkd.daemon.store.recalled_copies import RecallLog
 from sinkd.daemon.store.search import PassageSearch, query_terms
 from sinkd.daemon.store.speakers import NO_TURNS, Turns
 from sinkd.daemon.store.tenant_memory import TenantMemory
+from sinkd.daemon.store.wal import Checkpoint
 from sinkd.daemon.store.word_index import WordIndexes
 from sinkd.daemon.store.writing import EvictedText
 
@@ -203,8 +204,16 @@ class MemoryStore:
             n += self.across.drop_from(session_id, keep_reset_count)
         return n
 
-    def purge(self) -> None:
-        self.forgetting.purge()
+    @property
+    def unmerged(self) -> bool:
+        """A full-text index lost rows since its last merge: its old segments still hold words."""
+        return bool(self.words.unmerged)
+
+    def merge(self, every: bool = False) -> int:
+        return self.forgetting.merge(every)
+
+    def purge(self) -> Checkpoint:
+        return self.forgetting.purge()
 
     def copy(self, parent_key: SessionKey, child_key: SessionKey) -> int:
         """A fork's child starts with the parent's memory as it is now."""

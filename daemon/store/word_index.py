@@ -29,6 +29,7 @@ class WordIndexes:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
         self._made: set[str] = set()
+        self.unmerged: set[str] = set()  # indexes that lost rows since their last merge
 
     def table(self, tenant: str) -> str:
         """The tenant's index (made the first time), and its terms view on this connection."""
@@ -56,7 +57,9 @@ class WordIndexes:
         )
 
     def remove(self, tenant: str, rowid: int) -> None:
-        self.db.execute(f"DELETE FROM {self.table(tenant)} WHERE rowid=?", (rowid,))
+        name = self.table(tenant)
+        self.db.execute(f"DELETE FROM {name} WHERE rowid=?", (rowid,))
+        self.unmerged.add(name)
 
     def all(self) -> list[str]:
         """Every tenant's index in the database."""
@@ -70,10 +73,16 @@ class WordIndexes:
             if len(str(r[0])) == len(_PREFIX) + 16
         ]
 
-    def optimize(self) -> None:
-        """Merge every index (a delete's old segments still name the deleted words)."""
-        for name in self.all():
+    def optimize(self, every: bool = False) -> int:
+        """Merge the indexes that lost rows since their last merge (`every`: all of them, when
+        that is not known, at a start), for a delete's old segments still name the deleted words.
+        Returns how many were merged: a tenant's forget costs its own index's merge, not all."""
+        present = self.all()
+        names = present if every else [n for n in present if n in self.unmerged]
+        for name in names:
             self.db.execute(f"INSERT INTO {name} ({name}) VALUES ('optimize')")
+        self.unmerged.clear()
+        return len(names)
 
     def split_legacy(self) -> int:
         """A store from before: every passage into its tenant's index, the shared one dropped.
