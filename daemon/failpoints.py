@@ -39,6 +39,8 @@ POINTS = (
     "before-sync",  # syncer: replies wait for the journal's fsync, which is about to run
     "chunk-write",  # syncer (or a statement after a handoff): the handed chunk rows are written
     "model-loading",  # service: the engine thread starts loading the model (health NOT_SERVING)
+    "purge-truncate",  # durability: a purge is about to truncate the write-ahead log
+    "purge-wait",  # service: a deletion's reply starts to wait for its purge
 )
 
 _actions: dict[str, Callable[[], None]] = {}

@@ -141,6 +141,21 @@ class Metrics:
         self.memory_forgotten_passages = Counter(
             "sinkd_memory_forgotten_passages", "Passages deleted by their owner", registry=r
         )
+        self.purges = Counter(
+            "sinkd_purges",
+            "Purges done: deleted text merged out of the indexes and the write-ahead log emptied",
+            registry=r,
+        )
+        self.purge_refusals = Counter(
+            "sinkd_purge_refusals",
+            "Truncations of the write-ahead log refused: another connection read journal.db",
+            registry=r,
+        )
+        self.purge_held = Gauge(
+            "sinkd_purge_held_seconds",
+            "How long an owed purge has waited for a reader of journal.db to let go (0: none)",
+            registry=r,
+        )
         self.recalls = Counter(
             "sinkd_recalls",
             "Recalls, by outcome (recalled, empty, in_window)",

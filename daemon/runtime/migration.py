@@ -31,7 +31,7 @@ from sinkd.daemon.runtime.sessions import Principal, Registry, Session, SessionS
 from sinkd.daemon.store import archive, snapshots
 from sinkd.daemon.store.archive import Archive
 from sinkd.daemon.store.journal import SCHEMA_VERSION, SnapshotRow, StoredSession
-from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied
+from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied, ResourceExhausted
 
 KIND = "sinkd-session"
 Close = Callable[[Session, str], None]  # close a session at a generation (engine thread)
@@ -212,6 +212,9 @@ class Mover:
 
     def _undo(self, path: Path | None) -> None:
         self.durability.rollback()
+        # a large import's pages may have reached the write-ahead log before it was refused
+        with contextlib.suppress(ResourceExhausted):  # then owed in memory alone, paid the same
+            self.durability.record(self.durability.owe_purge)
         if path is not None:
             path.unlink(missing_ok=True)
             with contextlib.suppress(OSError):

@@ -24,6 +24,7 @@ from typing import Any
 from sinkd.cachepolicy import PolicyConfig, SeqState
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon import failpoints
+from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.private import private_dir
 from sinkd.daemon.runtime.durable.disk_space import DiskSpace
 from sinkd.daemon.runtime.durable.purge import Purge
@@ -188,6 +189,7 @@ class Durability:
         embedder: Embedder | None = None,
         purge_interval_s: float = 0.0,
         space: DiskSpace | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.dir = state_dir
         self.space = space  # the filesystem's margin: what would write is refused below it
@@ -200,7 +202,7 @@ class Durability:
         self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest
         self._journal: Journal | None = None
         self.memory: MemoryStore | None = None
-        self.purge = Purge(purge_interval_s)  # what deletes leave in the index and the log
+        self.purge = Purge(purge_interval_s, metrics)  # what deletes leave in the index and log
         self.lock = StateDirLock(state_dir)
         self.config: dict[str, Any] = {}
         self._doomed: list[str] = []  # snapshot files to delete once the journal forgets them
@@ -216,10 +218,15 @@ class Durability:
         self.claim()
         self._journal = Journal(self.dir / "journal.db", self.sync)
         self.memory = MemoryStore(self._journal.db, self.segmenting, self.embedder)
+        owed = self._journal.purge_owed()
+        if owed is not None:  # the daemon stopped before a purge was done: every index merged
+            log.info("a purge owed since %s is paid at start", time.ctime(owed))
+            self.purge.request(merge=True, every=True)
+            self.purge.run_due(self.memory, self._journal, at_once=True)
 
     def close(self) -> None:
         if self._journal is not None:
-            self.purge.run_due(self.memory, at_once=True)
+            self.purge.run_due(self.memory, self._journal, at_once=True)
             self._journal.close()
             self._journal = None
             self.memory = None
@@ -250,12 +257,12 @@ class Durability:
             defer_sync
             and self.journal.sync_mode == "full"
             and not self._doomed
-            and not self.purge.due(self.memory)
+            and not self.purge.due()
             and self.journal.hand_off()
         ):
             return True  # a step's chunk rows alone: the syncer writes them before its fsync
         owed = self.journal.commit()
-        if owed and (not defer_sync or self.purge.due(self.memory) or self._doomed):
+        if owed and (not defer_sync or self.purge.due() or self._doomed):
             self.journal.sync()
             owed = False
         self.purge_due()
@@ -269,7 +276,19 @@ class Durability:
 
     def purge_due(self) -> None:
         """After a commit, and between steps: the purge, if one is due (`Purge`)."""
-        self.purge.run_due(self.memory)
+        self.purge.run_due(self.memory, self.journal)
+
+    def owe_purge(self) -> None:
+        """In a deleting transaction: the deleted content must leave the files (`Purge`); the
+        debt is journalled with the delete, so a start pays what a stop left owed."""
+        assert self.memory is not None
+        self.journal.owe_purge(time.time())
+        self.purge.request(merge=self.memory.unmerged)
+
+    def purged(self, number: int, timeout: float) -> bool:
+        """Whether the content of the deletions up to `number` (`Purge.asked` after them) has
+        left the files, waiting at most `timeout` seconds (off the engine thread)."""
+        return self.purge.wait(number, timeout)
 
     def sync_journal(self) -> None:
         """Make every commit so far durable, the handed chunk rows committed first (any thread;
@@ -281,7 +300,6 @@ class Durability:
         with contextlib.suppress(sqlite3.Error):
             self.journal.rollback()
         self._doomed.clear()
-        self.purge.cancel()
         if self.memory is not None:
             self.memory.invalidate()
 
@@ -340,7 +358,7 @@ class Durability:
         self.put(session, live=True)
         self._delete_files(self.journal.forget_generation(session.id, session.reset_count))
         self.forget_memory(session.id, session.reset_count)
-        self.purge.request()  # the old generation's chunks leave the write-ahead log too
+        self.owe_purge()  # the old generation's chunks leave the write-ahead log too
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
@@ -351,13 +369,13 @@ class Durability:
     def closed(self, session: Session) -> None:
         self._delete_files(self.journal.delete_session(session.id))
         self.forget_memory(session.id, None)
-        self.purge.request()
+        self.owe_purge()
 
     def forget_memory(self, session_id: str, keep_reset_count: int | None) -> None:
         """Delete the session's stored passages (all but one generation's), wiped after commit."""
         assert self.memory is not None
         if self.memory.drop(session_id, keep_reset_count):
-            self.purge.request()
+            self.owe_purge()
 
     def fresh(self, session: Session) -> None:
         """The session's durable history starts again (after a committed reset or failure)."""
@@ -427,7 +445,7 @@ class Durability:
             kept = [r for r in kept if r not in doomed]
             if scrub:
                 self.journal.drop_chunks(session.id, session.reset_count)
-                self.purge.request()
+                self.owe_purge()
             elif len(kept) >= self.keep:
                 self.journal.drop_chunks_before(session.id, session.reset_count, kept[-1].n_seen)
             self.commit()

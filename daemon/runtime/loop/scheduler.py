@@ -49,6 +49,7 @@ from sinkd.errors import (
 
 log = logging.getLogger("sinkd.scheduler")
 EXPIRY_RETRY_S = 60.0  # an expiry the journal refused is tried again after this
+IDLE_WAIT_S = 0.5  # an idle loop's wait for a message, at most
 T = TypeVar("T")
 
 
@@ -291,7 +292,11 @@ class Scheduler:
             if not block and not self._inbox.queue:  # between two steps: no lock, no exception
                 return not self._closed
             try:
-                msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+                msg = (
+                    self._inbox.get(timeout=self._idle_wait())
+                    if block
+                    else self._inbox.get_nowait()
+                )
             except queue.Empty:
                 return not self._closed
             block = False
@@ -307,6 +312,12 @@ class Scheduler:
                         fut.set_exception(e)
             else:
                 self.queues.add(payload)
+
+    def _idle_wait(self) -> float:
+        """How long an idle loop waits for a message: IDLE_WAIT_S, or until an owed purge is due
+        (a deletion's reply may be waiting for it)."""
+        due = self.durability.purge.next_in() if self.durability is not None else None
+        return IDLE_WAIT_S if due is None else min(IDLE_WAIT_S, max(due, 0.01))
 
     def _expire_idle(self) -> None:
         now = time.monotonic()

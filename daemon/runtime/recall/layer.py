@@ -497,7 +497,10 @@ class Recall:
         return self.store.drop(session_id, keep_reset_count)
 
     def purge(self) -> None:
-        self.store.purge()
+        """A daemon without a state directory: its memory's private file, which no other
+        connection opens, merged and its log truncated now."""
+        if self.store.purge().busy:  # not expected: said rather than assumed gone
+            log.warning("the memory's write-ahead log could not be truncated")
 
     # --- resume ---
 
