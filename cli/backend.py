@@ -13,6 +13,7 @@ from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
+    Erased,
     GenerationOptions,
     Handle,
     Inspection,
@@ -41,9 +42,9 @@ class Backend(Protocol):
     ) -> AppendResult: ...
     def generate(self, handle: Handle, options: GenerationOptions) -> Stream: ...
     def chat(self, handle: Handle, request: ChatRequest) -> Stream: ...
-    def reset(self, handle: Handle) -> Receipt: ...
+    def reset(self, handle: Handle) -> tuple[Receipt, Erased]: ...
     def fork(self, handle: Handle) -> Receipt: ...
-    def close(self, handle: Handle) -> None: ...
+    def close(self, handle: Handle) -> Erased: ...
     def export_session(self, handle: Handle) -> Iterable[bytes]: ...
     def import_session(self, data: bytes) -> Receipt: ...
     def release(self, handle: Handle) -> None: ...
@@ -61,7 +62,7 @@ class Backend(Protocol):
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
         speaker: str | None = None,
-    ) -> int: ...
+    ) -> Erased: ...
     def list(self) -> list[Receipt]: ...
     def shutdown(self) -> None: ...
 
@@ -112,14 +113,14 @@ class EmbeddedBackend:
     def chat(self, handle: Handle, request: ChatRequest) -> Stream:
         return self.service.chat(self.principal, handle, request)
 
-    def reset(self, handle: Handle) -> Receipt:
+    def reset(self, handle: Handle) -> tuple[Receipt, Erased]:
         return self.service.reset(self.principal, handle)
 
     def fork(self, handle: Handle) -> Receipt:
         return self.service.fork(self.principal, handle)
 
-    def close(self, handle: Handle) -> None:
-        self.service.close(self.principal, handle)
+    def close(self, handle: Handle) -> Erased:
+        return self.service.close(self.principal, handle)
 
     def export_session(self, handle: Handle) -> Iterable[bytes]:
         return self.service.moves.export(self.principal, handle)  # refused: not durable
@@ -152,7 +153,7 @@ class EmbeddedBackend:
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
         speaker: str | None = None,
-    ) -> int:
+    ) -> Erased:
         return self.service.memory.forget(self.principal, handle, passage_id, logical, speaker)
 
     def list(self) -> list[Receipt]:

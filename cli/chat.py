@@ -12,7 +12,7 @@ from rich.console import Console
 
 from sinkd.cachepolicy import PolicyName
 from sinkd.cli.backend import Backend
-from sinkd.cli.console import console, terminal_safe
+from sinkd.cli.console import OWED, console, terminal_safe
 from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import (
     CompactOpt,
@@ -90,11 +90,13 @@ class ChatLoop:
         if cmd in ("/quit", "/exit"):
             return False
         if cmd == "/reset":
-            receipt = self.backend.reset(self.handle)
+            receipt, erased = self.backend.reset(self.handle)
             self.handle = receipt.handle
             self.err.print(
                 "reset: a new generation, every cell freed (evicted and earlier text is gone)"
             )
+            if erased.purge_owed:
+                self.err.print(f"note: {OWED}")
             self.status(receipt)
         elif cmd == "/fork":
             receipt = self.backend.fork(self.handle)

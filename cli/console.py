@@ -12,6 +12,12 @@ from rich.text import Text
 UNWRAPPED = 1_000  # a table sizes itself to its content; this is only the ceiling
 
 
+OWED = (
+    "the deleted text may still be in journal.db-wal: another program reads the journal; it"
+    " leaves once that program lets go (docs/security.md)"
+)
+
+
 def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else UNWRAPPED

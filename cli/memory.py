@@ -15,6 +15,7 @@ from rich.table import Table
 from sinkd.cli.console import console, shown
 from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
+from sinkd.cli.sessions import owed_note
 from sinkd.daemon.runtime.api import KeptSelection, PassageView, to_json
 
 app = typer.Typer(
@@ -144,8 +145,12 @@ def forget(
         raise typer.BadParameter(
             "name a passage id, or --conversation, --speaker, --since, --until"
         )
-    n = connect(address, token).forget_kept(which)
-    print(json.dumps({"forgotten": n}) if as_json else f"{n} passage(s) deleted")
+    erased = connect(address, token).forget_kept(which)
+    if as_json:
+        print(json.dumps({"forgotten": erased.count, "purge_owed": erased.purge_owed}))
+    else:
+        print(f"{erased.count} passage(s) deleted")
+        owed_note(erased)
 
 
 @app.command("add")

@@ -16,11 +16,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sinkd.cli.console import console, shown
+from sinkd.cli.console import OWED, console, shown
 from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
 from sinkd.daemon.rpc.client import Client
-from sinkd.daemon.runtime.api import Handle, Receipt, TenantUsage, to_json
+from sinkd.daemon.runtime.api import Erased, Handle, Receipt, TenantUsage, to_json
 from sinkd.daemon.store.archive import write_private
 from sinkd.errors import InvalidInput, PermissionDenied
 
@@ -35,6 +35,11 @@ IdArg = Annotated[str, typer.Argument(help="Session id (from `sinkd sessions lis
 GenOpt = Annotated[
     str | None, typer.Option("--generation", help="Pin this generation instead of the current one.")
 ]
+
+
+def owed_note(erased: Erased) -> None:
+    if erased.purge_owed:
+        console(stderr=True).print(f"note: {OWED}", style="yellow")
 
 
 def _handle(backend: Client, session_id: str, generation: str | None) -> Handle:
@@ -286,14 +291,15 @@ def reset(
 ) -> None:
     """Start a new generation: every cell freed, old handles refused from now on."""
     backend = connect(address, token)
-    receipt = backend.reset(_handle(backend, session_id, generation))
+    receipt, erased = backend.reset(_handle(backend, session_id, generation))
     if as_json:
         ids = {"session_id": receipt.session_id, "generation": receipt.generation}
-        print(json.dumps({**ids, "receipt": to_json(receipt)}))
+        print(json.dumps({**ids, "receipt": to_json(receipt), "purge_owed": erased.purge_owed}))
     else:
         out.print(
             f"{session_id}: reset; new generation {receipt.generation[:16]}, {receipt.retained} cells held"
         )
+        owed_note(erased)
 
 
 @app.command("close")
@@ -307,8 +313,12 @@ def close(
 ) -> None:
     """Close the session and free its sequence."""
     backend = connect(address, token)
-    backend.close(_handle(backend, session_id, generation))
-    print(json.dumps({"closed": session_id}) if as_json else f"{session_id}: closed")
+    erased = backend.close(_handle(backend, session_id, generation))
+    if as_json:
+        print(json.dumps({"closed": session_id, "purge_owed": erased.purge_owed}))
+    else:
+        print(f"{session_id}: closed")
+        owed_note(erased)
 
 
 @app.command()
@@ -477,5 +487,9 @@ def forget(
         raise typer.BadParameter("name a passage id, a logical range or --speaker, one of them")
     passage_id, logical = parse_target(target) if target is not None else (None, None)
     backend = connect(address, token)
-    n = backend.forget(_handle(backend, session_id, generation), passage_id, logical, speaker)
-    print(json.dumps({"forgotten": n}) if as_json else f"{session_id}: {n} passage(s) deleted")
+    erased = backend.forget(_handle(backend, session_id, generation), passage_id, logical, speaker)
+    if as_json:
+        print(json.dumps({"forgotten": erased.count, "purge_owed": erased.purge_owed}))
+    else:
+        print(f"{session_id}: {erased.count} passage(s) deleted")
+        owed_note(erased)

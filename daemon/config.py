@@ -214,10 +214,13 @@ class Settings(BaseSettings):
     snapshot_every_tokens: int = Field(default=256, ge=1)
     snapshot_every_s: float = Field(default=300.0, gt=0)
     snapshots_kept: int = Field(default=2, ge=2, le=16)
-    # what a forget, reset or close deleted leaves the full-text index and the write-ahead log at
-    # once, or this long after the previous purge (a merge of the whole shared index: a tenant
-    # forgetting in a loop must not stall every session's steps); 0: always at once
+    # what a forget, reset or close deleted leaves the full-text indexes at once, or this long
+    # after the previous merge (a tenant forgetting in a loop must not stall every session's
+    # steps: its replies wait instead); 0: always at once
     purge_interval_s: float = Field(default=2.0, ge=0, le=60)
+    # a deletion's reply waits at most this long for its purge (the interval above, a reader of
+    # journal.db holding the write-ahead log), then says the purge is owed (docs/security.md)
+    purge_wait_s: float = Field(default=5.0, ge=0, le=60)
 
     def memory_across(self, tenant: str) -> bool:
         """Whether the tenant keeps a memory across its conversations."""

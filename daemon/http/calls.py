@@ -14,6 +14,7 @@ import hmac
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
 from fastapi import Request
 from starlette.background import BackgroundTask
@@ -30,6 +31,8 @@ from sinkd.daemon.runtime.conversations.chats import Admit, Continuation, Statel
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import LOCAL_TENANT, Principal
 from sinkd.errors import Cancelled, Unauthenticated
+
+T = TypeVar("T")
 
 # a turn to start: given the call's cancel and its per-session admission
 Start = Callable[[CancelToken, Admit], tuple[Continuation, ChatStream]]
@@ -157,6 +160,15 @@ class Calls:
         a worker thread: below its fair share of a full pool, a call waits for one there, never on
         the event loop."""
         return Slot(self.limits, principal.tenant or "(admin)")
+
+    async def in_slot(self, principal: Principal, fn: Callable[[], T]) -> T:
+        """`fn` (a call that waits: the engine, a purge) in a worker thread, under a call slot:
+        never on the event loop."""
+        slot = await run_in_threadpool(self.slot, principal)
+        try:
+            return await run_in_threadpool(fn)
+        finally:
+            slot.release()
 
     def stream(
         self, slot: Slot, cancel: CancelToken, pieces: Iterator[bytes], media_type: str,

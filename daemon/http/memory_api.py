@@ -15,13 +15,11 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded, HttpError
 from sinkd.daemon.http.wire import parse_json, validated
-from sinkd.daemon.runtime.api import KeptSelection, PassageView
-from sinkd.daemon.runtime.sessions import Principal
+from sinkd.daemon.runtime.api import Erased, KeptSelection, PassageView
 
 T = TypeVar("T")
 
@@ -66,16 +64,21 @@ def _number(request: Request, name: str, cast: Callable[[str], T]) -> T | None:
         raise HttpError(400, f"{name}: {value[:32]!r} is not a number", param=name) from None
 
 
+def forgotten(erased: Erased) -> dict[str, Any]:
+    """`purge_owed`: the text may still be on disk (a reader of journal.db held the log past the
+    wait); it leaves once that reader lets go."""
+    return {
+        "object": "sinkd.memory.forgotten",
+        "forgotten": erased.count,
+        "purge_owed": erased.purge_owed,
+    }
+
+
 def router(calls: Calls) -> APIRouter:
     api = APIRouter(route_class=Guarded)
     across = calls.service.across
 
-    async def in_slot(principal: Principal, fn: Callable[[], T]) -> T:
-        slot = await run_in_threadpool(calls.slot, principal)
-        try:
-            return await run_in_threadpool(fn)
-        finally:
-            slot.release()
+    in_slot = calls.in_slot
 
     @api.get("/v1/sinkd/memory")
     async def listing(request: Request) -> Any:
@@ -109,8 +112,7 @@ def router(calls: Calls) -> APIRouter:
         if not passage_id.isdigit():
             raise HttpError(400, "the passage id is a number", param="passage_id")
         which = KeptSelection(passage_id=int(passage_id))
-        n = await in_slot(principal, lambda: across.forget(principal, which))
-        return {"object": "sinkd.memory.forgotten", "forgotten": n}
+        return forgotten(await in_slot(principal, lambda: across.forget(principal, which)))
 
     @api.post("/v1/sinkd/memory/forget")
     async def forget(request: Request) -> Any:
@@ -118,7 +120,6 @@ def router(calls: Calls) -> APIRouter:
         calls.ready()
         body = validated(ForgetBody, parse_json(await calls.body(request)))
         which = KeptSelection(None, body.conversation, body.speaker, body.since, body.until)
-        n = await in_slot(principal, lambda: across.forget(principal, which))
-        return {"object": "sinkd.memory.forgotten", "forgotten": n}
+        return forgotten(await in_slot(principal, lambda: across.forget(principal, which)))
 
     return api

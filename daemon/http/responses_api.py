@@ -290,8 +290,13 @@ def router(calls: Calls) -> APIRouter:
     @api.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request) -> Any:
         principal = calls.principal(request)
-        responses.delete(principal, response_id)
-        return {"id": response_id, "object": "response.deleted", "deleted": True}
+        erased = await calls.in_slot(principal, lambda: responses.delete(principal, response_id))
+        return {
+            "id": response_id,
+            "object": "response.deleted",
+            "deleted": True,
+            "sinkd": {"purge_owed": erased.purge_owed},  # the text may still be on disk
+        }
 
     return api
 

@@ -25,6 +25,7 @@ from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
     Done,
+    Erased,
     GenerationOptions,
     Handle,
     Inspection,
@@ -273,16 +274,17 @@ class Client:
             req.sampling.CopyFrom(_sampling(options.sampling))
         return self._stream("Chat", req)
 
-    def reset(self, handle: Handle) -> Receipt:
+    def reset(self, handle: Handle) -> tuple[Receipt, Erased]:
         r = self._call("Reset", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
-        return convert.receipt_from_pb(r.receipt)
+        return convert.receipt_from_pb(r.receipt), Erased(1, r.purge_owed)
 
     def fork(self, handle: Handle) -> Receipt:
         r = self._call("Fork", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
         return convert.receipt_from_pb(r.receipt)
 
-    def close(self, handle: Handle) -> None:
-        self._call("Close", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
+    def close(self, handle: Handle) -> Erased:
+        r = self._call("Close", pb.HandleRequest(handle=convert.handle_to_pb(handle)))
+        return Erased(1, r.purge_owed)
 
     def export_session(self, handle: Handle) -> Iterator[bytes]:
         """The session's archive, piece by piece."""
@@ -341,7 +343,7 @@ class Client:
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
         speaker: str | None = None,
-    ) -> int:
+    ) -> Erased:
         req = pb.ForgetRequest(handle=convert.handle_to_pb(handle))
         if passage_id is not None:
             req.passage_id = passage_id
@@ -349,7 +351,8 @@ class Client:
             req.logical.CopyFrom(pb.Range(start=logical[0], end=logical[1]))
         elif speaker is not None:
             req.speaker = speaker
-        return int(self._call("Forget", req).forgotten)
+        r = self._call("Forget", req)
+        return Erased(int(r.forgotten), r.purge_owed)
 
     def kept(
         self, which: KeptSelection | None = None, search: str = "", limit: int = 100
@@ -360,9 +363,10 @@ class Client:
         )
         return [convert.passage_from_pb(p) for p in self._call("Kept", req).passages]
 
-    def forget_kept(self, which: KeptSelection) -> int:
+    def forget_kept(self, which: KeptSelection) -> Erased:
         req = pb.ForgetKeptRequest(which=convert.kept_selection_to_pb(which))
-        return int(self._call("ForgetKept", req).forgotten)
+        r = self._call("ForgetKept", req)
+        return Erased(int(r.forgotten), r.purge_owed)
 
     def remember(self, text: str) -> builtins.list[PassageView]:
         """Keep a text in the tenant's memory across conversations, as the user's words."""

@@ -259,8 +259,12 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Reset(
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> pb.ResetResponse:
-        receipt = self.service.reset(principal, _handle(request.handle))
-        return pb.ResetResponse(handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt))
+        receipt, erased = self.service.reset(principal, _handle(request.handle), _timeout(context))
+        return pb.ResetResponse(
+            handle=handle_to_pb(receipt.handle),
+            receipt=receipt_to_pb(receipt),
+            purge_owed=erased.purge_owed,
+        )
 
     @rpc
     def Fork(
@@ -273,8 +277,8 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def Close(
         self, request: pb.HandleRequest, context: Any, principal: Principal
     ) -> pb.CloseResponse:
-        self.service.close(principal, _handle(request.handle))
-        return pb.CloseResponse()
+        erased = self.service.close(principal, _handle(request.handle), _timeout(context))
+        return pb.CloseResponse(purge_owed=erased.purge_owed)
 
     @rpc_stream
     def Export(
@@ -377,14 +381,15 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         which = request.WhichOneof("target")
         if which is None:
             raise InvalidInput("forget: name a passage_id, a logical range or a speaker")
-        n = self.service.memory.forget(
+        erased = self.service.memory.forget(
             principal,
             _handle(request.handle),
             passage_id=request.passage_id if which == "passage_id" else None,
             logical=(request.logical.start, request.logical.end) if which == "logical" else None,
             speaker=request.speaker if which == "speaker" else None,
+            time_left=_timeout(context),
         )
-        return pb.ForgetResponse(forgotten=n)
+        return pb.ForgetResponse(forgotten=erased.count, purge_owed=erased.purge_owed)
 
     @rpc
     def Kept(self, request: pb.KeptRequest, context: Any, principal: Principal) -> pb.KeptResponse:
@@ -400,8 +405,10 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
     def ForgetKept(
         self, request: pb.ForgetKeptRequest, context: Any, principal: Principal
     ) -> pb.ForgetResponse:
-        n = self.service.across.forget(principal, kept_selection_from_pb(request.which))
-        return pb.ForgetResponse(forgotten=n)
+        erased = self.service.across.forget(
+            principal, kept_selection_from_pb(request.which), _timeout(context)
+        )
+        return pb.ForgetResponse(forgotten=erased.count, purge_owed=erased.purge_owed)
 
     @rpc
     def Remember(

@@ -341,6 +341,16 @@ ChatStream: TypeAlias = Iterator[TokenEvent | ToolCallDelta | Done]
 
 
 @dataclass(frozen=True)
+class Erased:
+    """What a deletion removed (passages; 1 for a session or a response), and whether its content
+    may still be on disk: a reader of journal.db held the write-ahead log past the reply's wait;
+    it leaves once that reader lets go (docs/security.md)."""
+
+    count: int = 1
+    purge_owed: bool = False
+
+
+@dataclass(frozen=True)
 class AppendResult:
     appended: int  # how many of the caller's tokens went in
     receipt: Receipt

@@ -11,6 +11,7 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.runtime import lifecycle, requests
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import (
+    Erased,
     Handle,
     KeptSelection,
     PassageView,
@@ -18,6 +19,7 @@ from sinkd.daemon.runtime.api import (
     RecallResult,
 )
 from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.recall.layer import Recall, RecallAsk, check_query
@@ -38,6 +40,7 @@ class Remembering:
         recall: Recall,
         durability: Durability | None,
         settings: Settings,
+        erasure: Erasure,
     ) -> None:
         self.access = access
         self.scheduler = scheduler
@@ -45,6 +48,7 @@ class Remembering:
         self.recall = recall
         self.durability = durability
         self.settings = settings
+        self.erasure = erasure
         # told the tenant (engine thread) whose text was forgotten: what else holds its text's
         # state goes too (its stored prefix states)
         self.on_forgot: Callable[[str], object] = lambda tenant: None
@@ -122,9 +126,10 @@ class Remembering:
         passage_id: int | None = None,
         logical: tuple[int, int] | None = None,
         speaker: str | None = None,
-    ) -> int:
+        time_left: float | None = None,
+    ) -> Erased:
         """Delete a passage, every passage overlapping a logical range, or every passage one
-        speaker said, from disk."""
+        speaker said, from disk (before the reply, or the reply says the purge is owed)."""
         session = self.access.owned(principal, handle)
         if [passage_id, logical, speaker].count(None) != 2:
             raise InvalidInput("forget: name one passage, one logical range or one speaker")
@@ -133,8 +138,9 @@ class Remembering:
             raise InvalidInput(f"forget: the range must be start < end, got {list(logical)}")
         if max([passage_id or 0, *(logical or ())]) >= 2**63:
             raise InvalidInput("forget: passage ids and positions are below 2**63")
-        n = self.scheduler.call(
-            lambda e: self._forget(session, handle.generation, passage_id, logical, speaker)
+        n, owed = self.erasure.run(
+            lambda e: self._forget(session, handle.generation, passage_id, logical, speaker),
+            time_left,
         )
         if n == 0:
             what = (
@@ -145,7 +151,7 @@ class Remembering:
                 else f"range {list(logical or ())}"
             )
             raise NotFound(f"session {session.id} stores no {what}")
-        return n
+        return Erased(n, owed)
 
     def _forget(
         self,
@@ -163,17 +169,15 @@ class Remembering:
         if self.durability is None:
             self.recall.purge()
             return n
-        self.durability.record(lambda: None)  # the rows, zeroed (secure_delete)
+        # the rows, zeroed (secure_delete), with the purge they owe (the snapshot scrub owes one)
+        self.durability.record(self.durability.owe_purge)
         snapshotter = self.scheduler.snapshotter
-        scrubbed = (
+        if (
             snapshotter is not None
             and session.has_history
             and not session.unlogged  # an append in flight: at the next gap between steps
-            and snapshotter.take(session, scrub=True)
-        )
-        if not scrubbed:
-            self.durability.purge.request()
-            self.durability.commit()
+        ):
+            snapshotter.take(session, scrub=True)
         return n
 
 
@@ -187,6 +191,7 @@ class AcrossConversations:
         self.recall = remembering.recall
         self.durability = remembering.durability
         self.settings = remembering.settings
+        self.erasure = remembering.erasure
 
     def _tenant(self, principal: Principal) -> str:
         if principal.tenant is None:
@@ -208,9 +213,12 @@ class AcrossConversations:
         )
         return [_view(p, score) for p, score in found]
 
-    def forget(self, principal: Principal, which: KeptSelection) -> int:
-        """Delete from the tenant's memory, from disk; a copy recalled into a conversation leaves
-        that conversation's files too (at once, or once its stream has evicted a live copy)."""
+    def forget(
+        self, principal: Principal, which: KeptSelection, time_left: float | None = None
+    ) -> Erased:
+        """Delete from the tenant's memory, from disk (before the reply, or the reply says the
+        purge is owed); a copy recalled into a conversation leaves that conversation's files too
+        (at once, or once its stream has evicted a live copy)."""
         tenant = self._tenant(principal)
         selection = check_selection(which)
         if selection == Selection():
@@ -218,10 +226,10 @@ class AcrossConversations:
                 "forget: name a passage, a conversation, a speaker or a time range (all of it:"
                 " --since 0)"
             )
-        n = self.scheduler.call(lambda e: self._forget(tenant, selection))
+        n, owed = self.erasure.run(lambda e: self._forget(tenant, selection), time_left)
         if n == 0:
             raise NotFound("the memory across conversations keeps no such passage")
-        return n
+        return Erased(n, owed)
 
     def _forget(self, tenant: str, which: Selection) -> int:
         sessions = self.access.registry.of_tenant(tenant)
@@ -231,9 +239,7 @@ class AcrossConversations:
         if self.durability is None:
             self.recall.purge()
             return n
-        self.durability.record(lambda: None)  # the rows, zeroed (secure_delete)
-        self.durability.purge.request()
-        self.durability.commit()
+        self.durability.record(self.durability.owe_purge)  # the rows, zeroed (secure_delete)
         return n
 
     def remember(self, principal: Principal, text: str) -> list[PassageView]:

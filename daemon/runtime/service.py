@@ -27,6 +27,7 @@ from sinkd.daemon.runtime.api import (
     AppendResult,
     CancelToken,
     ChatRequest,
+    Erased,
     GenerationOptions,
     Handle,
     PolicyRequest,
@@ -41,6 +42,7 @@ from sinkd.daemon.runtime.conversations.completions import Completions
 from sinkd.daemon.runtime.durable.disk_space import DiskSpace
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.embeddings import Embeddings
+from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.lifecycle import Lifecycle
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.prefixes import PrefixStates
@@ -95,6 +97,7 @@ class SinkdService:
                 space=DiskSpace(
                     settings.state_dir, int(settings.min_free_mb * 2**20), self.metrics
                 ),
+                metrics=self.metrics,
             )
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(
@@ -150,6 +153,7 @@ class SinkdService:
             self.recall,
         )
         self.access = Access(self.registry, self.scheduler, self.metrics)
+        self.erasure = Erasure(self.scheduler, self.durability, settings.purge_wait_s)
         presentation = Presentation.named(
             settings.recall_presentation or self.entry.recall_presentation
         )
@@ -162,7 +166,13 @@ class SinkdService:
             settings.max_reply_tokens,
         )
         self.memory = Remembering(
-            self.access, self.scheduler, self.turns, self.recall, self.durability, settings
+            self.access,
+            self.scheduler,
+            self.turns,
+            self.recall,
+            self.durability,
+            settings,
+            self.erasure,
         )
         self.memory.on_forgot = self.prefixes.forget_tenant  # a prefix may hold forgotten text
         self.across = AcrossConversations(self.access, self.scheduler, self.memory)
@@ -176,7 +186,7 @@ class SinkdService:
             self.scheduler,
             self.durability,
             lambda p, policy, sampling, system: self.create(p, policy, sampling, system),
-            self.close,
+            self._close_unwaited,
             lambda p, h, n: self.scheduler.call(
                 lambda e: self.lifecycle.rewind(e, self.access.owned(p, h), h.generation, n)
             ),
@@ -184,6 +194,7 @@ class SinkdService:
             settings.conversations_key_file,
             min(settings.max_pinned_system_tokens, settings.n_ctx_seq // 2),
             settings.ui_task_grammar,
+            self.erasure,
         )
         # the HTTP front's named parts: stateless clients' chats, and stored responses
         self.chats, self.responses = self.clients.stateless, self.clients.responses
@@ -192,7 +203,7 @@ class SinkdService:
             lambda p: self.chats.new_session(p, ""),
             lambda p, h, text, cancel: self.turns.append(p, h, text, None, cancel),
             lambda p, h, options, cancel: self.turns.generate(p, h, options, cancel),
-            self.close,
+            self._close_unwaited,
         )
         self.lifecycle.on_closed = self.chats.forget
         self.lifecycle.on_released = self._released
@@ -372,17 +383,22 @@ class SinkdService:
             self.scheduler.call(lambda e: self.lifecycle.close(session))
             raise
 
-    def reset(self, principal: Principal, handle: Handle) -> Receipt:
+    def reset(
+        self, principal: Principal, handle: Handle, time_left: float | None = None
+    ) -> tuple[Receipt, Erased]:
+        """A new generation; the old one's content leaves the files before the reply, or the
+        reply says its purge is owed (`Erasure`)."""
         session = self.access.owned(principal, handle)
         t0 = time.monotonic()
-        receipt = self.scheduler.call(
+        receipt, owed = self.erasure.run(
             lambda e: self.lifecycle.reset(e, session, handle.generation).receipt(
                 e.kv_bytes_per_token
-            )
+            ),
+            time_left,
         )
         self.metrics.resets.inc()
         self.metrics.reset_latency.observe(time.monotonic() - t0)
-        return receipt
+        return receipt, Erased(1, owed)
 
     def fork(self, principal: Principal, handle: Handle) -> Receipt:
         parent = self.access.owned(principal, handle)
@@ -392,15 +408,30 @@ class SinkdService:
             )
         )
 
-    def close(self, principal: Principal, handle: Handle) -> None:
+    def close(
+        self,
+        principal: Principal,
+        handle: Handle,
+        time_left: float | None = None,
+        wait: bool = True,
+    ) -> Erased:
         """Close a session and delete what is stored of it; a stale session can be closed too. The
         admin may close any session at its generation (a removed tenant's, which no one else can
-        reach), and reads none of it."""
+        reach), and reads none of it. Its content leaves the files before the reply, or the reply
+        says its purge is owed (`Erasure`; `wait=False`: no wait, for a close no one asked for)."""
         if principal.admin and principal.tenant is None:
             session = self.access.visible(principal, handle)
         else:
             session = self.access.owned(principal, handle, allow_stale=True)
-        self.scheduler.call(lambda e: self.lifecycle.close(session, handle.generation))
+        _, owed = self.erasure.run(
+            lambda e: self.lifecycle.close(session, handle.generation), time_left, wait
+        )
+        return Erased(1, owed)
+
+    def _close_unwaited(self, principal: Principal, handle: Handle) -> None:
+        """The HTTP front's own closes (an unstored conversation, a completion session past its
+        bound): the reply of the request that made them does not wait for their purge."""
+        self.close(principal, handle, wait=False)
 
     # --- turns: one line each, so that an edge needs only the service ---
 

@@ -307,12 +307,14 @@ class HandleRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("handle", "receipt")
+    __slots__ = ("handle", "receipt", "purge_owed")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    PURGE_OWED_FIELD_NUMBER: _ClassVar[int]
     handle: Handle
     receipt: Receipt
-    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
+    purge_owed: bool
+    def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., purge_owed: _Optional[bool] = ...) -> None: ...
 
 class ForkResponse(_message.Message):
     __slots__ = ("handle", "receipt")
@@ -323,8 +325,10 @@ class ForkResponse(_message.Message):
     def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ...) -> None: ...
 
 class CloseResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("purge_owed",)
+    PURGE_OWED_FIELD_NUMBER: _ClassVar[int]
+    purge_owed: bool
+    def __init__(self, purge_owed: _Optional[bool] = ...) -> None: ...
 
 class ArchivePiece(_message.Message):
     __slots__ = ("data",)
@@ -503,10 +507,12 @@ class ForgetRequest(_message.Message):
     def __init__(self, handle: _Optional[_Union[Handle, _Mapping]] = ..., passage_id: _Optional[int] = ..., logical: _Optional[_Union[Range, _Mapping]] = ..., speaker: _Optional[str] = ...) -> None: ...
 
 class ForgetResponse(_message.Message):
-    __slots__ = ("forgotten",)
+    __slots__ = ("forgotten", "purge_owed")
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    PURGE_OWED_FIELD_NUMBER: _ClassVar[int]
     forgotten: int
-    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
+    purge_owed: bool
+    def __init__(self, forgotten: _Optional[int] = ..., purge_owed: _Optional[bool] = ...) -> None: ...
 
 class TraceResponse(_message.Message):
     __slots__ = ("events",)

@@ -21,6 +21,7 @@ from sinkd.daemon.runtime.conversations.chains import ConversationIndex, Place
 from sinkd.daemon.runtime.conversations.chats import Close, Create, Rewind, StatelessChats
 from sinkd.daemon.runtime.conversations.responses import Responses, StoredResponse
 from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.journal import ClientTables
@@ -65,9 +66,11 @@ class ClientState:
         key_file: Path | None = None,
         pin_bound: int = 0,
         ui_task_grammar: bool = True,
+        erasure: Erasure | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
+        self.erasure = erasure
         self.key_file = key_file
         self.conversations = ConversationIndex(secrets.token_bytes(32))
         durable = durability is not None
@@ -123,20 +126,21 @@ class ClientState:
             lambda t: t.put_response(stored.id, stored.session_id, stored.reset_count, record),
         )
 
-    def _drop_response(self, response_id: str) -> None:
+    def _drop_response(self, response_id: str) -> bool:
         """A delete the journal did not take is not done (raises); the write-ahead log's copy of
-        the text goes with the next purge."""
+        the text goes with its purge, which the reply waits for (`Erasure`). Whether it is still
+        owed."""
+        durability, erasure = self.durability, self.erasure
+        assert durability is not None and erasure is not None
 
-        def drop(t: ClientTables) -> None:
-            t.drop_response(response_id)
-            assert self.durability is not None
-            self.durability.purge.request()
+        def drop(engine: Engine) -> None:
+            durability.client_tables().drop_response(response_id)
+            durability.owe_purge()
+            durability.commit()
 
-        self._journal(response_id, drop, quiet=False)
+        return erasure.run(drop)[1]
 
-    def _journal(
-        self, what: str, write: Callable[[ClientTables], None], quiet: bool = True
-    ) -> None:
+    def _journal(self, what: str, write: Callable[[ClientTables], None]) -> None:
         durability = self.durability
         assert durability is not None
 
@@ -147,6 +151,4 @@ class ClientState:
         try:
             self.scheduler.call(run)
         except SinkdError as e:
-            if not quiet:
-                raise
             log.warning("%s: not journalled: %s", what, type(e).__name__)

@@ -26,6 +26,7 @@ from sinkd.daemon.runtime.api import (
     ChatRequest,
     ChatStream,
     Done,
+    Erased,
     GenerationOptions,
     Handle,
     Receipt,
@@ -99,7 +100,8 @@ Open = Callable[[Principal, str], tuple[Receipt, str]]
 Close = Callable[[Principal, Handle], None]
 Rewind = Callable[[Principal, Handle, int], None]
 Keep = Callable[[StoredResponse], None]  # journal a response
-Drop = Callable[[str], None]  # journal a response's deletion (raises if it cannot)
+# journal a response's deletion (raises if it cannot); whether its purge is still owed
+Drop = Callable[[str], bool]
 
 
 def new_response_id(node: str | None = None) -> str:
@@ -171,13 +173,14 @@ class Responses:
             raise NotFound(f"response {response_id!r}: its conversation was reset or closed")
         return stored
 
-    def delete(self, principal: Principal, response_id: str) -> None:
+    def delete(self, principal: Principal, response_id: str) -> Erased:
         """Delete a stored response (its conversation stays; it can no longer be continued from
-        this response)."""
+        this response); its text leaves the files before the reply, or the reply says the
+        purge is owed."""
         stored = self.get(principal, response_id)
-        if self.journal_drop is not None:
-            self.journal_drop(stored.id)
+        owed = self.journal_drop(stored.id) if self.journal_drop is not None else False
         self._drop(stored.id)
+        return Erased(1, owed)
 
     # --- a new response ---
 
