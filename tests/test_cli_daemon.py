@@ -322,7 +322,7 @@ def test_sessions_memory_and_forget(address: str) -> None:
     assert code == 11
     pid = str(found[0]["passage_id"])
     code, out, err = sinkd("sessions", "forget", h.session_id, pid, *conn, "--json")
-    assert code == 0 and json.loads(out) == {"forgotten": 1}, err
+    assert code == 0 and json.loads(out) == {"forgotten": 1, "purge_owed": False}, err
     code, _, _ = sinkd("sessions", "forget", h.session_id, pid, *conn)
     assert code == 11
     code, out, _ = sinkd("sessions", "memory", h.session_id, *conn, "--search", SENTINEL, "--json")

@@ -4,8 +4,6 @@ Each test first checks that the files did hold them, as token ids and as text.""
 
 from __future__ import annotations
 
-import json
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +15,9 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.store.passages import SessionKey
 from sinkd.proto.v1 import sinkd_pb2 as pb
+from tests.support import disk
 from tests.support.clients import Client
+from tests.support.disk import token_needles
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 from tests.support.tokens import ALICE
@@ -46,30 +46,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-def needles(tokens: list[int]) -> list[bytes]:
-    """How token ids sit in the files: int32 runs (journal chunks, passages) and JSON lists
-    (a snapshot's retained window)."""
-    run = tokens[len(tokens) // 2 - 2 : len(tokens) // 2 + 2]
-    assert len(run) == 4
-    return [struct.pack("<4i", *run), json.dumps(run)[1:-1].encode()]
-
-
 def holders(state_dir: Path, tokens: list[int]) -> dict[str, list[str]]:
-    """Which files hold the tokens, by form: {"ids": [...], "text": [...]}. Reads what exists: a
-    snapshot the engine writes meanwhile renames its temporary between the listing and the read
-    (an append that makes a snapshot due is answered before the snapshot is taken)."""
-    found: dict[str, list[str]] = {"ids": [], "text": []}
-    for p in sorted(state_dir.rglob("*")):
-        try:
-            data = p.read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
-            continue
-        name = str(p.relative_to(state_dir))
-        if any(n in data for n in needles(tokens)):
-            found["ids"].append(name)
-        if WORD.encode() in data:
-            found["text"].append(name)
-    return found
+    """Which files hold the secret, by form: {"ids": [...], "text": [...]}."""
+    return {
+        "ids": disk.holders(state_dir, token_needles(tokens)),
+        "text": disk.holders(state_dir, [WORD]),
+    }
 
 
 def secret_tokens(daemon: Daemon) -> list[int]:
@@ -186,30 +168,31 @@ def test_a_close_overtaking_a_snapshot_in_flight_leaves_no_file(
     assert holders(state, secret_tokens(daemon)) == {"ids": [], "text": []}
 
 
-def test_forgetting_in_a_loop_purges_at_most_once_per_interval(tmp_path: Path) -> None:
-    """Each purge merges the whole shared full-text index on the engine thread: a tenant that
-    forgets in a loop must not buy one per call."""
-    d = Daemon(settings(tmp_path, purge_interval_s=60))
+def test_forgetting_in_a_loop_merges_at_most_once_per_interval(tmp_path: Path) -> None:
+    """Each purge merges the tenant's full-text index on the engine thread: a tenant that forgets
+    in a loop must not buy one per call. Its replies wait for the merge instead, at most
+    `purge_wait_s` (none here), and say that the purge is owed."""
+    d = Daemon(settings(tmp_path, purge_interval_s=60, purge_wait_s=0))
     d.start()
     d.wait_ready(120)
     client = Client(d.addresses[0])
     durability = d.service.durability
     assert durability is not None and durability.memory is not None
-    purges = []
-    original = durability.memory.purge
-    durability.memory.purge = lambda: (purges.append(1), original())[1]  # type: ignore[method-assign]
+    merges = []
+    original = durability.memory.merge
+    durability.memory.merge = lambda every=False: (merges.append(1), original(every))[1]  # type: ignore[method-assign]
     try:
         h = client.create(**POLICY).handle
         client.append(h, FILLER[:2400])
         passages = client.memory(h, limit=100).passages
         assert len(passages) >= 6
-        for p in passages[:6]:
-            client.forget(h, passage_id=p.passage_id)
-        assert len(purges) == 1  # the first at once, the rest wait for the interval
+        owed = [client.forget(h, passage_id=p.passage_id).purge_owed for p in passages[:6]]
+        assert len(merges) == 1  # the first at once, the rest wait for the interval
+        assert owed == [False] + [True] * 5
         assert durability.purge.pending
         key = SessionKey(h.session_id, 0)
         assert len(durability.memory.passages(key)) == len(passages) - 6  # deleted all the same
     finally:
         client.close()
         d.stop()
-    assert len(purges) == 2  # what was pending is purged at stop
+    assert len(merges) == 2  # what was pending is purged at stop

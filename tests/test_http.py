@@ -17,6 +17,7 @@ import pytest
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.api import Handle
 from sinkd.daemon.runtime.sessions import Principal
+from tests.support.disk import holders
 from tests.support.settings import settings
 
 pytestmark = pytest.mark.model
@@ -810,7 +811,7 @@ def test_langchain_trim_messages_keeps_one_session_across_twelve_turns(daemon: D
 
 def test_a_deleted_response_leaves_no_file_of_the_state_directory(tmp_path: Path) -> None:
     """A stored response's text is plaintext at rest (journal.db and its write-ahead log); DELETE
-    removes it from every file once the purge has run."""
+    removes it from every file before its reply."""
     d = Daemon(settings(tmp_path, http="127.0.0.1:0", purge_interval_s=0))
     d.start()
     d.wait_ready(120)
@@ -824,16 +825,9 @@ def test_a_deleted_response_leaves_no_file_of_the_state_directory(tmp_path: Path
         assert len(text) >= 12, stored.output_text
         state = d.settings.state_dir
 
-        def holding() -> list[str]:
-            return [str(p.relative_to(state)) for p in sorted(state.rglob("*"))
-                    if p.is_file() and text.encode() in p.read_bytes()]  # fmt: skip
-
-        assert holding(), "the test looks for the text where it is stored"
-        sdk(d).responses.delete(stored.id)
-        durability = d.service.durability
-        assert durability is not None
-        d.service.scheduler.call(lambda e: durability.purge_due())
-        assert holding() == []
+        assert holders(state, [text]), "the test looks for the text where it is stored"
+        sdk(d).responses.delete(stored.id)  # its reply waits for the purge
+        assert holders(state, [text]) == []
     finally:
         d.stop()
 

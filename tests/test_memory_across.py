@@ -161,7 +161,7 @@ def test_a_reset_of_the_source_drops_its_words_a_close_keeps_them(
 ) -> None:
     reset = conversation(service, ALICE, FACT)
     closed = conversation(service, ALICE, "Our boat is called the Heron.")
-    fresh = service.reset(ALICE, reset).handle
+    fresh = service.reset(ALICE, reset)[0].handle
     say(service, ALICE, fresh, "The new generation says this.")
     service.close(ALICE, closed)
     assert kept(service) == ["Our boat is called the Heron.", "The new generation says this."]
@@ -179,15 +179,15 @@ def test_the_owner_lists_searches_and_forgets_by_passage_conversation_speaker_an
     assert [p.text for p in service.across.listing(ALICE, KeptSelection(since=t))] == [FILLER[1]]
     found = service.across.listing(ALICE, KeptSelection(), search="locker code", limit=1)
     assert [p.text for p in found] == [FACT] and found[0].score is not None
-    assert service.across.forget(ALICE, KeptSelection(passage_id=found[0].passage_id)) == 1
+    assert service.across.forget(ALICE, KeptSelection(passage_id=found[0].passage_id)).count == 1
     with pytest.raises(NotFound):
         service.across.forget(ALICE, KeptSelection(passage_id=found[0].passage_id))
     with pytest.raises(InvalidInput, match="name a passage"):
         service.across.forget(ALICE, KeptSelection())
     with pytest.raises(InvalidInput, match="since < until"):
         service.across.listing(ALICE, KeptSelection(since=2.0, until=1.0))
-    assert service.across.forget(ALICE, KeptSelection(conversation=b.session_id)) == 1
-    assert service.across.forget(ALICE, KeptSelection(speaker="user")) == 1
+    assert service.across.forget(ALICE, KeptSelection(conversation=b.session_id)).count == 1
+    assert service.across.forget(ALICE, KeptSelection(speaker="user")).count == 1
     assert kept(service) == []
 
 

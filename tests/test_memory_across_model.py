@@ -7,7 +7,6 @@ kept across the conversation's close and a restart. The logic alone: tests/test_
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,10 @@ from sinkd.daemon.runtime.api import (
     RecallRequest,
 )
 from sinkd.errors import NotFound
+from tests.support import disk
 from tests.support.cli import sinkd
 from tests.support.daemons import http_daemon, openai_client
+from tests.support.disk import token_needles
 from tests.support.settings import settings
 from tests.support.texts import TEXT
 
@@ -44,21 +45,9 @@ def chat(client: Client, handle: Any, message: str, options: GenerationOptions =
 
 
 def holders(state_dir: Path, tokens: list[int] | None, word: str = WORD) -> list[str]:
-    """The files that hold the secret: as int32 token ids (journal, passages), as a JSON list
-    (a snapshot's window) or as text (None: as text alone)."""
-    needles = [word.encode()]
-    if tokens is not None:
-        run = tokens[len(tokens) // 2 - 2 : len(tokens) // 2 + 2]
-        needles += [struct.pack("<4i", *run), json.dumps(run)[1:-1].encode()]
-    found = []
-    for p in sorted(state_dir.rglob("*")):
-        try:
-            data = p.read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
-            continue
-        if any(n in data for n in needles):
-            found.append(str(p.relative_to(state_dir)))
-    return found
+    """The files that hold the secret: as token ids (`token_needles`) or as text (None: as text
+    alone)."""
+    return disk.holders(state_dir, [word, *(token_needles(tokens) if tokens is not None else [])])
 
 
 def test_over_grpc_a_fact_crosses_to_a_later_conversation_and_is_forgotten_from_every_file(
@@ -113,7 +102,7 @@ def test_over_grpc_a_fact_crosses_to_a_later_conversation_and_is_forgotten_from_
         assert sinkd("memory", "forget", *who)[0] == 2  # names nothing: refused, nothing lost
         assert sinkd("memory", "list", "--since", "yesterday", *who)[0] == 2
         assert holders(state, tokens), "the test plants the secret where it can be found"
-        assert alice.forget_kept(KeptSelection(conversation=first.session_id)) >= 1
+        assert alice.forget_kept(KeptSelection(conversation=first.session_id)).count >= 1
         assert alice.kept(search=QUESTION) == []
         # its text is gone from every file at once (the index merged, the log truncated); the
         # live copy is token ids in the second conversation's journal, until evicted

@@ -19,6 +19,7 @@ from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.recall.framing import QUOTE_HEAD
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client, planted
+from tests.support.disk import holders
 from tests.support.settings import settings
 from tests.support.texts import LONG, SENTINEL
 from tests.support.texts import RECALL_POLICY as POLICY
@@ -38,15 +39,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 def code(e: grpc.RpcError) -> grpc.StatusCode:
     return e.code()  # type: ignore[no-any-return]
-
-
-def on_disk(state_dir: Path, needle: str) -> list[str]:
-    """State files whose bytes contain `needle` (the journal, its log, the snapshots)."""
-    return [
-        str(p.relative_to(state_dir))
-        for p in state_dir.rglob("*")
-        if p.is_file() and needle.encode() in p.read_bytes()
-    ]
 
 
 def test_recall_brings_an_evicted_fact_back_with_its_provenance(client: Client) -> None:
@@ -260,18 +252,22 @@ def test_reset_starts_an_empty_memory_and_the_old_text_leaves_the_disk(tmp_path:
     try:
         h = planted(client)
         state = tmp_path / "state"
-        assert on_disk(state, SENTINEL), "the test plants the sentinel where it can be found"
-        h2 = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE).handle
+        assert holders(state, [SENTINEL]), "the test plants the sentinel where it can be found"
+        reset = client.s.Reset(pb.HandleRequest(handle=h), metadata=ALICE)
+        assert not reset.purge_owed  # the reply came once the old text had left every file
+        h2 = reset.handle
         assert client.inspect(h2).receipt.memory_passages == 0
         assert not client.memory(h2, search=SENTINEL).passages
         client.append(h2, LONG[2000:3400])  # a new stream, evicting too
         assert not client.recall(h2, f"What is the sentinel word {SENTINEL}?").report.recalled
-        assert not on_disk(state, SENTINEL)
+        assert not holders(state, [SENTINEL])
 
         h3 = planted(client)  # close deletes it as well
-        assert on_disk(state, SENTINEL)
-        client.s.Close(pb.HandleRequest(handle=h3), metadata=ALICE)
-        assert not on_disk(state, SENTINEL)
+        assert holders(state, [SENTINEL])
+        # its index merge may wait out purge_interval_s after the reset's (on a machine fast
+        # enough to get here within it): the reply waits with it
+        assert not client.s.Close(pb.HandleRequest(handle=h3), metadata=ALICE).purge_owed
+        assert not holders(state, [SENTINEL])
     finally:
         client.close()
         d.stop()

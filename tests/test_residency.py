@@ -175,7 +175,7 @@ def test_fork_rewind_reset_and_close_of_a_parked_session(tmp_path: Path) -> None
         service.scheduler.call(lambda e: service.lifecycle.rewind(e, session, h.generation, n - 2))
         assert session.seq.state.n_seen == n - 2 and not session.parked
         park(service, session)
-        fresh = service.reset(ALICE, h)  # stays parked, empty
+        fresh, _ = service.reset(ALICE, h)  # stays parked, empty
         assert fresh.n_seen == 0 and fresh.residency == "parked"
         again, done = reply(service, ALICE, fresh.handle, "Something to keep.")
         assert again == text and done.receipt.residency == "resident"

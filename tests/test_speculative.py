@@ -331,7 +331,7 @@ def test_a_call_made_during_a_verification_finds_no_draft(tmp_path: Path, call: 
         handle = started_session(plain)
         if call == "reset":
             assert first == generated(plain, handle)[: len(first)]  # as far as it went
-            handle = Handle(handle.session_id, plain.reset(WHO, handle).generation)
+            handle = Handle(handle.session_id, plain.reset(WHO, handle)[0].generation)
             assert then == generated(plain, handle)  # a new session's reply, nothing carried
         else:
             assert first + then == generated(plain, handle, 80)

@@ -110,7 +110,7 @@ def test_a_cancelled_token_cancels_the_turn_before_it_decodes(service: SinkdServ
 def test_a_reset_stales_the_handle(service: SinkdService) -> None:
     h = service.create(ALICE, WINDOW).handle
     service.append(ALICE, h, "Hello")
-    fresh = service.reset(ALICE, h)
+    fresh, _ = service.reset(ALICE, h)
     assert fresh.generation != h.generation and fresh.n_seen == 0
     with pytest.raises(StaleGeneration):
         service.append(ALICE, h, "more")
@@ -170,7 +170,7 @@ def test_an_empty_append_changes_nothing_or_decodes_what_a_reset_left_pending(
     before = service.append(ALICE, h, "Hello").receipt.n_seen
     empty = service.append(ALICE, h, "")
     assert (empty.appended, empty.receipt.n_seen) == (0, before)
-    fresh = service.reset(ALICE, h)
+    fresh, _ = service.reset(ALICE, h)
     assert fresh.n_seen == 0  # the system prompt waits to go in with the next append
     h = fresh.handle
     session = service.access.owned(ALICE, h)
