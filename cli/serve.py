@@ -52,7 +52,8 @@ def serve(
     n_ctx_seq: Annotated[int | None, typer.Option("--ctx", help="Cells per session.")] = None,
     threads: ThreadsOpt = None,
     gpu_layers: Annotated[
-        int | None, typer.Option("--gpu-layers", help="Layers to offload (CUDA/Metal builds).")
+        int | None,
+        typer.Option("--gpu-layers", help="Layers to offload (CUDA, Metal, Vulkan builds)."),
     ] = None,
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Prometheus endpoint on 127.0.0.1.")
@@ -109,7 +110,9 @@ def serve(
     except BaseException:
         daemon.stop()
         raise
-    err.print(f"sinkd serving {entry.name} on {', '.join(daemon.addresses)}", highlight=False)
+    engine = daemon.service.scheduler.engine
+    on = f" ({engine.backend})" if engine is not None else ""
+    err.print(f"sinkd serving {entry.name}{on} on {', '.join(daemon.addresses)}", highlight=False)
     if daemon.http is not None:
         key = (
             f"api key: the content of {settings.socket.parent / 'http-token'}"

@@ -412,4 +412,5 @@ def model_to_pb(m: ModelInfo) -> pb.ModelInfo:
         is_default=m.is_default,
         default_sinks=m.default_sinks,
         default_window=m.default_window,
+        backend=m.backend,
     )

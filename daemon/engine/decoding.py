@@ -78,8 +78,12 @@ class Decoder:
         max_rows: int,
         before_decode: Callable[[], None],
         backend_argmax: bool = False,
+        solo: bool = False,
     ) -> None:
         self._ctx = ctx
+        # one sequence per llama_decode: on a backend where a row's bits depend on the other
+        # sequences in its pass (a GPU's kernels by the pass's shape), as alone and as replayed
+        self.solo = solo
         # llama.cpp computes each output row's argmax in the decode's graph (a greedy sampler
         # chain per sequence, Engine): the greedy token without reading 49k floats here
         self.backend_argmax = backend_argmax
@@ -223,11 +227,14 @@ class Decoder:
         plain loops, one pass (bench/README.md, "overhead.py").
         """
         self._validate(items)
-        if len({len(item.tokens) for item in items}) == 1:
+        if len(items) == 1 or (not self.solo and len({len(it.tokens) for it in items}) == 1):
             return self._decode_same_length(items, first=True, lend=lend)
         out: list[Next | None] = [None] * len(items)
         decoded: list[BatchItem] = []
-        for group in by_length(list(range(len(items))), lambda k: len(items[k].tokens)):
+        groups = by_length(list(range(len(items))), lambda k: len(items[k].tokens))
+        if self.solo:  # each alone, its rows copied before the next pass overwrites them
+            groups = [[k] for group in groups for k in group]
+        for group in groups:
             same = [items[k] for k in group]
             try:
                 rows = self._decode_same_length(same, first=not decoded)
@@ -342,6 +349,8 @@ class Decoder:
         n = len(items[0].tokens)
         if n > self.max_rows:
             raise InvalidInput(f"{n} rows of a sequence in one decode: at most {self.max_rows}")
+        if self.solo and len(items) > 1:
+            raise InvalidInput("one sequence per pass on this backend: verify them one by one")
         self._validate(items)
         last = self._run(items, all_rows=True)
         view = None if self.backend_argmax else self._logits_rows_view(n * len(items))
@@ -374,6 +383,8 @@ class Decoder:
         n = len(seq_ids)
         if not self.backend_argmax:
             raise EngineError("greedy decodes need llama.cpp's backend argmax")
+        if self.solo and n > 1:
+            raise InvalidInput("one sequence per pass on this backend: decode runs one by one")
         if not 0 < n <= self.n_batch or len(tokens) != n or len(positions) != n:
             raise InvalidInput(f"batch of {n} tokens is outside 1..n_batch ({self.n_batch})")
         if seq_ids != self._greedy_ids:  # the sequences changed: their slots are set again

@@ -67,15 +67,19 @@ from sinkd.daemon.engine import compat, teams
 from sinkd.daemon.engine.cells import SequenceCells
 from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.decoding import BatchItem, Decoder, Next, Outputs
+from sinkd.daemon.engine.devices import OFFLOADED, backend_name, offload_devices
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.daemon.models.registry import ModelEntry, kv_bytes_per_token
-from sinkd.errors import EngineError
+from sinkd.errors import EngineError, Unsupported
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30}
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 FLASH_SPLIT_CELLS = 512  # from this attention span on, llama.cpp's CPU kernel splits a row's sums
 FLASH_MAX_ROWS = 63  # from 64 rows of a stream on, it tiles them (GGML_FA_TILE_Q)
+# a GPU backend multiplies up to this many rows by a matrix-vector kernel, more by a tiled matrix
+# kernel, and each sums otherwise (ggml-vulkan's mul_mat_vec_max_cols, CUDA's MMVQ batch bound)
+GPU_VECTOR_ROWS = 8
 
 
 def cells_per_stream(n_ctx_seq: int, n_seq_max: int, kv_unified: bool = False) -> int:
@@ -160,6 +164,7 @@ class _LlamaLog:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.kv_mib: list[tuple[float, int]] = []
+        self.offloaded: tuple[int, int] | None = None  # the last model load's layers on a GPU
         self.verbose = bool(os.environ.get("SINKD_LLAMA_LOG"))
         self.callback = llama.llama_log_callback(self._on_log)
         llama.llama_log_set(self.callback, ctypes.c_void_p(0))
@@ -172,6 +177,15 @@ class _LlamaLog:
         if match:
             with self.lock:
                 self.kv_mib.append((float(match.group(1)), int(match.group(2))))
+        match = OFFLOADED.search(line)
+        if match:
+            with self.lock:
+                self.offloaded = (int(match.group(1)), int(match.group(2)))
+
+    def take_offloaded(self) -> tuple[int, int] | None:
+        with self.lock:
+            taken, self.offloaded = self.offloaded, None
+        return taken
 
     def take_kv(self) -> list[tuple[float, int]]:
         with self.lock:
@@ -183,7 +197,7 @@ _log: _LlamaLog | None = None
 _backend_lock = threading.Lock()
 
 
-def _init_backend() -> _LlamaLog:
+def init_backend() -> _LlamaLog:
     global _log
     with _backend_lock:
         if _log is None:
@@ -212,7 +226,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.entry = entry
         self.path = path
-        log = _init_backend()
+        log = init_backend()
         self._stack = contextlib.ExitStack()
         self.llama_cpp_version = str(llama.__version__)
         self.cpu_kernels = cpu_kernels()
@@ -227,11 +241,13 @@ class Engine:
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers
         mparams.use_extra_bufts = False  # no repacked weights: their gemm starts at 4 rows (NOTE)
+        log.take_offloaded()
         model = llama.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise EngineError(f"llama.cpp could not load {self.path.name} (not a valid GGUF?)")
         self._stack.callback(llama.llama_model_free, model)
         self._model = model
+        self._place(log.take_offloaded(), int(llama.llama_model_n_layer(model)))
         vocab = Vocabulary(llama.llama_model_get_vocab(model))
         self.vocab = vocab
         self.n_vocab, self.adds_bos, self.bos = vocab.n_vocab, vocab.adds_bos, vocab.bos
@@ -310,6 +326,11 @@ class Engine:
                 f"llama.cpp gave {self.n_ctx_seq} cells per sequence where {cells} were computed"
             )
         self.can_shift = bool(llama.llama_memory_can_shift(self._mem))
+        # where a row's bits depend on the other sequences in its pass, each passes alone (the
+        # NOTE of docs/gpu.md); a piece of a stream sums like a longer one from `min_piece` rows
+        offloaded = self.offloaded[0] > 0
+        self.solo_passes = offloaded
+        self.min_piece = GPU_VECTOR_ROWS + 1 if offloaded else 2
         self.decoder = Decoder(
             ctx,
             self._mem,
@@ -319,6 +340,7 @@ class Engine:
             self.max_rows,
             self._before_decode,
             self.backend_argmax,
+            self.solo_passes,
         )
         self._stack.callback(self.decoder.close)
         self.n_batch = self.decoder.n_batch
@@ -437,12 +459,31 @@ class Engine:
     def decode_rows(self, items: list[BatchItem]) -> list[list[Next]]:
         return self.decoder.decode_rows(items)
 
+    def _place(self, offloaded: tuple[int, int] | None, n_layer: int) -> None:
+        """Where the model's layers went (llama.cpp's own count, from its log), and the backend
+        that makes a session's numbers (`devices.backend_name`: a gate of every stored state).
+        Layers asked for where the build has no GPU device are refused, not run on the CPU."""
+        used = offload_devices() if self.config.n_gpu_layers > 0 else []
+        if self.config.n_gpu_layers > 0 and not used:
+            raise Unsupported(
+                f"n_gpu_layers is {self.config.n_gpu_layers} but this llama.cpp offers no GPU"
+                " device: it was built without CUDA, Metal or Vulkan (make install-vulkan), or"
+                " the driver found none (on Mesa's lavapipe, set GGML_VK_VISIBLE_DEVICES=0)"
+            )
+        self.offloaded = offloaded or (0, n_layer + 1)
+        self.devices = used if self.offloaded[0] else []
+        self.backend = backend_name(self.offloaded, self.devices)
+
     def rows_not_exact(self) -> str | None:
         """Why a row's bits here may depend on how many rows of its own sequence share its pass,
         or None where they do not: then decoding a token with drafts after it (speculative
         verification) gives it the bits it gets decoded alone (docs/determinism.md)."""
-        if self.config.n_gpu_layers > 0:
-            return "layers are offloaded to a GPU, whose kernels by batch shape are unverified"
+        if self.offloaded[0]:
+            return (
+                f"layers are offloaded to {', '.join(map(str, self.devices))}, where a row's bits"
+                f" depend on how many rows share its pass (up to {GPU_VECTOR_ROWS} rows a"
+                " matrix-vector kernel, more a tiled one: measured on Vulkan, docs/gpu.md)"
+            )
         if self.flash_exact:
             return None  # every row summed whole, in order, in pieces under FLASH_MAX_ROWS
         if "LLAMAFILE" in self.cpu_kernels.split(";")[0].split():
@@ -451,6 +492,12 @@ class Engine:
                 " otherwise than 2 or more (build it with -DGGML_LLAMAFILE=OFF)"
             )
         return None
+
+    def pieces_alike(self, a: int, b: int) -> bool:
+        """Whether a piece of `a` rows of a stream and one of `b` rows give a row the same bits:
+        pieces of `min_piece` rows or more sum alike (a lone row otherwise on the CPU, up to
+        GPU_VECTOR_ROWS otherwise on a GPU: docs/determinism.md, docs/gpu.md)."""
+        return a == b or (a >= self.min_piece and b >= self.min_piece)
 
     def before_decoding(self) -> None:
         """What every decode does first (the cores' share), once for a run of greedy decodes."""

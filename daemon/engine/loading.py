@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.engine.devices import gpu_backend
+from sinkd.daemon.engine.llama import Engine, EngineConfig, init_backend
 from sinkd.daemon.models.registry import ModelEntry, ModelLock, load_lock, locate, verify_file
 from sinkd.errors import ModelNotAllowed, Unsupported
 
@@ -16,12 +17,13 @@ def check_combination(
     """KV dtype and backend must be ones this entry was checked with, unless explicitly allowed."""
     if allow_unchecked or os.environ.get("SINKD_ALLOW_UNCHECKED") == "1":
         return
+    init_backend()  # ggml's devices are registered
     if config.kv_type not in entry.kv_types_checked:
         raise Unsupported(
             f"model {entry.name}: KV type {config.kv_type} is not checked (checked:"
             f" {', '.join(entry.kv_types_checked)}); pass --allow-unchecked to run it anyway"
         )
-    backend = "gpu" if config.n_gpu_layers > 0 else "cpu"
+    backend = (gpu_backend() or "a GPU") if config.n_gpu_layers > 0 else "cpu"
     if backend not in entry.backends_checked:
         raise Unsupported(
             f"model {entry.name}: backend {backend} is not checked (checked:"

@@ -409,6 +409,7 @@ class ModelInfo:
     is_default: bool
     default_sinks: int
     default_window: int
+    backend: str = ""  # the loaded model's (engine/devices.py), "" for the others
 
 
 @dataclass(frozen=True)

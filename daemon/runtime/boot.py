@@ -3,6 +3,7 @@ the state directory under this configuration and resume the stored sessions."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sinkd.daemon.config import Settings
@@ -14,6 +15,8 @@ from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity
 from sinkd.daemon.store.embedder import Embedder, EmbedderUnavailable
 from sinkd.daemon.validation import validated
+
+log = logging.getLogger("sinkd.engine")
 
 
 def engine_config(settings: Settings) -> EngineConfig:
@@ -84,6 +87,7 @@ def open_for(settings: Settings, entry: ModelEntry) -> tuple[Engine, ModelIdenti
     identity = ModelIdentity(
         entry.name, entry.sha256, engine.tokenizer_sha256, engine.template_sha256
     )
+    log.info("model %s computes on %s", entry.name, engine.backend)
     return engine, identity
 
 
@@ -99,6 +103,7 @@ def gates(engine: Engine, entry: ModelEntry, identity: ModelIdentity) -> dict[st
         "n_ctx_seq": engine.n_ctx_seq,
         "flash_attn": engine.flash_attn,
         "cpu_kernels": engine.cpu_kernels,
+        "backend": engine.backend,
     }
 
 

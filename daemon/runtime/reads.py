@@ -86,6 +86,7 @@ class SessionReads:
     def list_models(self, principal: Principal) -> list[ModelInfo]:
         admin_only(principal, "listing the models")
         lock = load_lock()
+        backend = self.access.engine.backend
         return [
             ModelInfo(
                 name=e.name,
@@ -94,6 +95,7 @@ class SessionReads:
                 is_default=e.name == lock.default,
                 default_sinks=e.default_sinks,
                 default_window=e.default_window,
+                backend=backend if e.name == self.entry.name else "",
             )
             for e in lock.models.values()
         ]

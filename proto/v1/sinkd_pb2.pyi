@@ -639,20 +639,22 @@ class TenantUsage(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., sessions: _Optional[int] = ..., parked: _Optional[int] = ..., max_sessions: _Optional[int] = ..., reserved_sessions: _Optional[int] = ..., snapshot_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., max_stored_bytes: _Optional[int] = ..., reserved_stored_bytes: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., responses: _Optional[int] = ..., max_responses: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "sha256", "loaded", "is_default", "default_sinks", "default_window")
+    __slots__ = ("name", "sha256", "loaded", "is_default", "default_sinks", "default_window", "backend")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     LOADED_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_SINKS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     name: str
     sha256: str
     loaded: bool
     is_default: bool
     default_sinks: int
     default_window: int
-    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., loaded: _Optional[bool] = ..., is_default: _Optional[bool] = ..., default_sinks: _Optional[int] = ..., default_window: _Optional[int] = ...) -> None: ...
+    backend: str
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., loaded: _Optional[bool] = ..., is_default: _Optional[bool] = ..., default_sinks: _Optional[int] = ..., default_window: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

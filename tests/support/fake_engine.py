@@ -161,6 +161,8 @@ class FakeEngine:
         self.n_vocab, self.adds_bos, self.bos = N_VOCAB, True, BOS
         self.n_ctx_train, self.n_swa, self.can_shift = 8192, 0, True
         self.llama_cpp_version = self.cpu_kernels = "fake"
+        self.backend, self.devices, self.offloaded = "cpu", [], (0, 1)
+        self.solo_passes, self.min_piece = False, 2
         self.flash_attn = False
         self.kv_allocations: list[tuple[float, int]] = []
         self.tokenizer_sha256 = self.vocab.sha256
