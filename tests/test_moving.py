@@ -160,6 +160,28 @@ def test_an_archive_from_another_model_or_kernel_is_refused_by_name(
         other.stop()
 
 
+def test_an_archive_computed_on_another_backend_is_refused_naming_both(
+    nodes: tuple[SinkdService, SinkdService],
+) -> None:
+    """A GPU backend computes other bits than the CPU's: an archive made where the layers were
+    offloaded (its gates name the device; forged here, with fresh checksums: a CPU machine has
+    none) is refused by a CPU node, and the reason names both backends. The real pair, a CPU
+    daemon and a Vulkan one: tests/test_gpu_path.py."""
+    a, b = nodes
+    h = planted(a)
+    made = archive.unpack(b"".join(a.moves.export(ALICE, h)))
+    assert made.manifest["config"]["backend"] == "cpu"
+    gpu = "Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)): 31/31 layers"
+    config = {**made.manifest["config"], "backend": gpu}
+    forged = b"".join(archive.pack(Archive({**made.manifest, "config": config}, made.members)))
+    with pytest.raises(
+        FailedPrecondition, match=r"backend was 'Vulkan0 .*', this daemon runs 'cpu'"
+    ):
+        b.moves.import_(ALICE, forged)
+    assert not [s for s in b.registry.all() if s.id == h.session_id]
+    a.close(ALICE, h)
+
+
 def test_the_cli_moves_a_session_over_grpc_and_refuses_by_its_exit_codes(tmp_path: Path) -> None:
     """`sinkd sessions export` writes the archive 0600 from one daemon, `import` loads it into
     another over gRPC (pieces of 1 MiB, the archive is megabytes), and the same handle answers

@@ -22,7 +22,7 @@ from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.access import Access
 from sinkd.daemon.runtime.api import Handle, Receipt
-from sinkd.daemon.runtime.durable.durability import GATES, Durability
+from sinkd.daemon.runtime.durable.durability import GATES, Durability, gate_value
 from sinkd.daemon.runtime.durable.snapshotter import Snapshotter
 from sinkd.daemon.runtime.lifecycle import check_generation
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
@@ -156,9 +156,9 @@ class Mover:
         d = self.durability
         made_under = m.get("config", {})
         differences = [  # every gate: an archive's lack of one is not excused (GATED_SINCE)
-            f"{k} was {made_under.get(k)!r}, this daemon runs {d.config.get(k)!r}"
+            f"{k} was {gate_value(made_under, k)!r}, this daemon runs {d.config.get(k)!r}"
             for k in GATES
-            if made_under.get(k) != d.config.get(k)
+            if gate_value(made_under, k) != d.config.get(k)
         ]
         if differences:
             raise FailedPrecondition(

@@ -240,7 +240,9 @@ class SinkdService:
         """Engine thread, before the daemon serves: open the state directory, resume sessions."""
         assert self.identity is not None
         stored = self.settings.state_dir / "prefixes" if self.durability is not None else None
-        self.prefixes.configure(boot.gates(engine, self.entry, self.identity), stored)
+        self.prefixes.configure(
+            boot.gates(engine, self.entry, self.identity), stored, engine.min_piece
+        )
         if self.durability is None:
             return
         resumer = Resumer(

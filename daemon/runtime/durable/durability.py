@@ -48,10 +48,19 @@ GATES = (
     "n_ctx_seq",
     "flash_attn",  # another attention kernel sums differently (and lays V out otherwise)
     "cpu_kernels",  # another build's CPU kernels sum in another order (engine/llama.py's NOTE)
+    "backend",  # a GPU backend, another device or another share of layers offloaded: other bits
 )
 # gates added after sessions were journalled without them: a record that lacks one was made on the
 # machine whose state directory holds it, so it is not refused for the lack alone
 GATED_SINCE = frozenset({"cpu_kernels"})
+# gates whose value before they were recorded is known: every state was computed on the CPU then
+GATE_BEFORE = {"backend": "cpu"}
+
+
+def gate_value(made_under: dict[str, Any], key: str) -> Any:
+    """A gate's value in a record, an archive or a prefix state (one from before the gate: its
+    value then)."""
+    return made_under.get(key, GATE_BEFORE.get(key))
 
 
 def session_record(session: Session, config: dict[str, Any]) -> dict[str, Any]:
@@ -83,9 +92,10 @@ def policy_from(d: dict[str, Any]) -> PolicyConfig:
 
 def gate_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return [
-        f"{key} was {stored.get(key)!r}, the daemon runs {current.get(key)!r}"
+        f"{key} was {gate_value(stored, key)!r}, the daemon runs {current.get(key)!r}"
         for key in GATES
-        if stored.get(key) != current.get(key) and not (key in GATED_SINCE and key not in stored)
+        if gate_value(stored, key) != current.get(key)
+        and not (key in GATED_SINCE and key not in stored)
     ]
 
 

@@ -121,6 +121,7 @@ class PrefixStates:
         self.disk_bytes = disk_bytes
         self.min_tokens = min_tokens
         self.chunk = chunk  # the scheduler's prefill chunk: the cuts of every read
+        self.min_piece = 2  # the engine's: from this many rows a piece sums as a longer one
         self.shared = shared_system_sha256
         self.identity: dict[str, Any] | None = None
         self.directory: Path | None = None
@@ -135,11 +136,15 @@ class PrefixStates:
 
     # --- at the daemon's start ---
 
-    def configure(self, identity: dict[str, Any], directory: Path | None) -> None:
+    def configure(
+        self, identity: dict[str, Any], directory: Path | None, min_piece: int = 2
+    ) -> None:
         """What makes a prefix valid (model, tokenizer and template hashes, KV type, the
-        configuration gates a snapshot checks), and where prefixes are kept on disk (None: RAM
-        only). The files there made under this identity are taken; the rest are dropped."""
+        configuration gates a snapshot checks, the backend), and where prefixes are kept on disk
+        (None: RAM only). The files there made under this identity are taken; the rest are
+        dropped. `min_piece`: the engine's (`Engine.pieces_alike`)."""
         self.identity = dict(identity)
+        self.min_piece = min_piece
         self.directory = None
         if directory is None or not self.disk_bytes:
             self._secret = secrets.token_bytes(32)
@@ -230,7 +235,7 @@ class PrefixStates:
             if use < p.n and use >= end:
                 use = end - 1  # a part of a longer prefix: its last logits are read, not kept
             if use < end:
-                use = self._no_lone_row(start, use, end)
+                use = self._alike_last_piece(start, use, end)
             if use <= start or use < self.min_tokens:
                 continue
             if best is not None and (use, use == p.n) <= (best[1], best[1] == best[0].n):
@@ -240,14 +245,23 @@ class PrefixStates:
             best = (p, use)
         return best
 
-    def _no_lone_row(self, start: int, use: int, end: int) -> int:
-        """`use`, lowered until reading on from it in chunks ends in a lone row exactly where
-        reading the job whole would: a lone row sums its attention in another order than the
-        same token in a piece of two or more (docs/determinism.md), pieces of two or more alike."""
-        whole = (end - start) % self.chunk == 1 or end - start == 1
-        while use > start and (((end - use) % self.chunk == 1 or end - use == 1) != whole):
+    def _alike_last_piece(self, start: int, use: int, end: int) -> int:
+        """`use`, lowered until reading on from it in chunks ends in a piece that sums like the
+        last piece of reading the job whole (`alike`): pieces of `min_piece` rows or more sum
+        alike, a shorter one (a lone row on the CPU, up to 8 rows on a GPU) only as one of its
+        own size (docs/determinism.md, docs/gpu.md). Every piece before the last is a chunk."""
+
+        def last(n: int) -> int:
+            return (n - 1) % self.chunk + 1
+
+        whole = last(end - start)
+        while use > start and not self.alike(last(end - use), whole):
             use -= 1
         return use
+
+    def alike(self, a: int, b: int) -> bool:
+        """Pieces of `a` and `b` rows of a stream give a row the same bits (`Engine.pieces_alike`)."""
+        return a == b or (a >= self.min_piece and b >= self.min_piece)
 
     def _restore(
         self, engine: Engine, session: Session, job: Job, p: Prefix, use: int, journal: bool
@@ -328,11 +342,13 @@ class PrefixStates:
 
     # --- as a chunk is read ---
 
-    @staticmethod
-    def cut_before(job: Job, n_seen: int, take: int) -> int:
-        """The job's next read of `take` tokens, cut short at a point where it is to be kept."""
+    def cut_before(self, job: Job, n_seen: int, take: int) -> int:
+        """The job's next read of `take` tokens, cut short at a point where it is to be kept:
+        never leaving a piece, before or after, shorter than `min_piece` (it would sum otherwise
+        than the read not cut there)."""
+        short = self.min_piece - 1
         for point in job.store_at:
-            if n_seen + 1 < point < n_seen + take - 1:  # never a lone row, before or after
+            if n_seen + short < point < n_seen + take - short:
                 return point - n_seen
         return take
 

@@ -85,6 +85,11 @@ class RunAhead:
         before the next overwrites it), and its tokens are gathered when the set changes."""
         ex = self.executor
         engine = ex.engine
+        if engine.solo_passes and len(jobs) > 1:  # one sequence a pass here: a run each, in turn
+            for job in jobs:
+                if not interrupted():
+                    self.run([job], decodes, interrupted)
+            return
         is_eog = engine.vocab.is_eog
         running = [job for job in jobs if tokens_allowed(job) > 0]
         running.sort(key=lambda job: job.session.seq_id)  # llama.cpp wants them rising

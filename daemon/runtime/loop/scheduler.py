@@ -283,7 +283,8 @@ class Scheduler:
             return 0
         take = min(len(job.tokens) - job.offset, self.prefill_chunk)
         if job.store_at:  # cut where the read is to be kept (prefixes.py)
-            take = PrefixStates.cut_before(job, job.session.seq.state.n_seen, take)
+            assert self.executor.prefixes is not None  # store points are its
+            take = self.executor.prefixes.cut_before(job, job.session.seq.state.n_seen, take)
         return job.session.seq.next_take(take)
 
     def _drain(self, block: bool) -> bool:
