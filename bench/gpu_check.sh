@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# GPU offload check, for a machine with an NVIDIA GPU (compute capability 9.0, e.g. H100/H200) and no
-# network. Give it the llama-cpp-python sdist; the pinned models must be in $SINKD_HOME/models (or
-# the user cache). Builds llama-cpp-python and, beside it, llama-server from the same sdist, for
-# CUDA sm_90 only; then, every layer offloaded:
+# GPU offload check, for a machine with a GPU and no network: CUDA where nvidia-smi sees a GPU
+# (compute capability $CUDA_ARCH, default 90: H100/H200), Metal on macOS, else Vulkan where a Vulkan
+# driver is installed (an AMD or Intel GPU; Mesa's lavapipe on a CPU with GGML_VK_VISIBLE_DEVICES=0).
+# Give it the llama-cpp-python sdist; the pinned models must be in $SINKD_HOME/models (or the user
+# cache). Builds llama-cpp-python (deploy/vulkan's patch applied: a no-op but for Vulkan on headers
+# older than 1.3.261) and, beside it, llama-server from the same sdist; then, every layer offloaded:
+#   - the GPU-path group (tests/test_gpu_path.py: eviction and shift, kill -9, parking, prefix
+#     states, decode runs, the backend gate, each against the same backend) and
+#     bench/backend_rows.py (what a row's bits depend on there: docs/gpu.md);
 #   - the engine tests (positions, shift, logits of batched against solo rows, the decode's argmax);
 #   - the daemon's batched-step tests and the resume tests (a restart, kill -9, decode runs:
 #     bit for bit against a daemon that never stopped), the daemon at its GPU defaults (decode
@@ -22,17 +27,34 @@
 #
 #   bash bench/gpu_check.sh llama_cpp_python-0.3.36.tar.gz [OUT_DIR]
 set -euo pipefail
-sdist=$(realpath "${1:?give the llama-cpp-python sdist}")
+given=$(realpath "${1:?give the llama-cpp-python sdist}")
 out=${2:-bench/results/gpu}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv | tee "$out/gpu.txt"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv | tee "$out/gpu.txt"
+  flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}"
+elif [ "$(uname)" = Darwin ]; then
+  echo "Metal" | tee "$out/gpu.txt"
+  flags="-DGGML_METAL=on"
+elif ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1; then
+  (vulkaninfo --summary 2>/dev/null | grep -E "deviceName|deviceType" || echo "Vulkan") | tee "$out/gpu.txt"
+  flags="-DGGML_VULKAN=ON"
+else
+  echo "gpu_check: no CUDA, Metal or Vulkan driver here" >&2
+  exit 2
+fi
+# the sdist unpacked and patched (docs/gpu.md), then built from that folder
+src=$(mktemp -d)
+tar -xzf "$given" -C "$src"
+sdist=$(echo "$src"/llama_cpp_python-*/)
+(cd "$sdist" && patch -p1 < "$OLDPWD/deploy/vulkan/ggml-vulkan-layer-settings.patch")
 python3 -m venv --system-site-packages /tmp/sinkd-gpu
 . /tmp/sinkd-gpu/bin/activate
-cuda="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
+cuda="$flags"  # the flags of the backend found above
 start=$(date +%s)
 # llama-server from the same sources, built while pip builds the bindings (each on half the cores)
 half=$(( ($(nproc) + 1) / 2 ))
-export SINKD_PEER_SDIST="$sdist" SINKD_PEER_CMAKE_ARGS="$cuda" SINKD_PEER_GPU_LAYERS=99 SINKD_PEER_ROUNDS=1
+export SINKD_PEER_SDIST="$given" SINKD_PEER_CMAKE_ARGS="$cuda" SINKD_PEER_GPU_LAYERS=99 SINKD_PEER_ROUNDS=1
 CMAKE_BUILD_PARALLEL_LEVEL=$half python3 bench/peer.py --build-only > "$out/peer-build.txt" 2>&1 &
 peer_build=$!
 CMAKE_ARGS="$cuda -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF" \
@@ -41,6 +63,9 @@ pip install --no-index --no-deps --no-build-isolation -q .  # sinkd itself (impo
 echo "bindings built: $(( $(date +%s) - start )) s" | tee -a "$out/gpu.txt"
 # the engine's own tests read SINKD_GPU_LAYERS, a daemon's settings SINKD_N_GPU_LAYERS
 export SINKD_GPU_LAYERS=99 SINKD_N_GPU_LAYERS=99 SINKD_ALLOW_UNCHECKED=1
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_path.py 2>&1 | tee "$out/gpu-path-tests.txt"
+python3 bench/backend_rows.py --gpu-layers 99 2>&1 | grep -v '^llama' | tee "$out/backend_rows.txt"
+cp bench/results/backend_rows_*.json "$out/" 2>/dev/null || true
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py 2>&1 | tee "$out/engine-tests.txt"
 python3 -m pytest -q -p no:cacheprovider tests/test_decode_runs.py tests/test_daemon.py \
   tests/test_durability.py -k "batched or scattered or share_a_step or restarted or runs" \

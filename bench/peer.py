@@ -107,6 +107,12 @@ def build() -> dict[str, Path]:
         with tarfile.open(sdist(version, root)) as tar:
             members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
             tar.extractall(root, members=members, filter="data")
+        # the bindings' own build gets it too (docs/gpu.md): Vulkan on headers before 1.3.261
+        patch = (
+            Path(__file__).resolve().parent.parent
+            / "deploy/vulkan/ggml-vulkan-layer-settings.patch"
+        )
+        subprocess.run(["patch", "-p1", "-i", str(patch)], cwd=src.parent.parent, check=True)
     build_dir = root / "build"
     subprocess.run(
         [
