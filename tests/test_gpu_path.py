@@ -264,6 +264,9 @@ def test_a_kill_9_mid_generation_resumes_bit_for_bit(tmp_path: Path, step: Daemo
     finally:
         proc.terminate()
         proc.wait(30)
+    said = proc.stderr.read().decode() if proc.stderr else ""
+    backend = step.service.scheduler.engine.backend  # type: ignore[union-attr]
+    assert f"computes on {backend}" in said  # `sinkd serve` names the device it offloads to
     r = client(step)
     ref = r.create(window=200).handle
     r.append(ref, PROMPT)
