@@ -332,6 +332,11 @@ class StatelessChats:
             n_system = len(requests.system_tokens(self.access.engine, system))
             if n_system <= self.pin_bound:
                 policy = dataclasses.replace(policy, pin_system_prompt=True)
+                # the window `http_window` names is an upper bound: where the pinned prompt
+                # leaves less, the window fills what it leaves rather than fail the request
+                cells = self.access.engine.n_ctx_seq
+                if policy.window is not None and n_system + policy.window > cells:
+                    policy = dataclasses.replace(policy, window=None, fill_window=True)
         for attempt in range(ROOM_TRIES):
             try:
                 receipt = self.create(principal, policy, None, system)
