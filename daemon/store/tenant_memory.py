@@ -17,6 +17,7 @@ import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -196,6 +197,66 @@ class TenantMemory:
             (key.session_id, key.reset_count),
         ).fetchone()
         return int(row[0]) if row else 0
+
+    def count(self, tenant: str) -> int:
+        """How many passages the tenant's memory keeps."""
+        key = key_of(tenant)
+        (n,) = self.db.execute(
+            "SELECT COUNT(*) FROM passages WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        return int(n)
+
+    def following(self, tenant: str, rows: dict[str, Any]) -> dict[str, Any]:
+        """Another node's rows of the tenant's memory (`generation_rows.rows_of` of its key),
+        made to follow what this node keeps of it, to be loaded in the caller's transaction: its
+        passages numbered after this memory's last number and placed after its last range, their
+        corrections' links renumbered with them (they name passages of the same memory), one
+        numbering for both. A tenant served on two nodes (its own down a while) is merged so."""
+        key = key_of(tenant)
+        row = self.db.execute(
+            "SELECT last FROM passage_numbers WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        ).fetchone()
+        last, end = (int(row[0]) if row else 0), self._end(key)
+        part = rows.get("passages", {"columns": [], "rows": []})
+        columns = list(part["columns"])
+        at = {c: columns.index(c) for c in ("number", "corrects") if c in columns}
+        start, stop = columns.index("logical_start"), columns.index("logical_end")
+        moved = []
+        for r in part["rows"]:
+            r = list(r)
+            for c in at.values():
+                if r[c] is not None:
+                    r[c] = int(r[c]) + last
+            r[start], r[stop] = int(r[start]) + end, int(r[stop]) + end
+            moved.append(r)
+        numbering = rows.get("passage_numbers", {"columns": [], "rows": []})
+        theirs = max([len(moved)] + [int(r[numbering["columns"].index("last")])
+                                      for r in numbering["rows"]])  # fmt: skip
+        self.db.execute(
+            "DELETE FROM passage_numbers WHERE session=? AND reset_count=?",
+            (key.session_id, key.reset_count),
+        )
+        return {
+            **rows,
+            "passages": {"columns": columns, "rows": moved},
+            "passage_numbers": {
+                "columns": ["session", "reset_count", "last"],
+                "rows": [[key.session_id, key.reset_count, last + theirs]],
+            },
+            "memory_marks": {"columns": ["session", "reset_count"], "rows": []},
+            "recalls": {"columns": ["session", "reset_count"], "rows": []},
+        }
+
+    def tenants(self) -> list[str]:
+        """The tenants whose memory keeps a passage (their key's owner, as its rows name it)."""
+        return [
+            str(r[0])
+            for r in self.db.execute(
+                "SELECT DISTINCT tenant FROM passages WHERE session LIKE ?", (_PREFIX + "%",)
+            )
+        ]
 
     def numbers(self, tenant: str, which: Selection, limit: int = -1) -> list[int]:
         """The numbers of the tenant's kept passages `which` names, newest first (the newest

@@ -491,12 +491,66 @@ class PrefixStates:
                 if not p.holders:
                     self._drop(p, "released", "")
 
+    def of_tenant(self, tenant: str) -> list[dict[str, Any]]:
+        """The tenant's own prefixes (not the shared ones) as a move carries them: tokens, where
+        their reads began, the live sessions holding them, cells and logits (moving a 600-token
+        system prompt's cells costs less than reading it again: docs/deployment.md)."""
+        out = []
+        for p in [p for p in self._prefixes.values() if p.owner == tenant]:
+            try:
+                kv, logits = self._image(p)
+            except CorruptSnapshot:
+                continue  # a damaged file: the next node reads it again
+            out.append({"tokens": list(p.tokens), "starts": list(p.starts), "kv": kv,
+                        "logits": logits, "holders": [list(h) for h in p.holders]})  # fmt: skip
+        return out
+
+    def adopt(self, tenant: str, carried: list[dict[str, Any]]) -> int:
+        """A moved tenant's prefixes, kept here under this node's keys (its RAM and disk bounds
+        apply: one past them is dropped as any would be), written before this returns. They are
+        a cache, taken after the import's commit: a kill in between loses them (read again at
+        first use), never the sessions or the memory. Returns how many were taken."""
+        if not self.enabled:
+            return 0
+        taken = 0
+        for c in carried:
+            tokens = tuple(int(t) for t in c["tokens"])
+            key = self._key(tenant, tokens)
+            if key in self._prefixes:
+                continue
+            kv, logits, now = bytes(c["kv"]), c["logits"], time.time()
+            p = Prefix(key, tenant, tokens, tuple(int(x) for x in c["starts"]), len(kv), kv=kv,
+                       logits=logits, last_used=now, created=now,
+                       holders={(str(h[0]), int(h[1])) for h in c["holders"]})  # fmt: skip
+            if p.ram > self.ram_bytes:
+                continue
+            if self._writer is not None:
+                meta = {"owner": tenant, "tokens": list(tokens), "starts": list(p.starts),
+                        "identity": self.identity, "created": now,
+                        "holders": [list(h) for h in p.holders]}  # fmt: skip
+                self._writer.submit(key, meta, kv, logits)
+                self._pending.add(key)
+            self._prefixes[key] = p
+            taken += 1
+        self._fit()
+        if self._writer is not None:  # on disk before the import answers (and its source deletes)
+            self._writer.flush()
+            self._settle()
+        return taken
+
     def forget_tenant(self, tenant: str) -> int:
         """Drop the tenant's prefixes (a forget: their cells may hold what it forgot)."""
         mine = [p for p in self._prefixes.values() if p.owner == tenant]
         for p in mine:
             self._drop(p, "forgotten", "")
         return len(mine)
+
+    def count_by_owner(self) -> dict[str, int]:
+        """Prefixes held per owner (a tenant, or SHARED)."""
+        held: dict[str, int] = {}
+        for p in self._prefixes.values():
+            held[p.owner] = held.get(p.owner, 0) + 1
+        return held
 
     def disk_by_owner(self) -> dict[str, int]:
         """Bytes on disk per owner (a tenant, or SHARED)."""
