@@ -41,6 +41,13 @@ POINTS = (
     "model-loading",  # service: the engine thread starts loading the model (health NOT_SERVING)
     "purge-truncate",  # durability: a purge is about to truncate the write-ahead log
     "purge-wait",  # service: a deletion's reply starts to wait for its purge
+    # a tenant's move (runtime/tenant_moves.py), on the node the step runs on:
+    "tenant-leaving",  # source: the tenant's leaving mark is committed
+    "tenant-exported",  # source: its archive is built, not yet sent
+    "tenant-import-written",  # destination: its rows are written, not yet committed
+    "tenant-imported",  # destination: committed, not yet answered
+    "tenant-released-sessions",  # source: its sessions are closed, its memory not yet forgotten
+    "tenant-released",  # source: everything of it deleted, not yet marked gone
 )
 
 _actions: dict[str, Callable[[], None]] = {}

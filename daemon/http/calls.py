@@ -122,6 +122,13 @@ class Calls:
     # --- who is calling ---
 
     def principal(self, request: Request) -> Principal:
+        """Who calls, and a tenant this node serves now (SessionElsewhere, 503: a tenant moving
+        between nodes)."""
+        principal = self._authenticated(request)
+        self.service.tenants.check_here(principal)
+        return principal
+
+    def _authenticated(self, request: Request) -> Principal:
         header = request.headers.get("authorization", "")
         if self.authenticator.open:
             scheme, _, token = header.partition(" ")

@@ -351,6 +351,28 @@ class Erased:
 
 
 @dataclass(frozen=True)
+class TenantHeld:
+    """What a node holds of a tenant, counts only, and where the tenant stands here."""
+
+    tenant: str
+    sessions: int
+    passages: int
+    prefixes: int
+    state: str = ""  # "", or a TenantMark's state
+    move_id: str = ""
+    peer: str = ""
+
+
+@dataclass(frozen=True)
+class TenantImported:
+    tenant: str
+    sessions: int
+    passages: int
+    prefixes: int
+    move_id: str
+
+
+@dataclass(frozen=True)
 class AppendResult:
     appended: int  # how many of the caller's tokens went in
     receipt: Receipt

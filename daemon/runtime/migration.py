@@ -15,8 +15,9 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
@@ -35,6 +36,16 @@ from sinkd.errors import CorruptArchive, FailedPrecondition, PermissionDenied, R
 
 KIND = "sinkd-session"
 Close = Callable[[Session, str], None]  # close a session at a generation (engine thread)
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A session archive checked against this daemon, nothing of it written yet."""
+
+    stored: StoredSession
+    rows: dict[str, Any]
+    snap: bytes
+    snapshot: SnapshotRow | None  # the row its snapshot file gets, where it has one
 
 
 class ClientRows(Protocol):
@@ -131,9 +142,80 @@ class Mover:
         members = {"snapshot": snap, "rows": json.dumps(data).encode()}
         return archive.pack(Archive(manifest, members))
 
+    def export_stored(self, session: Session) -> bytes:
+        """A stale session (made under another configuration) as its rows stand, for a tenant's
+        move: it arrives stale too, listed with its reason for its owner to close."""
+        d = self.durability
+        stored = next(s for s in d.stored() if s.id == session.id)
+        rows = d.snapshots_of(session)
+        snap = (d.dir / rows[0].path).read_bytes() if rows else b""
+        manifest = {
+            "kind": KIND, "schema": SCHEMA_VERSION, "session": session.id,
+            "tenant": stored.tenant, "generation": session.generation,
+            "reset_count": session.reset_count, "record": stored.record, "state": stored.state,
+            "reason": session.failure or stored.reason, "config": d.config,
+            "snapshot_n_seen": rows[0].n_seen if rows else None,
+            "n_seen": session.seq.state.n_seen, "exported_unix_time": time.time(),
+            "conversations_key": self.clients.key_fingerprint(),
+        }  # fmt: skip
+        members = {"snapshot": snap, "rows": json.dumps(d.rows_of(session)).encode()}
+        return b"".join(archive.pack(Archive(manifest, members)))
+
     def import_(self, engine: Engine, data: bytes, tenant: str | None) -> Session:
         """`tenant`: the caller's (None: the admin, who may import any tenant's session)."""
+        incoming = self.check(engine, data, tenant)
+        d = self.durability
+        d.commit()  # the steps' writes before this are not the import's to roll back
+        path = None
+        try:
+            path = self.write_snapshot(incoming)
+            d.adopt_rows(incoming.stored, incoming.rows, incoming.snapshot)
+            session = self.resumer.adopt(engine, incoming.stored)
+            d.commit()
+        except Unrestorable as e:
+            self.undo([path])
+            raise FailedPrecondition(f"refused: {e}") from None
+        except (ValueError, KeyError, TypeError) as e:
+            self.undo([path])
+            raise CorruptArchive(f"its rows do not load here: {e}") from None
+        except BaseException:  # a disk that fills, a journal that fails: nothing stays either
+            self.undo([path])
+            raise
+        self.arrived(incoming.stored.id)
+        return session
+
+    def check(
+        self, engine: Engine, data: bytes, tenant: str | None, shares: bool = True
+    ) -> Incoming:
+        """An archive unpacked and checked against this daemon (its owner, the gates of a resume,
+        the conversations key; `shares`: the owner's room for one more session): nothing
+        written yet. CorruptArchive, PermissionDenied or FailedPrecondition with the reason."""
         a = archive.unpack(data)
+        incoming = self._unpacked(a, tenant)
+        if shares:  # a new session here, as a create
+            self.resumer.admission.check_new(engine, incoming.stored.tenant)
+        d = self.durability
+        made_under = a.manifest.get("config", {})
+        differences = [  # every gate: an archive's lack of one is not excused (GATED_SINCE)
+            f"{k} was {gate_value(made_under, k)!r}, this daemon runs {d.config.get(k)!r}"
+            for k in GATES
+            if gate_value(made_under, k) != d.config.get(k)
+        ]
+        if differences:
+            raise FailedPrecondition(
+                "refused: made under another configuration: " + "; ".join(differences)
+            )
+        if incoming.rows.get("conversations", {}).get("rows") and (
+            a.manifest.get("conversations_key") != self.clients.key_fingerprint()
+        ):
+            raise FailedPrecondition(
+                "refused: its HTTP conversation was hashed under another conversations key; give"
+                " the nodes one conversations_key_file (docs/deployment.md)"
+            )
+        return incoming
+
+    def _unpacked(self, a: Archive, tenant: str | None) -> Incoming:
+        """A session archive's manifest and members read, its owner and id checked."""
         m = a.manifest
         if m.get("kind") != KIND or m.get("schema") != SCHEMA_VERSION:
             raise CorruptArchive(f"not a schema-{SCHEMA_VERSION} sinkd session archive")
@@ -146,58 +228,39 @@ class Mover:
             record, state, reason = dict(m["record"]), str(m["state"]), str(m["reason"])
             rows = json.loads(a.members["rows"])
             snap = a.members["snapshot"]
+            n_seen = int(m["snapshot_n_seen"]) if snap else 0
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptArchive(f"manifest incomplete: {type(e).__name__}") from None
         if tenant is not None and owner != tenant:
             raise PermissionDenied("this archive holds another tenant's session")
         if self.registry.get(session_id) is not None:
             raise FailedPrecondition(f"session {session_id} is already on this node")
-        self.resumer.admission.check_new(engine, owner)  # a new session here, as a create
+        stored = StoredSession(session_id, owner, record, state, reason, True)
+        row = None
+        if snap:
+            rel = f"snapshots/{session_id}/{reset_count}-{n_seen}.snap"
+            row = SnapshotRow(session_id, reset_count, n_seen, rel, len(snap), time.time())
+        return Incoming(stored, rows, snap, row)
+
+    def check_stored(self, data: bytes, tenant: str) -> Incoming:
+        """A stale session's archive (`export_stored`): its owner and id checked, not its gates
+        (it is stale here too)."""
+        return self._unpacked(archive.unpack(data), tenant)
+
+    def write_snapshot(self, incoming: Incoming) -> Path | None:
+        """The archive's snapshot file, written whole (before the rows that name it)."""
+        if incoming.snapshot is None:
+            return None
         d = self.durability
-        made_under = m.get("config", {})
-        differences = [  # every gate: an archive's lack of one is not excused (GATED_SINCE)
-            f"{k} was {gate_value(made_under, k)!r}, this daemon runs {d.config.get(k)!r}"
-            for k in GATES
-            if gate_value(made_under, k) != d.config.get(k)
-        ]
-        if differences:
-            raise FailedPrecondition(
-                "refused: made under another configuration: " + "; ".join(differences)
-            )
-        if rows.get("conversations", {}).get("rows") and (
-            m.get("conversations_key") != self.clients.key_fingerprint()
-        ):
-            raise FailedPrecondition(
-                "refused: its HTTP conversation was hashed under another conversations key; give"
-                " the nodes one conversations_key_file (docs/deployment.md)"
-            )
-        d.commit()  # the steps' writes before this are not the import's to roll back
-        path = None
-        try:
-            row = None
-            if snap:
-                n_seen = int(m["snapshot_n_seen"])
-                rel = f"snapshots/{session_id}/{reset_count}-{n_seen}.snap"
-                path = d.dir / rel
-                path.parent.mkdir(mode=0o700, exist_ok=True)
-                snapshots.write_atomic(path, snap, fsync=d.sync == "full")
-                row = SnapshotRow(session_id, reset_count, n_seen, rel, len(snap), time.time())
-            stored = StoredSession(session_id, owner, record, state, reason, True)
-            d.adopt_rows(stored, rows, row)
-            session = self.resumer.adopt(engine, stored)
-            d.commit()
-        except Unrestorable as e:
-            self._undo(path)
-            raise FailedPrecondition(f"refused: {e}") from None
-        except (ValueError, KeyError, TypeError) as e:
-            self._undo(path)
-            raise CorruptArchive(f"its rows do not load here: {e}") from None
-        except BaseException:  # a disk that fills, a journal that fails: nothing stays either
-            self._undo(path)
-            raise
+        path = d.dir / incoming.snapshot.path
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        snapshots.write_atomic(path, incoming.snap, fsync=d.sync == "full")
+        return path
+
+    def arrived(self, session_id: str) -> None:
+        """A session's import committed: this node holds it, its HTTP clients' rows taken up."""
         self.registry.moved_out(session_id, None)
         self.clients.adopt(session_id)
-        return session
 
     def release(self, session: Session, generation: str) -> None:
         """Close the session here with a note that it moved (one commit: the close's)."""
@@ -210,12 +273,14 @@ class Mover:
             raise
         self.registry.moved_out(session.id, session.tenant)
 
-    def _undo(self, path: Path | None) -> None:
+    def undo(self, paths: list[Path | None]) -> None:
+        """What an import that failed wrote: rolled back, its files removed."""
         self.durability.rollback()
         # a large import's pages may have reached the write-ahead log before it was refused
         with contextlib.suppress(ResourceExhausted):  # then owed in memory alone, paid the same
             self.durability.record(self.durability.owe_purge)
-        if path is not None:
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                path.parent.rmdir()  # only if empty
+        for path in paths:
+            if path is not None:
+                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()  # only if empty

@@ -148,6 +148,45 @@ class Resumer:
             raise
         return session
 
+    def adopt_parked(self, engine: Engine, stored: StoredSession) -> Session:
+        """One session of a tenant's import, its rows committed: registered parked, its cells
+        left in its snapshot (an export takes one at its token count) until its first call
+        restores them, so that an import takes no sequence and parks no other session. One that
+        cannot be had so is registered stale, with the reason."""
+        try:
+            session = self._build(stored)
+            if session.state is SessionState.FAILED:
+                raise Unrestorable("it had failed (reset it where it was first)")
+            engine.check_policy(session.policy)
+            rows = self.durability.snapshots_of(session)
+            if rows:
+                snap = snapshots.read(self.durability.dir / Path(rows[0].path))
+                why = snapshot_disagrees(session, snap.meta, rows[0].n_seen, self.durability.config)
+                if why:
+                    raise Unrestorable(why)
+                adopt_snapshot_meta(session, snap.meta)
+                session.set_logits(snap.logits, snap.meta.get("greedy"))
+            at = session.seq.state.n_seen
+            if next(iter(self.durability.chunks_after(session, at)), None) is not None:
+                raise Unrestorable("its archive holds chunks past its snapshot")
+        except (Unrestorable, CorruptSnapshot, SinkdError) as e:
+            self._stale(stored, str(e))
+            stale = self.registry.get(stored.id)
+            assert stale is not None
+            return stale
+        session.pending_prefix = [] if session.seq.state.n_seen else list(session.system_tokens)
+        session.parked = True
+        session.transition(SessionState.IDLE)
+        session.resume = "imported with its tenant, parked"
+        session.snap_n_seen = rows[0].n_seen if rows else None
+        session.snap_time = rows[0].created if rows else None
+        session.log_chunks, session.log_tokens = self.durability.chunk_stats(session)
+        session.logged_since_snap = 0
+        self.registry.add(session)
+        self.recall.resumed_spans(session)
+        self.recall.resumed(engine, session)
+        return session
+
     def _drop(self, engine: Engine, session: Session) -> None:
         if session.seq_id >= 0:
             engine.cells.release_seq(session.seq_id)
@@ -297,6 +336,11 @@ class Resumer:
     def _empty(self, engine: Engine, session: Session) -> None:
         engine.cells.clear(session.seq_id)
         session.clear_history()
+
+    def register_stale(self, stored: StoredSession, why: str) -> None:
+        """A session that cannot be restored here, listed with the reason for its owner to
+        close (an imported session that was stale where it came from)."""
+        self._stale(stored, why)
 
     def _stale(self, stored: StoredSession, why: str) -> None:
         log.warning("session %s is stale: %s", stored.id, why)

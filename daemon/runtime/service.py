@@ -55,6 +55,7 @@ from sinkd.daemon.runtime.remembering import AcrossConversations, Remembering
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity, Principal, Registry, Session
 from sinkd.daemon.runtime.tenancy import Tenancy
+from sinkd.daemon.runtime.tenant_moves import TenantMoves
 from sinkd.daemon.runtime.turns import Turns
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
@@ -211,6 +212,10 @@ class SinkdService:
         self.scheduler.on_close = self.lifecycle.close
         self.scheduler.on_ready = self._resume
         self.moves = SessionMoves(self.access, self.scheduler, self.registry, self.metrics)
+        self.tenants = TenantMoves(
+            self.access, self.scheduler, self.registry, self.durability, self.recall,
+            self.prefixes, self.moves, self.erasure, settings.node,
+        )  # fmt: skip
 
     def _released(self, session_id: str, reset_count: int) -> None:
         """Engine thread: a session generation ended; what was kept of it elsewhere goes."""
@@ -265,6 +270,7 @@ class SinkdService:
             self.lifecycle.close, self.clients,
         )  # fmt: skip
         self.clients.load()
+        self.tenants.load()
         for session_id, tenant in self.durability.moved_out():
             self.registry.moved_out(session_id, tenant)
         self.metrics.active_sessions.set(len(self.registry))

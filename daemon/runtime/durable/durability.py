@@ -33,6 +33,7 @@ from sinkd.daemon.store import generation_rows, snapshots
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Chunk, ClientTables, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
+from sinkd.daemon.store.tenant_marks import TenantMarks
 from sinkd.errors import CorruptSnapshot, JournalError, ResourceExhausted
 
 log = logging.getLogger("sinkd.durability")
@@ -212,6 +213,7 @@ class Durability:
         self.keep = max(keep, 2)  # the previous snapshot is the fallback for a damaged newest
         self._journal: Journal | None = None
         self.memory: MemoryStore | None = None
+        self._tenant_marks: TenantMarks | None = None
         self.purge = Purge(purge_interval_s, metrics)  # what deletes leave in the index and log
         self.lock = StateDirLock(state_dir)
         self.config: dict[str, Any] = {}
@@ -228,6 +230,7 @@ class Durability:
         self.claim()
         self._journal = Journal(self.dir / "journal.db", self.sync)
         self.memory = MemoryStore(self._journal.db, self.segmenting, self.embedder)
+        self._tenant_marks = TenantMarks.opened(self._journal.db)
         owed = self._journal.purge_owed()
         if owed is not None:  # the daemon stopped before a purge was done: every index merged
             log.info("a purge owed since %s is paid at start", time.ctime(owed))
@@ -507,6 +510,11 @@ class Durability:
         self._delete_files([row.path])
 
     # --- what other parts keep in the state directory, asked by name ---
+
+    def tenant_marks(self) -> TenantMarks:
+        """Where each tenant stands while it moves between nodes (store/tenant_marks.py)."""
+        assert self._tenant_marks is not None
+        return self._tenant_marks
 
     def client_tables(self) -> ClientTables:
         """The HTTP clients' tables (where conversations stand, stored responses)."""
