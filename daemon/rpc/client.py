@@ -38,6 +38,8 @@ from sinkd.daemon.runtime.api import (
     Receipt,
     SamplingRequest,
     Stream,
+    TenantHeld,
+    TenantImported,
     TenantUsage,
     TokenEvent,
 )
@@ -406,6 +408,45 @@ class Client:
         except grpc.RpcError as e:
             raise self._refused(e) from None
         return [convert.tenant_usage_from_pb(t) for t in r.tenants]
+
+    # --- a tenant moved whole (the admin's token) ---
+
+    def _admin(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.admin, method)(request, metadata=self.md)
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
+
+    def held_tenants(self, arrived: str = "") -> tuple[builtins.list[TenantHeld], str]:
+        """What the node holds of each tenant, and the tenant move `arrived` brought there."""
+        r = self._admin("HeldTenants", pb.HeldTenantsRequest(arrived=arrived))
+        held = [
+            TenantHeld(t.tenant, t.sessions, t.passages, t.prefixes, t.state, t.move_id, t.peer)
+            for t in r.tenants
+        ]
+        return held, r.arrived
+
+    def mark_tenant(self, tenant: str, state: str, move_id: str = "", peer: str = "") -> None:
+        request = pb.MarkTenantRequest(tenant=tenant, state=state, move_id=move_id, peer=peer)
+        self._admin("MarkTenant", request)
+
+    def export_tenant(self, tenant: str, move_id: str = "") -> Iterator[bytes]:
+        try:
+            request = pb.TenantRequest(tenant=tenant, move_id=move_id)
+            for piece in self.admin.ExportTenant(request, metadata=self.md):
+                yield piece.data
+        except grpc.RpcError as e:
+            raise self._refused(e) from None
+
+    def import_tenant(self, data: bytes) -> TenantImported:
+        step = 1 << 20
+        pieces = (pb.ArchivePiece(data=data[at : at + step]) for at in range(0, len(data), step))
+        r = self._admin("ImportTenant", pieces)
+        return TenantImported(r.tenant, r.sessions, r.passages, r.prefixes, r.move_id)
+
+    def release_tenant(self, tenant: str, move_id: str) -> Erased:
+        r = self._admin("ReleaseTenant", pb.TenantRequest(tenant=tenant, move_id=move_id))
+        return Erased(int(r.released), r.purge_owed)
 
     def stop_daemon(self) -> None:
         """Ask the daemon to stop gracefully (the admin's token)."""

@@ -7,6 +7,7 @@ name in the `sinkd-error` trailer (the CLI rebuilds the same class, hence the sa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -111,11 +112,14 @@ class _Base:
         self.limits = limits
 
     def auth(self, context: grpc.ServicerContext) -> Principal:
+        """Who calls, and a tenant this node serves now (UNAVAILABLE: one moving between nodes)."""
         try:
-            return self.authenticator.authenticate(context.invocation_metadata() or ())
+            principal = self.authenticator.authenticate(context.invocation_metadata() or ())
         except SinkdError:
             self.service.metrics.auth_rejections.inc()
             raise
+        self.service.tenants.check_here(principal)
+        return principal
 
     def admit(self, principal: Principal, request: Any, context: grpc.ServicerContext) -> Any:
         """A slot under the call limits; a fair wait ends by the client's deadline."""
@@ -124,6 +128,17 @@ class _Base:
         return self.limits.admit(
             principal.tenant or "(admin)", _session_of(request), context.time_remaining()
         )
+
+
+def _archive_of(pieces: Iterator[pb.ArchivePiece]) -> bytes:
+    """A streamed archive, whole (it is checked whole), at most MAX_ARCHIVE_BYTES."""
+    out, size = [], 0
+    for piece in pieces:
+        size += len(piece.data)
+        if size > MAX_ARCHIVE_BYTES:
+            raise InvalidInput(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
+        out.append(piece.data)
+    return b"".join(out)
 
 
 def _handle(h: pb.Handle) -> Handle:
@@ -297,13 +312,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
 
     @rpc
     def Import(self, request: Any, context: Any, principal: Principal) -> pb.ImportResponse:
-        pieces, size = [], 0
-        for piece in request:
-            size += len(piece.data)
-            if size > MAX_ARCHIVE_BYTES:
-                raise InvalidInput(f"the archive is larger than {MAX_ARCHIVE_BYTES} bytes")
-            pieces.append(piece.data)
-        receipt = self.service.moves.import_(principal, b"".join(pieces))
+        receipt = self.service.moves.import_(principal, _archive_of(request))
         return pb.ImportResponse(
             handle=handle_to_pb(receipt.handle), receipt=receipt_to_pb(receipt)
         )
@@ -458,3 +467,46 @@ class AdminServicer(_Base, pb_grpc.AdminServicer):
         return pb.ListSessionsResponse(
             sessions=[receipt_to_pb(r) for r in self.service.reads.list_all(principal)]
         )
+
+    # --- a tenant moved whole ---
+
+    @rpc
+    def HeldTenants(
+        self, request: pb.HeldTenantsRequest, context: Any, principal: Principal
+    ) -> pb.HeldTenantsResponse:
+        held, arrived = self.service.tenants.held(principal, request.arrived)
+        return pb.HeldTenantsResponse(
+            tenants=[pb.HeldTenant(**dataclasses.asdict(h)) for h in held], arrived=arrived
+        )
+
+    @rpc
+    def MarkTenant(
+        self, request: pb.MarkTenantRequest, context: Any, principal: Principal
+    ) -> pb.MarkTenantResponse:
+        self.service.tenants.mark(
+            principal, request.tenant, request.state, request.move_id, request.peer
+        )
+        return pb.MarkTenantResponse()
+
+    @rpc_stream
+    def ExportTenant(
+        self, request: pb.TenantRequest, context: Any, principal: Principal
+    ) -> Iterator[pb.ArchivePiece]:
+        for piece in self.service.tenants.export(principal, request.tenant, request.move_id):
+            for at in range(0, len(piece), ARCHIVE_PIECE):
+                yield pb.ArchivePiece(data=piece[at : at + ARCHIVE_PIECE])
+
+    @rpc
+    def ImportTenant(self, request: Any, context: Any, principal: Principal) -> pb.TenantImported:
+        admin_only(principal, "importing a tenant")  # before its pieces are read
+        imported = self.service.tenants.import_(principal, _archive_of(request))
+        return pb.TenantImported(**dataclasses.asdict(imported))
+
+    @rpc
+    def ReleaseTenant(
+        self, request: pb.TenantRequest, context: Any, principal: Principal
+    ) -> pb.ReleaseTenantResponse:
+        if not request.move_id:
+            raise InvalidInput("release: name the move (move_id) that took the tenant away")
+        erased = self.service.tenants.release(principal, request.tenant, request.move_id)
+        return pb.ReleaseTenantResponse(released=erased.count, purge_owed=erased.purge_owed)

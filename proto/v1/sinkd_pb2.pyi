@@ -673,3 +673,81 @@ class StopRequest(_message.Message):
 class StopResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class TenantRequest(_message.Message):
+    __slots__ = ("tenant", "move_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    move_id: str
+    def __init__(self, tenant: _Optional[str] = ..., move_id: _Optional[str] = ...) -> None: ...
+
+class MarkTenantRequest(_message.Message):
+    __slots__ = ("tenant", "state", "move_id", "peer")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    state: str
+    move_id: str
+    peer: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[str] = ..., move_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
+
+class MarkTenantResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TenantImported(_message.Message):
+    __slots__ = ("tenant", "sessions", "passages", "prefixes", "move_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sessions: int
+    passages: int
+    prefixes: int
+    move_id: str
+    def __init__(self, tenant: _Optional[str] = ..., sessions: _Optional[int] = ..., passages: _Optional[int] = ..., prefixes: _Optional[int] = ..., move_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseTenantResponse(_message.Message):
+    __slots__ = ("released", "purge_owed")
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    PURGE_OWED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    purge_owed: bool
+    def __init__(self, released: _Optional[int] = ..., purge_owed: _Optional[bool] = ...) -> None: ...
+
+class HeldTenantsRequest(_message.Message):
+    __slots__ = ("arrived",)
+    ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    arrived: str
+    def __init__(self, arrived: _Optional[str] = ...) -> None: ...
+
+class HeldTenant(_message.Message):
+    __slots__ = ("tenant", "sessions", "passages", "prefixes", "state", "move_id", "peer")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sessions: int
+    passages: int
+    prefixes: int
+    state: str
+    move_id: str
+    peer: str
+    def __init__(self, tenant: _Optional[str] = ..., sessions: _Optional[int] = ..., passages: _Optional[int] = ..., prefixes: _Optional[int] = ..., state: _Optional[str] = ..., move_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
+
+class HeldTenantsResponse(_message.Message):
+    __slots__ = ("tenants", "arrived")
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[HeldTenant]
+    arrived: str
+    def __init__(self, tenants: _Optional[_Iterable[_Union[HeldTenant, _Mapping]]] = ..., arrived: _Optional[str] = ...) -> None: ...

@@ -949,6 +949,31 @@ class AdminStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopResponse.FromString,
                 _registered_method=True)
+        self.HeldTenants = channel.unary_unary(
+                '/sinkd.v1.Admin/HeldTenants',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HeldTenantsRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HeldTenantsResponse.FromString,
+                _registered_method=True)
+        self.MarkTenant = channel.unary_unary(
+                '/sinkd.v1.Admin/MarkTenant',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MarkTenantRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MarkTenantResponse.FromString,
+                _registered_method=True)
+        self.ExportTenant = channel.unary_stream(
+                '/sinkd.v1.Admin/ExportTenant',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
+                _registered_method=True)
+        self.ImportTenant = channel.stream_unary(
+                '/sinkd.v1.Admin/ImportTenant',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantImported.FromString,
+                _registered_method=True)
+        self.ReleaseTenant = channel.unary_unary(
+                '/sinkd.v1.Admin/ReleaseTenant',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ReleaseTenantResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -980,6 +1005,39 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeldTenants(self, request, context):
+        """A tenant moved whole between nodes, or backed up and restored (docs/deployment.md, "Tenant
+        moves"): what this node holds of each tenant, a tenant's mark, its archive out and in, and
+        its state here deleted once another node holds it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MarkTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportTenant(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1002,6 +1060,31 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Stop,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopResponse.SerializeToString,
+            ),
+            'HeldTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.HeldTenants,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HeldTenantsRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HeldTenantsResponse.SerializeToString,
+            ),
+            'MarkTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkTenant,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MarkTenantRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MarkTenantResponse.SerializeToString,
+            ),
+            'ExportTenant': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportTenant,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
+            ),
+            'ImportTenant': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportTenant,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantImported.SerializeToString,
+            ),
+            'ReleaseTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseTenant,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ReleaseTenantResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1113,6 +1196,141 @@ class Admin:
             '/sinkd.v1.Admin/Stop',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.StopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeldTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Admin/HeldTenants',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HeldTenantsRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.HeldTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Admin/MarkTenant',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MarkTenantRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MarkTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sinkd.v1.Admin/ExportTenant',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportTenant(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/sinkd.v1.Admin/ImportTenant',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ArchivePiece.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantImported.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Admin/ReleaseTenant',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.TenantRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ReleaseTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,
