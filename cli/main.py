@@ -18,6 +18,7 @@ from sinkd.cli import (
     serve,
     sessions,
     stream,
+    tenants,
 )
 from sinkd.daemon.rpc.client import TlsFiles
 
@@ -59,6 +60,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(sessions.app, name="sessions")
 app.add_typer(memory.app, name="memory")
 app.add_typer(nodes.app, name="nodes")
+app.add_typer(tenants.app, name="tenants")
 app.add_typer(evaluate.eval_app, name="eval")
 
 
