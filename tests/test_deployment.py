@@ -12,12 +12,14 @@ writes them, six tenants talking over HTTP (the openai SDK) and gRPC:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -36,6 +39,7 @@ from sinkd.cli.haproxy import RuntimeApi
 from sinkd.daemon.rpc.client import CHANNEL_OPTIONS
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
+from tests.support.disk import holders, token_needles
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
 
@@ -122,12 +126,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     admin = hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()
     tenants = "".join(
         f'[[tenants]]\nname = "{t}"\ntoken_sha256 = "{deploy.route_key(token(t))}"\n'
+        + ("memory_across_conversations = true\n" if t == "alice" else "")
         for t in TENANTS
     )
     base = folder / "base.toml"
     base.write_text(
         f'admin_token_sha256 = "{admin}"\nn_ctx_seq = 512\nmax_sessions = 12\n'
-        f"http_window = 480\n{tenants}"
+        f"http_window = 480\nprefix_min_tokens = 16\n{tenants}"
     )
     first = free_block(10)
     subprocess.run(
@@ -268,8 +273,17 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
         assert h["x-sinkd-session"] == conversations[t.name].session_id
         assert set(t.nodes[n:]) == {victim}, t.nodes
 
-    # --- drain a node that holds sessions of its own ---
-    drained = max(c.d.names, key=lambda n: sum(h == n for h in home.values()))
+    # --- alice, with memory across conversations on, tells her node a fact ---
+    drained = home["alice"]
+    http = httpx.Client(base_url=f"http://{c.d.proxy_http}", timeout=120,
+                        headers={"authorization": f"Bearer {token('alice')}"})  # fmt: skip
+    first, told = conversation(http, [ALICE_SYSTEM, ALICE_FACT])
+    assert told.headers["x-sinkd-node"] == drained
+    old_state = c.d.node(drained).state_dir
+    needles = alice_needles(old_state, wait_for_vector=True)
+    assert holders(old_state, needles)  # her text, token ids and vector are there, before
+
+    # --- drain her node: every tenant it holds moves whole, alice's memory and prefixes too ---
     mine = [t for t in tenants.values() if home[t.name] == drained]
     handles = {t.name: [t.handle, conversations[t.name]] for t in mine}
     state = {t.name: [t.logits(h) for h in handles[t.name]] for t in mine}
@@ -280,16 +294,97 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr.decode()[-2000:] + run.stdout.decode()[-2000:]
     events = [json.loads(line) for line in run.stdout.decode().splitlines()]
-    moves = {e["session_id"]: e["target"] for e in events if e["event"] == "moved"}
+    moved = [e for e in events if e["event"] == "moved"]
+    assert not [e for e in events if e.get("error")], events
+    target_of = {e["tenant"]: e["target"] for e in moved}
+    assert all(target_of[e["tenant"]] == e["target"] for e in moved)  # one node per tenant
     assert c.procs[drained].wait(60) == 0  # stopped cleanly
     for t in mine:
+        target = target_of[t.name]
+        assert target != drained
         for h, logits in zip(handles[t.name], state[t.name], strict=True):
             assert h is not None
-            target = moves[h.session_id]
-            assert target != drained
             assert np.array_equal(t.logits(h), logits)  # the same bits on its new node
             assert t.nodes[-1] == target
         _, h = t.say("Say yes.")
         assert h["x-sinkd-continuation"] == "continued", h["x-sinkd-why"]
         t.generate()
-        assert t.nodes[-1] == moves[t.handle.session_id]  # type: ignore[union-attr]
+        assert t.nodes[-1] == target
+    new_home = target_of["alice"]
+    (alice_moved,) = [e for e in moved if e["tenant"] == "alice" and e["passages"]]
+    assert alice_moved["prefixes"] >= 1, alice_moved
+
+    # on her new node: a new conversation recalls the fact, with where and when she said it, and
+    # its system prompt is restored from the prefix state that came with her
+    asked, answer = conversation(http, [ALICE_SYSTEM, "What is my locker code?"])
+    assert answer.headers["x-sinkd-node"] == new_home
+    recalled = [p for p in asked["recall"]["recalled"] if p["conversation"] == first["session_id"]]
+    assert recalled, asked["recall"]
+    assert abs(recalled[0]["said_unix_time"] - told_at(told)) < 120
+    assert asked["prefix_tokens"] > 0, asked
+    # the old node's files hold nothing of hers (the drain deleted and purged them)
+    assert holders(old_state, needles) == []
+
+    # --- she forgets it on her new node; the old node rejoins and the ring sends her back ---
+    found = http.get("/v1/sinkd/memory", params={"search": "locker code"}).json()["data"]
+    (fact,) = [p for p in found if "7351" in p["text"]]
+    gone = http.delete(f"/v1/sinkd/memory/{fact['id']}")
+    assert gone.status_code == 200 and not gone.json().get("purge_owed"), gone.text
+    c.start_node(drained)
+    run = subprocess.run(
+        [sys.executable, "-m", "sinkd.cli.main", "nodes", "join", drained, "--json",
+         "--deployment", str(c.folder / "deployment.toml")],
+        capture_output=True, env=dict(os.environ, SINKD_ADMIN_TOKEN=ADMIN_TOKEN), timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr.decode()[-2000:] + run.stdout.decode()[-2000:]
+    back = [json.loads(line) for line in run.stdout.decode().splitlines()]
+    assert {e["tenant"] for e in back if e["event"] == "moved"} >= {"alice"}, back
+    asked, answer = conversation(http, [ALICE_SYSTEM, "What is my locker code? Remind me."])
+    assert answer.headers["x-sinkd-node"] == drained  # home again
+    assert not [p for p in asked["recall"]["recalled"] if p["conversation"] == first["session_id"]]
+    assert not [p for p in http.get("/v1/sinkd/memory", params={"search": "locker code"})
+                .json()["data"] if "7351" in p["text"]]  # fmt: skip
+    for name in c.d.names:  # no node keeps the forgotten passage's text, ids or vector
+        assert holders(c.d.node(name).state_dir, ["Whiskers", needles[-1]]) == [], name
+    http.close()
+
+
+ALICE_SYSTEM = (
+    "You are the front desk assistant of the north campus gym. Answer in one short sentence,"
+    " politely, and never invent a number you were not told."
+)
+ALICE_FACT = "My locker code is 7351 and my cat is called Mr Whiskers."
+
+
+def conversation(http: httpx.Client, texts: list[str]) -> tuple[dict[str, Any], httpx.Response]:
+    """A new conversation through the proxy: a system prompt and one user message; its `sinkd`
+    field and the answer."""
+    system, user = texts
+    answer = http.post("/v1/chat/completions", json={
+        "model": MODEL, "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    })  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    return answer.json()["sinkd"], answer
+
+
+def told_at(answer: httpx.Response) -> float:
+    return float(answer.json()["created"])
+
+
+def alice_needles(state_dir: Path, wait_for_vector: bool) -> list[bytes | str]:
+    """What of alice's fact the node's journal holds, as the file scan looks for it: its words,
+    a run of its token ids, and a piece of its vector (made in the background: waited for)."""
+    journal = state_dir / "journal.db"
+
+    def row() -> Any:
+        with contextlib.closing(sqlite3.connect(journal, timeout=10)) as db:
+            return db.execute(
+                "SELECT tokens, vector FROM passages WHERE tenant='alice' AND text LIKE '%7351%'"
+            ).fetchone()
+
+    wait_for("alice's fact kept, with its vector",
+             lambda: (r := row()) is not None and (r[1] is not None or not wait_for_vector))  # fmt: skip
+    tokens, vector = row()
+    ids = [int(i) for i in np.frombuffer(tokens, dtype="<i4")]
+    return ["Whiskers", "7351", *token_needles(ids), bytes(vector[64:96])]

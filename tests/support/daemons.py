@@ -14,11 +14,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sinkd.daemon.node import Daemon
 
 
-def serve_subprocess(sock: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`sinkd serve` in its own process, returned once its health check says SERVING."""
+def serve_subprocess(
+    sock: Path, env: dict[str, str], log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """`sinkd serve` in its own process, returned once its health check says SERVING. Its log
+    goes to a pipe (read on failure), or appended to `log` for a daemon that runs long."""
+    sink: Any = log.open("ab") if log is not None else subprocess.PIPE
     proc = subprocess.Popen(
         [sys.executable, "-m", "sinkd.cli.main", "serve", "--socket", str(sock)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        stdout=subprocess.DEVNULL, stderr=sink, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -29,6 +33,8 @@ def serve_subprocess(sock: Path, env: dict[str, str]) -> subprocess.Popen[bytes]
         except grpc.RpcError:
             time.sleep(0.1)
     proc.kill()
+    if log is not None:
+        raise AssertionError(log.read_text(errors="replace")[-3000:])
     raise AssertionError(proc.stderr.read().decode() if proc.stderr else "no output")
 
 
