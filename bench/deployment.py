@@ -13,7 +13,8 @@ through the proxy, in the same run:
   tokens) streamed over HTTP (`/v1/chat/completions`, SSE) and gRPC (`Chat`): the gaps between
   tokens p50/p99, the time to the first token, and HAProxy's own CPU per token (/proc);
 - drain: S gRPC sessions of ~300 tokens each on one node, `sinkd nodes drain --no-stop` to the
-  node the ring picks for their tenant, then `sinkd nodes join` (which moves them back).
+  node the ring picks for their tenant (the tenant moves whole: one archive of its S sessions),
+  then `sinkd nodes join` (which moves it back). `--drains-only` runs this part alone.
 
 On two cores the three nodes and the proxy share the CPU: what this shows is the proxy's cost per
 request and per token, not how N machines scale (docs/deployment.md does that on paper, from the
@@ -291,14 +292,27 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--sessions", default="4,8,16")
+    ap.add_argument("--drains-only", action="store_true",
+                    help="Only the drains -> bench/results/deployment_drains.json")  # fmt: skip
     args = ap.parse_args()
     c = Cluster()
     try:
-        req = requests(c, TENANTS[1], args.requests)
-        tok = streams(c, TENANTS[1], args.tokens, args.rounds)
-        dr = drains(c, [int(x) for x in args.sessions.split(",")])
+        if args.drains_only:
+            dr = drains(c, [int(x) for x in args.sessions.split(",")])
+        else:
+            req = requests(c, TENANTS[1], args.requests)
+            tok = streams(c, TENANTS[1], args.tokens, args.rounds)
+            dr = drains(c, [int(x) for x in args.sessions.split(",")])
     finally:
         c.stop()
+    drain_table = ("drain and join: one tenant whose S sessions hold ~300 tokens each, 512 cells",
+                   ["sessions", "drain s", "per session ms", "join s", "archive MiB"],
+                   [[r["sessions"], r["drain_s"], r["per_session_ms"], r["join_s"],
+                     r["archive_mb_median"]] for r in dr])  # fmt: skip
+    if args.drains_only:
+        table(*drain_table)
+        print(write("deployment_drains", {"drains": dr}))
+        return
     table(f"per request (no engine work), ms, {args.requests} alternating",
           ["path", "p50", "p99", "proxy adds p50", "proxy adds p99"],
           [[edge, req[f"{edge} proxy"]["p50"], req[f"{edge} proxy"]["p99"],
@@ -310,10 +324,7 @@ def main() -> None:
           [[e, t["gap_direct_50"], t["gap_proxy_50"], t["gap_direct_99"], t["gap_proxy_99"],
             t["ttft_direct_median"], t["ttft_proxy_median"], t["haproxy_cpu_ms_per_token"]]
            for e, t in tok.items()])  # fmt: skip
-    table("drain and join (sessions of ~300 tokens, 512 cells)",
-          ["sessions", "drain s", "per session ms", "join s", "archive MiB"],
-          [[r["sessions"], r["drain_s"], r["per_session_ms"], r["join_s"], r["archive_mb_median"]]
-           for r in dr])  # fmt: skip
+    table(*drain_table)
     print(write("deployment", {"requests": req, "streams": tok, "drains": dr}))
 
 
