@@ -287,13 +287,7 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
     mine = [t for t in tenants.values() if home[t.name] == drained]
     handles = {t.name: [t.handle, conversations[t.name]] for t in mine}
     state = {t.name: [t.logits(h) for h in handles[t.name]] for t in mine}
-    run = subprocess.run(
-        [sys.executable, "-m", "sinkd.cli.main", "nodes", "drain", drained, "--json",
-         "--deployment", str(c.folder / "deployment.toml")],
-        capture_output=True, env=dict(os.environ, SINKD_ADMIN_TOKEN=ADMIN_TOKEN), timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr.decode()[-2000:] + run.stdout.decode()[-2000:]
-    events = [json.loads(line) for line in run.stdout.decode().splitlines()]
+    events = nodes_cli(c, "drain", drained)
     moved = [e for e in events if e["event"] == "moved"]
     assert not [e for e in events if e.get("error")], events
     target_of = {e["tenant"]: e["target"] for e in moved}
@@ -331,13 +325,7 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
     gone = http.delete(f"/v1/sinkd/memory/{fact['id']}")
     assert gone.status_code == 200 and not gone.json().get("purge_owed"), gone.text
     c.start_node(drained)
-    run = subprocess.run(
-        [sys.executable, "-m", "sinkd.cli.main", "nodes", "join", drained, "--json",
-         "--deployment", str(c.folder / "deployment.toml")],
-        capture_output=True, env=dict(os.environ, SINKD_ADMIN_TOKEN=ADMIN_TOKEN), timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr.decode()[-2000:] + run.stdout.decode()[-2000:]
-    back = [json.loads(line) for line in run.stdout.decode().splitlines()]
+    back = nodes_cli(c, "join", drained)
     assert {e["tenant"] for e in back if e["event"] == "moved"} >= {"alice"}, back
     asked, answer = conversation(http, [ALICE_SYSTEM, "What is my locker code? Remind me."])
     assert answer.headers["x-sinkd-node"] == drained  # home again
@@ -347,6 +335,17 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
     for name in c.d.names:  # no node keeps the forgotten passage's text, ids or vector
         assert holders(c.d.node(name).state_dir, ["Whiskers", needles[-1]]) == [], name
     http.close()
+
+
+def nodes_cli(c: Cluster, command: str, node: str) -> list[dict[str, Any]]:
+    """`sinkd nodes COMMAND NODE --json` with the admin's token: its events, once it succeeded."""
+    run = subprocess.run(
+        [sys.executable, "-m", "sinkd.cli.main", "nodes", command, node, "--json",
+         "--deployment", str(c.folder / "deployment.toml")],
+        capture_output=True, env=dict(os.environ, SINKD_ADMIN_TOKEN=ADMIN_TOKEN), timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr.decode()[-2000:] + run.stdout.decode()[-2000:]
+    return [json.loads(line) for line in run.stdout.decode().splitlines()]
 
 
 ALICE_SYSTEM = (
