@@ -316,6 +316,10 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
     assert recalled, asked["recall"]
     assert abs(recalled[0]["said_unix_time"] - told_at(told)) < 120
     assert asked["prefix_tokens"] > 0, asked
+    (where,) = nodes_cli(c, "where", "alice")  # the operator's view: one node holds her
+    assert where["ring"] == {"alice": new_home}
+    assert {n: [(h["tenant"], h["state"]) for h in held] for n, held in where["held"].items()
+            if held} == {new_home: [("alice", "")]}  # fmt: skip
     # the old node's files hold nothing of hers (the drain deleted and purged them)
     assert holders(old_state, needles) == []
 
@@ -337,10 +341,10 @@ def test_three_nodes_behind_haproxy_kill_9_and_drain(cluster: Cluster) -> None:
     http.close()
 
 
-def nodes_cli(c: Cluster, command: str, node: str) -> list[dict[str, Any]]:
-    """`sinkd nodes COMMAND NODE --json` with the admin's token: its events, once it succeeded."""
+def nodes_cli(c: Cluster, command: str, arg: str) -> list[dict[str, Any]]:
+    """`sinkd nodes COMMAND ARG --json` with the admin's token: its JSON lines, once it succeeded."""
     run = subprocess.run(
-        [sys.executable, "-m", "sinkd.cli.main", "nodes", command, node, "--json",
+        [sys.executable, "-m", "sinkd.cli.main", "nodes", command, arg, "--json",
          "--deployment", str(c.folder / "deployment.toml")],
         capture_output=True, env=dict(os.environ, SINKD_ADMIN_TOKEN=ADMIN_TOKEN), timeout=300,
     )  # fmt: skip
