@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from sinkd.cli.console import console
+from sinkd.cli.console import console, shown, terminal_safe
 from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
 from sinkd.daemon.rpc.client import Client
@@ -58,7 +58,9 @@ def export(
         size = write_private(out_path, pieces)
         digest = hashlib.sha256(out_path.read_bytes()).hexdigest()
     said = {"tenant": tenant, "bytes": size, "sha256": digest}
-    out.print(json.dumps(said) if as_json else f"{tenant}: {size} bytes, sha256 {digest[:16]}")
+    out.print(
+        shown(json.dumps(said) if as_json else f"{tenant}: {size} bytes, sha256 {digest[:16]}")
+    )
 
 
 @app.command("import")
@@ -79,5 +81,5 @@ def import_(
         print(json.dumps({"tenant": got.tenant, "sessions": got.sessions,
                           "passages": got.passages, "prefixes": got.prefixes}))  # fmt: skip
     else:
-        print(f"{got.tenant}: {got.sessions} sessions, {got.passages} passages,"
-              f" {got.prefixes} prefix states imported")  # fmt: skip
+        print(terminal_safe(f"{got.tenant}: {got.sessions} sessions, {got.passages} passages,"
+                            f" {got.prefixes} prefix states imported"))  # fmt: skip

@@ -131,14 +131,7 @@ class Mover:
         chunks = data["chunks"]
         at = chunks["columns"].index("logical_pos")
         chunks["rows"] = [r for r in chunks["rows"] if r[at] >= after]
-        manifest = {
-            "kind": KIND, "schema": SCHEMA_VERSION, "session": session.id,
-            "tenant": stored.tenant, "generation": session.generation,
-            "reset_count": session.reset_count, "record": stored.record,
-            "state": stored.state, "reason": stored.reason, "config": d.config,
-            "snapshot_n_seen": rows[0].n_seen if rows else None, "n_seen": session.seq.state.n_seen,
-            "exported_unix_time": time.time(), "conversations_key": self.clients.key_fingerprint(),
-        }  # fmt: skip
+        manifest = self._manifest(session, stored, rows, stored.reason)
         members = {"snapshot": snap, "rows": json.dumps(data).encode()}
         return archive.pack(Archive(manifest, members))
 
@@ -149,17 +142,23 @@ class Mover:
         stored = next(s for s in d.stored() if s.id == session.id)
         rows = d.snapshots_of(session)
         snap = (d.dir / rows[0].path).read_bytes() if rows else b""
-        manifest = {
-            "kind": KIND, "schema": SCHEMA_VERSION, "session": session.id,
-            "tenant": stored.tenant, "generation": session.generation,
-            "reset_count": session.reset_count, "record": stored.record, "state": stored.state,
-            "reason": session.failure or stored.reason, "config": d.config,
-            "snapshot_n_seen": rows[0].n_seen if rows else None,
-            "n_seen": session.seq.state.n_seen, "exported_unix_time": time.time(),
-            "conversations_key": self.clients.key_fingerprint(),
-        }  # fmt: skip
+        manifest = self._manifest(session, stored, rows, session.failure or stored.reason)
         members = {"snapshot": snap, "rows": json.dumps(d.rows_of(session)).encode()}
         return b"".join(archive.pack(Archive(manifest, members)))
+
+    def _manifest(
+        self, session: Session, stored: StoredSession, rows: list[SnapshotRow], reason: str
+    ) -> dict[str, Any]:
+        """A session archive's manifest: who, which generation, its record and state, the
+        configuration it was made under (the gates), its newest snapshot's place."""
+        return {
+            "kind": KIND, "schema": SCHEMA_VERSION, "session": session.id,
+            "tenant": stored.tenant, "generation": session.generation,
+            "reset_count": session.reset_count, "record": stored.record,
+            "state": stored.state, "reason": reason, "config": self.durability.config,
+            "snapshot_n_seen": rows[0].n_seen if rows else None, "n_seen": session.seq.state.n_seen,
+            "exported_unix_time": time.time(), "conversations_key": self.clients.key_fingerprint(),
+        }  # fmt: skip
 
     def import_(self, engine: Engine, data: bytes, tenant: str | None) -> Session:
         """`tenant`: the caller's (None: the admin, who may import any tenant's session)."""
