@@ -68,7 +68,7 @@ SESSIONS = (1, 4, 8)
 # part -> the functions whose own CPU (less the parts they call) it counts
 PARTS: dict[str, list[tuple[Any, str]]] = {
     "llama_decode": [(llama_cpp, "llama_decode")],
-    "sampling": [(Executor, "_sample")],
+    "sampling": [(Executor, "sample")],
     "logits": [(Decoder, "_decode_items"), (Decoder, "logits"), (Decoder, "decode_greedy"),
                (Decoder, "row_at")],
     "planning and eviction": [

@@ -107,7 +107,7 @@ def test_every_layer_is_offloaded_to_a_named_device_and_nothing_drafts(gpu: Daem
     assert engine.solo_passes and engine.min_piece == 9
     why = engine.rows_not_exact()
     assert why is not None and engine.devices[0].name in why
-    assert not gpu.service.scheduler.executor.drafting()
+    assert not gpu.service.scheduler.executor.verifier.drafting()
     admin = pb_grpc.AdminStub(grpc.insecure_channel(gpu.addresses[0]))
     models = admin.ListModels(pb.ListModelsRequest(), metadata=ADMIN).models
     assert [m.backend for m in models if m.loaded] == [engine.backend]

@@ -61,7 +61,7 @@ def repetitive(tmp: Path, speculative: str = "auto", **kw: Any) -> SinkdService:
     took, so that how much it drafts is the same on any machine."""
     service = fake_service(tmp, speculative=speculative, **kw)
     fake_engine_of(service).markov = 2
-    service.scheduler.executor.costs.observe = lambda rows, seconds: None  # type: ignore[method-assign]
+    service.scheduler.executor.verifier.costs.observe = lambda rows, seconds: None  # type: ignore[method-assign]
     return service
 
 

@@ -7,14 +7,8 @@ After it the sub-batch is recorded (policy, token ledger, logits), the sequence 
 eviction (see `Engine.compact`), and the session is audited. A failure touches only the sessions it
 concerns. `replay` decodes journalled chunks the same way, for resume.
 
-Speculative decoding (drafting.py): a sampled token may carry drafts, the tokens its session's own
-text suggests come next. The step decodes them after it, every row asked; then the session samples
-from each row in turn, exactly as a step at a time would (the same sampler, penalties, grammar,
-stops, journal rows and events, one token each), and keeps a draft's cell only where the token it
-sampled is the draft. Where a row's bits do not depend on how many rows of its sequence share the
-pass (`Engine.rows_not_exact`), this gives the tokens plain decoding gives. A draft is never counted
-as seen, journalled, sent, penalised or recorded: its cells are gone before the step's audit, on
-every path out of the verification (`_verify`).
+Speculative decoding: a sampled token may carry drafts, verified in the same step; the rules are
+verification.py's (`Verifier`).
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from sinkd.cachepolicy import CacheFull, SubBatch
@@ -35,13 +28,6 @@ from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import Done, TokenEvent
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.audit import Auditor
-from sinkd.daemon.runtime.loop.drafting import (
-    MIN_MATCH,
-    PROBE_MATCH,
-    DecodeCosts,
-    DraftControl,
-    lookup,
-)
 from sinkd.daemon.runtime.loop.gate import ReplyGate
 from sinkd.daemon.runtime.loop.jobs import REPEAT_CHECK_EVERY, Job, JobQueues, loops
 from sinkd.daemon.runtime.loop.prefixes import PrefixStates
@@ -49,6 +35,7 @@ from sinkd.daemon.runtime.loop.residency import NoRoom, ParkFailed, Residency
 from sinkd.daemon.runtime.loop.runahead import RunAhead
 from sinkd.daemon.runtime.loop.stepplan import Slot
 from sinkd.daemon.runtime.loop.swaps import place_in_one_run
+from sinkd.daemon.runtime.loop.verification import StepItem, Verifier
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.errors import (
@@ -62,15 +49,6 @@ from sinkd.errors import (
 )
 
 log = logging.getLogger("sinkd.executor")
-
-
-@dataclass
-class _Item:
-    job: Job
-    tokens: list[int]  # a verification: the pending token, then its drafts
-    sub_batch: SubBatch  # of the decoded or prefilled tokens (a verification: the pending one)
-    decode_pending: bool
-    drafts: int = 0
 
 
 class Executor:
@@ -88,11 +66,6 @@ class Executor:
         max_drafts: int = 0,
     ) -> None:
         self._engine = engine
-        # speculative decoding: at most this many drafts a token (0: off), where exact (`drafting`)
-        self.max_drafts = max_drafts
-        self._exact: bool | None = None  # the engine's rows are exact (asked once it is loaded)
-        self.costs = DecodeCosts()
-        self._drafting: dict[tuple[str, str], DraftControl] = {}
         self.residency = residency
         self.recall = recall
         self.prefixes = prefixes
@@ -107,6 +80,7 @@ class Executor:
         self.decoding_now: set[str] = set()
         self._hooked: Engine | None = None
         self._runs = RunAhead(self)
+        self.verifier = Verifier(self, max_drafts)  # speculative decoding (verification.py)
 
     @property
     def engine(self) -> Engine:
@@ -147,68 +121,9 @@ class Executor:
                 self.end(job)
                 return
             if job.gen is not None and not job.prefilling and job.pending is None:
-                self._sample(job)
+                self.sample(job)
         except SinkdError as e:
             self.end(job, e)
-
-    # --- speculative decoding: drafts (drafting.py) ---
-
-    def drafting(self) -> bool:
-        """Whether sessions draft here: asked for, and exact on this engine (said once)."""
-        if self.max_drafts <= 0:
-            return False
-        if self._exact is None:
-            why = self.engine.rows_not_exact()
-            self._exact = why is None
-            if why is not None:
-                log.warning("speculative decoding is off: %s", why)
-        return self._exact
-
-    def draft_control(self, session: Session) -> DraftControl:
-        """The session's drafting state, of its current generation alone (a reset starts anew)."""
-        key = (session.id, session.generation)
-        control = self._drafting.get(key)
-        if control is None:
-            if len(self._drafting) >= 4 * max(len(self.auditor.registry), 16):
-                live = {(s.id, s.generation) for s in self.auditor.registry.all()}
-                self._drafting = {k: v for k, v in self._drafting.items() if k in live}
-            control = self._drafting[key] = DraftControl(self.max_drafts)
-        return control
-
-    def draft(self, jobs: list[Job]) -> None:
-        """Once every head is prepared: drafts for each job whose token waits to be decoded,
-        weighed against a step in which all of them decode."""
-        decoding = [j for j in jobs if j.gen is not None and j.pending is not None]
-        for job in decoding:
-            job.drafts = [] if job.answered else self._draft(job, len(decoding))
-
-    def _draft(self, job: Job, sequences: int) -> list[int]:
-        """Drafts to verify with the job's pending token: as many as pay (DraftControl), none
-        past its max tokens, none where its cells would need an eviction or a shift, and none
-        after a final token."""
-        if job.final or not self.drafting():
-            return []
-        session = job.session
-        assert job.gen is not None
-        control = self.draft_control(session)
-        k = min(control.length(self.costs, sequences), job.gen.max_tokens - job.generated)
-        k = min(k, self.engine.max_rows - 1)
-        planned = job.pending_plan
-        if planned is not None and planned.sub_batches[0].ops:
-            k = 0  # the pending token evicts: its step stays a plain one
-        seq = session.seq
-        k = min(k, seq.config.budget - seq.state.retained(seq.config) - 1)
-        if k <= 0:
-            control.skipped()
-            return []
-        context = session.retained.all()
-        context.append(job.pending or 0)
-        drafts = lookup(context, k, PROBE_MATCH if control.probing else MIN_MATCH)
-        if drafts and seq.plan(1 + len(drafts), max_batch=1 + len(drafts)).sub_batches[0].ops:
-            drafts = []  # the policy would move cells for them (a shift): none
-        if not drafts:
-            control.skipped()
-        return drafts
 
     def _start(self, job: Job) -> None:
         if job.started:
@@ -263,7 +178,7 @@ class Executor:
         except sqlite3.Error as e:
             raise JournalError(f"memory: the tenant's memory could not be written: {e}") from None
 
-    def _sample(self, job: Job) -> None:
+    def sample(self, job: Job) -> None:
         """A generating job whose prefill is done: sample its next token from the last logits."""
         session = job.session
         assert job.gen is not None
@@ -331,7 +246,7 @@ class Executor:
         try:
             verifying = [it for it in items if it.drafts]
             if verifying:
-                self._verify_all(verifying, len(items) == len(verifying))
+                self.verifier.verify(verifying, len(items) == len(verifying))
             for group in by_length(
                 [it for it in items if not it.drafts], lambda it: len(it.tokens)
             ):
@@ -346,10 +261,10 @@ class Executor:
                         lend=True,
                     )
                 except EngineError as e:
-                    self._decode_failed(group, e)
+                    self.decode_failed(group, e)
                     continue
                 if solo:  # a lone token's pass: what drafts are weighed against
-                    self.costs.observe(1, time.perf_counter() - started)
+                    self.verifier.costs.observe(1, time.perf_counter() - started)
                 self.metrics.steps.inc()
                 for it, row in zip(group, rows, strict=True):
                     self.decoding_now.discard(it.job.session.id)  # its new row is needed
@@ -358,93 +273,6 @@ class Executor:
                         self.lend(it.job.session, row.logits)
         finally:
             self.decoding_now = set()
-
-    def _verify_all(self, items: list[_Item], solo: bool) -> None:
-        """Decode the verifications (a pending token and its drafts each, every row asked) by
-        length, then settle each (`_verify`). `solo`: nothing else decodes in this step, so the
-        pass's time is what its rows cost (DecodeCosts)."""
-        engine = self.engine
-        for group in by_length(items, lambda it: len(it.tokens)):
-            started = time.perf_counter()
-            try:
-                rows = engine.decode_rows(
-                    [
-                        BatchItem(it.job.session.seq_id, it.tokens, it.sub_batch.cache_pos)
-                        for it in group
-                    ]
-                )
-            except EngineError as e:
-                self._decode_failed(group, e)
-                continue
-            if solo and len(group) == 1:
-                self.costs.observe(len(group[0].tokens), time.perf_counter() - started)
-            self.metrics.steps.inc()
-            for it, item_rows in zip(group, rows, strict=True):
-                self.decoding_now.discard(it.job.session.id)
-                self._verify(it, item_rows)
-
-    def _verify(self, it: _Item, rows: list[Next]) -> None:
-        """Settle one verification: record the pending token as a step would, then, row by row,
-        sample the next token as a step would and keep the draft's cell while the draft is that
-        token. The first token that differs stays pending (the next step decodes it); the cells
-        of every draft not kept are removed before the audit, whatever happens here."""
-        job, session = it.job, it.job.session
-        drafts = it.tokens[1:]
-        first_draft_pos = it.sub_batch.cache_pos + 1
-        kept = 0
-        control = self.draft_control(session)
-        try:
-            if not self._recorded(it, it.tokens[:1], rows[0]):  # the pending token, as a step's
-                return
-            self.metrics.decode_tokens.inc()
-            job.pending = None
-            for i, draft in enumerate(drafts, start=1):
-                if job.final or job.answered:
-                    break
-                failpoints.hit("verify-draft")
-                try:
-                    self._sample(job)  # journals and sends it, exactly as a step at a time does
-                except SinkdError as e:  # as `prepare` would: the job ends, the session stays
-                    self.end(job, e)
-                    break
-                if job.pending != draft:
-                    break
-                planned, job.pending_plan = job.pending_plan, None
-                if planned is None or planned.before is not session.seq.state:
-                    planned = session.seq.plan(1, max_batch=1)
-                sb = planned.sub_batches[0]
-                if sb.ops or sb.cache_pos != first_draft_pos + kept:  # ruled out by _draft
-                    raise EngineError("a draft's cell is not where its token belongs")
-                kept += 1
-                job.pending = None
-                self.absorb(session, sb, [draft], rows[i])
-                self.metrics.decode_tokens.inc()
-        except (EngineError, JournalError) as e:
-            self.auditor.fail_session(session, f"verifying drafts failed: {e}")
-        finally:
-            self._drop_drafts(session, first_draft_pos + kept, len(drafts) - kept)
-            control.observe(len(drafts), kept)
-            self.metrics.verifications.inc()
-            self.metrics.draft_tokens.labels("accepted").inc(kept)
-            self.metrics.draft_tokens.labels("rejected").inc(len(drafts) - kept)
-        if session.state is SessionState.FAILED:
-            return
-        if session.last_logits is not None:
-            self.lend(session, session.last_logits)
-        if not self.auditor.check(session, full=kept < len(drafts)):
-            return
-        if job.gen is not None and job.final and job.pending is None and not job.answered:
-            self.end(job)
-
-    def _drop_drafts(self, session: Session, first: int, n: int) -> None:
-        """Remove the cells of `n` drafts not kept, from cache position `first`. A refusal fails
-        the session: its cells would hold tokens it never had."""
-        if n <= 0 or session.seq_id < 0 or session.state is SessionState.FAILED:
-            return
-        try:
-            self.engine.cells.remove(session.seq_id, first, first + n)
-        except EngineError as e:
-            self.auditor.fail_session(session, f"removing rejected drafts failed: {e}")
 
     def run_ahead(self, jobs: list[Job], decodes: int, interrupted: Callable[[], bool]) -> None:
         """After a step whose every job decoded: up to `decodes` more decodes for the greedy ones
@@ -477,8 +305,8 @@ class Executor:
             self.auditor.fail_session(failed, f"moving its cells to another sequence failed: {why}")
         self.metrics.sequence_swaps.inc(swaps.done)
 
-    def _build(self, slots: list[tuple[Job, Slot]]) -> list[_Item]:
-        items: list[_Item] = []
+    def _build(self, slots: list[tuple[Job, Slot]]) -> list[StepItem]:
+        items: list[StepItem] = []
         for job, slot in slots:
             session = job.session
             planned, job.pending_plan = job.pending_plan, None
@@ -495,11 +323,8 @@ class Executor:
             drafts: list[int] = []
             if slot.decoding:
                 assert job.pending is not None
-                drafts = job.drafts[: slot.n_tokens - 1] if not sb.ops else []
+                drafts = self.verifier.taken(job, sb, slot.n_tokens - 1)
                 tokens = [job.pending, *drafts]
-                if job.drafts and not drafts:
-                    self.draft_control(session).skipped()
-                job.drafts = []
             else:
                 tokens = job.tokens[job.offset : job.offset + sb.n_tokens]
                 session.transition(SessionState.PREFILLING)
@@ -512,10 +337,10 @@ class Executor:
             if sb.ops:
                 self.metrics.evictions.inc()
                 self.metrics.evicted_tokens.inc(sb.after_ops.evicted_tokens - before)
-            items.append(_Item(job, tokens, sb, slot.decoding, len(drafts)))
+            items.append(StepItem(job, tokens, sb, slot.decoding, len(drafts)))
         return items
 
-    def _decode_failed(self, items: list[_Item], e: EngineError) -> None:
+    def decode_failed(self, items: list[StepItem], e: EngineError) -> None:
         self.metrics.alloc_failures.inc()
         for it in items:
             session = it.job.session
@@ -554,7 +379,7 @@ class Executor:
             failpoints.hit("before-compact")
             self.engine.cells.compact(session.seq_id)
 
-    def _recorded(self, it: _Item, tokens: list[int], row: Next | None) -> bool:
+    def recorded(self, it: StepItem, tokens: list[int], row: Next | None) -> bool:
         """Record the item's decoded `tokens` (`absorb`); a failure fails its session (False)."""
         try:
             self.absorb(it.job.session, it.sub_batch, tokens, row)
@@ -563,9 +388,9 @@ class Executor:
             return False
         return True
 
-    def _after_decode(self, it: _Item, row: Next | None) -> None:
+    def _after_decode(self, it: StepItem, row: Next | None) -> None:
         job, session = it.job, it.job.session
-        if not self._recorded(it, it.tokens, row):
+        if not self.recorded(it, it.tokens, row):
             return
         if it.decode_pending:
             self.metrics.decode_tokens.inc()

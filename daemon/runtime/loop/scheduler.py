@@ -240,7 +240,9 @@ class Scheduler:
     def _step(self, heads: list[Job]) -> None:
         for job in heads:
             self.executor.prepare(job)
-        self.executor.draft(heads)  # speculative decoding: what each decoding session may verify
+        self.executor.verifier.draft(
+            heads
+        )  # speculative decoding: what each decoding session may verify
         self.gate.release()  # tokens sampled above are journalled before they are sent
         live = [  # a job not started waits for a sequence (its session parked, none free)
             j for j in heads if j.started and not j.answered and self.queues.busy(j.session.id)
