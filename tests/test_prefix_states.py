@@ -103,11 +103,11 @@ def test_prefixes_are_bounded_and_the_owner_holding_most_gives_way(tmp_path: Pat
         systems = [f"Prompt {i}: " + "you are a careful log reader. " * 6 for i in range(4)]
         create(svc, BOB, systems[0])
         (bobs,) = svc.list_prefixes(BOB)
-        svc.prefixes.ram_bytes = 3 * bobs.ram_bytes + bobs.ram_bytes // 2  # three fit
+        svc.prefixes.shelf.ram_bytes = 3 * bobs.ram_bytes + bobs.ram_bytes // 2  # three fit
         for system in systems[1:]:
             create(svc, ALICE, system)
         held = svc.list_prefixes(ADMIN)
-        assert sum(p.ram_bytes for p in held) <= svc.prefixes.ram_bytes
+        assert sum(p.ram_bytes for p in held) <= svc.prefixes.shelf.ram_bytes
         assert [p.tenant for p in held].count("bob") == 1  # alice's oldest went, not bob's
         dropped = svc.metrics.registry.get_sample_value(
             "sinkd_prefix_drops_total", {"reason": "ram"}

@@ -28,7 +28,6 @@ A file made under another model or configuration, or damaged, is dropped with it
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import json
@@ -36,7 +35,6 @@ import logging
 import secrets
 import time
 from array import array
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,66 +42,17 @@ import numpy as np
 
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.private import private_dir, secret
+from sinkd.daemon.private import secret
 from sinkd.daemon.runtime.api import PrefixInfo
 from sinkd.daemon.runtime.loop.jobs import Job
+from sinkd.daemon.runtime.loop.prefix_shelf import SHARED, Prefix, PrefixShelf, common_length
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import prefix_files
-from sinkd.errors import CorruptSnapshot, EngineError, SnapshotError
+from sinkd.errors import CorruptSnapshot, EngineError
 
 log = logging.getLogger("sinkd.prefixes")
 
-SHARED = "*"  # the owner of the prefixes of the system prompts an operator declared shared
-TOKEN_BYTES = array("i").itemsize
 SECRET_FILE = "key"  # the listing's keys are keyed hashes: a key confirms no guess of a prompt
-
-
-@dataclass
-class Prefix:
-    key: str
-    owner: str  # a tenant, or SHARED
-    tokens: tuple[int, ...]
-    starts: tuple[int, ...]  # where the reads that made it began (a restore reads on from them)
-    kv_size: int  # the cells' image
-    file_size: int = 0  # 0: not on disk
-    kv: bytes | None = None  # in RAM (None: on disk only)
-    logits: np.ndarray | None = None  # with kv
-    last_used: float = 0.0
-    hits: int = 0
-    created: float = 0.0
-    # the live sessions (id, reset count) whose stream holds it: it read or restored it. A
-    # tenant's prefix goes when the last of them is closed or reset (close and reset remove
-    # everything of a session, its prompts too); a shared one (the operator's text) stays
-    holders: set[tuple[str, int]] = field(default_factory=set)
-
-    @property
-    def n(self) -> int:
-        return len(self.tokens)
-
-    @functools.cached_property
-    def raw(self) -> bytes:
-        """The token ids as int32 bytes, compared in C (`common_length`)."""
-        return array("i", self.tokens).tobytes()
-
-    @property
-    def ram(self) -> int:
-        if self.kv is None:
-            return 0
-        return self.kv_size + (0 if self.logits is None else self.logits.nbytes)
-
-
-def common_length(a: bytes, b: bytes) -> int:
-    """How many tokens two streams (int32 token ids as bytes) share from their start: a binary
-    search of slice compares, each in C, not a Python loop over every token of every prefix."""
-    lo, hi = 0, min(len(a), len(b)) // TOKEN_BYTES
-    va, vb = memoryview(a), memoryview(b)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if va[: mid * TOKEN_BYTES] == vb[: mid * TOKEN_BYTES]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class PrefixStates:
@@ -117,22 +66,20 @@ class PrefixStates:
         shared_system_sha256: frozenset[str] = frozenset(),
     ) -> None:
         self.metrics = metrics
-        self.ram_bytes = ram_bytes
-        self.disk_bytes = disk_bytes
+        self.shelf = PrefixShelf(metrics, ram_bytes, disk_bytes)
         self.min_tokens = min_tokens
         self.chunk = chunk  # the scheduler's prefill chunk: the cuts of every read
         self.min_piece = 2  # the engine's: from this many rows a piece sums as a longer one
         self.shared = shared_system_sha256
-        self.identity: dict[str, Any] | None = None
-        self.directory: Path | None = None
         self._secret = b""
-        self._prefixes: dict[str, Prefix] = {}
-        self._writer: prefix_files.Writer | None = None
-        self._pending: set[str] = set()  # handed to the writer, not yet settled
 
     @property
     def enabled(self) -> bool:
-        return self.identity is not None and self.ram_bytes > 0
+        return self.identity is not None and self.shelf.ram_bytes > 0
+
+    @property
+    def identity(self) -> dict[str, Any] | None:
+        return self.shelf.identity
 
     # --- at the daemon's start ---
 
@@ -143,16 +90,15 @@ class PrefixStates:
         configuration gates a snapshot checks, the backend), and where prefixes are kept on disk
         (None: RAM only). The files there made under this identity are taken; the rest are
         dropped. `min_piece`: the engine's (`Engine.pieces_alike`)."""
-        self.identity = dict(identity)
+        shelf = self.shelf
+        shelf.identity = dict(identity)
         self.min_piece = min_piece
-        self.directory = None
-        if directory is None or not self.disk_bytes:
+        if directory is None or not shelf.disk_bytes:
             self._secret = secrets.token_bytes(32)
             return
-        self.directory = private_dir(directory)
-        self._writer = prefix_files.Writer(self.directory)
-        self._secret = secret(self.directory / SECRET_FILE)
-        found, bad = prefix_files.scan(self.directory)
+        directory = shelf.open(directory)
+        self._secret = secret(directory / SECRET_FILE)
+        found, bad = prefix_files.scan(directory)
         for path, why in bad:
             log.warning("prefix file %s dropped: %s", path.name, why)
             self.metrics.prefix_drops.labels("damaged").inc()
@@ -171,7 +117,7 @@ class PrefixStates:
                 self.metrics.prefix_drops.labels("mismatch").inc()
                 prefix_files.remove(f.path)
                 continue
-            self._prefixes[key] = Prefix(
+            shelf.held[key] = Prefix(
                 key=key,
                 owner=str(meta["owner"]),
                 tokens=tokens,
@@ -182,8 +128,18 @@ class PrefixStates:
                 created=float(meta.get("created", 0.0)),
                 holders={(str(h[0]), int(h[1])) for h in meta.get("holders", ())},
             )
-        self._fit()
-        log.info("prefix states: %d on disk", len(self._prefixes))
+        shelf.fit()
+        log.info("prefix states: %d on disk", len(shelf.held))
+
+    def _meta(self, p: Prefix) -> dict[str, Any]:
+        """A prefix's file's metadata."""
+        return {"owner": p.owner, "tokens": list(p.tokens), "starts": list(p.starts),
+                "identity": self.identity, "created": p.created,
+                "holders": [list(h) for h in p.holders]}  # fmt: skip
+
+    def close(self) -> None:
+        """At the daemon's stop: the files handed over are written."""
+        self.shelf.close()
 
     def _key(self, owner: str, tokens: tuple[int, ...]) -> str:
         material = json.dumps([self.identity, owner], sort_keys=True).encode()
@@ -198,7 +154,7 @@ class PrefixStates:
         marks where this job's read is to be kept (`job.store_at`). Returns the tokens restored."""
         if not self.enabled or session.reads is None:
             return 0
-        self._settle()
+        self.shelf.settle()
         start = session.seq.state.n_seen
         stream = session.retained.all()
         if len(stream) != start or session.seq.state.evicted_tokens:
@@ -228,7 +184,7 @@ class PrefixStates:
         full.extend(tokens)
         raw = full.tobytes()
         best: tuple[Prefix, int] | None = None
-        for p in self._prefixes.values():
+        for p in self.shelf.held.values():
             if p.owner not in owners:
                 continue
             use = common_length(p.raw, raw)
@@ -280,9 +236,9 @@ class PrefixStates:
                 return 0
             probe.adopt_tokens(planned[0])
         try:
-            kv, logits = self._image(p)
+            kv, logits = self.shelf.image(p)
         except CorruptSnapshot as e:
-            self._drop(p, "damaged", str(e))
+            self.shelf.drop(p, "damaged", str(e))
             return 0
         seq_id = session.seq_id
         before = engine.cells.save_seq(seq_id) if start else b""
@@ -296,7 +252,7 @@ class PrefixStates:
             engine.cells.clear(seq_id)
             if before:
                 engine.cells.restore_seq(seq_id, before)
-            self._drop(p, "refused", f"llama.cpp refused its cells: {e}")
+            self.shelf.drop(p, "refused", f"llama.cpp refused its cells: {e}")
             return 0
         off = 0
         for n in cuts:  # as the executor records a read chunk
@@ -364,7 +320,7 @@ class PrefixStates:
         if len(tokens) != n or engine.cells.pos_range(session.seq_id) != (0, n - 1):
             return
         key = self._key(owner, tokens)
-        held = self._prefixes.get(key)
+        held = self.shelf.held.get(key)
         if held is not None:
             held.last_used = time.time()
             held.holders.add((session.id, session.reset_count))
@@ -375,130 +331,45 @@ class PrefixStates:
         p = Prefix(key, owner, tokens, tuple(s for s in session.reads if s < n), len(kv),
                    kv=kv, logits=logits, last_used=now, created=now,
                    holders={(session.id, session.reset_count)})  # fmt: skip
-        if p.ram > self.ram_bytes:
+        if p.ram > self.shelf.ram_bytes:
             return  # larger than the whole bound: never kept
-        if self._writer is not None:  # written off this thread; on disk once `_settle` hears
-            meta = {"owner": owner, "tokens": list(tokens), "starts": list(p.starts),
-                    "identity": self.identity, "created": p.created,
-                    "holders": [list(h) for h in p.holders]}  # fmt: skip
-            self._writer.submit(key, meta, kv, logits)
-            self._pending.add(key)
-        self._prefixes[key] = p
+        # written off this thread; on disk once the shelf settles
+        self.shelf.write(key, self._meta(p), kv, logits)
+        self.shelf.held[key] = p
         self.metrics.prefix_stored.inc()
         log.info("session %s: prefix %s kept (%d tokens)", session.id, key[:12], n)
-        self._fit()
-
-    # --- bounds ---
-
-    def _image(self, p: Prefix) -> tuple[bytes, np.ndarray | None]:
-        if p.kv is not None:
-            return p.kv, p.logits
-        if not p.file_size or self.directory is None:
-            raise CorruptSnapshot("its cells are neither in memory nor on disk")
-        snap = prefix_files.read(prefix_files.path_for(self.directory, p.key))
-        meta = snap.meta
-        if tuple(meta.get("tokens", ())) != p.tokens or meta.get("identity") != self.identity:
-            raise CorruptSnapshot("its file holds another prefix")
-        p.kv, p.logits = snap.kv, snap.logits
-        kv, logits = p.kv, p.logits
-        self._fit()
-        return kv, logits
-
-    def _settle(self) -> None:
-        """What the writer has written since: on disk now (or, dropped meanwhile, removed)."""
-        if self._writer is None or self.directory is None:
-            return
-        for key, result in self._writer.done():
-            self._pending.discard(key)
-            p = self._prefixes.get(key)
-            if isinstance(result, SnapshotError):  # a full disk: kept in RAM alone
-                log.warning("prefix %s not written: %s", key[:12], result)
-                self.metrics.prefix_drops.labels("unwritten").inc()
-            elif p is None:
-                prefix_files.remove(prefix_files.path_for(self.directory, key))
-            else:
-                p.file_size = result
-
-    def close(self) -> None:
-        """At the daemon's stop: the files handed over are written."""
-        if self._writer is not None:
-            self._writer.close()
-            self._settle()
-            self._writer = None
-
-    def _fit(self) -> None:
-        """Past a bound, the least recently used prefix of the owner holding the most goes."""
-        self._settle()
-        while sum(p.ram for p in self._prefixes.values()) > self.ram_bytes:
-            victim = self._victim([p for p in self._prefixes.values() if p.kv is not None],
-                                  lambda p: p.ram)  # fmt: skip
-            if victim.file_size:
-                victim.kv, victim.logits = None, None  # on disk still
-                self.metrics.prefix_drops.labels("ram").inc()
-            else:
-                self._drop(victim, "ram", "")
-        while sum(p.file_size for p in self._prefixes.values()) > self.disk_bytes:
-            victim = self._victim([p for p in self._prefixes.values() if p.file_size],
-                                  lambda p: p.file_size)  # fmt: skip
-            self._drop(victim, "disk", "")
-        self._gauges()
-
-    @staticmethod
-    def _victim(held: list[Prefix], size: Any) -> Prefix:
-        by_owner: dict[str, int] = {}
-        for p in held:
-            by_owner[p.owner] = by_owner.get(p.owner, 0) + size(p)
-        most = max(by_owner, key=lambda o: by_owner[o])
-        return min((p for p in held if p.owner == most), key=lambda p: p.last_used)
-
-    def _drop(self, p: Prefix, reason: str, why: str) -> None:
-        self._prefixes.pop(p.key, None)
-        if not p.file_size and self._writer is not None and p.key in self._pending:
-            self._writer.flush()  # its file is being written: gone before this returns
-            self._settle()
-        if p.file_size and self.directory is not None:
-            prefix_files.remove(prefix_files.path_for(self.directory, p.key))
-        self.metrics.prefix_drops.labels(reason).inc()
-        if why:
-            log.warning("prefix %s dropped: %s", p.key[:12], why)
-        self._gauges()
-
-    def _gauges(self) -> None:
-        held = self._prefixes.values()
-        self.metrics.prefix_bytes.labels("ram").set(sum(p.ram for p in held))
-        self.metrics.prefix_bytes.labels("disk").set(sum(p.file_size for p in held))
-        self.metrics.prefix_entries.set(len(self._prefixes))
+        self.shelf.fit()
 
     # --- the owner's view ---
 
     def release(self, session_id: str, reset_count: int) -> None:
         """A session's generation ended (closed, or reset): the tenant's prefixes that no other
         live session holds go with it (their cells are its prompts)."""
-        for p in list(self._prefixes.values()):
+        for p in list(self.shelf.held.values()):
             if p.owner == SHARED:
                 continue
             p.holders.discard((session_id, reset_count))
             if not p.holders:
-                self._drop(p, "released", "")
+                self.shelf.drop(p, "released", "")
 
     def prune(self, live: set[tuple[str, int]]) -> None:
         """After a restart: the tenant's prefixes whose sessions are all gone go. A file names
         the session that made it alone (those that restored it later are not written down), so
         one that only they still hold goes too: a cache lost, nothing kept too long."""
-        for p in list(self._prefixes.values()):
+        for p in list(self.shelf.held.values()):
             if p.owner != SHARED:
                 p.holders &= live
                 if not p.holders:
-                    self._drop(p, "released", "")
+                    self.shelf.drop(p, "released", "")
 
     def of_tenant(self, tenant: str) -> list[dict[str, Any]]:
         """The tenant's own prefixes (not the shared ones) as a move carries them: tokens, where
         their reads began, the live sessions holding them, cells and logits (moving a 600-token
         system prompt's cells costs less than reading it again: docs/deployment.md)."""
         out = []
-        for p in [p for p in self._prefixes.values() if p.owner == tenant]:
+        for p in [p for p in self.shelf.held.values() if p.owner == tenant]:
             try:
-                kv, logits = self._image(p)
+                kv, logits = self.shelf.image(p)
             except CorruptSnapshot:
                 continue  # a damaged file: the next node reads it again
             out.append({"tokens": list(p.tokens), "starts": list(p.starts), "kv": kv,
@@ -516,54 +387,47 @@ class PrefixStates:
         for c in carried:
             tokens = tuple(int(t) for t in c["tokens"])
             key = self._key(tenant, tokens)
-            if key in self._prefixes:
+            if key in self.shelf.held:
                 continue
             kv, logits, now = bytes(c["kv"]), c["logits"], time.time()
             p = Prefix(key, tenant, tokens, tuple(int(x) for x in c["starts"]), len(kv), kv=kv,
                        logits=logits, last_used=now, created=now,
                        holders={(str(h[0]), int(h[1])) for h in c["holders"]})  # fmt: skip
-            if p.ram > self.ram_bytes:
+            if p.ram > self.shelf.ram_bytes:
                 continue
-            if self._writer is not None:
-                meta = {"owner": tenant, "tokens": list(tokens), "starts": list(p.starts),
-                        "identity": self.identity, "created": now,
-                        "holders": [list(h) for h in p.holders]}  # fmt: skip
-                self._writer.submit(key, meta, kv, logits)
-                self._pending.add(key)
-            self._prefixes[key] = p
+            self.shelf.write(key, self._meta(p), kv, logits)
+            self.shelf.held[key] = p
             taken += 1
-        self._fit()
-        if self._writer is not None:  # on disk before the import answers (and its source deletes)
-            self._writer.flush()
-            self._settle()
+        self.shelf.fit()
+        self.shelf.flush()  # on disk before the import answers (and its source deletes)
         return taken
 
     def forget_tenant(self, tenant: str) -> int:
         """Drop the tenant's prefixes (a forget: their cells may hold what it forgot)."""
-        mine = [p for p in self._prefixes.values() if p.owner == tenant]
+        mine = [p for p in self.shelf.held.values() if p.owner == tenant]
         for p in mine:
-            self._drop(p, "forgotten", "")
+            self.shelf.drop(p, "forgotten", "")
         return len(mine)
 
     def count_by_owner(self) -> dict[str, int]:
         """Prefixes held per owner (a tenant, or SHARED)."""
         held: dict[str, int] = {}
-        for p in self._prefixes.values():
+        for p in self.shelf.held.values():
             held[p.owner] = held.get(p.owner, 0) + 1
         return held
 
     def disk_by_owner(self) -> dict[str, int]:
         """Bytes on disk per owner (a tenant, or SHARED)."""
-        self._settle()
+        self.shelf.settle()
         held: dict[str, int] = {}
-        for p in self._prefixes.values():
+        for p in self.shelf.held.values():
             held[p.owner] = held.get(p.owner, 0) + p.file_size
         return held
 
     def listing(self, tenant: str | None) -> list[PrefixInfo]:
         """What is held, by key and size, never text: a tenant's own and the shared ones; the
         admin's (None) all, with their owners."""
-        self._settle()
+        self.shelf.settle()
         now = time.time()
         return [
             PrefixInfo(
@@ -576,6 +440,6 @@ class PrefixStates:
                 hits=p.hits,
                 idle_s=round(now - p.last_used, 3) if p.last_used else 0.0,
             )
-            for p in sorted(self._prefixes.values(), key=lambda p: -p.last_used)
+            for p in sorted(self.shelf.held.values(), key=lambda p: -p.last_used)
             if tenant is None or p.owner in (tenant, SHARED)
         ]
