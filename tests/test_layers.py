@@ -390,3 +390,19 @@ def test_tests_import_their_helpers_from_support_not_from_each_other() -> None:
             if target.split(".")[0] == "tests" and not target.startswith("tests.support"):
                 wrong.append(f"{path.relative_to(ROOT)} -> {target}")
     assert not wrong, wrong
+
+
+MAX_CLASS_LINES = 400
+
+
+def test_no_class_in_the_daemon_passes_400_lines() -> None:
+    """A class that grows past this holds more than one job (the executor held the step, the
+    drafts' verification and replay): give the job a part of its own."""
+    long = []
+    for path in sorted((ROOT / "daemon").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines})")
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"

@@ -16,9 +16,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import llama_cpp as llama
 import numpy as np
 
-from sinkd.cachepolicy import CacheSequence
 from sinkd.daemon import failpoints
-from sinkd.daemon.engine.cells import SequenceCells
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.errors import EngineError, InvalidInput
 
@@ -99,7 +97,6 @@ class Decoder:
         self._greedy_ids: list[int] | None = None  # the sequences its slots hold (None: unknown)
         self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
         self._row_views: dict[int, np.ndarray] = {}  # address -> one row's view (backend argmax)
-        self.cells: SequenceCells | None = None  # set once the cells are measured (they decode)
         # run before every llama_decode and at close: whoever holds lent rows (decode_batch's
         # `lend`) copies what it still needs, for the buffer is about to change
         self.before_overwrite: list[Callable[[], None]] = []
@@ -112,48 +109,7 @@ class Decoder:
         for hook in self.before_overwrite:
             hook()
 
-    def feed(
-        self,
-        seq_id: int,
-        seq: CacheSequence,
-        tokens: list[int],
-        outputs: Outputs = "last",
-        pos_offset: int = 0,
-    ) -> np.ndarray | None:
-        """Append `tokens` to the sequence under its policy; return logits as `outputs` asks.
-
-        "last": the next-token logits after the final token (n_vocab,); "all": one row per token
-        (n_tokens, n_vocab), row i predicting token i+1. Nothing reaches llama.cpp unless the whole
-        append is valid, and the policy's state is advanced op by op, so it always names what the
-        cache holds, even if llama.cpp fails half way. `pos_offset` translates every position
-        (relative positions, hence the exact-arithmetic result, are unchanged): it calibrates how far
-        numerical noise alone moves the logits, the floor for comparing shifted and unshifted caches.
-        """
-        self.vocab.check_tokens(tokens)
-        seq.config.check_context(
-            self.n_ctx_seq
-        )  # a budget above the stream: llama.cpp finds no slot
-        plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
-        # "all": one array for every row, filled in place (no copy per piece, no concatenation:
-        # a 128-token chunk's rows are 24 MiB, and copies of that size move the resident memory)
-        rows = np.empty((len(tokens), self.n_vocab), np.float32) if outputs == "all" else None
-        last: np.ndarray | None = None
-        for i, sb in enumerate(plan.sub_batches):
-            self._cells().apply_ops(seq_id, sb, pos_offset)
-            seq.adopt_ops(sb)
-            is_last = i == len(plan.sub_batches) - 1
-            want: Outputs = "none"
-            if outputs == "all" or (outputs == "last" and is_last):
-                want = outputs
-            chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
-            into = None if rows is None else rows[sb.offset : sb.offset + sb.n_tokens]
-            got = self._decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want, into)
-            seq.adopt_tokens(sb)
-            if want == "last":
-                last = got
-        return rows if rows is not None else last
-
-    def _decode_chunk(
+    def decode_chunk(
         self,
         seq_id: int,
         tokens: list[int],
@@ -476,7 +432,3 @@ class Decoder:
             raise EngineError(f"no logits at batch index {index}")
         row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
         return row
-
-    def _cells(self) -> SequenceCells:
-        assert self.cells is not None, "the engine sets its cells before feeding"
-        return self.cells

@@ -345,7 +345,6 @@ class Engine:
         self._stack.callback(self.decoder.close)
         self.n_batch = self.decoder.n_batch
         self.cells = SequenceCells(ctx, self._mem, cfg.n_seq_max, self._decode_calibration)
-        self.decoder.cells = self.cells
 
     def _argmax_samplers(self, cparams: llama.llama_context_params) -> None:
         """A greedy chain for every sequence, in the context's parameters: llama.cpp then adds an
@@ -437,7 +436,38 @@ class Engine:
         outputs: Outputs = "last",
         pos_offset: int = 0,
     ) -> np.ndarray | None:
-        return self.decoder.feed(seq_id, seq, tokens, outputs, pos_offset)
+        """Append `tokens` to the sequence under its policy; return logits as `outputs` asks.
+
+        "last": the next-token logits after the final token (n_vocab,); "all": one row per token
+        (n_tokens, n_vocab), row i predicting token i+1. Nothing reaches llama.cpp unless the whole
+        append is valid, and the policy's state is advanced op by op, so it always names what the
+        cache holds, even if llama.cpp fails half way. `pos_offset` translates every position
+        (relative positions, hence the exact-arithmetic result, are unchanged): it calibrates how far
+        numerical noise alone moves the logits, the floor for comparing shifted and unshifted caches.
+        """
+        self.vocab.check_tokens(tokens)
+        seq.config.check_context(
+            self.n_ctx_seq
+        )  # a budget above the stream: llama.cpp finds no slot
+        plan = seq.plan(len(tokens), max_batch=self.n_batch)  # raises CacheFull before any change
+        # "all": one array for every row, filled in place (no copy per piece, no concatenation:
+        # a 128-token chunk's rows are 24 MiB, and copies of that size move the resident memory)
+        rows = np.empty((len(tokens), self.n_vocab), np.float32) if outputs == "all" else None
+        last: np.ndarray | None = None
+        for i, sb in enumerate(plan.sub_batches):
+            self.cells.apply_ops(seq_id, sb, pos_offset)
+            seq.adopt_ops(sb)
+            is_last = i == len(plan.sub_batches) - 1
+            want: Outputs = "none"
+            if outputs == "all" or (outputs == "last" and is_last):
+                want = outputs
+            chunk = tokens[sb.offset : sb.offset + sb.n_tokens]
+            into = None if rows is None else rows[sb.offset : sb.offset + sb.n_tokens]
+            got = self.decoder.decode_chunk(seq_id, chunk, sb.cache_pos + pos_offset, want, into)
+            seq.adopt_tokens(sb)
+            if want == "last":
+                last = got
+        return rows if rows is not None else last
 
     def decode_batch(self, items: list[BatchItem], lend: bool = False) -> list[np.ndarray | None]:
         return self.decoder.decode_batch(items, lend)

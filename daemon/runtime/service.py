@@ -86,20 +86,7 @@ class SinkdService:
         self.embedder: Embedder | None = None  # loaded with the model (`_open_engine`)
         self.embeddings = Embeddings(lock, lambda: self.embedder, lambda: self.recall.search)
         if settings.durable:
-            self.durability = Durability(
-                settings.state_dir,
-                sync=settings.sync,
-                sync_interval_s=settings.sync_interval_ms / 1000,
-                every_tokens=settings.snapshot_every_tokens,
-                every_s=settings.snapshot_every_s,
-                keep=settings.snapshots_kept,
-                purge_interval_s=settings.purge_interval_s,
-                segmenting=Segmenting(settings.memory_passages),
-                space=DiskSpace(
-                    settings.state_dir, int(settings.min_free_mb * 2**20), self.metrics
-                ),
-                metrics=self.metrics,
-            )
+            self.durability = durability_for(settings, self.metrics)
         self._memory: MemoryStore | None = None  # without a state directory: in memory
         self.recall = Recall(
             self._memory_store,
@@ -107,16 +94,7 @@ class SinkdService:
             settings.memory_max_tokens,
             settings.memory_across_max_tokens,
         )
-        self.prefixes = PrefixStates(
-            self.metrics,
-            settings.prefix_ram_mb * 2**20,
-            settings.prefix_disk_mb * 2**20,
-            settings.prefix_min_tokens,
-            min(settings.prefill_chunk, settings.step_tokens),
-            frozenset(
-                hashlib.sha256(t.encode()).hexdigest() for t in settings.shared_system_prompts
-            ),
-        )
+        self.prefixes = prefix_states_for(settings, self.metrics)
         self.scheduler = Scheduler(
             self._open_engine,
             self.registry,
@@ -473,3 +451,31 @@ class SinkdService:
         timeout: float | None = None,
     ) -> Stream:
         return self.turns.chat(principal, handle, request, cancel, timeout)
+
+
+def durability_for(settings: Settings, metrics: Metrics) -> Durability:
+    """The journal, snapshots and memory of a daemon with a state directory, as configured."""
+    return Durability(
+        settings.state_dir,
+        sync=settings.sync,
+        sync_interval_s=settings.sync_interval_ms / 1000,
+        every_tokens=settings.snapshot_every_tokens,
+        every_s=settings.snapshot_every_s,
+        keep=settings.snapshots_kept,
+        purge_interval_s=settings.purge_interval_s,
+        segmenting=Segmenting(settings.memory_passages),
+        space=DiskSpace(settings.state_dir, int(settings.min_free_mb * 2**20), metrics),
+        metrics=metrics,
+    )
+
+
+def prefix_states_for(settings: Settings, metrics: Metrics) -> PrefixStates:
+    """Prefix states within the configured bounds, cut as the scheduler cuts every read."""
+    return PrefixStates(
+        metrics,
+        settings.prefix_ram_mb * 2**20,
+        settings.prefix_disk_mb * 2**20,
+        settings.prefix_min_tokens,
+        min(settings.prefill_chunk, settings.step_tokens),
+        frozenset(hashlib.sha256(t.encode()).hexdigest() for t in settings.shared_system_prompts),
+    )
