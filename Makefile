@@ -4,25 +4,44 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# llamafile's sgemm sums a lone row otherwise than a pass of several, so drafts would not give the
-# tokens of one at a time (docs/speculative.md): appended to whatever CMAKE_ARGS the caller sets
-export CMAKE_ARGS := $(strip $(CMAKE_ARGS) -DLLAVA_BUILD=OFF -DGGML_LLAMAFILE=OFF)
+# llama.cpp is built from the sdist pyproject.toml pins, patched so that llamafile's sgemm takes a
+# lone row of floats as it takes a pass of several (deploy/llama.cpp/sgemm-float-rows.patch): drafts
+# then give the tokens of one at a time (docs/speculative.md), and prefill keeps llamafile's speed
+export CMAKE_ARGS := $(strip $(CMAKE_ARGS) -DLLAVA_BUILD=OFF)
 LLAMA_CPP := $(shell sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml)
-# pip reuses a wheel it built before, whatever CMAKE_ARGS says: check what was installed
-NO_LLAMAFILE := $(BIN)/python -c "import llama_cpp, sys; sys.exit(b'LLAMAFILE' in llama_cpp.llama_print_system_info())"
+# built once per pinned version
+ENGINE := $(VENV)/.engine-$(subst llama-cpp-python==,,$(LLAMA_CPP))
+LLAMA_PATCH := deploy/llama.cpp/sgemm-float-rows.patch
+LLAMA_SRC := build/llama-cpu
+# the patched build exports a symbol of its own from ggml's CPU library (pip could replace it)
+FLOAT_ROWS = $(1)/python -c "import ctypes, glob, llama_cpp, os, sys; d = os.path.join(os.path.dirname(llama_cpp.__file__), 'lib'); sys.exit(not any(hasattr(ctypes.CDLL(p), 'sinkd_sgemm_float_rows') for p in glob.glob(d + '/libggml-cpu.*')))"
 
-.PHONY: check install models lint format test test-unit install-vulkan test-vulkan
+.PHONY: check install serve models lint format test test-unit install-vulkan test-vulkan
 
 check: install lint test
 
 install: $(VENV)/.installed models
 
-$(VENV)/.installed: pyproject.toml
+# llama-cpp-python from its sdist with sinkd's patch (about 5-10 minutes on 2 cores)
+$(ENGINE): $(LLAMA_PATCH)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
-	$(NO_LLAMAFILE) || $(BIN)/pip install -q --no-cache-dir --force-reinstall --no-deps '$(LLAMA_CPP)'
-	$(NO_LLAMAFILE) || (echo "llama.cpp still has llamafile's sgemm: CMAKE_ARGS=$$CMAKE_ARGS" && false)
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(LLAMA_SRC) '$(LLAMA_CPP)'
+	tar -xzf $(LLAMA_SRC)/*.tar.gz -C $(LLAMA_SRC)
+	cd $(LLAMA_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$(LLAMA_PATCH)
+	$(BIN)/pip install -q --no-cache-dir --force-reinstall $(LLAMA_SRC)/llama_cpp_python-*/
+	$(call FLOAT_ROWS,$(BIN)) || (echo "llama.cpp was built without $(LLAMA_PATCH)" && false)
 	touch $@
+
+$(VENV)/.installed: $(ENGINE) pyproject.toml
+	$(BIN)/pip install -q -e '.[dev]'
+	$(call FLOAT_ROWS,$(BIN)) || (echo "pip replaced the patched llama.cpp" && false)
+	touch $@
+
+# the main job: the daemon alone (no dev tools), on the default model, pulled at its first start
+serve: $(ENGINE)
+	$(BIN)/pip install -q -e .
+	$(BIN)/sinkd serve
 
 models: $(VENV)/.installed
 	$(BIN)/sinkd models pull smollm2-135m-instruct
@@ -64,12 +83,13 @@ VK_SRC := build/llama-vulkan
 
 install-vulkan: $(VK_VENV)/.installed
 
-$(VK_VENV)/.installed: pyproject.toml deploy/vulkan/ggml-vulkan-layer-settings.patch
+$(VK_VENV)/.installed: pyproject.toml deploy/vulkan/ggml-vulkan-layer-settings.patch $(LLAMA_PATCH)
 	$(PYTHON) -m venv $(VK_VENV)
 	rm -rf $(VK_SRC) && mkdir -p $(VK_SRC)
 	$(VK_VENV)/bin/pip download -q --no-deps --no-binary :all: -d $(VK_SRC) '$(LLAMA_CPP)'
 	tar -xzf $(VK_SRC)/*.tar.gz -C $(VK_SRC)
 	cd $(VK_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/deploy/vulkan/ggml-vulkan-layer-settings.patch
+	cd $(VK_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$(LLAMA_PATCH)
 	CMAKE_ARGS="$$CMAKE_ARGS -DGGML_VULKAN=ON" $(VK_VENV)/bin/pip install -q --no-cache-dir $(VK_SRC)/llama_cpp_python-*/
 	$(VK_VENV)/bin/pip install -q -e '.[dev]'
 	$(VK_VENV)/bin/python -c "from sinkd.daemon.engine import devices as d; assert 'Vulkan' in d.backends()" \

@@ -1,23 +1,27 @@
-"""llama.cpp with and without llamafile's sgemm, in the same run: what the build sinkd installs
-(`-DGGML_LLAMAFILE=OFF`, so that speculative decoding is exact: docs/determinism.md) costs.
+"""sinkd's llama.cpp build against the others of the same llama.cpp, in the same run: what the build
+sinkd installs (llamafile's sgemm, patched so that a lone row of floats takes it too:
+deploy/llama.cpp/sgemm-float-rows.patch) costs or saves against llamafile as shipped (the fastest
+prefill) and against a build without llamafile (sinkd's before).
 
-    python bench/llamafile.py OTHER_PYTHON   -> bench/results/llamafile.json
-    python bench/llamafile.py --gpu          -> bench/results/llamafile_gpu.json (layers offloaded:
-                                                whether a pass's rows equal alone on the GPU)
+    python bench/llamafile.py NAME=PYTHON ...   -> bench/results/llamafile.json
+    python bench/llamafile.py --gpu             -> bench/results/llamafile_gpu.json (layers
+                                                   offloaded: whether a pass's rows equal alone)
 
-OTHER_PYTHON is an interpreter whose llama-cpp-python (the same version) was built with llamafile,
-e.g. a venv made with `CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36 numpy`.
-Each round runs the same measurement in a subprocess of each build, alternating who goes first:
-the default model at 1,024 cells a sequence, on the plain attention path (flash attention off, as
+Each PYTHON is an interpreter whose llama-cpp-python (the same version) was built otherwise, e.g.
+`stock=/tmp/stock/bin/python` (`CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
+numpy`) and `no-llamafile=...` (`-DGGML_LLAMAFILE=OFF`); this interpreter is sinkd's. Each round
+runs the same measurement in a subprocess of each build, the order turned round every round, on
+both pinned models: at 1,024 cells a sequence on the plain attention path (flash attention off, as
 sinkd runs past 512 cells) and at 256 (flash attention, as it runs below): prefill tokens/s in
-128-token chunks; one sequence's pass of 1, 2, 3, 5 and 9 rows (a token and its drafts), in ms;
-eight sequences' pass of one row each; and whether each row of a 6-row pass equals the same token
-decoded alone, bit for bit.
+128-token chunks (the best of three reads: this machine is shared); one sequence's pass of 1, 2,
+3, 5 and 9 rows (a token and its drafts), in ms; eight sequences' pass of one row each; and
+whether each row of a 6-row pass equals the same token decoded alone, bit for bit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +30,7 @@ from typing import Any
 
 from common import table, write
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("SINKD_BENCH_ROUNDS", "3"))
 
 MEASURE = r"""
 import ctypes, json, sys, time
@@ -66,10 +70,13 @@ def decode(items, all_rows):
     assert llama.llama_decode(ctx, batch) == 0
 
 history = cells - 128
-start = time.perf_counter()
-for at in range(0, history, 128):
-    decode([(0, toks[at:at + 128], at)], False)
-prefill = history / (time.perf_counter() - start)
+prefill = 0.0
+for _ in range(3):
+    llama.llama_memory_seq_rm(mem, 0, -1, -1)
+    start = time.perf_counter()
+    for at in range(0, history, 128):
+        decode([(0, toks[at:at + 128], at)], False)
+    prefill = max(prefill, history / (time.perf_counter() - start))
 for seq in range(1, 8):
     for at in range(0, 128, 128):
         decode([(seq, toks[at:at + 128], at)], False)
@@ -108,62 +115,82 @@ print(json.dumps({"llamafile": "LLAMAFILE = 1" in info, "prefill_tok_s": prefill
 """
 
 
-def model_file() -> Path:
+MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+
+
+def model_file(name: str | None = None) -> Path:
     from sinkd.daemon.models.registry import load_lock, locate
 
-    return locate(load_lock().get(None))
+    return locate(load_lock().get(name))
 
 
-def measure(python: str, cells: int, flash: bool, gpu_layers: int = 0) -> dict[str, Any]:
+def measure(
+    python: str, cells: int, flash: bool, gpu_layers: int = 0, model: str | None = None
+) -> dict[str, Any]:
     run = subprocess.run(
-        [python, "-c", MEASURE, str(model_file()), str(cells), "1" if flash else "0",
+        [python, "-c", MEASURE, str(model_file(model)), str(cells), "1" if flash else "0",
          str(gpu_layers)],
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     return dict(json.loads(run.stdout.strip().splitlines()[-1]))
 
 
-def main(other: str) -> None:
-    pythons = {"sinkd's build": sys.executable, "other build": other}
+def main(others: dict[str, str]) -> None:
+    pythons = {"sinkd's build": sys.executable, **others}
     runs = []
     for rnd in range(ROUNDS):
-        for name, python in pythons.items() if rnd % 2 == 0 else reversed(pythons.items()):
-            for cells, flash in ((1024, False), (256, True)):
-                r = measure(python, cells, flash)
-                runs.append({"build": name, "round": rnd, "cells": cells, "flash": flash, **r})
-                print(f"{name} ({'llamafile' if r['llamafile'] else 'no llamafile'}) {cells} "
-                      f"cells: prefill {r['prefill_tok_s']:.0f} tok/s", flush=True)  # fmt: skip
-    rows = []
-    for name in pythons:
+        for model in MODELS:
+            for name, python in pythons.items() if rnd % 2 == 0 else reversed(pythons.items()):
+                for cells, flash in ((1024, False), (256, True)):
+                    r = measure(python, cells, flash, model=model)
+                    runs.append({"build": name, "model": model, "round": rnd, "cells": cells,
+                                 "flash": flash, **r})  # fmt: skip
+                    print(f"{model} {name} {cells} cells: prefill {r['prefill_tok_s']:.0f} tok/s,"
+                          f" a row {r['pass_ms']['1']:.1f} ms", flush=True)  # fmt: skip
+    rows, summary = [], {}
+    for model in MODELS:
         for cells in (1024, 256):
-            mine = [r for r in runs if r["build"] == name and r["cells"] == cells]
 
-            def med(f: Any, mine: list[dict[str, Any]] = mine) -> float:
+            def med(f: Any, name: str, model: str = model, cells: int = cells) -> float:
+                mine = [
+                    r for r in runs if (r["build"], r["model"], r["cells"]) == (name, model, cells)
+                ]
                 return statistics.median(f(r) for r in mine)
 
-            one = med(lambda r: r["pass_ms"]["1"])
-            rows.append([
-                f"{name} ({'llamafile' if mine[0]['llamafile'] else 'no llamafile'})", cells,
-                med(lambda r: r["prefill_tok_s"]), one,
-                *(med(lambda r, k=k: r["pass_ms"][k]) / one for k in ("2", "3", "5", "9")),
-                med(lambda r: r["eight_sequences_ms"]),
-                all(all(r["rows_equal"]) for r in mine),
-            ])  # fmt: skip
+            fastest = max(med(lambda r: r["prefill_tok_s"], name) for name in pythons)
+            for name in pythons:
+                mine = [
+                    r for r in runs if (r["build"], r["model"], r["cells"]) == (name, model, cells)
+                ]
+                prefill = med(lambda r: r["prefill_tok_s"], name)
+                one = med(lambda r: r["pass_ms"]["1"], name)
+                rows.append([
+                    model, cells, f"{name} ({'llamafile' if mine[0]['llamafile'] else 'no llamafile'})",
+                    prefill, prefill / fastest, one,
+                    *(med(lambda r, k=k: r["pass_ms"][k], name) / one for k in ("2", "3", "5", "9")),
+                    med(lambda r: r["eight_sequences_ms"], name),
+                    all(all(r["rows_equal"]) for r in mine),
+                ])  # fmt: skip
+                summary[f"{model} {cells} {name}"] = {
+                    "prefill_of_fastest": prefill / fastest,
+                    "row_ms": one,
+                    "rows_equal": all(all(r["rows_equal"]) for r in mine),
+                }
     table(
-        f"llama.cpp with and without llamafile, same run ({ROUNDS} rounds, medians; the default"
-        " model, 2 threads; plain attention at 1,024 cells, flash attention at 256)",
-        ["build", "cells", "prefill tok/s", "1 row ms", "2 rows / 1", "3 / 1", "5 / 1", "9 / 1",
-         "8 sequences x 1 row ms", "rows of a pass = alone"],
+        f"llama.cpp builds, same run ({ROUNDS} rounds, medians; 2 threads; plain attention at 1,024"
+        " cells, flash attention at 256)",
+        ["model", "cells", "build", "prefill tok/s", "of the fastest", "1 row ms", "2 rows / 1",
+         "3 / 1", "5 / 1", "9 / 1", "8 sequences x 1 row ms", "rows of a pass = alone"],
         rows,
     )  # fmt: skip
-    print(f"wrote {write('llamafile', {'rounds': ROUNDS, 'runs': runs})}")
+    print(f"wrote {write('llamafile', {'rounds': ROUNDS, 'runs': runs, 'summary': summary})}")
+    print(json.dumps(summary))
 
 
 def gpu() -> None:
     """Layers offloaded (SINKD_GPU_LAYERS, default 99), this build alone: whether a pass's rows
     equal the same tokens decoded alone there (bench/gpu_check.sh). sinkd drafts on a GPU only
     once this holds for its kernels (docs/speculative.md)."""
-    import os
 
     layers = int(os.environ.get("SINKD_GPU_LAYERS", "99"))
     r = measure(sys.executable, 1024, False, layers)
@@ -174,7 +201,7 @@ def gpu() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--gpu"]:
         gpu()
-    elif len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OTHER_PYTHON | --gpu")
+    elif len(sys.argv) < 2 or not all("=" in a for a in sys.argv[1:]):
+        sys.exit(f"usage: {sys.argv[0]} NAME=PYTHON ... | --gpu")
     else:
-        main(sys.argv[1])
+        main(dict(a.split("=", 1) for a in sys.argv[1:]))

@@ -6,7 +6,12 @@ each workload through the client a user would run:
 - narrate: the real `sinkd narrate` over this machine's /var/log/dpkg.log;
 - json: the logins in a dozen log lines extracted under a JSON schema, through the openai SDK
   (`response_format`, the HTTP front): structured output copying its input;
-- code: a code-editing request (gRPC Chat): the reply restates most of the code it was given.
+- code: a code-editing request (gRPC Chat): the reply restates most of the code it was given;
+- log, log_sampled: a service's log lines continued (gRPC Append, then Generate: no chat
+  template), greedy and with the model's chat sampling (seeded);
+- records, records_sampled: JSON records, one a line, continued the same way;
+- list_sampled: a numbered list of prose items asked for (gRPC Chat, the chat sampling), and list,
+  the same greedy.
 
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
 wall time from each reply's first token to its last), read before and after each workload.
@@ -39,7 +44,7 @@ from typing import Any
 from common import table, write
 
 QUICK = "--quick" in sys.argv[1:]
-ROUNDS = 1 if QUICK else 2
+ROUNDS = 1 if QUICK else int(os.environ.get("SINKD_BENCH_ROUNDS", "3"))
 LOG = Path("/var/log/dpkg.log")
 LOG_LINES = 400 if QUICK else 520  # past line 520 its intervals are quiet: nothing printed
 NARRATE_EVERY = 40  # lines an interval
@@ -93,6 +98,21 @@ EVENTS = {
     "additionalProperties": False,
 }
 JSON_ASK = f"Extract every login from these log lines as JSON:\n{LOGINS}"
+SERVICE_LOG = "".join(
+    f"2026-12-05T10:{i // 6:02d}:{7 * i % 60:02d}Z api[{311 + i % 3}]: {method} /v1/{path} {status}"
+    f" {12 + 17 * i % 230}ms user={('alice', 'bob', 'carol')[i % 3]} bytes={800 + 97 * i}\n"
+    for i, (method, path, status) in enumerate(
+        [("GET", "orders", 200), ("POST", "orders", 201), ("GET", "users/42", 200),
+         ("GET", "orders", 304), ("DELETE", "carts/7", 204), ("GET", "health", 200)] * 5
+    )
+)  # fmt: skip
+RECORDS = "".join(
+    json.dumps({"id": 1000 + i, "user": ("alice", "bob", "carol", "dave")[i % 4],
+                "action": ("login", "view", "buy", "logout")[i % 4], "items": i % 3,
+                "total": round(9.5 * (i % 5), 2)}) + "\n"
+    for i in range(16)
+)  # fmt: skip
+LIST_ASK = "Write a numbered list of 15 short tips for keeping a small vegetable garden healthy."
 COUNTED = {  # the daemon's samples read, by the name used here
     "sinkd_inter_token_latency_seconds_sum": "itl_sum",
     "sinkd_inter_token_latency_seconds_count": "tokens",
@@ -177,6 +197,50 @@ def chat_turns(d: Daemon, messages: list[str], max_tokens: int) -> list[list[int
     return replies
 
 
+def chat_sampling(sampled: bool) -> Any:
+    """The default model's chat sampling with our seed, or greedy."""
+    from sinkd.daemon.models.registry import load_lock
+    from sinkd.proto.v1 import sinkd_pb2 as pb
+
+    if not sampled:
+        return pb.Sampling(temperature=0.0, seed=SEED)
+    return pb.Sampling(**dict(load_lock().get(None).sampling), seed=SEED)
+
+
+def continued(d: Daemon, text: str, max_tokens: int, sampled: bool) -> list[int]:
+    """Raw text read into a fresh session (no chat template), then continued: the ids."""
+    from sinkd.daemon.rpc.client import Client
+    from sinkd.proto.v1 import sinkd_pb2 as pb
+
+    s = Client(f"unix:{d.sock}").s
+    h = s.Create(pb.CreateSessionRequest(policy=pb.Policy(name="sink", fill_window=True))).handle
+    s.Append(pb.AppendRequest(handle=h, text=text))
+    ids = [
+        ev.token.id
+        for ev in s.Generate(
+            pb.GenerateRequest(handle=h, max_tokens=max_tokens, sampling=chat_sampling(sampled))
+        )
+        if ev.HasField("token")
+    ]
+    s.Close(pb.HandleRequest(handle=h))
+    return ids
+
+
+def listed(d: Daemon, sampled: bool) -> list[int]:
+    """A numbered list asked for in a chat turn: the reply's ids."""
+    from sinkd.daemon.rpc.client import Client
+    from sinkd.proto.v1 import sinkd_pb2 as pb
+
+    s = Client(f"unix:{d.sock}").s
+    h = s.Create(pb.CreateSessionRequest(policy=pb.Policy(name="sink", fill_window=True))).handle
+    request = pb.ChatRequest(
+        handle=h, message=LIST_ASK, max_tokens=300, sampling=chat_sampling(sampled)
+    )
+    ids = [ev.token.id for ev in s.Chat(request) if ev.HasField("token")]
+    s.Close(pb.HandleRequest(handle=h))
+    return ids
+
+
 def json_replies(d: Daemon, n: int) -> list[Any]:
     import openai
 
@@ -237,6 +301,12 @@ WORKLOADS = {
     "narrate": narrate,
     "json": lambda d: json_replies(d, 1 if QUICK else 3),
     "code": lambda d: chat_turns(d, [CODE], 400),
+    "log": lambda d: continued(d, SERVICE_LOG, 200, False),
+    "log_sampled": lambda d: continued(d, SERVICE_LOG, 200, True),
+    "records": lambda d: continued(d, RECORDS, 200, False),
+    "records_sampled": lambda d: continued(d, RECORDS, 200, True),
+    "list": lambda d: listed(d, False),
+    "list_sampled": lambda d: listed(d, True),
 }
 
 

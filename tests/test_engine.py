@@ -438,7 +438,7 @@ def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
         assert same is (flash != "on"), sizes
 
 
-def test_a_lone_row_of_a_longer_text_sums_otherwise_only_with_llamafile(
+def test_a_lone_row_of_a_longer_text_sums_otherwise_only_with_stock_llamafile(
     make_engine: MakeEngine,
 ) -> None:
     """On the plain path (1,024 cells) a stream's lone row in a ubatch takes ggml's vec_dot for
@@ -446,16 +446,19 @@ def test_a_lone_row_of_a_longer_text_sums_otherwise_only_with_llamafile(
     order: a chunk decoded as one token, then the rest, is then not always the chunk decoded whole
     (on an AMD EPYC, AVX2: at 13 of 16 cut points), while cuts into pieces of 2 or more are. So the
     step plan cuts a session's prefill by its own length alone and resume replays each chunk with
-    the cut it had. The build sinkd installs has no llamafile (docs/determinism.md): there every
-    cut, a lone row's included, sums as the whole, which is what speculative decoding rests on (a
-    pass of a token and its drafts gives each the bits it gets alone), and the engine says so."""
+    the cut it had. The build sinkd installs patches sgemm to take a lone row of floats too
+    (deploy/llama.cpp/sgemm-float-rows.patch; a build without llamafile sums alike as well): there
+    every cut, a lone row's included, sums as the whole, which is what speculative decoding rests
+    on (a pass of a token and its drafts gives each the bits it gets alone), and the engine's
+    probe of the model as it opened says so (row_probe.py)."""
     import llama_cpp
 
     if EngineConfig().n_gpu_layers:
         pytest.skip("a claim about llama.cpp's CPU kernels")
     llamafile = b"LLAMAFILE = 1" in llama_cpp.llama_print_system_info()
     engine = make_engine(n_ctx_seq=1024, n_seq_max=1, n_batch=256, n_threads=2, flash_attn="off")
-    assert (engine.rows_not_exact() is None) is not llamafile
+    stock = llamafile and not engine.float_rows  # a lone row sums otherwise
+    assert (engine.rows_not_exact() is None) is not stock
     toks = engine.vocab.tokenize(TEXT * 6)
     for at in range(0, 600, 200):
         engine.decode_batch([BatchItem(0, toks[at : at + 200], at, logits=False)])
@@ -473,10 +476,10 @@ def test_a_lone_row_of_a_longer_text_sums_otherwise_only_with_llamafile(
     whole = decoded([64])
     points = [0, 1, 2, 3, 4, 5, 8, 16, 31, 32, 33, 40, 48, 56, 60, 62]
     lone = [not np.array_equal(decoded([k, 1, 63 - k] if k else [1, 63]), whole) for k in points]
-    if llamafile:
+    if stock:
         assert any(lone), "a lone row summed as in a longer piece at every cut point"
     else:
-        assert not any(lone), f"without llamafile a lone row differed at cuts {lone}"
+        assert not any(lone), f"a lone row differed at cuts {lone}"
     assert all(
         np.array_equal(decoded([k, 2, 62 - k] if k else [2, 62]), whole) for k in (0, 2, 8, 32)
     )
@@ -486,7 +489,7 @@ def test_a_lone_row_of_a_longer_text_sums_otherwise_only_with_llamafile(
     engine.cells.restore_seq(0, history)
     rows = engine.decode_rows([BatchItem(0, chunk[:5], 600)])[0]
     same = [np.array_equal(a, r.logits) for a, r in zip(alone, rows, strict=True)]
-    assert llamafile or all(same), same  # with llamafile sinkd does not draft (rows_not_exact)
+    assert stock or all(same), same  # with stock llamafile sinkd does not draft (rows_not_exact)
 
 
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:

@@ -23,9 +23,12 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.loop.drafting import (
     PROBE_EVERY,
+    PROBE_MAX,
+    PROBE_MATCH,
     DecodeCosts,
     DraftControl,
     lookup,
+    match,
 )
 from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.service import SinkdService
@@ -122,6 +125,7 @@ def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> No
         for _ in range(3):
             linear.observe(rows, 0.01 * rows)
     sure = DraftControl(max_drafts=8)
+    sure.length(costs)  # what is observed is learnt for the match class of the length chosen
     for _ in range(20):
         sure.observe(drafted=3, accepted=2)
     assert linear.ratio(4) == pytest.approx(4.0) and sure.length(linear) == 0
@@ -130,13 +134,50 @@ def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> No
     # that pays alone does not pay there, unless the drafts are nearly always taken
     assert costs.ratio(2, sequences=8) > costs.ratio(2) * 1.2
     likely = DraftControl(max_drafts=1)
+    likely.length(costs)
     for taken in [True, True, True, False] * 10:  # its one draft taken three times in four
         likely.observe(drafted=1, accepted=int(taken))
     assert likely.length(costs) == 1 and likely.length(costs, sequences=8) == 0
     certain = DraftControl(max_drafts=8)
+    certain.length(costs)
     for _ in range(40):
         certain.observe(drafted=4, accepted=4)
     assert certain.length(costs, sequences=8) > 0
+
+
+def test_a_stream_whose_drafts_are_rejected_pays_for_a_few_then_for_rarer_probes() -> None:
+    costs = DecodeCosts()  # a row past the first costs 0.45 of one
+    control = DraftControl(max_drafts=8)
+    drafted_at = []
+    for token in range(4000):  # every token follows a match; every draft is rejected
+        matched = (2, 3, 5, 8)[token % 4]
+        k = control.length(costs, 1, matched)
+        if k:
+            drafted_at.append(token)
+            control.observe(drafted=k, accepted=0)
+        else:
+            control.skipped()
+    early = [t for t in drafted_at if t < PROBE_EVERY]
+    assert len(early) <= 3  # the prior gives way after one rejection a match class
+    probes = [t for t in drafted_at if t >= PROBE_EVERY]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps and all(
+        b >= min(2 * a, PROBE_MAX) - 4 for a, b in zip(gaps, gaps[1:], strict=False)
+    )
+    assert len(drafted_at) <= 12  # 4,000 tokens: a few drafts, then probes ever rarer
+
+
+def test_short_and_long_matches_learn_their_acceptance_apart() -> None:
+    costs = DecodeCosts()
+    control = DraftControl(max_drafts=8)
+    for _ in range(30):  # a log: a whole line matched is taken, two tokens matched are not
+        if k := control.length(costs, 1, 8):
+            control.observe(drafted=k, accepted=k)
+        if k := control.length(costs, 1, 2):
+            control.observe(drafted=k, accepted=0)
+    assert control.length(costs, 1, 8) >= 4 and control.length(costs, 1, 2) == 0
+    assert control.length(costs, 1, PROBE_MATCH) > 0  # the middle class: its prior still
+    assert match([1, 2, 3, 9, 1, 2, 3], 1) == ([9], 3) and match([1, 2, 3], 1) == ([], 0)
 
 
 def test_drafts_take_only_the_room_prefill_leaves_and_share_one_length() -> None:

@@ -68,6 +68,7 @@ from sinkd.daemon.engine.cells import SequenceCells
 from sinkd.daemon.engine.cores import CoreShare
 from sinkd.daemon.engine.decoding import BatchItem, Decoder, Next, Outputs
 from sinkd.daemon.engine.devices import OFFLOADED, backend_name, offload_devices
+from sinkd.daemon.engine.row_probe import rows_differ, sgemm_float_rows
 from sinkd.daemon.engine.sampler import Sampler
 from sinkd.daemon.engine.vocab import Vocabulary
 from sinkd.daemon.models.registry import ModelEntry, kv_bytes_per_token
@@ -108,7 +109,8 @@ def cpu_kernels() -> str:
     info = (llama.llama_print_system_info() or b"").decode("utf-8", errors="replace")
     cpu = info.split("CPU :", 1)[1] if "CPU :" in info else ""
     on = [f.split("=")[0].strip() for f in cpu.split("|") if f.strip().endswith("= 1")]
-    return " ".join(on) + "; weights unrepacked, tiled off"
+    lone = ", lone float rows in sgemm" if "LLAMAFILE" in on and sgemm_float_rows() else ""
+    return " ".join(on) + "; weights unrepacked, tiled off" + lone
 
 
 class EngineConfig(BaseModel):
@@ -345,6 +347,11 @@ class Engine:
         self._stack.callback(self.decoder.close)
         self.n_batch = self.decoder.n_batch
         self.cells = SequenceCells(ctx, self._mem, cfg.n_seq_max, self._decode_calibration)
+        # a build whose kernels may sum a lone row otherwise: asked of the model (row_probe.py)
+        self.float_rows = "lone float rows" in self.cpu_kernels
+        self._rows_differ: str | None = None
+        if not offloaded and "LLAMAFILE" in self.cpu_kernels.split(";")[0].split():
+            self._rows_differ = rows_differ(self.decoder, self.cells, vocab, 0)
 
     def _argmax_samplers(self, cparams: llama.llama_context_params) -> None:
         """A greedy chain for every sequence, in the context's parameters: llama.cpp then adds an
@@ -514,12 +521,15 @@ class Engine:
                 f" depend on how many rows share its pass (up to {GPU_VECTOR_ROWS} rows a"
                 " matrix-vector kernel, more a tiled one: measured on Vulkan, docs/gpu.md)"
             )
-        if self.flash_exact:
-            return None  # every row summed whole, in order, in pieces under FLASH_MAX_ROWS
+        if self._rows_differ is not None:  # measured on this model as the engine opened
+            return f"on this build and CPU, {self._rows_differ} (row_probe.py)"
+        if self.flash_exact or self.float_rows:
+            return None  # every row summed whole, in order (flash: in pieces under FLASH_MAX_ROWS)
         if "LLAMAFILE" in self.cpu_kernels.split(";")[0].split():
             return (
                 "llama.cpp was built with llamafile's sgemm, which sums a lone row of a sequence"
-                " otherwise than 2 or more (build it with -DGGML_LLAMAFILE=OFF)"
+                " otherwise than 2 or more (make install builds it with sinkd's patch:"
+                " deploy/llama.cpp/sgemm-float-rows.patch)"
             )
         return None
 

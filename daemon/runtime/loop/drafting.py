@@ -26,10 +26,13 @@ from collections.abc import Sequence
 
 MIN_MATCH = 2  # a single repeated token predicts little
 MAX_MATCH = 8  # longer suffixes are tried first: the longer the match, the better the guess
+MATCH_CLASSES = (2, 4, 6)  # matches of 2-3, 4-5 and 6 or more tokens: each learns its acceptance
 PRIOR_FIRST = 0.6  # a session's first drafts are tried ...
 PRIOR_THEN = 0.8  # ... at a length of two or three
-LEARNING_RATE = 0.1  # of the acceptance estimates, per draft verified
-PROBE_EVERY = 16  # tokens a session that does not draft decodes between two one-token probes
+PRIOR_WEIGHT = 2  # the priors count as this many drafts seen: one rejection halves a hope
+LEARNING_RATE = 0.1  # of the acceptance estimates, per draft verified, once past the prior
+PROBE_EVERY = 16  # tokens a session that does not draft decodes before a one-token probe ...
+PROBE_MAX = 1024  # ... doubled after each probe rejected, up to this; reset by one taken
 PROBE_MATCH = 4  # a probe's draft follows a match of at least this many tokens
 EXPLORE_EVERY = 8  # every this many lengths chosen, one draft more than pays (learning its worth)
 
@@ -38,11 +41,18 @@ def lookup(
     context: Sequence[int], k: int, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH
 ) -> list[int]:
     """Up to `k` tokens that followed the latest earlier occurrence of the context's longest
-    suffix of `max_n` down to `min_n` tokens; [] where none occurs. A byte search over the ids
-    (C speed: ~20 us over a 1,024-token window)."""
+    suffix of `max_n` down to `min_n` tokens; [] where none occurs."""
+    return match(context, k, min_n, max_n)[0]
+
+
+def match(
+    context: Sequence[int], k: int, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH
+) -> tuple[list[int], int]:
+    """`lookup`'s drafts and the length of the suffix they follow (0: none). A byte search over
+    the ids (C speed: ~20 us over a 1,024-token window)."""
     n_ctx = len(context)
     if k <= 0 or n_ctx <= min_n:
-        return []
+        return [], 0
     hay = array("i", context).tobytes()
     last_start = len(hay) - 4  # an occurrence must end before the last token: something follows
     for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
@@ -54,9 +64,14 @@ def lookup(
                 break
             if at % 4 == 0:  # on a token's boundary, not inside two
                 start = at // 4 + n
-                return list(context[start : start + k])
+                return list(context[start : start + k]), n
             end = at + len(pattern) - 1
-    return []
+    return [], 0
+
+
+def match_class(n: int) -> int:
+    """Which of MATCH_CLASSES a match of `n` tokens falls in."""
+    return sum(n >= c for c in MATCH_CLASSES[1:])
 
 
 class DecodeCosts:
@@ -95,34 +110,43 @@ class DecodeCosts:
 
 
 class DraftControl:
-    """One session's drafting: how often its first draft is taken, how often a draft after a
-    taken one is (copied text runs on once it starts: the second is the higher), and the length
-    that pays."""
+    """One session's drafting: how often its first draft is taken, learnt apart for short, middle
+    and long matches (a long match is a better guess: a log's line, a quoted span), how often a
+    draft after a taken one is (copied text runs on once it starts: the higher), and the length
+    that pays. Rejections are learnt fast (the prior weighs PRIOR_WEIGHT drafts), so a stream
+    whose drafts are rejected pays for a few of them, then only for probes that grow rarer."""
 
     def __init__(self, max_drafts: int) -> None:
         self.max_drafts = max_drafts
-        self.first = PRIOR_FIRST
+        self.first = [PRIOR_FIRST] * len(MATCH_CLASSES)
+        self._first_seen = [0] * len(MATCH_CLASSES)
         self.then = PRIOR_THEN
+        self._then_seen = 0
         self.since_draft = 0  # tokens decoded since its last verification
+        self.probe_every = PROBE_EVERY
         self.chosen = 0  # lengths chosen
         self.probing = False  # the last length is a probe's
+        self._class = 0  # the match class of the last length chosen
         self.drafted = 0
         self.accepted = 0
 
-    def length(self, costs: DecodeCosts, sequences: int = 1) -> int:
+    def length(self, costs: DecodeCosts, sequences: int = 1, matched: int = MAX_MATCH) -> int:
         """How many drafts to verify with the next token (0: none), in a step where `sequences`
-        sessions decode: the length with the most expected tokens per cost, or a one-token probe
-        after PROBE_EVERY tokens without one (`probing`: its draft needs a match of PROBE_MATCH
-        tokens)."""
+        sessions decode, after a match of `matched` tokens: the length with the most expected
+        tokens per cost, or a one-token probe once `probe_every` tokens went without one, after
+        a match of PROBE_MATCH tokens or more (`probing`)."""
+        self._class = match_class(matched)
+        first = self.first[self._class]
         best, best_gain = 0, 1.0
         expected = 1.0  # tokens a pass yields: the pending one, then draft i with p1 * pc^(i-1)
         for k in range(1, self.max_drafts + 1):
-            expected += self.first * self.then ** (k - 1)
+            expected += first * self.then ** (k - 1)
             gain = expected / costs.ratio(k + 1, sequences)
             if gain > best_gain * 1.02:  # a gain within noise is not worth the longer pass
                 best, best_gain = k, gain
-        if best == 0 and self.max_drafts and self.since_draft >= PROBE_EVERY:
-            self.probing = True  # one draft, where a long match (PROBE_MATCH) makes it likely
+        due = self.since_draft >= self.probe_every and matched >= PROBE_MATCH
+        if best == 0 and self.max_drafts and due:
+            self.probing = True  # one draft, where a long match makes it likely
             return 1
         self.probing = False
         self.chosen += best > 0
@@ -131,22 +155,32 @@ class DraftControl:
         return best
 
     def observe(self, drafted: int, accepted: int) -> None:
-        """A verification of `drafted` tokens accepted the first `accepted`."""
+        """A verification of `drafted` tokens (of the length last chosen) accepted the first
+        `accepted`."""
         if drafted <= 0:
             return
         self.drafted += drafted
         self.accepted += accepted
         self.since_draft = 0
-        self.first = _learned(self.first, accepted >= 1)
+        if self.probing:  # a probe rejected: the next comes twice as late
+            self.probe_every = PROBE_EVERY if accepted else min(2 * self.probe_every, PROBE_MAX)
+        c = self._class
+        self.first[c] = _learned(self.first[c], accepted >= 1, self._first_seen[c])
+        self._first_seen[c] += 1
         for _ in range(max(0, accepted - 1)):  # each draft after a taken one: taken
-            self.then = _learned(self.then, True)
+            self.then = _learned(self.then, True, self._then_seen)
+            self._then_seen += 1
         if 1 <= accepted < drafted:  # ... and the one that was not
-            self.then = _learned(self.then, False)
+            self.then = _learned(self.then, False, self._then_seen)
+            self._then_seen += 1
 
     def skipped(self) -> None:
         """A token decoded without drafts."""
         self.since_draft += 1
 
 
-def _learned(p: float, taken: bool) -> float:
-    return p + LEARNING_RATE * ((1.0 if taken else 0.0) - p)
+def _learned(p: float, taken: bool, seen: int) -> float:
+    """The estimate after one more draft: a mean with the prior counted as PRIOR_WEIGHT drafts,
+    then a moving one (LEARNING_RATE), so that a session whose text changes follows it."""
+    rate = max(LEARNING_RATE, 1.0 / (PRIOR_WEIGHT + seen + 1))
+    return p + rate * ((1.0 if taken else 0.0) - p)

@@ -24,13 +24,7 @@ from sinkd.daemon.engine.decoding import BatchItem, Next, by_length
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.loop.audit import Auditor
-from sinkd.daemon.runtime.loop.drafting import (
-    MIN_MATCH,
-    PROBE_MATCH,
-    DecodeCosts,
-    DraftControl,
-    lookup,
-)
+from sinkd.daemon.runtime.loop.drafting import DecodeCosts, DraftControl, match
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.errors import EngineError, JournalError, SinkdError
@@ -125,19 +119,20 @@ class Verifier:
         session = job.session
         assert job.gen is not None
         control = self.control(session)
-        k = min(control.length(self.costs, sequences), job.gen.max_tokens - job.generated)
+        k = min(control.max_drafts, job.gen.max_tokens - job.generated)
         k = min(k, self.host.engine.max_rows - 1)
         planned = job.pending_plan
         if planned is not None and planned.sub_batches[0].ops:
             k = 0  # the pending token evicts: its step stays a plain one
         seq = session.seq
         k = min(k, seq.config.budget - seq.state.retained(seq.config) - 1)
-        if k <= 0:
-            control.skipped()
-            return []
-        context = session.retained.all()
-        context.append(job.pending or 0)
-        drafts = lookup(context, k, PROBE_MATCH if control.probing else MIN_MATCH)
+        drafts: list[int] = []
+        if k > 0:
+            context = session.retained.all()
+            context.append(job.pending or 0)
+            drafts, matched = match(context, k)
+            if drafts:  # as many as pay after a match this long (none: a probe's, or none)
+                drafts = drafts[: min(k, control.length(self.costs, sequences, matched))]
         if drafts and seq.plan(1 + len(drafts), max_batch=1 + len(drafts)).sub_batches[0].ops:
             drafts = []  # the policy would move cells for them (a shift): none
         if not drafts:
