@@ -6,6 +6,7 @@ drafts are taken and refused); the bits, on both pinned models, are tests/test_s
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +24,8 @@ from sinkd.daemon.runtime.api import (
 )
 from sinkd.daemon.runtime.loop.drafting import (
     PROBE_EVERY,
-    PROBE_MAX,
     PROBE_MATCH,
+    PROBE_MAX,
     DecodeCosts,
     DraftControl,
     lookup,
@@ -160,10 +161,8 @@ def test_a_stream_whose_drafts_are_rejected_pays_for_a_few_then_for_rarer_probes
     early = [t for t in drafted_at if t < PROBE_EVERY]
     assert len(early) <= 3  # the prior gives way after one rejection a match class
     probes = [t for t in drafted_at if t >= PROBE_EVERY]
-    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
-    assert gaps and all(
-        b >= min(2 * a, PROBE_MAX) - 4 for a, b in zip(gaps, gaps[1:], strict=False)
-    )
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps and all(b >= min(2 * a, PROBE_MAX) - 4 for a, b in itertools.pairwise(gaps))
     assert len(drafted_at) <= 12  # 4,000 tokens: a few drafts, then probes ever rarer
 
 

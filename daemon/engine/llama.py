@@ -347,11 +347,11 @@ class Engine:
         self._stack.callback(self.decoder.close)
         self.n_batch = self.decoder.n_batch
         self.cells = SequenceCells(ctx, self._mem, cfg.n_seq_max, self._decode_calibration)
-        # a build whose kernels may sum a lone row otherwise: asked of the model (row_probe.py)
+        # a build whose kernels may sum a lone row otherwise is asked on the model (row_probe.py),
+        # once, when drafts are first weighed (`rows_not_exact`)
         self.float_rows = "lone float rows" in self.cpu_kernels
         self._rows_differ: str | None = None
-        if not offloaded and "LLAMAFILE" in self.cpu_kernels.split(";")[0].split():
-            self._rows_differ = rows_differ(self.decoder, self.cells, vocab, 0)
+        self.rows_settled = offloaded or "LLAMAFILE" not in self.cpu_kernels.split(";")[0].split()
 
     def _argmax_samplers(self, cparams: llama.llama_context_params) -> None:
         """A greedy chain for every sequence, in the context's parameters: llama.cpp then adds an
@@ -521,7 +521,11 @@ class Engine:
                 f" depend on how many rows share its pass (up to {GPU_VECTOR_ROWS} rows a"
                 " matrix-vector kernel, more a tiled one: measured on Vulkan, docs/gpu.md)"
             )
-        if self._rows_differ is not None:  # measured on this model as the engine opened
+        if not self.rows_settled:
+            self._probe_rows()
+            if not self.rows_settled:
+                return "not probed yet: every sequence holds cells (row_probe.py)"
+        if self._rows_differ is not None:  # measured on this model
             return f"on this build and CPU, {self._rows_differ} (row_probe.py)"
         if self.flash_exact or self.float_rows:
             return None  # every row summed whole, in order (flash: in pieces under FLASH_MAX_ROWS)
@@ -532,6 +536,14 @@ class Engine:
                 " deploy/llama.cpp/sgemm-float-rows.patch)"
             )
         return None
+
+    def _probe_rows(self) -> None:
+        """Decode the probe on a sequence that holds no cells (it is left so), if one does."""
+        for seq_id in range(self.config.n_seq_max):
+            if self.cells.pos_range(seq_id) == (-1, -1):
+                self._rows_differ = rows_differ(self.decoder, self.cells, self.vocab, seq_id)
+                self.rows_settled = True
+                return
 
     def pieces_alike(self, a: int, b: int) -> bool:
         """Whether a piece of `a` rows of a stream and one of `b` rows give a row the same bits:

@@ -258,6 +258,8 @@ class FakeEngine:
         """The toy model's row (a test may replace `next_token_logits` with one of its own)."""
         return next_token_logits(cells, self.markov) if self.markov else next_token_logits(cells)
 
+    rows_settled = True  # nothing to probe
+
     def rows_not_exact(self) -> str | None:
         """A row here is a hash of its cells: the same however many share its pass."""
         return None

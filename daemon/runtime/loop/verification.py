@@ -85,7 +85,10 @@ class Verifier:
         if self.max_drafts <= 0:
             return False
         if self._exact is None:
-            why = self.host.engine.rows_not_exact()
+            engine = self.host.engine
+            why = engine.rows_not_exact()
+            if not engine.rows_settled:
+                return False  # asked again at the next draft (row_probe.py needs a free sequence)
             self._exact = why is None
             if why is not None:
                 log.warning("speculative decoding is off: %s", why)
