@@ -127,7 +127,12 @@ def daemon_round(
     and the layer's median decode and gap between decodes (ms)."""
     d = Daemon(
         daemon_settings(
-            Path(tempfile.mkdtemp()), max_sessions=1, n_ctx_seq=256, durable=durable, sync=sync
+            Path(tempfile.mkdtemp()),
+            max_sessions=1,
+            n_ctx_seq=256,
+            durable=durable,
+            sync=sync,
+            speculative="off",  # a plain token, as the bare loop decodes it
         )
     )
     d.start()

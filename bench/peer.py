@@ -506,6 +506,15 @@ def main(solo_only: bool = False, throughput_only: bool = False) -> None:
             lambda k: Server(bins["llama-server"], k, ("--spec-type", "ngram-simple")),
         ),
         ("sinkd speculative=off", lambda k: Sinkd(k, env={**os.environ, SPEC_ENV: "off"})),
+        # a plain token's parts: without the journal, and with one fsync per 20 ms at most
+        (
+            "sinkd speculative=off --no-durable",
+            lambda k: Sinkd(k, durable=False, env={**os.environ, SPEC_ENV: "off"}),
+        ),
+        (
+            "sinkd speculative=off sync_interval_ms=20",
+            lambda k: Sinkd(k, env={**os.environ, SPEC_ENV: "off", INTERVAL_ENV: "20"}),
+        ),
         # durable, one journal fsync per 20 ms at most (each fsync slows the decode beside it)
         ("sinkd sync_interval_ms=20", lambda k: Sinkd(k, env={**os.environ, INTERVAL_ENV: "20"})),
         # llama-server's eviction scheme in sinkd (discard half the window, shift at once; its
@@ -519,7 +528,7 @@ def main(solo_only: bool = False, throughput_only: bool = False) -> None:
     loads = ((1, SOLO_TOKENS),) if solo_only else ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS))
     if solo_only or throughput_only:
         # one session: both servers with and without drafts; at eight: without, and sinkd's off
-        servers = servers[:5] if solo_only else [*servers[:3], servers[4]]
+        servers = servers[:7] if solo_only else [*servers[:3], *servers[4:6]]
     counts = [k for k, _ in loads]
     for rnd in range(ROUNDS):  # each set back to back, who goes first alternating by round
         for k, n in loads:

@@ -492,6 +492,26 @@ def test_a_lone_row_of_a_longer_text_sums_otherwise_only_with_stock_llamafile(
     assert stock or all(same), same  # with stock llamafile sinkd does not draft (rows_not_exact)
 
 
+def test_the_rows_probe_waits_for_a_sequence_without_cells_and_leaves_it_empty(
+    make_engine: MakeEngine,
+) -> None:
+    """A llamafile build is asked on the model (row_probe.py) when drafts are first weighed, on a
+    sequence that holds no cells: where every one holds some it is asked again later."""
+    import llama_cpp
+
+    if EngineConfig().n_gpu_layers or b"LLAMAFILE = 1" not in llama_cpp.llama_print_system_info():
+        pytest.skip("a build whose rows are settled without a probe")
+    engine = make_engine(n_ctx_seq=256, n_seq_max=1, n_batch=64)
+    assert not engine.rows_settled
+    engine.decode_batch([BatchItem(0, engine.vocab.tokenize(TEXT)[:5], 0, logits=False)])
+    why = engine.rows_not_exact()
+    assert not engine.rows_settled and why is not None and "not probed yet" in why
+    assert engine.cells.pos_range(0) == (0, 4)  # the session's cells untouched
+    engine.cells.clear(0)
+    assert engine.rows_not_exact() is None and engine.rows_settled
+    assert engine.cells.pos_range(0) == (-1, -1)
+
+
 def test_sampler_greedy_is_argmax_and_seeded_sampling_repeats(make_engine: MakeEngine) -> None:
     from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 
