@@ -8,7 +8,7 @@ each workload through the client a user would run:
   (`response_format`, the HTTP front): structured output copying its input;
 - code: a code-editing request (gRPC Chat): the reply restates most of the code it was given;
 - log, log_sampled: a service's log lines continued (gRPC Append, then Generate: no chat
-  template), greedy and with the model's chat sampling (seeded);
+  template), greedy and sampled (temperature 0.7, top-k 40, top-p 0.95, seeded);
 - records, records_sampled: JSON records, one a line, continued the same way;
 - list_sampled: a numbered list of prose items asked for (gRPC Chat, the chat sampling), and list,
   the same greedy.
@@ -207,6 +207,16 @@ def chat_sampling(sampled: bool) -> Any:
     return pb.Sampling(**dict(load_lock().get(None).sampling), seed=SEED)
 
 
+def plain_sampling(sampled: bool) -> Any:
+    """A continuation's sampling: greedy, or temperature 0.7 with top-k 40 and top-p 0.95, seeded
+    and without a repetition penalty (which would steer a log away from its own lines)."""
+    from sinkd.proto.v1 import sinkd_pb2 as pb
+
+    if not sampled:
+        return pb.Sampling(temperature=0.0, seed=SEED)
+    return pb.Sampling(temperature=0.7, top_k=40, top_p=0.95, seed=SEED)
+
+
 def continued(d: Daemon, text: str, max_tokens: int, sampled: bool) -> list[int]:
     """Raw text read into a fresh session (no chat template), then continued: the ids."""
     from sinkd.daemon.rpc.client import Client
@@ -218,7 +228,7 @@ def continued(d: Daemon, text: str, max_tokens: int, sampled: bool) -> list[int]
     ids = [
         ev.token.id
         for ev in s.Generate(
-            pb.GenerateRequest(handle=h, max_tokens=max_tokens, sampling=chat_sampling(sampled))
+            pb.GenerateRequest(handle=h, max_tokens=max_tokens, sampling=plain_sampling(sampled))
         )
         if ev.HasField("token")
     ]

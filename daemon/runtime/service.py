@@ -222,6 +222,9 @@ class SinkdService:
     def _resume(self, engine: Engine) -> None:
         """Engine thread, before the daemon serves: open the state directory, resume sessions."""
         assert self.identity is not None
+        # whether sessions may draft (a probe of the model on a free sequence: row_probe.py),
+        # asked before any session holds cells rather than in a first reply
+        self.scheduler.executor.verifier.drafting()
         stored = self.settings.state_dir / "prefixes" if self.durability is not None else None
         self.prefixes.configure(
             boot.gates(engine, self.entry, self.identity), stored, engine.min_piece
