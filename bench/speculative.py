@@ -13,6 +13,9 @@ each workload through the client a user would run:
 - list_sampled: a numbered list of prose items asked for (gRPC Chat, the chat sampling), and list,
   the same greedy.
 
+Each round starts both daemons and runs every workload on one, then at once on the other (who
+goes first turned round by workload and round), so that a pair is minutes closer than two daemons
+run one after the other: this machine's speed drifts by 10-15% over minutes.
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
 wall time from each reply's first token to its last), read before and after each workload.
 Acceptance and draft length come from `sinkd_draft_tokens_total` and `sinkd_verifications_total`.
@@ -207,33 +210,36 @@ def chat_sampling(sampled: bool) -> Any:
     return pb.Sampling(**dict(load_lock().get(None).sampling), seed=SEED)
 
 
-def plain_sampling(sampled: bool) -> Any:
+def plain_sampling(sampled: bool, seed: int = SEED) -> Any:
     """A continuation's sampling: greedy, or temperature 0.7 with top-k 40 and top-p 0.95, seeded
     and without a repetition penalty (which would steer a log away from its own lines)."""
     from sinkd.proto.v1 import sinkd_pb2 as pb
 
     if not sampled:
-        return pb.Sampling(temperature=0.0, seed=SEED)
-    return pb.Sampling(temperature=0.7, top_k=40, top_p=0.95, seed=SEED)
+        return pb.Sampling(temperature=0.0, seed=seed)
+    return pb.Sampling(temperature=0.7, top_k=40, top_p=0.95, seed=seed)
 
 
-def continued(d: Daemon, text: str, max_tokens: int, sampled: bool) -> list[int]:
-    """Raw text read into a fresh session (no chat template), then continued: the ids."""
+def continued(
+    d: Daemon, text: str, max_tokens: int, sampled: bool, times: int = 1
+) -> list[list[int]]:
+    """Raw text read into a fresh session (no chat template), then continued, `times` times
+    with seeds of their own (a sampled continuation may end early): the ids of each."""
     from sinkd.daemon.rpc.client import Client
     from sinkd.proto.v1 import sinkd_pb2 as pb
 
     s = Client(f"unix:{d.sock}").s
-    h = s.Create(pb.CreateSessionRequest(policy=pb.Policy(name="sink", fill_window=True))).handle
-    s.Append(pb.AppendRequest(handle=h, text=text))
-    ids = [
-        ev.token.id
-        for ev in s.Generate(
-            pb.GenerateRequest(handle=h, max_tokens=max_tokens, sampling=plain_sampling(sampled))
+    out = []
+    for i in range(times):
+        policy = pb.Policy(name="sink", fill_window=True)
+        h = s.Create(pb.CreateSessionRequest(policy=policy)).handle
+        s.Append(pb.AppendRequest(handle=h, text=text))
+        request = pb.GenerateRequest(
+            handle=h, max_tokens=max_tokens, sampling=plain_sampling(sampled, SEED + i)
         )
-        if ev.HasField("token")
-    ]
-    s.Close(pb.HandleRequest(handle=h))
-    return ids
+        out.append([ev.token.id for ev in s.Generate(request) if ev.HasField("token")])
+        s.Close(pb.HandleRequest(handle=h))
+    return out
 
 
 def listed(d: Daemon, sampled: bool) -> list[int]:
@@ -312,48 +318,55 @@ WORKLOADS = {
     "json": lambda d: json_replies(d, 1 if QUICK else 3),
     "code": lambda d: chat_turns(d, [CODE], 400),
     "log": lambda d: continued(d, SERVICE_LOG, 200, False),
-    "log_sampled": lambda d: continued(d, SERVICE_LOG, 200, True),
+    "log_sampled": lambda d: continued(d, SERVICE_LOG, 200, True, 2),
     "records": lambda d: continued(d, RECORDS, 200, False),
-    "records_sampled": lambda d: continued(d, RECORDS, 200, True),
+    "records_sampled": lambda d: continued(d, RECORDS, 200, True, 6),
     "list": lambda d: listed(d, False),
     "list_sampled": lambda d: listed(d, True),
 }
 
 
-def measure(mode: str) -> dict[str, Any]:
-    d = Daemon(mode)
+def run_workload(d: Daemon, name: str) -> dict[str, Any]:
+    """One workload on one daemon: its decode speed and drafts, from the daemon's metrics."""
+    before = d.metrics()
+    result = WORKLOADS[name](d)
+    after = d.metrics()
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTED.values()}
+    drafted = delta["accepted"] + delta["rejected"]
+    return {
+        "tokens": int(delta["tokens"]),
+        "tok_s": delta["tokens"] / delta["itl_sum"],
+        "acceptance": delta["accepted"] / drafted if drafted else None,
+        "draft_length": drafted / delta["verifications"] if delta["verifications"] else None,
+        "verifications": int(delta["verifications"]),
+        "result": result,
+    }
+
+
+def measure_round(rnd: int) -> list[dict[str, Any]]:
+    """Both daemons up at once (the idle one waits without decoding), each workload run on one
+    then the other back to back, who goes first turned round by workload and round: this
+    machine's speed drifts by 10-15% over minutes, and a pair minutes apart would measure that."""
+    daemons = {mode: Daemon(mode) for mode in ("off", "auto")}
+    runs: dict[str, dict[str, Any]] = {"off": {}, "auto": {}}
     try:
-        out: dict[str, Any] = {}
-        for name, work in WORKLOADS.items():
-            before = d.metrics()
-            result = work(d)
-            after = d.metrics()
-            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTED.values()}
-            drafted = delta["accepted"] + delta["rejected"]
-            out[name] = {
-                "tokens": int(delta["tokens"]),
-                "tok_s": delta["tokens"] / delta["itl_sum"],
-                "acceptance": delta["accepted"] / drafted if drafted else None,
-                "draft_length": drafted / delta["verifications"]
-                if delta["verifications"]
-                else None,
-                "verifications": int(delta["verifications"]),
-                "result": result,
-            }
-            print(
-                f"{mode} {name}: {out[name]['tok_s']:.1f} tok/s over {out[name]['tokens']} tokens",
-                flush=True,
-            )
-        return out
+        for i, name in enumerate(WORKLOADS):
+            order = ("off", "auto") if (i + rnd) % 2 == 0 else ("auto", "off")
+            for mode in order:
+                runs[mode][name] = r = run_workload(daemons[mode], name)
+                print(
+                    f"{mode} {name}: {r['tok_s']:.1f} tok/s over {r['tokens']} tokens", flush=True
+                )
     finally:
-        d.stop()
+        for d in daemons.values():
+            d.stop()
+    return [{"mode": mode, "round": rnd, "workloads": runs[mode]} for mode in ("off", "auto")]
 
 
 def main() -> None:
     runs: list[dict[str, Any]] = []
     for rnd in range(ROUNDS):
-        for mode in ("off", "auto") if rnd % 2 == 0 else ("auto", "off"):
-            runs.append({"mode": mode, "round": rnd, "workloads": measure(mode)})
+        runs += measure_round(rnd)
     speedup: dict[str, float] = {}
     same = True
     rows = []

@@ -131,6 +131,18 @@ def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> No
         sure.observe(drafted=3, accepted=2)
     assert linear.ratio(4) == pytest.approx(4.0) and sure.length(linear) == 0
     assert sure.length(costs) > 0
+    # a length not measured yet costs what the measured ones say, not the prior: on a
+    # compute-bound CPU a second row costs ~0.8 of the first, and a long draft pays only if sure
+    heavy = DecodeCosts()
+    for rows, seconds in ((1, 0.010), (2, 0.018)):
+        for _ in range(3):
+            heavy.observe(rows, seconds)
+    assert heavy.ratio(9) == pytest.approx(1 + 0.8 * 8) and costs.ratio(9) == pytest.approx(4.6)
+    likely_enough = DraftControl(max_drafts=8)
+    likely_enough.length(costs)
+    for taken in [True, True, False] * 10:  # two drafts in three taken: pays on the prior alone
+        likely_enough.observe(drafted=1, accepted=int(taken))
+    assert likely_enough.length(costs) > 0 and likely_enough.length(heavy) == 0
     # beside seven other decoding sessions a draft's row weighs more against the step: a length
     # that pays alone does not pay there, unless the drafts are nearly always taken
     assert costs.ratio(2, sequences=8) > costs.ratio(2) * 1.2

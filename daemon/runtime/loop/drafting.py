@@ -35,6 +35,7 @@ PROBE_EVERY = 16  # tokens a session that does not draft decodes before a one-to
 PROBE_MAX = 1024  # ... doubled after each probe rejected, up to this; reset by one taken
 PROBE_MATCH = 4  # a probe's draft follows a match of at least this many tokens
 EXPLORE_EVERY = 8  # every this many lengths chosen, one draft more than pays (learning its worth)
+MIN_GAIN = 1.05  # expected tokens per cost a draft must promise over none
 
 
 def lookup(
@@ -91,6 +92,20 @@ class DecodeCosts:
         rate = max(0.05, 1.0 / self._seen[rows])
         self._seconds[rows] = seconds if old is None else old + rate * (seconds - old)
 
+    def per_row(self) -> float:
+        """What a row past the first adds to a pass, of a one-row pass: the mean of what the
+        lengths measured so far show (a length not yet measured costs what they say, not the
+        prior: on a compute-bound CPU a row costs ~0.8, twice the prior), else the prior."""
+        one = self._seconds[1]
+        if not one or self._seen[1] < 3:
+            return self.prior_per_row
+        slopes = [
+            (seconds / one - 1.0) / (rows - 1)
+            for rows, seconds in enumerate(self._seconds)
+            if rows >= 2 and seconds and self._seen[rows] >= 3
+        ]
+        return max(0.0, sum(slopes) / len(slopes)) if slopes else self.prior_per_row
+
     def ratio(self, rows: int, sequences: int = 1) -> float:
         """Cost of a pass where each of `sequences` sequences carries `rows` rows over the same
         pass with one row each. One sequence: measured (both at least 3 times), else the prior.
@@ -103,7 +118,7 @@ class DecodeCosts:
             one, many = self._seconds[1], self._seconds[rows]
             if one and many and self._seen[1] >= 3 and self._seen[rows] >= 3:
                 return max(1.0, many / one)
-            return 1.0 + self.prior_per_row * (rows - 1)
+            return 1.0 + self.per_row() * (rows - 1)
         per_row = min(1.0, self.ratio(2) - 1.0)  # of a one-row pass
         fixed = 1.0 - per_row
         return (fixed + per_row * sequences * rows) / (fixed + per_row * sequences)
@@ -142,7 +157,9 @@ class DraftControl:
         for k in range(1, self.max_drafts + 1):
             expected += first * self.then ** (k - 1)
             gain = expected / costs.ratio(k + 1, sequences)
-            if gain > best_gain * 1.02:  # a gain within noise is not worth the longer pass
+            # drafting at all must pay clearly (a verification's Python and a rejected draft's
+            # removal are not in the pass's cost); a longer draft must pay beyond noise
+            if gain > best_gain * (MIN_GAIN if best == 0 else 1.02):
                 best, best_gain = k, gain
         due = self.since_draft >= self.probe_every and matched >= PROBE_MATCH
         if best == 0 and self.max_drafts and due:
