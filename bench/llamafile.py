@@ -4,6 +4,7 @@ deploy/llama.cpp/sgemm-float-rows.patch) costs or saves against llamafile as shi
 prefill) and against a build without llamafile (sinkd's before).
 
     python bench/llamafile.py NAME=PYTHON ...   -> bench/results/llamafile.json
+    python bench/llamafile.py --prefill-only NAME=PYTHON ... -> bench/results/llamafile_prefill.json
     python bench/llamafile.py --gpu             -> bench/results/llamafile_gpu.json (layers
                                                    offloaded: whether a pass's rows equal alone)
 
@@ -77,6 +78,10 @@ for _ in range(3):
     for at in range(0, history, 128):
         decode([(0, toks[at:at + 128], at)], False)
     prefill = max(prefill, history / (time.perf_counter() - start))
+if len(sys.argv) > 5 and sys.argv[5] == "1":  # prefill alone
+    info = llama.llama_print_system_info().decode()
+    print(json.dumps({"llamafile": "LLAMAFILE = 1" in info, "prefill_tok_s": prefill}))
+    sys.exit(0)
 for seq in range(1, 8):
     for at in range(0, 128, 128):
         decode([(seq, toks[at:at + 128], at)], False)
@@ -125,11 +130,16 @@ def model_file(name: str | None = None) -> Path:
 
 
 def measure(
-    python: str, cells: int, flash: bool, gpu_layers: int = 0, model: str | None = None
+    python: str,
+    cells: int,
+    flash: bool,
+    gpu_layers: int = 0,
+    model: str | None = None,
+    prefill_only: bool = False,
 ) -> dict[str, Any]:
     run = subprocess.run(
         [python, "-c", MEASURE, str(model_file(model)), str(cells), "1" if flash else "0",
-         str(gpu_layers)],
+         str(gpu_layers), "1" if prefill_only else "0"],
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     return dict(json.loads(run.stdout.strip().splitlines()[-1]))
@@ -187,6 +197,40 @@ def main(others: dict[str, str]) -> None:
     print(json.dumps(summary))
 
 
+def prefill_only(others: dict[str, str]) -> None:
+    """Prefill alone at 1,024 cells (the plain path), more rounds (SINKD_BENCH_ROUNDS, default
+    7): the builds' prefill kernels are the same code but for sinkd's lone rows, so what parts
+    them is this machine's drift, which rounds wash out."""
+    rounds = int(os.environ.get("SINKD_BENCH_ROUNDS", "7"))
+    pythons = {"sinkd's build": sys.executable, **others}
+    runs = []
+    for rnd in range(rounds):
+        for model in MODELS:
+            for name, python in pythons.items() if rnd % 2 == 0 else reversed(pythons.items()):
+                r = measure(python, 1024, False, model=model, prefill_only=True)
+                runs.append({"build": name, "model": model, "round": rnd, **r})
+                print(f"{model} {name}: prefill {r['prefill_tok_s']:.0f} tok/s", flush=True)
+    rows, summary = [], {}
+    for model in MODELS:
+        med = {
+            name: statistics.median(
+                r["prefill_tok_s"] for r in runs if (r["build"], r["model"]) == (name, model)
+            )
+            for name in pythons
+        }
+        fastest = max(med.values())
+        for name in pythons:
+            rows.append([model, name, med[name], med[name] / fastest])
+            summary[f"{model} {name}"] = med[name] / fastest
+    table(
+        f"prefill at 1,024 cells, plain path ({rounds} rounds, medians)",
+        ["model", "build", "prefill tok/s", "of the fastest"],
+        rows,
+    )
+    print(f"wrote {write('llamafile_prefill', {'rounds': rounds, 'runs': runs})}")
+    print(json.dumps(summary))
+
+
 def gpu() -> None:
     """Layers offloaded (SINKD_GPU_LAYERS, default 99), this build alone: whether a pass's rows
     equal the same tokens decoded alone there (bench/gpu_check.sh). sinkd drafts on a GPU only
@@ -201,6 +245,8 @@ def gpu() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--gpu"]:
         gpu()
+    elif sys.argv[1:2] == ["--prefill-only"]:
+        prefill_only(dict(a.split("=", 1) for a in sys.argv[2:]))
     elif len(sys.argv) < 2 or not all("=" in a for a in sys.argv[1:]):
         sys.exit(f"usage: {sys.argv[0]} NAME=PYTHON ... | --gpu")
     else:

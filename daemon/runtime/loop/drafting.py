@@ -151,7 +151,25 @@ class DraftControl:
         tokens per cost, or a one-token probe once `probe_every` tokens went without one, after
         a match of PROBE_MATCH tokens or more (`probing`)."""
         self._class = match_class(matched)
-        first = self.first[self._class]
+        best = self._best(self.first[self._class], costs, sequences)
+        due = self.since_draft >= self.probe_every and matched >= PROBE_MATCH
+        if best == 0 and self.max_drafts and due:
+            self.probing = True  # one draft, where a long match makes it likely
+            return 1
+        self.probing = False
+        self.chosen += best > 0
+        if best and best < self.max_drafts and self.chosen % EXPLORE_EVERY == 0:
+            return best + 1  # now and then one more: what it yields and costs is learnt too
+        return best
+
+    def worth_looking(self, costs: DecodeCosts, sequences: int = 1) -> bool:
+        """Whether a lookup could lead to drafts now: a probe is due, or some match class pays.
+        Where none does, the session skips the lookup (a list of its tokens and a byte search,
+        each token) as well as the drafts."""
+        due = self.max_drafts > 0 and self.since_draft >= self.probe_every
+        return due or self._best(max(self.first), costs, sequences) > 0
+
+    def _best(self, first: float, costs: DecodeCosts, sequences: int) -> int:
         best, best_gain = 0, 1.0
         expected = 1.0  # tokens a pass yields: the pending one, then draft i with p1 * pc^(i-1)
         for k in range(1, self.max_drafts + 1):
@@ -161,14 +179,6 @@ class DraftControl:
             # removal are not in the pass's cost); a longer draft must pay beyond noise
             if gain > best_gain * (MIN_GAIN if best == 0 else 1.02):
                 best, best_gain = k, gain
-        due = self.since_draft >= self.probe_every and matched >= PROBE_MATCH
-        if best == 0 and self.max_drafts and due:
-            self.probing = True  # one draft, where a long match makes it likely
-            return 1
-        self.probing = False
-        self.chosen += best > 0
-        if best and best < self.max_drafts and self.chosen % EXPLORE_EVERY == 0:
-            return best + 1  # now and then one more: what it yields and costs is learnt too
         return best
 
     def observe(self, drafted: int, accepted: int) -> None:

@@ -130,7 +130,7 @@ class Verifier:
         seq = session.seq
         k = min(k, seq.config.budget - seq.state.retained(seq.config) - 1)
         drafts: list[int] = []
-        if k > 0:
+        if k > 0 and control.worth_looking(self.costs, sequences):
             context = session.retained.all()
             context.append(job.pending or 0)
             drafts, matched = match(context, k)
