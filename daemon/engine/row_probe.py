@@ -1,5 +1,6 @@
 """Whether a row's bits here depend on how many rows of its sequence share its pass, asked of the
-loaded model and build once, as the engine opens (docs/determinism.md).
+loaded model and build once, on a sequence without cells, before the daemon serves (the service
+asks whether sessions may draft; docs/determinism.md).
 
 Speculative verification decodes a token with its drafts in one pass and keeps what it samples
 from each row; that is exact only where each row gets the bits the same token gets decoded alone.

@@ -83,6 +83,7 @@ class DecodeCosts:
         self.prior_per_row = prior_per_row
         self._seconds: list[float | None] = [None] * (max_rows + 1)
         self._seen = [0] * (max_rows + 1)
+        self._per_row: float | None = None
 
     def observe(self, rows: int, seconds: float) -> None:
         if not 0 < rows < len(self._seconds):
@@ -91,11 +92,17 @@ class DecodeCosts:
         self._seen[rows] += 1
         rate = max(0.05, 1.0 / self._seen[rows])
         self._seconds[rows] = seconds if old is None else old + rate * (seconds - old)
+        self._per_row = None  # derived from the measured passes: again at its next use
 
     def per_row(self) -> float:
         """What a row past the first adds to a pass, of a one-row pass: the mean of what the
         lengths measured so far show (a length not yet measured costs what they say, not the
         prior: on a compute-bound CPU a row costs ~0.8, twice the prior), else the prior."""
+        if self._per_row is None:
+            self._per_row = self._measured_per_row()
+        return self._per_row
+
+    def _measured_per_row(self) -> float:
         one = self._seconds[1]
         if not one or self._seen[1] < 3:
             return self.prior_per_row
