@@ -106,8 +106,9 @@ def narrate(
         typer.Option(
             "--incident-lines",
             min=1,
-            help="An incident (a new error, or a new template bursting) closes its interval this"
-            " many lines after its first line...",
+            help="An incident (a new error, an error back or at a multiple of its rate, a new"
+            " template of warnings bursting) closes its interval this many lines after its first"
+            " line...",
         ),
     ] = 20,
     incident_seconds: Annotated[
@@ -116,6 +117,23 @@ def narrate(
     gap_seconds: Annotated[
         float, typer.Option("--gap-seconds", help="A silence this long is a fact.")
     ] = 60.0,
+    recur_intervals: Annotated[
+        int,
+        typer.Option(
+            "--recur-intervals",
+            min=1,
+            help="A known error is an incident again once back after this many intervals without"
+            " it (else it is listed, not raised).",
+        ),
+    ] = 3,
+    info_bursts: Annotated[
+        bool,
+        typer.Option(
+            "--info-bursts",
+            help="A new template of INFO lines bursting is an incident too (else a NEW fact:"
+            " an install, a deploy).",
+        ),
+    ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="Print nothing for an interval with nothing to say.")
     ] = False,
@@ -175,6 +193,8 @@ def narrate(
         incident_lines=incident_lines,
         incident_seconds=incident_seconds,
         gap_seconds=gap_seconds,
+        recur_intervals=recur_intervals,
+        info_bursts=info_bursts,
     )
     cfg.validate()
     counts = Counts()

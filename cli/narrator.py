@@ -61,6 +61,8 @@ class NarrateConfig:
     incident_lines: int = 20
     incident_seconds: float = 1.0
     gap_seconds: float = 60.0
+    recur_intervals: int = 3
+    info_bursts: bool = False
 
     def validate(self) -> None:
         # the CLI's options check the integer bounds and the choices; a library caller gets these
@@ -71,6 +73,7 @@ class NarrateConfig:
             "queue_lines",
             "max_tokens",
             "incident_lines",
+            "recur_intervals",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(
@@ -90,6 +93,8 @@ class NarrateConfig:
             incident_lines=self.incident_lines,
             incident_seconds=self.incident_seconds,
             gap_seconds=self.gap_seconds,
+            recur_intervals=self.recur_intervals,
+            info_bursts=self.info_bursts,
         )
 
 
@@ -368,7 +373,7 @@ class Narrator:
             self._recall(facts)
         text, receipt = self._ask(facts)
         self._note(receipt)
-        checked = check(text, facts.support)
+        checked = check(text, facts.support, lead_of(facts))
         kept = checked.kept[:MAX_SENTENCES]
         return kept, checked.dropped
 

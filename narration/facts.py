@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
 from sinkd.narration.grounding import words_of
@@ -35,6 +35,8 @@ class DigestConfig:
     incident_seconds: float = 1.0
     gap_seconds: float = 60.0
     burst_min: int = 10  # lines in one interval before a rate jump counts
+    recur_intervals: int = 3  # an error template back after this many intervals without it
+    info_bursts: bool = False  # a new INFO template bursting is an incident too (else a fact)
     burst_factor: float = 4.0  # this many times the template's baseline rate
     steady_intervals: int = 3  # present in this many intervals in a row before "stopped" can say so
     stop_min_expected: float = 5.0  # and expected at least this many times in the interval
@@ -195,6 +197,7 @@ class _Known:
     rate: float = 0.0  # baseline lines per line, weighted over intervals
     streak: int = 0  # intervals in a row it was present in
     intervals: int = 0  # intervals since it was first seen
+    present_in: int = 0  # the last closed interval it was present in (0: none)
 
 
 class Digest:
@@ -207,14 +210,13 @@ class Digest:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or DigestConfig()
-        self.miner = miner or TemplateMiner()
+        self.miner = miner if miner is not None else TemplateMiner()  # an empty one is falsy
         self.clock = clock
         self.lines = 0  # lines read since the start
         self._number = 0
         self._first = 1  # the first line of the interval being read
         self._tallies: dict[int, _Tally] = {}
         self._known: dict[int, _Known] = {}
-        self._previous: set[int] = set()  # templates of the previous interval
         self._raised: set[int] = set()  # templates that started an incident in this interval
         self._incident_at: int | None = None  # the line that closes the incident's interval
         self._incident_since = 0.0
@@ -274,16 +276,79 @@ class Digest:
             return None
         return self._cut(incident=self._incident_at is not None)
 
+    def state(self) -> dict[str, Any]:
+        """Everything the digest knows, as JSON-ready values (the miner's templates, each
+        template's baseline, the interval being read): `restored` continues from it as if the
+        lines had never stopped, but for silences, which a restart does not claim."""
+        now = self.clock()
+        return {
+            "miner": self.miner.state(),
+            "lines": self.lines,
+            "number": self._number,
+            "first": self._first,
+            "tallies": [
+                [
+                    tid,
+                    t.count,
+                    t.first_line,
+                    t.last_line,
+                    int(t.severity),
+                    t.example,
+                    sorted(t.words),
+                ]
+                for tid, t in self._tallies.items()
+            ],
+            "known": [[tid, *astuple(k)] for tid, k in self._known.items()],
+            "raised": sorted(self._raised),
+            "incident_at": self._incident_at,
+            "incident_for": now - self._incident_since if self._incident_at is not None else 0.0,
+            "gaps": [[g.after_line, g.seconds] for g in self._gaps],
+        }
+
+    @classmethod
+    def restored(
+        cls,
+        state: dict[str, Any],
+        config: DigestConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Digest:
+        digest = cls(config, TemplateMiner.restored(state["miner"]), clock)
+        digest.lines = state["lines"]
+        digest._number = state["number"]
+        digest._first = state["first"]
+        for tid, count, first, last, severity, example, words in state["tallies"]:
+            digest._tallies[tid] = _Tally(
+                count, first, last, Severity(severity), example, set(words)
+            )
+        for tid, *known in state["known"]:
+            digest._known[tid] = _Known(*known)
+        digest._raised = set(state["raised"])
+        digest._incident_at = state["incident_at"]
+        digest._incident_since = clock() - state["incident_for"]
+        digest._gaps = [Gap(after, seconds) for after, seconds in state["gaps"]]
+        return digest
+
     @property
     def pending(self) -> int:
         """Lines read since the last cut."""
         return self.lines - self._first + 1
 
     def _starts_incident(self, tid: int, severity: Severity, tally: _Tally, known: _Known) -> bool:
-        if severity >= ERROR_OR_WORSE and tid not in self._previous:
-            return True
+        """An error template never seen, back after `recur_intervals` intervals without it, or
+        at `burst_factor` times its usual rate; a new template of warnings bursting (of INFO
+        lines only with `info_bursts`: a package manager's install is a burst of new lines, a
+        fact to print, not a page). A known error at its usual pace is a fact, not an incident."""
+        cfg = self.config
+        if severity >= ERROR_OR_WORSE:
+            quiet = self._number - known.present_in  # closed intervals without it
+            if known.intervals == 0 or quiet >= cfg.recur_intervals:
+                return True
+            usual = cfg.burst_factor * known.rate * cfg.every_lines
+            return tally.count >= max(cfg.burst_min, usual)
         new_since_start = self._number >= 1 and known.since_line >= self._first
-        return new_since_start and tally.count >= self.config.burst_min
+        if not (new_since_start and tally.count >= cfg.burst_min):
+            return False
+        return cfg.info_bursts or tally.severity >= Severity.WARNING
 
     def _cut(self, incident: bool) -> Facts:
         cfg = self.config
@@ -386,7 +451,8 @@ class Digest:
             )
             known.intervals += 1
             known.streak = known.streak + 1 if tally else 0
-        self._previous = set(self._tallies)
+            if tally:
+                known.present_in = self._number
         self._tallies = {}
         self._raised = set()
         self._incident_at = None

@@ -7,13 +7,16 @@ words of the facts and of the lines they cite, compared without case; an identif
 made of parts that all appear); content words are looser, since a narration needs verbs of its
 own, they may also be narration words ("log", "repeated", "appeared"); any other word of four
 letters or more that appears nowhere in the lines fails the sentence. A sentence must also say
-something: at least four words, one of them a number, identifier, name or word of the lines. A
-failing sentence is dropped, never mended: the facts stand alone.
+something: at least four words, one of them a number, identifier, name or word of the lines, and
+where sinkd wrote its opening (`lead`: "In lines 1-200, the log shows"), one of them after it. A
+sentence that repeats itself ("the log of the log of the log") says nothing, whatever its words.
+A failing sentence is dropped, never mended: the facts stand alone.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 _SPLIT = re.compile(r"(?<=[.!?])\s+")
@@ -100,11 +103,18 @@ def sentences_of(text: str) -> list[str]:
     return [s.strip() for s in _SPLIT.split(" ".join(text.split())) if s.strip()]
 
 
-def check(text: str, support: frozenset[str] | set[str]) -> Checked:
+def check(text: str, support: frozenset[str] | set[str], lead: str = "") -> Checked:
+    """Each sentence kept or dropped. `lead`: the opening sinkd wrote before the model's words,
+    true by construction: what a sentence says must come after it."""
     kept, dropped = [], []
     numbers = [int(w) for w in support if w.isdigit()]
     for sentence in sentences_of(text):
-        missing = unsupported_claims(sentence, support, numbers)
+        if repeats_itself(sentence):
+            missing = [REPEATS]
+        elif lead and sentence.startswith(lead):
+            missing = unsupported_claims(sentence[len(lead) :], support, numbers, min_words=1)
+        else:
+            missing = unsupported_claims(sentence, support, numbers)
         if missing:
             dropped.append(Dropped(sentence, tuple(missing)))
         else:
@@ -112,8 +122,27 @@ def check(text: str, support: frozenset[str] | set[str]) -> Checked:
     return Checked(tuple(kept), tuple(dropped))
 
 
+REPEATS = "(repeats itself)"
+SAYS_NOTHING = "(says nothing of the lines)"
+
+
+def repeats_itself(sentence: str) -> bool:
+    """Two or three words said three times over, not all of them stop words: a model looping
+    ("the log of the log of the log"), not describing ("two errors on db-07 and two errors on
+    db-09" says a pair twice)."""
+    words = [w for w in (raw.strip(_OUTER).lower() for raw in sentence.split()) if w]
+    for n in (2, 3):
+        runs = Counter(zip(*(words[i:] for i in range(n)), strict=False))
+        if any(times >= 3 and not set(run) <= STOPWORDS for run, times in runs.items()):
+            return True
+    return False
+
+
 def unsupported_claims(
-    sentence: str, support: frozenset[str] | set[str], numbers: list[int] | None = None
+    sentence: str,
+    support: frozenset[str] | set[str],
+    numbers: list[int] | None = None,
+    min_words: int = 4,
 ) -> list[str]:
     if numbers is None:
         numbers = [int(w) for w in support if w.isdigit()]
@@ -141,8 +170,8 @@ def unsupported_claims(
             specific += 1
         else:
             strict.append(token)
-    if not strict and (len(words) < 4 or specific == 0):
-        strict.append("(says nothing of the lines)")
+    if not strict and (len(words) < min_words or specific == 0):
+        strict.append(SAYS_NOTHING)
     return strict
 
 

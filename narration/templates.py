@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 MASK = "<*>"
 # values, not words: masked before the tree sees them (drain3's masking instructions, trimmed)
@@ -105,6 +106,40 @@ class TemplateMiner:
         best.count += 1
         params = tuple(r for r, t in zip(raw, best.tokens, strict=True) if t == MASK)
         return Match(best, params, created)
+
+    def state(self) -> dict[str, Any]:
+        """What the miner knows, as JSON-ready values: its templates in the order they were
+        last seen, and its tree. `restored` gives a miner that groups the next lines as this one."""
+        return {
+            "settings": [
+                self.prefix_tokens + 2,
+                self.similarity,
+                self.max_children,
+                self.max_templates,
+            ],
+            "next_id": self._next_id,
+            "templates": [
+                [t.id, t.tokens, t.count, t.first_line, list(t.path)]
+                for t in self._templates.values()
+            ],
+            "leaves": [[list(path), ids] for path, ids in self._leaves.items()],
+            "children": [
+                [list(path), sorted(keys, key=str)] for path, keys in self._children.items()
+            ],
+        }
+
+    @classmethod
+    def restored(cls, state: dict[str, Any]) -> TemplateMiner:
+        depth, similarity, max_children, max_templates = state["settings"]
+        miner = cls(depth, similarity, max_children, max_templates)
+        miner._next_id = state["next_id"]
+        for tid, tokens, count, first_line, path in state["templates"]:
+            miner._templates[tid] = Template(tid, list(tokens), count, first_line, tuple(path))
+        for path, ids in state["leaves"]:
+            miner._leaves[tuple(path)] = list(ids)
+        for path, keys in state["children"]:
+            miner._children[tuple(path)] = set(keys)
+        return miner
 
     def _path(self, masked: list[str]) -> tuple[object, ...]:
         """The leaf a line goes to: its length, then its first tokens, each a branch of its own

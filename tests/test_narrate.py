@@ -6,6 +6,8 @@ dropped and counted. The real model's runs are in test_cli_daemon.py."""
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 from sinkd.cli.narrator import Counts, Intake, NarrateConfig, Narration, Narrator
 from sinkd.daemon.runtime.api import AppendResult, Done, GenerationOptions, Handle, TokenEvent
 from sinkd.narration.facts import Digest, DigestConfig, Facts
-from sinkd.narration.grounding import check, words_of
+from sinkd.narration.grounding import REPEATS, SAYS_NOTHING, check, repeats_itself, words_of
 from sinkd.narration.severity import Severity, severity_of
 from sinkd.narration.templates import TemplateMiner
 from tests.support.receipts import receipt
@@ -147,6 +149,66 @@ def test_a_new_template_bursting_is_an_incident_and_a_jump_is_a_burst() -> None:
     assert jump.usual_per_100 == 2.0 and (jump.first_line, jump.last_line) == (601, 793)
 
 
+def test_a_burst_of_new_info_lines_is_a_fact_unless_the_operator_asks() -> None:
+    """A package manager installing: new INFO templates by the dozen, nothing wrong. Said as NEW
+    with its count, not raised; raised only with `info_bursts`."""
+    base = steady(400)
+    install = [f"2026-12-05 10:01:{i % 60:02d} status unpacked libfoo{i % 3}:amd64" for i in range(40)]
+    cuts = digest_all(base + install + steady(200, 400), every_lines=200, burst_min=10)
+    assert not any(f.incident for f in cuts)
+    assert any(f.new and f.new[0].count >= 10 for f in cuts)  # still a fact
+    asked = digest_all(base + install + steady(200, 400), every_lines=200, info_bursts=True)
+    assert sum(f.incident for f in asked) == 1
+
+
+def test_a_known_error_at_its_usual_pace_is_listed_not_raised_again() -> None:
+    """An error template raised once, then a line of it every interval: listed each time, never
+    raised again; back after `recur_intervals` intervals without it, or at four times its rate,
+    it is raised again."""
+    error = "2026-12-05T10:00:00 disk ERROR sector {} unreadable"
+    lines: list[str] = []
+    for i in range(6):  # one error an interval, but for the third
+        lines += [*steady(99, 100 * i), error.format(i) if i != 2 else steady(1, 250)[0]]
+    lines += steady(400, 600)  # four intervals without it, then back
+    lines += [error.format(99), *steady(99, 1000)]
+    lines += [error.format(i) for i in range(12)] + steady(88, 1100)  # twelve at once
+    cuts = digest_all(lines, every_lines=100, recur_intervals=3)
+    def holding(cuts: list[Facts], *numbers: int) -> list[bool]:
+        return [any(f.first_line <= n <= f.last_line and f.incident for f in cuts) for n in numbers]
+
+    assert sum(f.incident for f in cuts) == 3 and holding(cuts, 100, 1001, 1101) == [True] * 3
+    assert sum(bool(f.errors) for f in cuts) == 7  # listed in every interval that has it
+    every_time = digest_all(lines, every_lines=100, recur_intervals=1)  # back after one: raised
+    assert holding(every_time, 100, 400, 1001, 1101) == [True] * 4
+
+
+@pytest.mark.parametrize("cut_at", [150, 431, 437, 800])
+def test_a_digest_restored_from_its_state_goes_on_as_if_never_stopped(cut_at: int) -> None:
+    """Its state through JSON (as the store keeps it), at a quiet line, inside an incident's
+    interval and past a forgotten template: the same facts as one digest read straight through."""
+    error = "2026-12-05T10:00:00 disk ERROR sector {} unreadable"
+    lines = steady(430) + [error.format(i) for i in range(15)] + steady(400, 430)
+    lines += [f"tmp INFO scratch file f{i} kept" for i in range(30)] + steady(300, 830)
+    config = DigestConfig(every_lines=100)
+    straight = digest_all_capped(lines)
+    first = Digest(config, TemplateMiner(max_templates=4), clock=lambda: 0.0)
+    before = [f for f in map(first.observe, lines[:cut_at]) if f is not None]
+    state = json.loads(json.dumps(first.state()))
+    second = Digest.restored(state, config, clock=lambda: 0.0)
+    after = [f for f in map(second.observe, lines[cut_at:]) if f is not None]
+    last = second.cut()
+    assert [*before, *after, *([last] if last else [])] == straight
+    assert len(straight) > 5 and any(f.incident for f in straight)
+    assert len(second.miner) == 4 and second.state()["miner"]["next_id"] > 5  # some forgotten
+
+
+def digest_all_capped(lines: list[str]) -> list[Facts]:
+    digest = Digest(DigestConfig(every_lines=100), TemplateMiner(max_templates=4), lambda: 0.0)
+    cuts = [f for f in map(digest.observe, lines) if f is not None]
+    last = digest.cut()
+    return [*cuts, *([last] if last else [])]
+
+
 def test_a_steady_template_that_stops_is_said_once() -> None:
     lines = steady(600) + [f"2026-12-05T10:00:00 db INFO pool at {i}/64" for i in range(400)]
     cuts = digest_all(lines, every_lines=200)
@@ -194,6 +256,21 @@ def test_the_check_wants_every_number_host_and_word_in_the_lines() -> None:
         ("backup", "crashed"),
         ("(says nothing of the lines)",),
     ]
+
+
+def test_a_sentence_that_loops_or_says_nothing_past_sinkd_s_opening_is_dropped() -> None:
+    """Seen on dpkg.log: every word of a looping sentence is in the facts, and the opening sinkd
+    wrote (its line range) made it look specific."""
+    support = frozenset(words_of("Log lines 1-200: 200 lines of 4 kinds. status installed dpkg"))
+    lead = "In lines 1-200, the log shows"
+    loop = f"{lead} that the log of the log of the log of the log."
+    empty = f"{lead} that the log."
+    short = f"{lead} 200 installed lines."
+    result = check(" ".join([loop, empty, short]), support, lead)
+    assert result.kept == (short,)
+    assert [d.unsupported for d in result.dropped] == [(REPEATS,), (SAYS_NOTHING,)]
+    assert not repeats_itself("Two errors on db-07 and two errors on db-09 in lines 1-200.")
+    assert repeats_itself("the log of the log of the log")
 
 
 @dataclass
