@@ -18,6 +18,10 @@ goes first turned round by workload and round), so that a pair is minutes closer
 run one after the other: this machine's speed drifts by 10-15% over minutes.
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
 wall time from each reply's first token to its last), read before and after each workload.
+"In run" is drafting's gain within the same run, free of the drift between the two: the tokens
+the session's passes yielded at what a one-row pass of that run cost, over what its passes cost
+(`sinkd_solo_passes_total` and `sinkd_solo_pass_seconds_total` by rows: llama_decode alone, not
+the lookup's ~50 us a token or a verification's Python).
 Acceptance and draft length come from `sinkd_draft_tokens_total` and `sinkd_verifications_total`.
 Same tokens: the gRPC replies' token ids, the narrator's printed output and the JSON replies'
 text and token counts, compared between the two runs.
@@ -125,6 +129,25 @@ COUNTED = {  # the daemon's samples read, by the name used here
 }
 
 
+SOLO = "sinkd_solo_pass"
+
+
+def engine_gain(delta: dict[str, float], accepted: float) -> float | None:
+    """Drafting's gain within the run, free of the machine's drift between two runs: the
+    tokens the session's passes yielded, at what a one-row pass of this same run cost, over
+    what its passes cost (1.0 where nothing was drafted)."""
+
+    def by_rows(kind: str) -> dict[int, float]:
+        prefix = f'sinkd_solo_{kind}_total{{rows="'
+        return {int(k[len(prefix) : -2]): v for k, v in delta.items() if k.startswith(prefix)}
+
+    passes, seconds = by_rows("passes"), by_rows("pass_seconds")
+    if not passes.get(1):
+        return None
+    one_row = seconds[1] / passes[1]
+    return (sum(passes.values()) + accepted) * one_row / sum(seconds.values())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -168,6 +191,8 @@ class Daemon:
             name, _, value = line.rpartition(" ")
             if name in COUNTED:
                 out[COUNTED[name]] = float(value)
+            elif name.startswith(SOLO):  # sinkd_solo_pass[es|_seconds]_total{rows="N"}
+                out[name] = float(value)
         return out
 
     def stop(self) -> None:
@@ -331,11 +356,12 @@ def run_workload(d: Daemon, name: str) -> dict[str, Any]:
     before = d.metrics()
     result = WORKLOADS[name](d)
     after = d.metrics()
-    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTED.values()}
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*COUNTED.values(), *after}}
     drafted = delta["accepted"] + delta["rejected"]
     return {
         "tokens": int(delta["tokens"]),
         "tok_s": delta["tokens"] / delta["itl_sum"],
+        "engine_gain": engine_gain(delta, delta["accepted"]),
         "acceptance": delta["accepted"] / drafted if drafted else None,
         "draft_length": drafted / delta["verifications"] if delta["verifications"] else None,
         "verifications": int(delta["verifications"]),
@@ -368,10 +394,11 @@ def main() -> None:
     for rnd in range(ROUNDS):
         runs += measure_round(rnd)
     speedup: dict[str, float] = {}
+    in_run: dict[str, float] = {}
     same = True
     rows = []
     for name in WORKLOADS:
-        ratios = []
+        ratios, gains = [], []
         for rnd in range(ROUNDS):
             on = next(r for r in runs if r["mode"] == "auto" and r["round"] == rnd)["workloads"][
                 name
@@ -380,23 +407,25 @@ def main() -> None:
                 name
             ]
             ratios.append(on["tok_s"] / off["tok_s"])
+            gains.append(on["engine_gain"] or 1.0)
             same = same and on["result"] == off["result"]
-            rows.append([name, rnd, off["tok_s"], on["tok_s"], on["tok_s"] / off["tok_s"],
+            rows.append([name, rnd, off["tok_s"], on["tok_s"], on["tok_s"] / off["tok_s"], gains[-1],
                          on["acceptance"] if on["acceptance"] is not None else "-",
                          on["draft_length"] if on["draft_length"] is not None else "-",
                          on["tokens"], on["result"] == off["result"]])  # fmt: skip
         speedup[name] = statistics.median(ratios)
+        in_run[name] = statistics.median(gains)
     table(
         "speculative decoding, same run: sinkd serve's defaults, decode tok/s (the daemon's ITL)",
-        ["workload", "round", "off tok/s", "on tok/s", "on / off", "acceptance", "draft length",
+        ["workload", "round", "off tok/s", "on tok/s", "on / off", "in run", "acceptance",
+         "draft length",
          "tokens", "same tokens"],
         rows,
     )  # fmt: skip
     name = "speculative_quick" if QUICK else "speculative"
-    print(
-        f"wrote {write(name, {'rounds': ROUNDS, 'runs': runs, 'speedup': speedup, 'same_tokens': same})}"
-    )
-    print(json.dumps({"speedup": speedup, "same_tokens": same}))
+    kept = {"rounds": ROUNDS, "runs": runs, "speedup": speedup, "in_run": in_run}
+    print(f"wrote {write(name, {**kept, 'same_tokens': same})}")
+    print(json.dumps({"speedup": speedup, "in_run": in_run, "same_tokens": same}))
 
 
 if __name__ == "__main__":

@@ -7,15 +7,48 @@ Each daemon has its own registry, so several daemons (tests) can live in one pro
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+PassTotals = Callable[[], dict[int, tuple[int, float]]]
+
+
+class _SoloPasses:
+    """One sequence's passes by the rows they carried (a token alone, or with its drafts): how
+    many and their seconds, read at scrape time from what the executor already keeps, so that a
+    token pays nothing for it. What a draft costs against a plain token, in one run."""
+
+    def __init__(self) -> None:
+        self.source: PassTotals | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        passes = CounterMetricFamily(
+            "sinkd_solo_passes",
+            "Passes of one sequence alone, by rows: a token (1) or a token and its drafts",
+            labels=["rows"],
+        )
+        seconds = CounterMetricFamily(
+            "sinkd_solo_pass_seconds",
+            "Those passes' llama_decode seconds, by rows",
+            labels=["rows"],
+        )
+        for rows, (n, total) in sorted((self.source() if self.source else {}).items()):
+            passes.add_metric([str(rows)], n)
+            seconds.add_metric([str(rows)], total)
+        yield passes
+        yield seconds
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._solo_passes = _SoloPasses()
+        r.register(self._solo_passes)
         self.ttft = Histogram(
             "sinkd_time_to_first_token_seconds",
             "Request to first token",
@@ -227,6 +260,10 @@ class Metrics:
         self.cells_in_use = Gauge(
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r
         )
+
+    def watch_solo_passes(self, source: PassTotals) -> None:
+        """Where the solo passes' totals are read (the executor's DecodeCosts)."""
+        self._solo_passes.source = source
 
     def count(self, name: str) -> int:
         """The current value of one of our counters, by attribute name."""

@@ -191,6 +191,27 @@ def test_short_and_long_matches_learn_their_acceptance_apart() -> None:
     assert match([1, 2, 3, 9, 1, 2, 3], 1) == ([9], 3) and match([1, 2, 3], 1) == ([], 0)
 
 
+def test_a_lone_sessions_passes_are_counted_by_rows_for_the_metrics_endpoint(
+    tmp_path: Path,
+) -> None:
+    """A draft's cost against a plain token, in one run (bench/speculative.py reads it): every
+    pass of one sequence alone, by the rows it carried, with its seconds."""
+    service = fake_service(tmp_path, speculative="auto")
+    fake_engine_of(service).markov = 2
+    policy = PolicyRequest(name="sink", sinks=4, window=40, evict_chunk=4)
+    handle = service.create(WHO, policy).handle
+    service.append(WHO, handle, "Sea 171.", timeout=20)
+    collected(service.generate(WHO, handle, GenerationOptions(60, sampling=GREEDY), timeout=30))
+    sample = service.metrics.registry.get_sample_value
+    verified = service.metrics.count("verifications")
+    by_rows = {
+        rows: sample("sinkd_solo_passes_total", {"rows": str(rows)}) or 0 for rows in range(1, 10)
+    }
+    assert verified > 0 and sum(n for rows, n in by_rows.items() if rows > 1) == verified
+    assert by_rows[1] > 0 and (sample("sinkd_solo_pass_seconds_total", {"rows": "1"}) or 0) > 0
+    service.close(WHO, handle)
+
+
 def test_drafts_take_only_the_room_prefill_leaves_and_share_one_length() -> None:
     decoding = [Candidate(0, True, 0, drafts=6), Candidate(1, True, 0, drafts=3)]
     prefill = Candidate(3, False, 50)

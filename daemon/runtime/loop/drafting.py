@@ -84,15 +84,21 @@ class DecodeCosts:
         self._seconds: list[float | None] = [None] * (max_rows + 1)
         self._seen = [0] * (max_rows + 1)
         self._per_row: float | None = None
+        self._total = [0.0] * (max_rows + 1)  # every pass's seconds, by rows (for metrics)
 
     def observe(self, rows: int, seconds: float) -> None:
         if not 0 < rows < len(self._seconds):
             return
         old = self._seconds[rows]
         self._seen[rows] += 1
+        self._total[rows] += seconds
         rate = max(0.05, 1.0 / self._seen[rows])
         self._seconds[rows] = seconds if old is None else old + rate * (seconds - old)
         self._per_row = None  # derived from the measured passes: again at its next use
+
+    def totals(self) -> dict[int, tuple[int, float]]:
+        """Passes measured and their seconds, by rows."""
+        return {rows: (n, self._total[rows]) for rows, n in enumerate(self._seen) if n}
 
     def per_row(self) -> float:
         """What a row past the first adds to a pass, of a one-row pass: the mean of what the

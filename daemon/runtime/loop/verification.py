@@ -78,6 +78,7 @@ class Verifier:
         self.max_drafts = max_drafts
         self._exact: bool | None = None  # the engine's rows are exact (asked once it is loaded)
         self.costs = DecodeCosts()
+        host.metrics.watch_solo_passes(self.costs.totals)
         self._controls: dict[tuple[str, str], DraftControl] = {}
 
     def drafting(self) -> bool:
