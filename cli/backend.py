@@ -7,16 +7,20 @@ Both take and give the runtime's typed objects, so commands do not care which on
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
+    DigestOptions,
     Erased,
     GenerationOptions,
     Handle,
     Inspection,
+    Narrated,
+    NarratedInterval,
+    NarratedStream,
     PassageView,
     PolicyRequest,
     RecallRequest,
@@ -26,7 +30,36 @@ from sinkd.daemon.runtime.api import (
     Stream,
 )
 
-__all__ = ["Backend", "EmbeddedBackend", "Handle"]
+if TYPE_CHECKING:
+    from sinkd.daemon.runtime.narrated import NarratedStreams
+    from sinkd.daemon.runtime.sessions import Principal
+
+__all__ = ["Backend", "EmbeddedBackend", "Handle", "NarrationBackend"]
+
+
+class NarrationBackend(Protocol):
+    """A tenant's narrated streams: `Client.narration` (rpc/narration_client.py) or the
+    embedded service's (`EmbeddedNarration`)."""
+
+    def narrate(
+        self,
+        stream: str,
+        lines: list[str],
+        close: bool = False,
+        options: DigestOptions | None = None,
+    ) -> Narrated: ...
+    def note(self, stream: str, number: int, sentence: str) -> bool: ...
+    def history(
+        self,
+        stream: str,
+        since: float = 0.0,
+        until: float = 0.0,
+        severity: str = "",
+        template: str = "",
+        limit: int = 0,
+    ) -> list[NarratedInterval]: ...
+    def streams(self) -> list[NarratedStream]: ...
+    def forget(self, stream: str) -> int: ...
 
 
 class Backend(Protocol):
@@ -66,6 +99,9 @@ class Backend(Protocol):
     def list(self) -> list[Receipt]: ...
     def shutdown(self) -> None: ...
 
+    @property
+    def narration(self) -> NarrationBackend: ...
+
 
 class EmbeddedBackend:
     """The same service the daemon runs, in this process, for one local user."""
@@ -92,6 +128,12 @@ class EmbeddedBackend:
         self.principal = Principal(LOCAL_TENANT, admin=True)
         self.service.start()
         self.service.wait_ready()
+        self._narration = EmbeddedNarration(self.service.narrated, self.principal)
+
+    @property
+    def narration(self) -> NarrationBackend:
+        """Narrated streams in this process: not kept past it (a daemon keeps them)."""
+        return self._narration
 
     def create(
         self,
@@ -161,3 +203,42 @@ class EmbeddedBackend:
 
     def shutdown(self) -> None:
         self.service.stop()
+
+
+class EmbeddedNarration:
+    """The embedded service's narrated streams, as `Client.narration` offers a daemon's."""
+
+    def __init__(self, streams: NarratedStreams, principal: Principal) -> None:
+        self.streams_ = streams
+        self.principal = principal
+
+    def narrate(
+        self,
+        stream: str,
+        lines: list[str],
+        close: bool = False,
+        options: DigestOptions | None = None,
+    ) -> Narrated:
+        return self.streams_.feed(self.principal, stream, lines, close, options)
+
+    def note(self, stream: str, number: int, sentence: str) -> bool:
+        return self.streams_.note(self.principal, stream, number, sentence)
+
+    def history(
+        self,
+        stream: str,
+        since: float = 0.0,
+        until: float = 0.0,
+        severity: str = "",
+        template: str = "",
+        limit: int = 0,
+    ) -> list[NarratedInterval]:
+        return self.streams_.history(
+            self.principal, stream, since, until, severity, template, limit
+        )
+
+    def streams(self) -> list[NarratedStream]:
+        return self.streams_.streams(self.principal)
+
+    def forget(self, stream: str) -> int:
+        return self.streams_.forget(self.principal, stream)

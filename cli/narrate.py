@@ -15,9 +15,18 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from sinkd.cli import narrated
 from sinkd.cli.console import console, shown
 from sinkd.cli.exit_codes import handle_errors
-from sinkd.cli.narrator import Counts, Intake, NarrateConfig, Narration, Narrator, read_lines
+from sinkd.cli.narrator import (
+    Counts,
+    Intake,
+    NarrateConfig,
+    Narration,
+    Narrator,
+    StreamDigester,
+    read_lines,
+)
 from sinkd.cli.options import (
     ConnectOpt,
     EvictOpt,
@@ -83,8 +92,22 @@ def narration_event(item: Narration, ts: str, counts: dict[str, Any]) -> dict[st
     }
 
 
+app = typer.Typer(
+    help="Narrate a log from stdin; with --stream, kept by the daemon: see its history.",
+)
+
+
 @handle_errors
 def narrate(
+    ctx: typer.Context,
+    stream_name: Annotated[
+        str,
+        typer.Option(
+            "--stream",
+            help="Keep this stream in the daemon: its templates, baselines, line numbers and every"
+            " interval's facts outlive this pipe and the daemon (`sinkd narrate history NAME`).",
+        ),
+    ] = "",
     embedded: Annotated[
         bool,
         typer.Option("--embedded", help="Run the model in this process, even if a daemon runs."),
@@ -178,6 +201,8 @@ def narrate(
     """Narrate an endless log from stdin (`tail -f app.log | sinkd narrate`): facts computed from
     every line, a checked sentence from the model; through the daemon when one answers, else in
     this process."""
+    if ctx.invoked_subcommand is not None:
+        return
     cfg = NarrateConfig(
         chunk_lines=chunk_lines,
         chunk_seconds=chunk_seconds,
@@ -195,6 +220,7 @@ def narrate(
         gap_seconds=gap_seconds,
         recur_intervals=recur_intervals,
         info_bursts=info_bursts,
+        stream=stream_name,
     )
     cfg.validate()
     counts = Counts()
@@ -209,7 +235,8 @@ def narrate(
         else:
             out.print(narration_line(ts, narration_text(item)), highlight=False)
 
-    intake = Intake(cfg, counts)
+    digester = StreamDigester(backend.narration, cfg.stream, cfg.options()) if cfg.stream else None
+    intake = Intake(cfg, counts, digester=digester)
     reader = threading.Thread(
         target=read_lines, args=(sys.stdin.buffer, intake, counts, cfg.max_line_bytes), daemon=True
     )
@@ -243,3 +270,9 @@ def narrate(
             ),
             highlight=False,
         )
+
+
+app.callback(invoke_without_command=True)(narrate)
+app.command("history")(narrated.history)
+app.command("list")(narrated.streams)
+app.command("forget")(narrated.forget)

@@ -14,15 +14,17 @@ its memory and recall), through a bounded queue whose policy is `drop-oldest` or
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from sinkd.cli.backend import Backend
+from sinkd.cli.backend import Backend, NarrationBackend
 from sinkd.daemon.runtime.api import (
+    DigestOptions,
     GenerationOptions,
     Handle,
     Receipt,
@@ -43,6 +45,7 @@ MAX_QUERY_CHARS = 2000
 MAX_SENTENCES = 2
 MAX_PENDING = 128  # cut intervals waiting for the main loop before the reader waits
 POLL_SECONDS = 0.25
+DUE_POLL_S = 0.5  # a narrated stream's open interval: asked this often whether it is due
 
 
 @dataclass
@@ -63,6 +66,7 @@ class NarrateConfig:
     gap_seconds: float = 60.0
     recur_intervals: int = 3
     info_bursts: bool = False
+    stream: str = ""  # a narrated stream kept by the daemon (`--stream`); "" this process's
 
     def validate(self) -> None:
         # the CLI's options check the integer bounds and the choices; a library caller gets these
@@ -86,6 +90,18 @@ class NarrateConfig:
                 )
         if self.on_full not in (DROP_OLDEST, BLOCK):
             raise InvalidInput(f"--on-full: must be {DROP_OLDEST} or {BLOCK}, got {self.on_full!r}")
+
+    def options(self) -> DigestOptions:
+        """The digest's rules as a narrated stream takes them."""
+        d = self.digest()
+        return DigestOptions(
+            every_lines=d.every_lines,
+            incident_lines=d.incident_lines,
+            incident_seconds=d.incident_seconds,
+            gap_seconds=d.gap_seconds,
+            recur_intervals=d.recur_intervals,
+            info_bursts=d.info_bursts,
+        )
 
     def digest(self) -> DigestConfig:
         return DigestConfig(
@@ -181,6 +197,97 @@ class LineQueue:
             return out
 
 
+class Digester(Protocol):
+    """Where lines become facts: a digest in this process, or a narrated stream's in the daemon."""
+
+    @property
+    def lines(self) -> int: ...
+    @property
+    def pending(self) -> int: ...
+    def feed(self, line: str) -> list[Facts]: ...
+    def due(self) -> list[Facts]: ...
+    def cut(self) -> list[Facts]: ...
+
+
+class LocalDigester:
+    """A digest in this process: gone with it."""
+
+    def __init__(self, digest: Digest) -> None:
+        self.digest = digest
+
+    @property
+    def lines(self) -> int:
+        return self.digest.lines
+
+    @property
+    def pending(self) -> int:
+        return self.digest.pending
+
+    def feed(self, line: str) -> list[Facts]:
+        facts = self.digest.observe(line)
+        return [facts] if facts is not None else []
+
+    def due(self) -> list[Facts]:
+        facts = self.digest.due()
+        return [facts] if facts is not None else []
+
+    def cut(self) -> list[Facts]:
+        facts = self.digest.cut()
+        return [facts] if facts is not None else []
+
+
+class StreamDigester:
+    """A narrated stream's digest, in the daemon (`--stream`): its templates, baselines and line
+    numbers outlive this process, and its intervals are kept there. Lines go in batches of
+    `batch` (an interval closed by a batch's first line is seen when the batch is sent, at most
+    `batch` lines late; an incident's seconds and the time bound send what waits)."""
+
+    def __init__(
+        self, calls: NarrationBackend, stream: str, options: DigestOptions, batch: int = 64
+    ) -> None:
+        self.calls = calls
+        self.stream = stream
+        self.options: DigestOptions | None = options
+        self.batch = batch
+        self._waiting: list[str] = []
+        self._lines = self._pending = 0
+        self._sent = 0.0  # when lines were last sent (monotonic)
+
+    @property
+    def lines(self) -> int:
+        return self._lines + len(self._waiting)
+
+    @property
+    def pending(self) -> int:
+        return self._pending + len(self._waiting)
+
+    def feed(self, line: str) -> list[Facts]:
+        self._waiting.append(line)
+        return self._send() if len(self._waiting) >= self.batch else []
+
+    def due(self) -> list[Facts]:
+        """What waits, sent; an open interval asked about twice a second (its incident's
+        seconds run in the daemon)."""
+        if self._waiting or (self._pending and time.monotonic() - self._sent >= DUE_POLL_S):
+            return self._send()
+        return []
+
+    def cut(self) -> list[Facts]:
+        return self._send(close=True)
+
+    def _send(self, close: bool = False) -> list[Facts]:
+        lines, self._waiting = self._waiting, []
+        self._sent = time.monotonic()
+        fed = self.calls.narrate(self.stream, lines, close, self.options)
+        self.options = None  # the stream keeps them
+        self._lines, self._pending = fed.lines, fed.pending
+        out = []
+        for interval in fed.closed:
+            record = json.loads(interval.record_json)
+            out.append(Facts.from_dict(record["facts"], frozenset(interval.support)))
+        return out
+
+
 class Intake:
     """Where the reader puts lines: every one into the digest, and into the queue when the raw
     lines feed the session. Cut intervals wait here for the main loop; thread-safe."""
@@ -190,11 +297,12 @@ class Intake:
         config: NarrateConfig,
         counts: Counts,
         clock: Callable[[], float] = time.monotonic,
+        digester: Digester | None = None,
     ) -> None:
         self.config = config
         self.counts = counts
         self.clock = clock
-        self.digest = Digest(config.digest(), clock=clock)
+        self.digester: Digester = digester or LocalDigester(Digest(config.digest(), clock=clock))
         self.queue = (
             LineQueue(config.queue_lines, config.on_full, counts) if config.feed_lines else None
         )
@@ -210,8 +318,7 @@ class Intake:
             while len(self._cuts) >= MAX_PENDING and not self._closed:
                 self._cond.wait()  # the main loop is behind: the reader waits, nothing is dropped
             self.counts.lines_read += 1
-            facts = self.digest.observe(line)
-            if facts is not None:
+            for facts in self.digester.feed(line):
                 self._cut(facts)
         if self.queue is not None:
             self.queue.put(line)
@@ -229,15 +336,16 @@ class Intake:
         deadline = self.clock() + timeout
         with self._cond:
             while not self._cuts and not self._closed:
-                due = self.digest.due()
+                due = self.digester.due()
                 if (
-                    due is None
-                    and self.digest.pending
+                    not due
+                    and self.digester.pending
                     and (self.clock() - self._last_cut >= self.config.every_seconds)
                 ):
-                    due = self.digest.cut()
-                if due is not None:
-                    self._cut(due)
+                    due = self.digester.cut()
+                for facts in due:
+                    self._cut(facts)
+                if due:
                     break
                 left = deadline - self.clock()
                 if left <= 0:
@@ -245,8 +353,7 @@ class Intake:
                 self._cond.wait(min(left, POLL_SECONDS))
             ended = False
             if self._closed:
-                last = self.digest.cut()
-                if last is not None:
+                for last in self.digester.cut():
                     self._cut(last)
                 ended = True
             cuts, self._cuts = self._cuts, []
@@ -257,7 +364,7 @@ class Intake:
     @property
     def lines_read(self) -> int:
         with self._cond:
-            return self.digest.lines
+            return self.digester.lines
 
     def _cut(self, facts: Facts) -> None:
         """Queue a cut interval. Only the newest incident and the newest interval that is not
@@ -362,6 +469,8 @@ class Narrator:
                 self.counts.sentences_kept += len(text)
                 self.counts.unsupported_dropped += len(dropped)
                 item = Narration(facts, " ".join(text), dropped, True, False, intake.lines_read)
+                if text and self.config.stream:  # kept with the interval's facts in the daemon
+                    self.backend.narration.note(self.config.stream, facts.number, item.text)
             else:
                 behind = not facts.quiet
                 self.counts.behind += behind

@@ -201,6 +201,10 @@ class Settings(BaseSettings):
     memory_across_conversations: bool = False
     memory_across_max_tokens: int = Field(default=200_000, ge=1)  # per tenant; oldest pruned
     memory_passages: Literal["text", "fixed"] = "text"  # cut at lines/sentences, or every 48
+    # narrated streams (docs/narrate.md): a tenant's intervals older than this, or past this many
+    # bytes, are folded into aggregates (never dropped without a trace)
+    narrate_keep_days: float = Field(default=90.0, gt=0)
+    narrate_keep_bytes: int = Field(default=64 << 20, ge=1 << 16)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     verify_model_hash: bool = True
     allow_unchecked: bool = False  # run a KV dtype or backend the lock has not been checked with

@@ -155,6 +155,29 @@ class Facts:
             out.append(f"({self.omitted} more facts not listed.)")
         return "\n".join(out)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], support: frozenset[str] = frozenset()) -> Facts:
+        """The facts `as_dict` gave (a narrated stream's, kept by the daemon)."""
+
+        def facts(kind: str) -> tuple[TemplateFact, ...]:
+            return tuple(TemplateFact(**f) for f in d[kind])
+
+        return cls(
+            number=d["number"],
+            first_line=d["first_line"],
+            last_line=d["last_line"],
+            templates=d["templates"],
+            known=d["known_templates"],
+            new=facts("new"),
+            errors=facts("errors"),
+            bursts=facts("bursts"),
+            stopped=facts("stopped"),
+            gaps=tuple(Gap(**g) for g in d["gaps"]),
+            incident=d["incident"],
+            omitted=d["omitted"],
+            support=support,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "number": self.number,

@@ -13,10 +13,13 @@ from sinkd.cachepolicy import PolicyConfig
 from sinkd.cachepolicy.recall_plan import RecallConfig, RecalledSpan
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.runtime.api import (
+    DigestOptions,
     Done,
     Handle,
     KeptSelection,
     ModelInfo,
+    NarratedInterval,
+    NarratedStream,
     PassageView,
     PrefixInfo,
     RecallReport,
@@ -413,4 +416,54 @@ def model_to_pb(m: ModelInfo) -> pb.ModelInfo:
         default_sinks=m.default_sinks,
         default_window=m.default_window,
         backend=m.backend,
+    )
+
+
+def digest_options_from_pb(m: pb.DigestOptions) -> DigestOptions:
+    return DigestOptions(
+        every_lines=m.every_lines,
+        incident_lines=m.incident_lines,
+        incident_seconds=m.incident_seconds,
+        gap_seconds=m.gap_seconds,
+        recur_intervals=m.recur_intervals,
+        info_bursts=m.info_bursts,
+    )
+
+
+def digest_options_to_pb(o: DigestOptions) -> pb.DigestOptions:
+    return pb.DigestOptions(**dataclasses.asdict(o))
+
+
+def interval_to_pb(i: NarratedInterval) -> pb.NarratedInterval:
+    return pb.NarratedInterval(**{**dataclasses.asdict(i), "support": list(i.support)})
+
+
+def interval_from_pb(m: pb.NarratedInterval) -> NarratedInterval:
+    return NarratedInterval(
+        stream=m.stream,
+        number=m.number,
+        last_number=m.last_number,
+        first_line=m.first_line,
+        last_line=m.last_line,
+        started=m.started,
+        ended=m.ended,
+        incidents=m.incidents,
+        errors=m.errors,
+        record_json=m.record_json,
+        support=tuple(m.support),
+    )
+
+
+def narrated_stream_to_pb(s: NarratedStream) -> pb.NarratedStream:
+    return pb.NarratedStream(**dataclasses.asdict(s))
+
+
+def narrated_stream_from_pb(m: pb.NarratedStream) -> NarratedStream:
+    return NarratedStream(
+        name=m.name,
+        created=m.created,
+        updated=m.updated,
+        intervals=m.intervals,
+        lines=m.lines,
+        incidents=m.incidents,
     )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,6 +238,46 @@ def test_the_facts_are_the_same_through_the_daemon_and_embedded(address: str) ->
     assert facts(remote) == facts(embedded)
     shape = [(f["first_line"], f["last_line"], f["incident"]) for f in facts(remote)]
     assert shape == [(1, 50, False), (51, 90, True), (91, 120, False)], shape
+
+
+def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(address: str) -> None:
+    """`--stream`: two pipes, one stream kept by the daemon: the second pipe's line numbers
+    continue the first's and its templates are known (not NEW again); `history` lists both
+    pipes' intervals, by severity too; another tenant has no such stream; `forget` deletes it."""
+    conn = ["--connect", address, "--token", "alice-token"]
+    args = ["narrate", "--stream", "web", "--window", "60", "--every-lines", "50",
+            "--every-seconds", "600", "--incident-seconds", "600", "--max-tokens", "8",
+            "--no-recall", "--json", *conn]  # fmt: skip
+    lines = [f"2026-12-05T10:00:{i % 60:02d} api INFO request {i} served" for i in range(200)]
+    lines[130] = "2026-12-05T10:02:10 kernel FATAL machine check on cpu 3"
+
+    def facts(out: str) -> list[dict[str, Any]]:
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        return [e["facts"] for e in events if e["event"] == "narration"]
+
+    code, first, err = sinkd(*args, input="".join(line + "\n" for line in lines[:100]))
+    assert code == 0, err
+    code, second, err = sinkd(*args, input="".join(line + "\n" for line in lines[100:]))
+    assert code == 0, err
+    one, two = facts(first), facts(second)
+    assert [(f["first_line"], f["last_line"]) for f in one] == [(1, 50), (51, 100)]
+    assert two[0]["first_line"] == 101 and two[-1]["last_line"] == 200
+    assert not any("api INFO" in n["template"] for f in two for n in f["new"])  # known
+    code, out, err = sinkd("narrate", "history", "web", *conn, "--json")
+    assert code == 0, err
+    kept = [json.loads(line) for line in out.splitlines()]
+    assert [k["number"] for k in kept] == list(range(1, len(one) + len(two) + 1))
+    code, out, _ = sinkd("narrate", "history", "web", *conn, "--json", "--severity", "critical")
+    [fatal] = [json.loads(line) for line in out.splitlines()]
+    assert fatal["first_line"] <= 131 <= fatal["last_line"] and fatal["incidents"] == 1
+    code, out, _ = sinkd("narrate", "list", *conn, "--json")
+    assert [(s["name"], s["lines"]) for s in map(json.loads, out.splitlines())] == [("web", 200)]
+    code, _, err = sinkd("narrate", "history", "web", "--connect", address, "--token", "bob-token")
+    assert code == 11 and "no narrated stream" in err
+    code, out, err = sinkd("narrate", "forget", "web", "--yes", *conn)
+    assert code == 0 and "forgot web" in out, err
+    code, _, _ = sinkd("narrate", "history", "web", *conn)
+    assert code == 11
 
 
 @pytest.mark.unit

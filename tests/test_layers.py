@@ -311,6 +311,9 @@ def test_protobuf_conversion_covers_every_field() -> None:
         (api.ModelInfo, pb.ModelInfo),
         (api.Stats, pb.StatsResponse),
         (api.Handle, pb.Handle),
+        (api.DigestOptions, pb.DigestOptions),
+        (api.NarratedInterval, pb.NarratedInterval),
+        (api.NarratedStream, pb.NarratedStream),
     ]
     for ours, theirs in pairs:
         mine = {f.name for f in dataclasses.fields(ours)}

@@ -7,7 +7,6 @@ dropped and counted. The real model's runs are in test_cli_daemon.py."""
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,7 +152,9 @@ def test_a_burst_of_new_info_lines_is_a_fact_unless_the_operator_asks() -> None:
     """A package manager installing: new INFO templates by the dozen, nothing wrong. Said as NEW
     with its count, not raised; raised only with `info_bursts`."""
     base = steady(400)
-    install = [f"2026-12-05 10:01:{i % 60:02d} status unpacked libfoo{i % 3}:amd64" for i in range(40)]
+    install = [
+        f"2026-12-05 10:01:{i % 60:02d} status unpacked libfoo{i % 3}:amd64" for i in range(40)
+    ]
     cuts = digest_all(base + install + steady(200, 400), every_lines=200, burst_min=10)
     assert not any(f.incident for f in cuts)
     assert any(f.new and f.new[0].count >= 10 for f in cuts)  # still a fact
@@ -173,6 +174,7 @@ def test_a_known_error_at_its_usual_pace_is_listed_not_raised_again() -> None:
     lines += [error.format(99), *steady(99, 1000)]
     lines += [error.format(i) for i in range(12)] + steady(88, 1100)  # twelve at once
     cuts = digest_all(lines, every_lines=100, recur_intervals=3)
+
     def holding(cuts: list[Facts], *numbers: int) -> list[bool]:
         return [any(f.first_line <= n <= f.last_line and f.incident for f in cuts) for n in numbers]
 

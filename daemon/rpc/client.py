@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sinkd.cachepolicy.sequence import TraceEvent
 from sinkd.daemon.private import check_socket_owner
+from sinkd.daemon.rpc.narration_client import NarrationCalls
 from sinkd.daemon.runtime.api import (
     AppendResult,
     ChatRequest,
@@ -178,6 +179,7 @@ class Client:
                 ) from None
         self.s = pb_grpc.SessionsStub(self.channel)  # type: ignore[no-untyped-call]
         self.admin = pb_grpc.AdminStub(self.channel)  # type: ignore[no-untyped-call]
+        self.narration = NarrationCalls(self.channel, self.md, self._refused)  # narrated streams
 
     def wait_serving(self, deadline_s: float, on_wait: Callable[[], None] = lambda: None) -> None:
         """Return once the daemon says SERVING (its model loaded); `on_wait` is called once if it

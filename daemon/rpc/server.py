@@ -24,6 +24,7 @@ from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.config import Settings
 from sinkd.daemon.private import private_dir
 from sinkd.daemon.rpc.guard import OpenStreams, TenantlessCalls
+from sinkd.daemon.rpc.narration import NarrationServicer
 from sinkd.daemon.rpc.servicer import AdminServicer, SessionsServicer
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.errors import ListenError
@@ -32,6 +33,7 @@ from sinkd.proto.v1 import sinkd_pb2 as pb
 SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["Sessions"].full_name,
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+    pb.DESCRIPTOR.services_by_name["Narration"].full_name,
 )
 
 
@@ -164,6 +166,7 @@ class GrpcFront:
         )
         _register(self.server, "Sessions", SessionsServicer(service, authenticator, limits))
         _register(self.server, "Admin", AdminServicer(service, authenticator, ask_stop))
+        _register(self.server, "Narration", NarrationServicer(service, authenticator, limits))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if settings.reflection != "off":
             reflection.enable_server_reflection(

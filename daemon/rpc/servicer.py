@@ -76,7 +76,7 @@ def rpc(fn: Callable[..., Any]) -> Method:
     loaded = not getattr(fn, "any_time", False)
 
     @functools.wraps(fn)
-    def wrapper(self: _Base, request: Any, context: grpc.ServicerContext) -> Any:
+    def wrapper(self: BaseServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             principal = self.auth(context)
             if loaded:
@@ -91,7 +91,7 @@ def rpc(fn: Callable[..., Any]) -> Method:
 
 def rpc_stream(fn: Callable[..., Iterator[Any]]) -> Method:
     @functools.wraps(fn)
-    def wrapper(self: _Base, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def wrapper(self: BaseServicer, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             principal = self.auth(context)
             self.service.check_serving()
@@ -103,7 +103,7 @@ def rpc_stream(fn: Callable[..., Iterator[Any]]) -> Method:
     return wrapper
 
 
-class _Base:
+class BaseServicer:
     def __init__(
         self, service: SinkdService, authenticator: Authenticator, limits: CallLimits | None
     ) -> None:
@@ -187,7 +187,7 @@ def _optional(message: Any, name: str) -> Any:
     return getattr(message, name) if message.HasField(name) else None
 
 
-class SessionsServicer(_Base, pb_grpc.SessionsServicer):
+class SessionsServicer(BaseServicer, pb_grpc.SessionsServicer):
     @rpc
     def Create(
         self, request: pb.CreateSessionRequest, context: Any, principal: Principal
@@ -427,7 +427,7 @@ class SessionsServicer(_Base, pb_grpc.SessionsServicer):
         return pb.KeptResponse(passages=[passage_to_pb(p) for p in kept])
 
 
-class AdminServicer(_Base, pb_grpc.AdminServicer):
+class AdminServicer(BaseServicer, pb_grpc.AdminServicer):
     """Admin calls are not admitted against the call limits: they never wait on a session."""
 
     def __init__(

@@ -25,6 +25,7 @@ __all__ = [
     "AppendResult",
     "CancelToken",
     "ChatRequest",
+    "DigestOptions",
     "Done",
     "ErrorEvent",
     "Event",
@@ -33,6 +34,9 @@ __all__ = [
     "Inspection",
     "KeptSelection",
     "ModelInfo",
+    "Narrated",
+    "NarratedInterval",
+    "NarratedStream",
     "PassageView",
     "PolicyRequest",
     "RecallReport",
@@ -495,6 +499,61 @@ class PrefixInfo:
     disk_bytes: int
     hits: int
     idle_s: float
+
+
+# --- narrated streams (runtime/narrated.py) ---
+
+
+@dataclass(frozen=True)
+class DigestOptions:
+    """How a narrated stream cuts intervals and raises incidents (narration/facts.py's
+    DigestConfig); 0 takes the default."""
+
+    every_lines: int = 0
+    incident_lines: int = 0
+    incident_seconds: float = 0.0
+    gap_seconds: float = 0.0
+    recur_intervals: int = 0
+    info_bursts: bool = False
+
+
+@dataclass(frozen=True)
+class NarratedInterval:
+    """One closed interval of a narrated stream, or (`last_number` > `number`) older ones
+    folded into one. `record_json`: its facts, their text and the sentence said of them (a
+    fold: lines, incidents and errors by template); `support`: the words of its lines the
+    grounding check needs, in a Narrate answer only (never kept)."""
+
+    stream: str
+    number: int
+    last_number: int
+    first_line: int
+    last_line: int
+    started: float
+    ended: float
+    incidents: int
+    errors: int
+    record_json: str
+    support: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Narrated:
+    """What a Narrate call closed, and where the stream stands."""
+
+    closed: tuple[NarratedInterval, ...]
+    lines: int
+    pending: int
+
+
+@dataclass(frozen=True)
+class NarratedStream:
+    name: str
+    created: float
+    updated: float
+    intervals: int
+    lines: int
+    incidents: int
 
 
 def to_json(value: object) -> object:

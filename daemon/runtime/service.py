@@ -48,6 +48,7 @@ from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.loop.prefixes import PrefixStates
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.migration import Mover, SessionMoves
+from sinkd.daemon.runtime.narrated import NarratedStreams
 from sinkd.daemon.runtime.reads import SessionReads
 from sinkd.daemon.runtime.recall.framing import Presentation
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -155,6 +156,12 @@ class SinkdService:
         )
         self.memory.on_forgot = self.prefixes.forget_tenant  # a prefix may hold forgotten text
         self.across = AcrossConversations(self.access, self.scheduler, self.memory)
+        self.narrated = NarratedStreams(
+            self.scheduler,
+            self.durability,
+            settings.narrate_keep_days * 86_400,
+            settings.narrate_keep_bytes,
+        )
         self.reads = SessionReads(
             self.access, self.registry, self.scheduler, self.admission, self.metrics, self.entry
         )

@@ -751,3 +751,143 @@ class HeldTenantsResponse(_message.Message):
     tenants: _containers.RepeatedCompositeFieldContainer[HeldTenant]
     arrived: str
     def __init__(self, tenants: _Optional[_Iterable[_Union[HeldTenant, _Mapping]]] = ..., arrived: _Optional[str] = ...) -> None: ...
+
+class DigestOptions(_message.Message):
+    __slots__ = ("every_lines", "incident_lines", "incident_seconds", "gap_seconds", "recur_intervals", "info_bursts")
+    EVERY_LINES_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_LINES_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GAP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECUR_INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    INFO_BURSTS_FIELD_NUMBER: _ClassVar[int]
+    every_lines: int
+    incident_lines: int
+    incident_seconds: float
+    gap_seconds: float
+    recur_intervals: int
+    info_bursts: bool
+    def __init__(self, every_lines: _Optional[int] = ..., incident_lines: _Optional[int] = ..., incident_seconds: _Optional[float] = ..., gap_seconds: _Optional[float] = ..., recur_intervals: _Optional[int] = ..., info_bursts: _Optional[bool] = ...) -> None: ...
+
+class NarrateRequest(_message.Message):
+    __slots__ = ("stream", "lines", "close", "options")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    close: bool
+    options: DigestOptions
+    def __init__(self, stream: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., close: _Optional[bool] = ..., options: _Optional[_Union[DigestOptions, _Mapping]] = ...) -> None: ...
+
+class NarratedInterval(_message.Message):
+    __slots__ = ("stream", "number", "last_number", "first_line", "last_line", "started", "ended", "incidents", "errors", "record_json", "support")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    LAST_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LINE_FIELD_NUMBER: _ClassVar[int]
+    LAST_LINE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_JSON_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    number: int
+    last_number: int
+    first_line: int
+    last_line: int
+    started: float
+    ended: float
+    incidents: int
+    errors: int
+    record_json: str
+    support: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stream: _Optional[str] = ..., number: _Optional[int] = ..., last_number: _Optional[int] = ..., first_line: _Optional[int] = ..., last_line: _Optional[int] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., incidents: _Optional[int] = ..., errors: _Optional[int] = ..., record_json: _Optional[str] = ..., support: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NarrateResponse(_message.Message):
+    __slots__ = ("closed", "lines", "pending")
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    closed: _containers.RepeatedCompositeFieldContainer[NarratedInterval]
+    lines: int
+    pending: int
+    def __init__(self, closed: _Optional[_Iterable[_Union[NarratedInterval, _Mapping]]] = ..., lines: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class NoteNarrationRequest(_message.Message):
+    __slots__ = ("stream", "number", "sentence")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    SENTENCE_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    number: int
+    sentence: str
+    def __init__(self, stream: _Optional[str] = ..., number: _Optional[int] = ..., sentence: _Optional[str] = ...) -> None: ...
+
+class NoteNarrationResponse(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    def __init__(self, kept: _Optional[bool] = ...) -> None: ...
+
+class NarrationHistoryRequest(_message.Message):
+    __slots__ = ("stream", "since", "until", "severity", "template", "limit")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    since: float
+    until: float
+    severity: str
+    template: str
+    limit: int
+    def __init__(self, stream: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., severity: _Optional[str] = ..., template: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class NarrationHistoryResponse(_message.Message):
+    __slots__ = ("intervals",)
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    intervals: _containers.RepeatedCompositeFieldContainer[NarratedInterval]
+    def __init__(self, intervals: _Optional[_Iterable[_Union[NarratedInterval, _Mapping]]] = ...) -> None: ...
+
+class ListNarrationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NarratedStream(_message.Message):
+    __slots__ = ("name", "created", "updated", "intervals", "lines", "incidents")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    created: float
+    updated: float
+    intervals: int
+    lines: int
+    incidents: int
+    def __init__(self, name: _Optional[str] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., intervals: _Optional[int] = ..., lines: _Optional[int] = ..., incidents: _Optional[int] = ...) -> None: ...
+
+class ListNarrationsResponse(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedCompositeFieldContainer[NarratedStream]
+    def __init__(self, streams: _Optional[_Iterable[_Union[NarratedStream, _Mapping]]] = ...) -> None: ...
+
+class ForgetNarrationRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class ForgetNarrationResponse(_message.Message):
+    __slots__ = ("intervals",)
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    intervals: int
+    def __init__(self, intervals: _Optional[int] = ...) -> None: ...

@@ -1340,3 +1340,247 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class NarrationStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Narrate = channel.unary_unary(
+                '/sinkd.v1.Narration/Narrate',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrateRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrateResponse.FromString,
+                _registered_method=True)
+        self.Note = channel.unary_unary(
+                '/sinkd.v1.Narration/Note',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NoteNarrationRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NoteNarrationResponse.FromString,
+                _registered_method=True)
+        self.History = channel.unary_unary(
+                '/sinkd.v1.Narration/History',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationHistoryRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationHistoryResponse.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/sinkd.v1.Narration/List',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListNarrationsRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListNarrationsResponse.FromString,
+                _registered_method=True)
+        self.Forget = channel.unary_unary(
+                '/sinkd.v1.Narration/Forget',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationResponse.FromString,
+                _registered_method=True)
+
+
+class NarrationServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Narrate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Note(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def History(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Forget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NarrationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Narrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Narrate,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrateRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrateResponse.SerializeToString,
+            ),
+            'Note': grpc.unary_unary_rpc_method_handler(
+                    servicer.Note,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NoteNarrationRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NoteNarrationResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationHistoryRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationHistoryResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListNarrationsRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListNarrationsResponse.SerializeToString,
+            ),
+            'Forget': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forget,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'sinkd.v1.Narration', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('sinkd.v1.Narration', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Narration:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Narrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/Narrate',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrateRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Note(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/Note',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NoteNarrationRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NoteNarrationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/History',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationHistoryRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/List',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListNarrationsRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ListNarrationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/Forget',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

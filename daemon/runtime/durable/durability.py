@@ -33,6 +33,7 @@ from sinkd.daemon.store import generation_rows, snapshots
 from sinkd.daemon.store.embedder import Embedder
 from sinkd.daemon.store.journal import Chunk, ClientTables, Journal, SnapshotRow, StoredSession
 from sinkd.daemon.store.memory import MemoryStore, Segmenting
+from sinkd.daemon.store.narrated import NarratedTables
 from sinkd.daemon.store.tenant_marks import TenantMarks
 from sinkd.errors import CorruptSnapshot, JournalError, ResourceExhausted
 
@@ -214,6 +215,7 @@ class Durability:
         self._journal: Journal | None = None
         self.memory: MemoryStore | None = None
         self._tenant_marks: TenantMarks | None = None
+        self._narrated: NarratedTables | None = None
         self.purge = Purge(purge_interval_s, metrics)  # what deletes leave in the index and log
         self.lock = StateDirLock(state_dir)
         self.config: dict[str, Any] = {}
@@ -231,6 +233,7 @@ class Durability:
         self._journal = Journal(self.dir / "journal.db", self.sync)
         self.memory = MemoryStore(self._journal.db, self.segmenting, self.embedder)
         self._tenant_marks = TenantMarks.opened(self._journal.db)
+        self._narrated = NarratedTables.opened(self._journal.db)
         owed = self._journal.purge_owed()
         if owed is not None:  # the daemon stopped before a purge was done: every index merged
             log.info("a purge owed since %s is paid at start", time.ctime(owed))
@@ -515,6 +518,11 @@ class Durability:
         """Where each tenant stands while it moves between nodes (store/tenant_marks.py)."""
         assert self._tenant_marks is not None
         return self._tenant_marks
+
+    def narrated_tables(self) -> NarratedTables:
+        """Narrated streams' state and facts (store/narrated.py)."""
+        assert self._narrated is not None, "durability is not open"
+        return self._narrated
 
     def client_tables(self) -> ClientTables:
         """The HTTP clients' tables (where conversations stand, stored responses)."""

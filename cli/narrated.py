@@ -1,0 +1,121 @@
+"""`sinkd narrate history | list | forget`: the narrated streams a daemon keeps for the caller's
+tenant (`sinkd narrate --stream NAME`): the timeline of intervals and incidents, by time,
+severity and template words, without the model."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from sinkd.cli.console import console, shown
+from sinkd.cli.exit_codes import handle_errors
+from sinkd.cli.memory import when
+from sinkd.cli.options import ConnectOpt, JsonFlag, TokenOpt, connect
+from sinkd.daemon.runtime.api import NarratedInterval, to_json
+
+out = console()
+StreamArg = Annotated[str, typer.Argument(help="The stream's name (`sinkd narrate --stream`).")]
+
+
+def clock(t: float) -> str:
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+def summary(interval: NarratedInterval) -> str:
+    """An interval in a line: an incident's or an error's facts first; a fold's counts."""
+    record = json.loads(interval.record_json)
+    if interval.last_number > interval.number:
+        errors = record.get("error_templates", {})
+        top = sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+        named = "; ".join(f'{n} x "{t}"' for t, n in top)
+        return f"{record.get('folded', 0)} intervals folded" + (f": {named}" if named else "")
+    lines = record.get("text", "").splitlines()
+    said = record.get("sentence", "")
+    first = next(
+        (line for line in lines[1:] if not line.startswith("(")), lines[0] if lines else ""
+    )
+    return first + (f" > {said}" if said else "")
+
+
+@handle_errors
+def history(
+    stream: StreamArg,
+    since: Annotated[
+        str | None, typer.Option("--since", help="From: unix seconds or an ISO date/time.")
+    ] = None,
+    until: Annotated[str | None, typer.Option("--until", help="To: the same.")] = None,
+    severity: Annotated[
+        str,
+        typer.Option(
+            "--severity",
+            help="Only intervals with a template at warning, error or critical (or worse).",
+        ),
+    ] = "",
+    template: Annotated[
+        str, typer.Option("--template", help="Only intervals whose facts hold these words.")
+    ] = "",
+    limit: Annotated[
+        int, typer.Option("--limit", min=0, help="The newest this many (0: all).")
+    ] = 0,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The stream's timeline: every interval kept (oldest first), its lines, errors and incident,
+    and what was said of it."""
+    client = connect(address, token)
+    found = client.narration.history(
+        stream, when(since, "--since") or 0.0, when(until, "--until") or 0.0, severity,
+        template, limit,
+    )  # fmt: skip
+    if as_json:
+        for interval in found:
+            print(json.dumps({**to_json(interval), "record": json.loads(interval.record_json)}))  # type: ignore[dict-item]
+        return
+    table = Table(title=f"{stream}: {len(found)} intervals")
+    for column in ("#", "lines", "from", "to", "errors", "incident", "facts"):
+        table.add_column(column)
+    for i in found:
+        number = f"{i.number}-{i.last_number}" if i.last_number > i.number else str(i.number)
+        table.add_row(
+            number, f"{i.first_line}-{i.last_line}", clock(i.started), clock(i.ended),
+            str(i.errors), "INCIDENT" if i.incidents else "", shown(summary(i)),
+        )  # fmt: skip
+    out.print(table)
+
+
+@handle_errors
+def streams(address: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFlag = False) -> None:
+    """The narrated streams the daemon keeps for your tenant."""
+    found = connect(address, token).narration.streams()
+    if as_json:
+        for s in found:
+            print(json.dumps(to_json(s)))
+        return
+    table = Table(title=f"{len(found)} narrated streams")
+    for column in ("stream", "intervals", "lines", "incidents", "since", "last"):
+        table.add_column(column)
+    for s in found:
+        table.add_row(
+            shown(s.name), str(s.intervals), str(s.lines), str(s.incidents), clock(s.created),
+            clock(s.updated),
+        )  # fmt: skip
+    out.print(table)
+
+
+@handle_errors
+def forget(
+    stream: StreamArg,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Delete the stream: its templates, baselines and every interval's facts."""
+    if not yes:
+        typer.confirm(f"Forget the narrated stream {stream!r} and all it kept?", abort=True)
+    n = connect(address, token).narration.forget(stream)
+    out.print(f"forgot {stream}: {n} intervals", highlight=False)

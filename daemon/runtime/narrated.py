@@ -1,0 +1,336 @@
+"""Narrated streams in the daemon: a tenant's named log streams, each digested here (facts from
+every line, narration/facts.py) and kept in the store (store/narrated.py), so that the templates,
+the baselines and every interval's facts outlive the pipe and the daemon.
+
+A call's lines are digested on the caller's thread under its stream's lock (tens of microseconds
+a line, never on the engine thread); what the call closed is written with the stream's state in
+one commit between steps (the journal is the engine thread's). A call is answered once that commit
+is made: a restart continues from the last call answered, line numbers and all. A write refused
+(a full disk) fails the call with nothing counted: the stream is read again from the store, and
+the caller may send the same lines again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.runtime.api import DigestOptions, Narrated, NarratedInterval, NarratedStream
+from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.sessions import Principal
+from sinkd.daemon.store.narrated import IntervalRow, NarratedTables
+from sinkd.errors import InvalidInput, JournalError, NotFound, PermissionDenied, ResourceExhausted
+from sinkd.narration.facts import Digest, DigestConfig, Facts
+from sinkd.narration.severity import Severity
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_LINES = 4096  # a call's lines at most
+MAX_LINE_CHARS = 4096  # longer lines are cut (a digest reads a line's first words)
+STREAMS_IN_MEMORY = 256  # digests held between calls; the others are read from the store again
+FOLD_ROWS = 16  # rows folded into one at a time when a tenant is past its bounds
+SEVERITIES = ("", "warning", "error", "critical")
+
+
+class _Stream:
+    def __init__(self, digest: Digest, started: float) -> None:
+        self.digest = digest
+        self.started = started  # the open interval's first line, wall clock
+        self.lock = threading.Lock()
+        self.gone = False  # forgotten, or out of memory: a call holding it must look again
+
+
+class NarratedStreams:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        durability: Durability | None,
+        keep_s: float,
+        keep_bytes: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self.durability = durability
+        self.keep_s = keep_s
+        self.keep_bytes = keep_bytes
+        self.clock = clock
+        self._memory_db: sqlite3.Connection | None = None  # without a state directory
+        self._streams: OrderedDict[tuple[str, str], _Stream] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # --- the calls ---
+
+    def feed(
+        self,
+        principal: Principal,
+        name: str,
+        lines: list[str],
+        close: bool = False,
+        options: DigestOptions | None = None,
+    ) -> Narrated:
+        """Digest `lines` into the stream (created by its first call), then close the interval
+        read so far if `close` (a time bound, the end of a pipe); an incident's interval closes
+        once its seconds have passed, at any call. `options`: the stream's rules from now on."""
+        tenant = _tenant(principal)
+        _check_name(name)
+        if len(lines) > MAX_LINES:
+            raise InvalidInput(f"lines: at most {MAX_LINES} a call, got {len(lines)}")
+        config = None if options is None else digest_config(options)
+        while True:
+            stream = self._stream(tenant, name, config)
+            with stream.lock:
+                if stream.gone:  # forgotten or set aside while this call waited: again
+                    continue
+                return self._feed(tenant, name, stream, lines, close, options is not None)
+
+    def _feed(
+        self, tenant: str, name: str, stream: _Stream, lines: list[str], close: bool, changed: bool
+    ) -> Narrated:
+        digest = stream.digest
+        now = self.clock()
+        cuts: list[tuple[Facts, float]] = []
+        for line in lines:
+            if digest.pending == 0:
+                stream.started = now
+            facts = digest.observe(line[:MAX_LINE_CHARS])
+            if facts is not None:
+                cuts.append((facts, stream.started))
+        last = digest.cut() if close else digest.due()
+        if last is not None:
+            cuts.append((last, stream.started))
+        rows = [(_row(name, f, started, now), f) for f, started in cuts]
+        failpoints.hit("narrate-digested")
+        if lines or rows or changed:  # else nothing changed: nothing to write
+            self._write(tenant, name, stream, [r for r, _ in rows], now)
+        closed = tuple(_interval(r, tuple(sorted(f.support))) for r, f in rows)
+        return Narrated(closed, digest.lines, digest.pending)
+
+    def note(self, principal: Principal, name: str, number: int, sentence: str) -> bool:
+        """The checked sentence a client said of interval `number`, kept with its facts."""
+        tenant = _tenant(principal)
+        _check_name(name)
+        return bool(self._call(lambda t: t.note(tenant, name, number, sentence[:2000]), True))
+
+    def history(
+        self,
+        principal: Principal,
+        name: str,
+        since: float = 0.0,
+        until: float = 0.0,
+        severity: str = "",
+        template: str = "",
+        limit: int = 0,
+    ) -> list[NarratedInterval]:
+        """The stream's intervals in [since, until], oldest first; with `severity`, those with
+        a template at it or worse (and every folded row, which may hold one); with `template`,
+        those whose facts name words of it."""
+        tenant = _tenant(principal)
+        _check_name(name)
+        if severity not in SEVERITIES:
+            raise InvalidInput(f"severity: one of {', '.join(SEVERITIES[1:])}, got {severity!r}")
+        filtered = bool(severity or template)
+        rows = self._call(
+            lambda t: t.intervals(tenant, name, since, until, 0 if filtered else limit), False
+        )
+        if not rows and not self._call(lambda t: t.state(tenant, name) is not None, False):
+            raise NotFound(f"no narrated stream {name!r}")
+        if severity:
+            least = Severity[severity.upper()]
+            rows = [r for r in rows if r.folded or _worst(r) >= least]
+        if template:
+            words = template.lower().split()
+            rows = [r for r in rows if _mentions(r, words)]
+        return [_interval(r) for r in rows[-limit if limit else 0 :]]
+
+    def streams(self, principal: Principal) -> list[NarratedStream]:
+        tenant = _tenant(principal)
+        rows = self._call(lambda t: t.streams(tenant), False)
+        return [NarratedStream(r.name, r.created, r.updated, r.intervals, r.lines, r.incidents)
+                for r in rows]  # fmt: skip
+
+    def forget(self, principal: Principal, name: str) -> int:
+        """The stream's state and facts deleted, from the store and memory; how many intervals.
+        A call in flight on it finishes first; one waiting on it then starts a new stream."""
+        tenant = _tenant(principal)
+        _check_name(name)
+        with self._lock:
+            stream = self._streams.get((tenant, name))
+        with stream.lock if stream is not None else contextlib.nullcontext():
+            if not self._call(lambda t: t.state(tenant, name) is not None, False):
+                raise NotFound(f"no narrated stream {name!r}")
+            n = int(self._call(lambda t: t.forget(tenant, name), True, purge=True))
+            if stream is not None:
+                stream.gone = True
+                with self._lock:
+                    if self._streams.get((tenant, name)) is stream:
+                        del self._streams[(tenant, name)]
+        return n
+
+    # --- the parts ---
+
+    def _stream(self, tenant: str, name: str, config: DigestConfig | None) -> _Stream:
+        key = (tenant, name)
+        with self._lock:
+            stream = self._streams.get(key)
+            if stream is not None:
+                self._streams.move_to_end(key)
+                if config is not None:
+                    stream.digest.config = config
+                return stream
+        state = self._call(lambda t: t.state(tenant, name), False)
+        if state is None:
+            stream = _Stream(Digest(config or DigestConfig()), self.clock())
+        else:
+            kept = DigestConfig(**state["config"])
+            stream = _Stream(Digest.restored(state["digest"], config or kept), state["started"])
+        with self._lock:
+            stream = self._streams.setdefault(key, stream)
+            for old in list(self._streams)[: max(0, len(self._streams) - STREAMS_IN_MEMORY)]:
+                held = self._streams[old]  # the least recently used first; none a call holds
+                if old != key and held.lock.acquire(blocking=False):
+                    held.gone = True  # a call about to use it reads the store again
+                    held.lock.release()
+                    del self._streams[old]
+        return stream
+
+    def _write(
+        self, tenant: str, name: str, stream: _Stream, closed: list[IntervalRow], now: float
+    ) -> None:
+        state = {
+            "config": asdict(stream.digest.config),
+            "digest": stream.digest.state(),
+            "started": stream.started,
+        }
+
+        def write(tables: NarratedTables) -> None:
+            for row in closed:
+                tables.add(tenant, row)
+            tables.put_state(tenant, name, state, now)
+            self._trim(tables, tenant, now)
+
+        try:
+            self._call(write, True)
+        except (ResourceExhausted, JournalError, sqlite3.Error):
+            with self._lock:  # nothing of this call counts: the store's state is read again
+                if self._streams.get((tenant, name)) is stream:
+                    del self._streams[(tenant, name)]
+            raise
+
+    def _trim(self, tables: NarratedTables, tenant: str, now: float) -> None:
+        """Past the tenant's bounds, its oldest rows are folded (never dropped): rows older than
+        `keep_s`, then the oldest while its streams keep more than `keep_bytes`."""
+        for _ in range(64):  # each fold shrinks what is kept; a bound on the work of one call
+            oldest = tables.oldest(tenant)
+            if oldest is None:
+                return
+            stream, ended = oldest
+            old = ended < now - self.keep_s
+            if not old and tables.bytes_of(tenant) <= self.keep_bytes:
+                return
+            if tables.fold_oldest(tenant, stream, FOLD_ROWS) is None:
+                return  # one row left: it stays
+
+    def _call(self, fn: Callable[[NarratedTables], Any], writes: bool, purge: bool = False) -> Any:
+        """`fn` over the tables between steps (engine thread), committed if it `writes`."""
+        durability = self.durability
+        if durability is None:
+            return self._in_memory(fn)
+
+        def run(_engine: Any) -> Any:
+            try:
+                result = fn(durability.narrated_tables())
+                if writes:
+                    if purge:
+                        durability.owe_purge()
+                    durability.commit()
+                return result
+            except (sqlite3.Error, JournalError) as e:
+                durability.rollback()
+                raise ResourceExhausted(f"the store could not keep this: {e}") from None
+
+        return self.scheduler.call(run)
+
+    def _in_memory(self, fn: Callable[[NarratedTables], Any]) -> Any:
+        with self._lock:
+            if self._memory_db is None:
+                self._memory_db = sqlite3.connect(":memory:", check_same_thread=False)
+                NarratedTables.opened(self._memory_db)
+            result = fn(NarratedTables(self._memory_db))
+            self._memory_db.commit()
+            return result
+
+
+def digest_config(options: DigestOptions) -> DigestConfig:
+    """The digest's rules from a call's options, a default where an option is 0."""
+    for field, value, most in (
+        ("every_lines", options.every_lines, 1_000_000),
+        ("incident_lines", options.incident_lines, 1_000_000),
+        ("incident_seconds", options.incident_seconds, 86_400),
+        ("gap_seconds", options.gap_seconds, 30 * 86_400),
+        ("recur_intervals", options.recur_intervals, 1_000_000),
+    ):
+        if not 0 <= value <= most:
+            raise InvalidInput(f"{field}: 0 (the default) to {most}, got {value}")
+    base = DigestConfig()
+    return DigestConfig(
+        every_lines=options.every_lines or base.every_lines,
+        incident_lines=options.incident_lines or base.incident_lines,
+        incident_seconds=options.incident_seconds or base.incident_seconds,
+        gap_seconds=options.gap_seconds or base.gap_seconds,
+        recur_intervals=options.recur_intervals or base.recur_intervals,
+        info_bursts=options.info_bursts,
+    )
+
+
+def _interval(row: IntervalRow, support: tuple[str, ...] = ()) -> NarratedInterval:
+    return NarratedInterval(
+        row.stream, row.number, row.last_number, row.first_line, row.last_line, row.started,
+        row.ended, row.incidents, row.errors, json.dumps(row.record), support,
+    )  # fmt: skip
+
+
+def _tenant(principal: Principal) -> str:
+    if principal.tenant is None:
+        raise PermissionDenied("narrated streams are a tenant's: the admin has none")
+    return principal.tenant
+
+
+def _check_name(name: str) -> None:
+    if not NAME.match(name):
+        raise InvalidInput(
+            f"stream: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit;"
+            f" got {name[:80]!r}"
+        )
+
+
+def _row(name: str, facts: Facts, started: float, ended: float) -> IntervalRow:
+    errors = sum(f.count for f in facts.errors)
+    record = {"facts": facts.as_dict(), "text": facts.render(), "sentence": ""}
+    return IntervalRow(
+        name, facts.number, facts.number, facts.first_line, facts.last_line, started, ended,
+        int(facts.incident), errors, record,
+    )  # fmt: skip
+
+
+def _worst(row: IntervalRow) -> Severity:
+    facts = row.record.get("facts", {})
+    listed = [f["severity"] for kind in ("errors", "new", "bursts") for f in facts.get(kind, [])]
+    return max((Severity[s.upper()] for s in listed), default=Severity.INFO)
+
+
+def _mentions(row: IntervalRow, words: list[str]) -> bool:
+    if row.folded:
+        text = " ".join(row.record.get("error_templates", {}))
+    else:
+        text = row.record.get("text", "")
+    lower = text.lower()
+    return all(w in lower for w in words)

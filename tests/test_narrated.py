@@ -1,0 +1,246 @@
+"""Narrated streams in the daemon (runtime/narrated.py, store/narrated.py): facts that outlive the
+pipe and the daemon, a tenant's own, bounded by folding, and refused writes that count nothing.
+On the fake engine: the digest does not depend on the model."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinkd.daemon import failpoints
+from sinkd.daemon.runtime.api import DigestOptions, NarratedInterval
+from sinkd.daemon.runtime.service import SinkdService
+from sinkd.daemon.runtime.sessions import Principal
+from sinkd.daemon.store.narrated import NarratedTables
+from sinkd.errors import InvalidInput, NotFound, PermissionDenied, ResourceExhausted
+from sinkd.narration.facts import Digest, DigestConfig, Facts
+from tests.support.services import fake_service
+
+pytestmark = pytest.mark.unit
+ALICE, BOB = Principal("alice"), Principal("bob")
+EVERY = DigestOptions(every_lines=100)
+
+
+def log(n: int, start: int = 0) -> list[str]:
+    """A service's log: three INFO templates in turn, an error burst at line 431, a new
+    template at line 700."""
+    kinds = [
+        "2026-12-05T10:00:{s:02d} api INFO request served in {ms} ms",
+        "2026-12-05T10:00:{s:02d} db INFO pool at {n}/64",
+        "2026-12-05T10:00:{s:02d} worker INFO job {n} done",
+    ]
+    out = []
+    for i in range(start, start + n):
+        if 430 <= i < 436:
+            out.append(
+                f"2026-12-05T10:07:{i % 60:02d} db ERROR write to /var/lib/db/{i % 3} failed"
+            )
+        elif i >= 700 and i % 7 == 0:
+            out.append(f"2026-12-05T10:11:{i % 60:02d} cache WARN eviction of shard {i}")
+        else:
+            out.append(kinds[i % 3].format(s=i % 60, ms=(i * 7) % 900 + 1, n=(i * 13) % 97))
+    return out
+
+
+def facts_of(intervals: list[NarratedInterval] | tuple[NarratedInterval, ...]) -> list[Facts]:
+    return [Facts.from_dict(json.loads(i.record_json)["facts"]) for i in intervals]
+
+
+def straight(lines: list[str]) -> list[Facts]:
+    """One digest in one process, read straight through: what a stream must say."""
+    digest = Digest(DigestConfig(every_lines=100), clock=lambda: 0.0)
+    cuts = [f for f in map(digest.observe, lines) if f is not None]
+    last = digest.cut()
+    return [*cuts, *([last] if last else [])]
+
+
+def without_support(facts: list[Facts]) -> list[Facts]:
+    return [Facts.from_dict(f.as_dict()) for f in facts]
+
+
+def test_a_stream_goes_on_across_restarts_of_the_daemon_as_if_read_at_once(
+    tmp_path: Path,
+) -> None:
+    """Known templates stay known (no NEW again), baselines stay, line numbers continue, and
+    the kept timeline is every interval once, with its times."""
+    lines = log(900)
+    closed: list[NarratedInterval] = []
+    for start, end in ((0, 250), (250, 433), (433, 900)):  # a restart inside the error burst
+        service = fake_service(tmp_path, durable=True)
+        fed = service.narrated.feed(ALICE, "web", lines[start:end], end == 900, EVERY)
+        closed += fed.closed
+        assert fed.lines == end
+        service.stop()
+    assert without_support(facts_of(closed)) == without_support(straight(lines))
+    assert sum(1 for f in facts_of(closed) for n in f.new if "api INFO" in n.template) == 1
+    service = fake_service(tmp_path, durable=True)
+    kept = service.narrated.history(ALICE, "web")
+    assert [i.number for i in kept] == list(range(1, len(closed) + 1))
+    assert [(i.first_line, i.last_line) for i in kept] == [
+        (i.first_line, i.last_line) for i in closed
+    ]
+    assert all(i.started <= i.ended for i in kept) and kept[0].ended <= kept[-1].started
+    [stream] = service.narrated.streams(ALICE)
+    assert (stream.name, stream.lines, stream.intervals) == ("web", 900, len(closed))
+    assert stream.incidents == sum(f.incident for f in facts_of(closed)) >= 1
+    service.stop()
+
+
+def test_history_filters_by_severity_template_and_time(tmp_path: Path) -> None:
+    service = fake_service(tmp_path, durable=True)
+    fed = service.narrated.feed(ALICE, "web", log(900), True, EVERY)
+    assert service.narrated.note(ALICE, "web", fed.closed[4].number, "Three writes failed.")
+    errors = service.narrated.history(ALICE, "web", severity="error")
+    assert [(i.first_line <= 431 <= i.last_line) for i in errors] == [True]
+    assert json.loads(errors[0].record_json)["sentence"] == "Three writes failed."
+    shards = service.narrated.history(ALICE, "web", template="eviction shard")
+    assert shards and all(i.last_line >= 700 for i in shards)
+    assert len(service.narrated.history(ALICE, "web", limit=2)) == 2
+    assert service.narrated.history(ALICE, "web", since=fed.closed[-1].ended + 1) == []
+    with pytest.raises(InvalidInput):
+        service.narrated.history(ALICE, "web", severity="loud")
+    service.stop()
+
+
+def test_a_tenant_sees_and_forgets_only_its_own_streams(tmp_path: Path) -> None:
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.feed(ALICE, "web", log(300), True, EVERY)
+    service.narrated.feed(BOB, "db", log(120), True, EVERY)
+    with pytest.raises(NotFound):
+        service.narrated.history(BOB, "web")
+    with pytest.raises(NotFound):
+        service.narrated.forget(BOB, "web")
+    assert [s.name for s in service.narrated.streams(BOB)] == ["db"]
+    with pytest.raises(PermissionDenied):
+        service.narrated.streams(Principal(None, admin=True))
+    assert service.narrated.forget(ALICE, "web") == 3
+    with pytest.raises(NotFound):
+        service.narrated.history(ALICE, "web")
+    fed = service.narrated.feed(ALICE, "web", log(10))
+    assert fed.lines == 10  # a new stream: nothing of the forgotten one
+    assert [s.name for s in service.narrated.streams(BOB)] == ["db"]
+    service.stop()
+
+
+@pytest.mark.parametrize(
+    ("name", "lines", "options"),
+    [
+        ("", ["a"], None),
+        ("../etc", ["a"], None),
+        ("x" * 65, ["a"], None),
+        ("web", ["a"] * 4097, None),
+        ("web", ["a"], DigestOptions(every_lines=2_000_000)),
+        ("web", ["a"], DigestOptions(incident_seconds=-1.0)),
+    ],
+)
+def test_bad_input_is_refused_and_nothing_is_counted(
+    tmp_path: Path, name: str, lines: list[str], options: DigestOptions | None
+) -> None:
+    service = fake_service(tmp_path)
+    service.narrated.feed(ALICE, "web", ["kept line 1"])
+    with pytest.raises(InvalidInput):
+        service.narrated.feed(ALICE, name, lines, options=options)
+    assert service.narrated.feed(ALICE, "web", []).lines == 1
+    service.stop()
+
+
+def test_a_write_the_store_refuses_counts_nothing_and_the_lines_may_be_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = fake_service(tmp_path, durable=True)
+    lines = log(300)
+    service.narrated.feed(ALICE, "web", lines[:150], options=EVERY)
+
+    def full(self: NarratedTables, *args: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with monkeypatch.context() as m:
+        m.setattr(NarratedTables, "put_state", full)
+        with pytest.raises(ResourceExhausted):
+            service.narrated.feed(ALICE, "web", lines[150:250])
+    again = service.narrated.feed(ALICE, "web", lines[150:], close=True)
+    assert again.lines == 300
+    kept = service.narrated.history(ALICE, "web")
+    assert without_support(facts_of(kept)) == without_support(straight(lines))
+    service.stop()
+
+
+def test_past_its_bounds_a_tenant_s_oldest_intervals_are_folded_never_dropped(
+    tmp_path: Path,
+) -> None:
+    service = fake_service(tmp_path, durable=True, narrate_keep_bytes=1 << 16)
+    lines = log(900) * 8
+    written = 0
+    for k in range(0, len(lines), 500):
+        fed = service.narrated.feed(
+            ALICE, "web", lines[k : k + 500], options=DigestOptions(every_lines=10)
+        )
+        written += sum(len(i.record_json) for i in fed.closed)
+    assert written > 2 * (1 << 16)  # what was written: twice the bound
+    kept = service.narrated.history(ALICE, "web")
+    folded = [i for i in kept if i.last_number > i.number]
+    assert folded and kept[0] in folded  # the oldest went first
+    assert [i.first_line for i in kept[1:]] == [i.last_line + 1 for i in kept[:-1]]
+    assert kept[0].first_line == 1 and kept[-1].last_line <= len(lines)
+    errors = sum(i.errors for i in kept)
+    assert errors == 8 * 6  # the error burst's lines, each of the eight times, folded or not
+    assert json.loads(folded[0].record_json)["error_templates"]
+    assert service.durability is not None
+    used = service.scheduler.call(lambda e: service.durability.narrated_tables().bytes_of("alice"))  # type: ignore[union-attr]
+    assert used <= (1 << 16) + 8192  # within a fold of the bound
+    service.stop()
+
+
+def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_path: Path) -> None:
+    """A call digested its lines and is about to write them when the owner forgets the stream:
+    the forget waits for that write, then deletes it all; the next call starts at line 1."""
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.feed(ALICE, "web", log(150), options=EVERY)
+    reached, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        reached.set()
+        assert go.wait(30)
+
+    def run(fn: Any) -> threading.Thread:
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as e:  # collected, re-raised below
+                errors.append(e)
+
+        t = threading.Thread(target=body)
+        t.start()
+        return t
+
+    with failpoints.armed("narrate-digested", hold):
+        feeding = run(lambda: service.narrated.feed(ALICE, "web", log(100, 150)))
+        assert reached.wait(30)
+        forgot: list[int] = []
+        forgetting = run(lambda: forgot.append(service.narrated.forget(ALICE, "web")))
+        forgetting.join(0.2)
+        assert not forgot  # it waits on the call in flight (never done before `go`)
+        go.set()
+        feeding.join(30)
+        forgetting.join(30)
+    if errors:
+        raise errors[0]
+    assert forgot == [2]  # the two intervals of 250 lines, the second written by the call
+    with pytest.raises(NotFound):
+        service.narrated.history(ALICE, "web")
+    assert service.narrated.feed(ALICE, "web", log(5)).lines == 5
+    service.stop()
+
+
+def test_without_a_state_directory_streams_live_in_memory(tmp_path: Path) -> None:
+    service: SinkdService = fake_service(tmp_path)  # durable=False
+    fed = service.narrated.feed(ALICE, "web", log(250), options=EVERY)
+    assert [i.number for i in fed.closed] == [1, 2] and fed.pending == 50
+    assert len(service.narrated.history(ALICE, "web")) == 2
+    service.stop()
