@@ -16,6 +16,7 @@ import typer
 from rich.text import Text
 
 from sinkd.cli import narrated
+from sinkd.cli.alerting import Alerting
 from sinkd.cli.console import console, shown
 from sinkd.cli.exit_codes import handle_errors
 from sinkd.cli.narrator import (
@@ -160,6 +161,22 @@ def narrate(
     quiet: Annotated[
         bool, typer.Option("--quiet", help="Print nothing for an interval with nothing to say.")
     ] = False,
+    webhook: Annotated[
+        str,
+        typer.Option(
+            "--webhook",
+            help="POST each incident, raised and over, to this URL as Alertmanager's webhook JSON"
+            " (any Alertmanager receiver takes it).",
+        ),
+    ] = "",
+    on_incident: Annotated[
+        str,
+        typer.Option(
+            "--on-incident",
+            help="Run this command for each incident, raised and over, the incident as JSON on"
+            " its stdin (no shell).",
+        ),
+    ] = "",
     feed_lines: Annotated[
         bool,
         typer.Option(
@@ -224,9 +241,11 @@ def narrate(
     )
     cfg.validate()
     counts = Counts()
+    alerting = Alerting(cfg.stream or "stdin", webhook, on_incident)
     backend = session_backend(embedded, address, token, model, 512)
 
     def emit(item: Narration) -> None:
+        alerting.interval(item.facts)  # handed to its sender: never waits
         if item.facts.quiet and cfg.quiet:
             return
         ts = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -253,7 +272,13 @@ def narrate(
         interrupted = True
     finally:
         backend.shutdown()
-    summary = {**counts.as_dict(), "interrupted": interrupted, "rss_bytes": rss_bytes()}
+        alerting.close()
+    summary = {
+        **counts.as_dict(),
+        **(alerting.counts.as_dict() if alerting.wanted else {}),
+        "interrupted": interrupted,
+        "rss_bytes": rss_bytes(),
+    }
     if as_json:
         print(json.dumps({"event": "summary", **summary}), flush=True)
     else:
@@ -267,6 +292,12 @@ def narrate(
                 f" {summary['lines_dropped']} dropped, {summary['lines_truncated']} cut"
                 if cfg.feed_lines
                 else f", {summary['lines_truncated']} cut"
+            )
+            + (
+                f"; alerts {summary['alerts_sent']} sent, {summary['alerts_failed']} failed,"
+                f" {summary['alerts_dropped']} dropped, {summary['alerts_left']} left"
+                if alerting.wanted
+                else ""
             ),
             highlight=False,
         )

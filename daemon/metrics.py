@@ -257,6 +257,20 @@ class Metrics:
         self.parked_sessions = Gauge(
             "sinkd_parked_sessions", "Sessions parked (state on disk, no cells)", registry=r
         )
+        # narrated streams (runtime/narrated.py): by the stream's name (a name several tenants
+        # use adds up), never log text
+        self.narrate_incidents = Counter(
+            "sinkd_narrate_incidents",
+            "Incidents raised in narrated streams, by stream and severity",
+            ["stream", "severity"],
+            registry=r,
+        )
+        self.narrate_open_incidents = Gauge(
+            "sinkd_narrate_open_incidents",
+            "Incidents raised and not yet over (their template quiet an interval), by stream",
+            ["stream"],
+            registry=r,
+        )
         self.cells_in_use = Gauge(
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r
         )

@@ -25,6 +25,7 @@ from sinkd.narration.severity import ERROR_OR_WORSE, Severity, severity_of
 from sinkd.narration.templates import MASK, TemplateMiner
 
 RATE_WEIGHT = 0.3
+MAX_INCIDENTS = 50  # incidents opened or ended listed per interval (all are tracked)
 SHOWN_CHARS = 120  # a template as printed and given to the model  # each interval's weight in a template's baseline rate (per line)
 
 
@@ -81,6 +82,22 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class Incident:
+    """A template that raised an incident (`opened`), or whose incident ended: the template had
+    no line in a whole interval (`ended`). What an operator is paged for, and told is over."""
+
+    template_id: int
+    template: str  # as shown (`TemplateFact.shown`)
+    severity: str
+    first_line: int  # the line that raised it
+    last_line: int  # its latest line (opened: in the raising interval)
+    count: int  # its lines in the intervals since (the raising one whole)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class Facts:
     number: int  # 1 for the first interval
     first_line: int
@@ -95,6 +112,8 @@ class Facts:
     incident: bool
     omitted: int
     support: frozenset[str] = field(repr=False)
+    opened: tuple[Incident, ...] = ()  # incidents raised in this interval
+    ended: tuple[Incident, ...] = ()  # incidents whose template had no line in it
 
     @property
     def lines(self) -> int:
@@ -105,7 +124,13 @@ class Facts:
         """Nothing an operator would act on: no incident, nothing new (the first interval names
         what the log is made of), no errors, no jumps, nothing stopped, no silence."""
         return not (
-            self.incident or self.new or self.errors or self.bursts or self.stopped or self.gaps
+            self.incident
+            or self.new
+            or self.errors
+            or self.bursts
+            or self.stopped
+            or self.gaps
+            or self.ended
         )
 
     def listed(self) -> list[TemplateFact]:
@@ -151,6 +176,11 @@ class Facts:
             out.append(f'STOPPED: "{fact.shown()}" (last at line {fact.last_line}).')
         for gap in self.gaps:
             out.append(f"SILENT: no lines for {gap.seconds:.0f} s after line {gap.after_line}.")
+        for over in self.ended:
+            out.append(
+                f'OVER: "{over.template}" ({_lines(over.count)} from line {over.first_line},'
+                f" the last at line {over.last_line})."
+            )
         if self.omitted:
             out.append(f"({self.omitted} more facts not listed.)")
         return "\n".join(out)
@@ -176,6 +206,8 @@ class Facts:
             incident=d["incident"],
             omitted=d["omitted"],
             support=support,
+            opened=tuple(Incident(**i) for i in d.get("opened", [])),
+            ended=tuple(Incident(**i) for i in d.get("ended", [])),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -195,6 +227,8 @@ class Facts:
             "gaps": [g.__dict__ for g in self.gaps],
             "omitted": self.omitted,
             "cites": [list(c) for c in self.cites()],
+            "opened": [i.as_dict() for i in self.opened],
+            "ended": [i.as_dict() for i in self.ended],
         }
 
 
@@ -240,7 +274,8 @@ class Digest:
         self._first = 1  # the first line of the interval being read
         self._tallies: dict[int, _Tally] = {}
         self._known: dict[int, _Known] = {}
-        self._raised: set[int] = set()  # templates that started an incident in this interval
+        self._raised: dict[int, int] = {}  # templates that raised an incident here: the line
+        self._open: dict[int, Incident] = {}  # raised and not yet over, by template
         self._incident_at: int | None = None  # the line that closes the incident's interval
         self._incident_since = 0.0
         self._gaps: list[Gap] = []
@@ -274,7 +309,7 @@ class Digest:
         if len(tally.words) < cfg.support_tokens:
             tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])
         if tid not in self._raised and self._starts_incident(tid, severity, tally, known):
-            self._raised.add(tid)
+            self._raised[tid] = n
             if self._incident_at is None:
                 self._incident_at = n + cfg.incident_lines - 1
                 self._incident_since = now
@@ -322,7 +357,8 @@ class Digest:
                 for tid, t in self._tallies.items()
             ],
             "known": [[tid, *astuple(k)] for tid, k in self._known.items()],
-            "raised": sorted(self._raised),
+            "raised": sorted(self._raised.items()),
+            "open": [i.as_dict() for i in self._open.values()],
             "incident_at": self._incident_at,
             "incident_for": now - self._incident_since if self._incident_at is not None else 0.0,
             "gaps": [[g.after_line, g.seconds] for g in self._gaps],
@@ -345,11 +381,17 @@ class Digest:
             )
         for tid, *known in state["known"]:
             digest._known[tid] = _Known(*known)
-        digest._raised = set(state["raised"])
+        digest._raised = {tid: line for tid, line in state["raised"]}
+        digest._open = {i["template_id"]: Incident(**i) for i in state.get("open", [])}
         digest._incident_at = state["incident_at"]
         digest._incident_since = clock() - state["incident_for"]
         digest._gaps = [Gap(after, seconds) for after, seconds in state["gaps"]]
         return digest
+
+    @property
+    def open_incidents(self) -> list[Incident]:
+        """Raised and not over yet."""
+        return list(self._open.values())
 
     @property
     def pending(self) -> int:
@@ -404,6 +446,7 @@ class Digest:
         bursts.sort(key=lambda f: -f.count / max(f.usual_per_100, 0.01))
         m = cfg.max_listed
         omitted = sum(max(0, len(x) - m) for x in (new, errors, bursts, stopped))
+        opened, ended = self._incidents()
         facts = Facts(
             number=self._number,
             first_line=first,
@@ -418,6 +461,8 @@ class Digest:
             incident=incident,
             omitted=omitted + max(0, len(self._gaps) - m),
             support=frozenset(),
+            opened=opened[:MAX_INCIDENTS],
+            ended=ended[:MAX_INCIDENTS],
         )
         support: set[str] = set()
         for fact in facts.listed():
@@ -427,6 +472,30 @@ class Digest:
         facts = _with_support(facts, support)
         self._roll(lines)
         return facts
+
+    def _incidents(self) -> tuple[tuple[Incident, ...], tuple[Incident, ...]]:
+        """The incidents raised in the interval now closing, and the open ones it ends: their
+        template had no line in it (or was forgotten). The others go on, counted."""
+        opened = []
+        for tid, line in self._raised.items():
+            tally = self._tallies[tid]
+            shown = self._fact(tid, tally, self._known[tid]).shown()
+            incident = Incident(
+                tid, shown, tally.severity.label, line, tally.last_line, tally.count
+            )
+            opened.append(incident)
+        ended = []
+        for tid, incident in list(self._open.items()):
+            tally = self._tallies.get(tid)
+            if tally is None:
+                ended.append(self._open.pop(tid))
+            elif tid not in self._raised:
+                self._open[tid] = replace(
+                    incident, last_line=tally.last_line, count=incident.count + tally.count
+                )
+        for incident in opened:
+            self._open[incident.template_id] = incident
+        return tuple(opened), tuple(ended)
 
     def _fact(self, tid: int, tally: _Tally, known: _Known) -> TemplateFact:
         template = self.miner.get(tid)
@@ -477,7 +546,7 @@ class Digest:
             if tally:
                 known.present_in = self._number
         self._tallies = {}
-        self._raised = set()
+        self._raised = {}
         self._incident_at = None
         self._gaps = []
         self._first = self.lines + 1

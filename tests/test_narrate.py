@@ -211,6 +211,29 @@ def digest_all_capped(lines: list[str]) -> list[Facts]:
     return [*cuts, *([last] if last else [])]
 
 
+def test_an_incident_is_opened_once_and_over_when_its_template_is_quiet_an_interval() -> None:
+    """Opened in the interval that raised it, counted while it goes on, over (with its first
+    line, last line and count) in the first interval without a line of it; after a restart too."""
+    flood = [f"db ERROR write to /var/lib/db/{i % 7} failed: disk full" for i in range(250)]
+    lines = steady(130) + flood + steady(300, 130)
+    cuts = digest_all(lines, every_lines=100, incident_lines=20)
+    opened = [(f.number, i.first_line) for f in cuts for i in f.opened]
+    ended = [(f.number, i) for f in cuts for i in f.ended]
+    assert opened == [(2, 131)]
+    [(number, over)] = ended
+    assert (over.first_line, over.last_line, over.count) == (131, 380, 250)
+    assert over.severity == "error" and "disk full" in over.template
+    over_interval = next(f for f in cuts if f.number == number)
+    assert over_interval.first_line > 380 and "OVER:" in over_interval.render()
+    assert not over_interval.quiet
+    digest = Digest(DigestConfig(every_lines=100, incident_lines=20), clock=lambda: 0.0)
+    before = [f for f in map(digest.observe, lines[:300]) if f is not None]
+    again = Digest.restored(json.loads(json.dumps(digest.state())), digest.config, lambda: 0.0)
+    after = [f for f in map(again.observe, lines[300:]) if f is not None]
+    last = again.cut()
+    assert [*before, *after, *([last] if last else [])] == cuts
+
+
 def test_a_steady_template_that_stops_is_said_once() -> None:
     lines = steady(600) + [f"2026-12-05T10:00:00 db INFO pool at {i}/64" for i in range(400)]
     cuts = digest_all(lines, every_lines=200)

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sinkd.daemon import failpoints
+from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import DigestOptions, Narrated, NarratedInterval, NarratedStream
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
@@ -54,12 +55,15 @@ class NarratedStreams:
         self,
         scheduler: Scheduler,
         durability: Durability | None,
+        metrics: Metrics,
         keep_s: float,
         keep_bytes: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
+        self.metrics = metrics
+        self._open: dict[tuple[str, str], int] = {}  # open incidents by stream, for the gauge
         self.keep_s = keep_s
         self.keep_bytes = keep_bytes
         self.clock = clock
@@ -112,7 +116,19 @@ class NarratedStreams:
         if lines or rows or changed:  # else nothing changed: nothing to write
             self._write(tenant, name, stream, [r for r, _ in rows], now)
         closed = tuple(_interval(r, tuple(sorted(f.support))) for r, f in rows)
+        if rows:
+            self._count(tenant, name, [f for _, f in rows], len(digest.open_incidents))
         return Narrated(closed, digest.lines, digest.pending)
+
+    def _count(self, tenant: str, name: str, cut: list[Facts], still_open: int) -> None:
+        """The metrics of the incidents these intervals opened, and of those still open."""
+        for facts in cut:
+            for incident in facts.opened:
+                self.metrics.narrate_incidents.labels(name, incident.severity).inc()
+        with self._lock:
+            self._open[(tenant, name)] = still_open
+            total = sum(n for (_, other), n in self._open.items() if other == name)
+        self.metrics.narrate_open_incidents.labels(name).set(total)
 
     def note(self, principal: Principal, name: str, number: int, sentence: str) -> bool:
         """The checked sentence a client said of interval `number`, kept with its facts."""
@@ -173,6 +189,7 @@ class NarratedStreams:
                 with self._lock:
                     if self._streams.get((tenant, name)) is stream:
                         del self._streams[(tenant, name)]
+            self._count(tenant, name, [], 0)
         return n
 
     # --- the parts ---

@@ -159,6 +159,7 @@ class SinkdService:
         self.narrated = NarratedStreams(
             self.scheduler,
             self.durability,
+            self.metrics,
             settings.narrate_keep_days * 86_400,
             settings.narrate_keep_bytes,
         )
