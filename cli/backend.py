@@ -21,6 +21,7 @@ from sinkd.daemon.runtime.api import (
     Narrated,
     NarratedInterval,
     NarratedStream,
+    NarrationAnswer,
     PassageView,
     PolicyRequest,
     RecallRequest,
@@ -32,6 +33,7 @@ from sinkd.daemon.runtime.api import (
 
 if TYPE_CHECKING:
     from sinkd.daemon.runtime.narrated import NarratedStreams
+    from sinkd.daemon.runtime.narrated_ask import NarrationQuestions
     from sinkd.daemon.runtime.sessions import Principal
 
 __all__ = ["Backend", "EmbeddedBackend", "Handle", "NarrationBackend"]
@@ -60,6 +62,7 @@ class NarrationBackend(Protocol):
     ) -> list[NarratedInterval]: ...
     def streams(self) -> list[NarratedStream]: ...
     def forget(self, stream: str) -> int: ...
+    def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer: ...
 
 
 class Backend(Protocol):
@@ -128,7 +131,9 @@ class EmbeddedBackend:
         self.principal = Principal(LOCAL_TENANT, admin=True)
         self.service.start()
         self.service.wait_ready()
-        self._narration = EmbeddedNarration(self.service.narrated, self.principal)
+        self._narration = EmbeddedNarration(
+            self.service.narrated, self.service.questions, self.principal
+        )
 
     @property
     def narration(self) -> NarrationBackend:
@@ -208,8 +213,11 @@ class EmbeddedBackend:
 class EmbeddedNarration:
     """The embedded service's narrated streams, as `Client.narration` offers a daemon's."""
 
-    def __init__(self, streams: NarratedStreams, principal: Principal) -> None:
+    def __init__(
+        self, streams: NarratedStreams, questions: NarrationQuestions, principal: Principal
+    ) -> None:
         self.streams_ = streams
+        self.questions = questions
         self.principal = principal
 
     def narrate(
@@ -242,3 +250,6 @@ class EmbeddedNarration:
 
     def forget(self, stream: str) -> int:
         return self.streams_.forget(self.principal, stream)
+
+    def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
+        return self.questions.ask(self.principal, stream, question, max_tokens)

@@ -305,5 +305,6 @@ def narrate(
 
 app.callback(invoke_without_command=True)(narrate)
 app.command("history")(narrated.history)
+app.command("ask")(narrated.ask)
 app.command("list")(narrated.streams)
 app.command("forget")(narrated.forget)

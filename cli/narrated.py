@@ -1,6 +1,6 @@
-"""`sinkd narrate history | list | forget`: the narrated streams a daemon keeps for the caller's
-tenant (`sinkd narrate --stream NAME`): the timeline of intervals and incidents, by time,
-severity and template words, without the model."""
+"""`sinkd narrate history | ask | list | forget`: the narrated streams a daemon keeps for the
+caller's tenant (`sinkd narrate --stream NAME`): the timeline of intervals and incidents, by time,
+severity and template words, without the model; a question answered from those facts alone."""
 
 from __future__ import annotations
 
@@ -119,3 +119,35 @@ def forget(
         typer.confirm(f"Forget the narrated stream {stream!r} and all it kept?", abort=True)
     n = connect(address, token).narration.forget(stream)
     out.print(f"forgot {stream}: {n} intervals", highlight=False)
+
+
+@handle_errors
+def ask(
+    stream: StreamArg,
+    question: Annotated[str, typer.Argument(help='"When did the sshd failures start?"')],
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=256)] = 48,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Answer a question about the stream's past from its kept facts: the intervals that match
+    (by the times, severities and template words it names) are given to the model, its sentence
+    is checked against them, and the facts are printed whatever it said."""
+    answer = connect(address, token).narration.ask(stream, question, max_tokens)
+    if as_json:
+        print(json.dumps(to_json(answer)))
+        return
+    if not answer.held:
+        out.print(
+            f"The facts kept of {shown(stream)} do not hold an answer to this.", highlight=False
+        )
+        return
+    cites = ", ".join(
+        f"interval {i.number} (lines {i.first_line}-{i.last_line})" for i in answer.cites
+    )
+    if answer.text:
+        out.print(f"> {shown(answer.text)} [{cites}]", highlight=False)
+    else:
+        out.print(f"(no sentence of the model's passed the check) [{cites}]", highlight=False)
+    for line in answer.facts_text.splitlines():
+        out.print("  " + shown(line), highlight=False)

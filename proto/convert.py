@@ -20,6 +20,7 @@ from sinkd.daemon.runtime.api import (
     ModelInfo,
     NarratedInterval,
     NarratedStream,
+    NarrationAnswer,
     PassageView,
     PrefixInfo,
     RecallReport,
@@ -466,4 +467,26 @@ def narrated_stream_from_pb(m: pb.NarratedStream) -> NarratedStream:
         intervals=m.intervals,
         lines=m.lines,
         incidents=m.incidents,
+    )
+
+
+def answer_to_pb(a: NarrationAnswer) -> pb.NarrationAnswer:
+    return pb.NarrationAnswer(
+        stream=a.stream,
+        held=a.held,
+        text=a.text,
+        dropped=list(a.dropped),
+        facts_text=a.facts_text,
+        cites=[interval_to_pb(i) for i in a.cites],
+    )
+
+
+def answer_from_pb(m: pb.NarrationAnswer) -> NarrationAnswer:
+    return NarrationAnswer(
+        stream=m.stream,
+        held=m.held,
+        text=m.text,
+        dropped=tuple(m.dropped),
+        facts_text=m.facts_text,
+        cites=tuple(interval_from_pb(i) for i in m.cites),
     )

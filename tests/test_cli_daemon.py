@@ -272,6 +272,13 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(address:
     assert fatal["first_line"] <= 131 <= fatal["last_line"] and fatal["incidents"] == 1
     code, out, _ = sinkd("narrate", "list", *conn, "--json")
     assert [(s["name"], s["lines"]) for s in map(json.loads, out.splitlines())] == [("web", 200)]
+    code, out, err = sinkd("narrate", "ask", "web", "When was the machine check?", *conn, "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["held"] and any(c["number"] == fatal["number"] for c in answer["cites"])
+    assert "FATAL" in answer["facts_text"] and "machine check" in answer["facts_text"]
+    code, out, _ = sinkd("narrate", "ask", "web", "Anything about kubernetes?", *conn)
+    assert code == 0 and "do not hold an answer" in out
     code, _, err = sinkd("narrate", "history", "web", "--connect", address, "--token", "bob-token")
     assert code == 11 and "no narrated stream" in err
     code, out, err = sinkd("narrate", "forget", "web", "--yes", *conn)

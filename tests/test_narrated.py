@@ -4,6 +4,7 @@ On the fake engine: the digest does not depend on the model."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import sqlite3
 import threading
@@ -243,4 +244,68 @@ def test_without_a_state_directory_streams_live_in_memory(tmp_path: Path) -> Non
     fed = service.narrated.feed(ALICE, "web", log(250), options=EVERY)
     assert [i.number for i in fed.closed] == [1, 2] and fed.pending == 50
     assert len(service.narrated.history(ALICE, "web")) == 2
+    service.stop()
+
+
+def interval(
+    number: int, started: float, text: str, errors: int = 0, incidents: int = 0
+) -> NarratedInterval:
+    record = {"facts": {}, "text": text, "sentence": ""}
+    first = 100 * (number - 1) + 1
+    return NarratedInterval(
+        "web", number, number, first, first + 99, started, started + 600, incidents, errors,
+        json.dumps(record),
+    )  # fmt: skip
+
+
+def test_a_question_finds_the_intervals_its_times_severities_and_words_name() -> None:
+    from sinkd.daemon.runtime.narrated_ask import select
+
+    day = datetime.datetime(2026, 12, 7, 0, 0).astimezone()
+    at = [(day + datetime.timedelta(hours=1, minutes=10 * k)).timestamp() for k in range(8)]
+    kept = [
+        interval(
+            1, at[0], 'Log lines 1-100: 100 lines of 3 kinds.\nNEW: 40 lines "api request served".'
+        ),
+        interval(2, at[1], "Log lines 101-200: steady."),
+        interval(
+            3, at[2], 'ERROR: 3 lines "sshd Failed password for * from *".', errors=3, incidents=1
+        ),
+        interval(4, at[3], 'ERROR: 9 lines "sshd Failed password for * from *".', errors=9),
+        interval(5, at[4], 'MORE THAN USUAL: 30 lines "cache eviction of shard *".'),
+        interval(6, at[5], "Log lines 501-600: steady."),
+        interval(7, at[6], 'CRITICAL: 1 line "kernel panic on cpu *".', errors=1, incidents=1),
+        interval(8, at[7], "Log lines 701-800: steady."),
+    ]
+    now = at[7] + 120
+
+    def numbers(question: str) -> list[int]:
+        return [i.number for i in select(kept, question, now)]
+
+    assert numbers("When did the sshd failures start?") == [3, 4]
+    assert numbers("Has the cache eviction been seen before?") == [5]
+    assert numbers("What happened between 01:15 and 01:35?") == [2, 3, 4]
+    assert numbers("Any incidents?") == [3, 7]
+    assert numbers("Was there a kernel panic since 01:45?") == [7]
+    assert numbers("Anything about kubernetes?") == []
+
+
+def test_an_answer_rests_on_the_kept_facts_or_says_they_hold_none(tmp_path: Path) -> None:
+    service = fake_service(tmp_path)
+    service.narrated.feed(ALICE, "web", log(900), True, EVERY)
+    answer = service.questions.ask(ALICE, "web", "When did the db write errors start?")
+    assert answer.held and answer.cites
+    assert any(i.first_line <= 431 <= i.last_line for i in answer.cites)
+    assert "ERROR" in answer.facts_text and "failed" in answer.facts_text
+    for sentence in (answer.text, *answer.dropped):
+        assert not sentence or sentence.startswith("According to the facts,")
+    assert service.reads.list_sessions(ALICE) == []  # the question's session is closed
+    steps = service.metrics.count("steps")
+    none = service.questions.ask(ALICE, "web", "Anything about kubernetes?")
+    assert not none.held and none.cites == () and none.text == ""
+    assert service.metrics.count("steps") == steps  # the model was not asked
+    with pytest.raises(NotFound):
+        service.questions.ask(BOB, "web", "When did the db write errors start?")
+    with pytest.raises(InvalidInput):
+        service.questions.ask(ALICE, "web", "x" * 501)
     service.stop()

@@ -24,7 +24,14 @@ from starlette.responses import JSONResponse, Response
 from sinkd.daemon.callers.auth import Authenticator
 from sinkd.daemon.callers.limits import CallLimits
 from sinkd.daemon.config import Settings
-from sinkd.daemon.http import embeddings_api, memory_api, ollama_api, openai_api, responses_api
+from sinkd.daemon.http import (
+    embeddings_api,
+    memory_api,
+    narration_api,
+    ollama_api,
+    openai_api,
+    responses_api,
+)
 from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import HttpError, from_http, from_sinkd, is_ollama
 from sinkd.daemon.private import secret
@@ -104,6 +111,7 @@ class HttpFront:
         app.include_router(ollama_api.router(self.calls))
         app.include_router(embeddings_api.router(self.calls))
         app.include_router(memory_api.router(self.calls))
+        app.include_router(narration_api.router(self.calls))
         return app
 
     def serving(self) -> bool:

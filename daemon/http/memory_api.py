@@ -54,7 +54,7 @@ def passage_json(p: PassageView) -> dict[str, Any]:
     }
 
 
-def _number(request: Request, name: str, cast: Callable[[str], T]) -> T | None:
+def query_number(request: Request, name: str, cast: Callable[[str], T]) -> T | None:
     value = request.query_params.get(name)
     if value is None or value == "":
         return None
@@ -88,10 +88,10 @@ def router(calls: Calls) -> APIRouter:
         which = KeptSelection(
             conversation=q.get("conversation") or None,
             speaker=q.get("speaker") or None,
-            since=_number(request, "since", float),
-            until=_number(request, "until", float),
+            since=query_number(request, "since", float),
+            until=query_number(request, "until", float),
         )
-        limit = _number(request, "limit", int) or 100
+        limit = query_number(request, "limit", int) or 100
         found = await in_slot(
             principal, lambda: across.listing(principal, which, q.get("search", ""), limit)
         )

@@ -7,7 +7,12 @@ from typing import Any
 
 from sinkd.daemon.rpc.servicer import BaseServicer, rpc
 from sinkd.daemon.runtime.sessions import Principal
-from sinkd.proto.convert import digest_options_from_pb, interval_to_pb, narrated_stream_to_pb
+from sinkd.proto.convert import (
+    answer_to_pb,
+    digest_options_from_pb,
+    interval_to_pb,
+    narrated_stream_to_pb,
+)
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from sinkd.proto.v1 import sinkd_pb2_grpc as pb_grpc
 
@@ -63,3 +68,12 @@ class NarrationServicer(BaseServicer, pb_grpc.NarrationServicer):
         return pb.ForgetNarrationResponse(
             intervals=self.service.narrated.forget(principal, request.stream)
         )
+
+    @rpc
+    def Ask(
+        self, request: pb.NarrationAskRequest, context: Any, principal: Principal
+    ) -> pb.NarrationAnswer:
+        answer = self.service.questions.ask(
+            principal, request.stream, request.question, request.max_tokens or 48
+        )
+        return answer_to_pb(answer)

@@ -7,7 +7,13 @@ from typing import Any
 
 import grpc
 
-from sinkd.daemon.runtime.api import DigestOptions, Narrated, NarratedInterval, NarratedStream
+from sinkd.daemon.runtime.api import (
+    DigestOptions,
+    Narrated,
+    NarratedInterval,
+    NarratedStream,
+    NarrationAnswer,
+)
 from sinkd.errors import SinkdError
 from sinkd.proto import convert
 from sinkd.proto.v1 import sinkd_pb2 as pb
@@ -73,3 +79,7 @@ class NarrationCalls:
 
     def forget(self, stream: str) -> int:
         return int(self._call("Forget", pb.ForgetNarrationRequest(stream=stream)).intervals)
+
+    def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
+        request = pb.NarrationAskRequest(stream=stream, question=question, max_tokens=max_tokens)
+        return convert.answer_from_pb(self._call("Ask", request))

@@ -37,6 +37,7 @@ __all__ = [
     "Narrated",
     "NarratedInterval",
     "NarratedStream",
+    "NarrationAnswer",
     "PassageView",
     "PolicyRequest",
     "RecallReport",
@@ -554,6 +555,21 @@ class NarratedStream:
     intervals: int
     lines: int
     incidents: int
+
+
+@dataclass(frozen=True)
+class NarrationAnswer:
+    """A question about a narrated stream's past, answered from its kept facts: the intervals
+    that matched (`cites`, oldest first: their facts are what the model was given), the model's
+    sentences that passed the grounding check (`text`, "" if none) and those it dropped. `held`:
+    some kept facts matched the question; if not, nothing was asked of the model."""
+
+    stream: str
+    held: bool
+    text: str
+    dropped: tuple[str, ...]
+    facts_text: str
+    cites: tuple[NarratedInterval, ...]
 
 
 def to_json(value: object) -> object:

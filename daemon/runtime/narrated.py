@@ -24,6 +24,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sinkd.daemon import failpoints
+from sinkd.daemon.config import Settings
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import DigestOptions, Narrated, NarratedInterval, NarratedStream
 from sinkd.daemon.runtime.durable.durability import Durability
@@ -56,16 +57,15 @@ class NarratedStreams:
         scheduler: Scheduler,
         durability: Durability | None,
         metrics: Metrics,
-        keep_s: float,
-        keep_bytes: int,
+        settings: Settings,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
         self.metrics = metrics
+        self.keep_s = settings.narrate_keep_days * 86_400
+        self.keep_bytes = settings.narrate_keep_bytes
         self._open: dict[tuple[str, str], int] = {}  # open incidents by stream, for the gauge
-        self.keep_s = keep_s
-        self.keep_bytes = keep_bytes
         self.clock = clock
         self._memory_db: sqlite3.Connection | None = None  # without a state directory
         self._streams: OrderedDict[tuple[str, str], _Stream] = OrderedDict()

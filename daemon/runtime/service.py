@@ -49,6 +49,7 @@ from sinkd.daemon.runtime.loop.prefixes import PrefixStates
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.migration import Mover, SessionMoves
 from sinkd.daemon.runtime.narrated import NarratedStreams
+from sinkd.daemon.runtime.narrated_ask import NarrationQuestions
 from sinkd.daemon.runtime.reads import SessionReads
 from sinkd.daemon.runtime.recall.framing import Presentation
 from sinkd.daemon.runtime.recall.layer import Recall
@@ -156,13 +157,10 @@ class SinkdService:
         )
         self.memory.on_forgot = self.prefixes.forget_tenant  # a prefix may hold forgotten text
         self.across = AcrossConversations(self.access, self.scheduler, self.memory)
-        self.narrated = NarratedStreams(
-            self.scheduler,
-            self.durability,
-            self.metrics,
-            settings.narrate_keep_days * 86_400,
-            settings.narrate_keep_bytes,
-        )
+        self.narrated = NarratedStreams(self.scheduler, self.durability, self.metrics, settings)
+        self.questions = NarrationQuestions(
+            self.narrated, self.create, self.append, self.generate, self._close_unwaited
+        )  # a narrated stream's past, asked
         self.reads = SessionReads(
             self.access, self.registry, self.scheduler, self.admission, self.metrics, self.entry
         )

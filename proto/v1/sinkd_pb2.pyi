@@ -891,3 +891,29 @@ class ForgetNarrationResponse(_message.Message):
     INTERVALS_FIELD_NUMBER: _ClassVar[int]
     intervals: int
     def __init__(self, intervals: _Optional[int] = ...) -> None: ...
+
+class NarrationAskRequest(_message.Message):
+    __slots__ = ("stream", "question", "max_tokens")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    question: str
+    max_tokens: int
+    def __init__(self, stream: _Optional[str] = ..., question: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class NarrationAnswer(_message.Message):
+    __slots__ = ("stream", "held", "text", "dropped", "facts_text", "cites")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    FACTS_TEXT_FIELD_NUMBER: _ClassVar[int]
+    CITES_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    held: bool
+    text: str
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    facts_text: str
+    cites: _containers.RepeatedCompositeFieldContainer[NarratedInterval]
+    def __init__(self, stream: _Optional[str] = ..., held: _Optional[bool] = ..., text: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ..., facts_text: _Optional[str] = ..., cites: _Optional[_Iterable[_Union[NarratedInterval, _Mapping]]] = ...) -> None: ...

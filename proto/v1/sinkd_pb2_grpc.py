@@ -1376,6 +1376,11 @@ class NarrationStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationResponse.FromString,
                 _registered_method=True)
+        self.Ask = channel.unary_unary(
+                '/sinkd.v1.Narration/Ask',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAskRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAnswer.FromString,
+                _registered_method=True)
 
 
 class NarrationServicer:
@@ -1411,6 +1416,12 @@ class NarrationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NarrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1438,6 +1449,11 @@ def add_NarrationServicer_to_server(servicer, server):
                     servicer.Forget,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationResponse.SerializeToString,
+            ),
+            'Ask': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ask,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAskRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAnswer.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1575,6 +1591,33 @@ class Narration:
             '/sinkd.v1.Narration/Forget',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.ForgetNarrationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/Ask',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAskRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAnswer.FromString,
             options,
             channel_credentials,
             insecure,
