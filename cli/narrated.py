@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -61,6 +62,14 @@ def history(
     limit: Annotated[
         int, typer.Option("--limit", min=0, help="The newest this many (0: all).")
     ] = 0,
+    plot_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Also draw it (.svg, .png, .pdf): lines and error lines per interval, incidents"
+            " marked (sinkd[plots]).",
+        ),
+    ] = None,
     address: ConnectOpt = None,
     token: TokenOpt = None,
     as_json: JsonFlag = False,
@@ -72,6 +81,10 @@ def history(
         stream, when(since, "--since") or 0.0, when(until, "--until") or 0.0, severity,
         template, limit,
     )  # fmt: skip
+    if plot_file is not None:
+        from sinkd.cli.narration_plot import plot  # matplotlib: only when asked
+
+        plot(found, plot_file, stream)
     if as_json:
         for interval in found:
             print(json.dumps({**to_json(interval), "record": json.loads(interval.record_json)}))  # type: ignore[dict-item]

@@ -240,7 +240,9 @@ def test_the_facts_are_the_same_through_the_daemon_and_embedded(address: str) ->
     assert shape == [(1, 50, False), (51, 90, True), (91, 120, False)], shape
 
 
-def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(address: str) -> None:
+def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
+    address: str, tmp_path: Path
+) -> None:
     """`--stream`: two pipes, one stream kept by the daemon: the second pipe's line numbers
     continue the first's and its templates are known (not NEW again); `history` lists both
     pipes' intervals, by severity too; another tenant has no such stream; `forget` deletes it."""
@@ -270,6 +272,9 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(address:
     code, out, _ = sinkd("narrate", "history", "web", *conn, "--json", "--severity", "critical")
     [fatal] = [json.loads(line) for line in out.splitlines()]
     assert fatal["first_line"] <= 131 <= fatal["last_line"] and fatal["incidents"] == 1
+    picture = tmp_path / "web.png"
+    code, _, err = sinkd("narrate", "history", "web", *conn, "--plot", str(picture))
+    assert code == 0 and picture.read_bytes()[:4] == b"\x89PNG", err
     code, out, _ = sinkd("narrate", "list", *conn, "--json")
     assert [(s["name"], s["lines"]) for s in map(json.loads, out.splitlines())] == [("web", 200)]
     code, out, err = sinkd("narrate", "ask", "web", "When was the machine check?", *conn, "--json")

@@ -309,3 +309,23 @@ def test_an_answer_rests_on_the_kept_facts_or_says_they_hold_none(tmp_path: Path
     with pytest.raises(InvalidInput):
         service.questions.ask(ALICE, "web", "x" * 501)
     service.stop()
+
+
+def test_a_stream_s_timeline_is_drawn_with_its_incidents_marked(tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    from sinkd.cli.narration_plot import plot
+
+    service = fake_service(tmp_path)
+    kept = service.narrated.feed(ALICE, "web", log(900), True, EVERY).closed
+    service.stop()
+    raising = [i.number for i in kept if i.incidents]
+    assert raising
+    svg = tmp_path / "web.svg"
+    plot(list(kept), svg, "web")
+    ids = [e.get("id") for e in ET.parse(svg).iter() if (e.get("id") or "").startswith("incident-")]
+    assert sorted(ids) == sorted(f"incident-{n}" for n in raising for _ in range(2))
+    with pytest.raises(InvalidInput):
+        plot(list(kept), tmp_path / "web.txt", "web")
+    with pytest.raises(InvalidInput):
+        plot([], tmp_path / "none.svg", "web")
