@@ -8,6 +8,7 @@ tests/test_tenant_moves_model.py; behind HAProxy: tests/test_deployment.py."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from sinkd.cli import moves
 from sinkd.daemon import failpoints
 from sinkd.daemon.runtime.api import (
     ChatRequest,
+    DigestOptions,
     Done,
     GenerationOptions,
     Handle,
@@ -301,3 +303,33 @@ def test_the_resolver_merges_a_tenant_served_on_two_nodes_and_clears_its_marks(
     finally:
         for s in svc.values():
             s.stop()
+
+
+def test_a_tenant_s_narrated_streams_move_with_it(
+    nodes: tuple[SinkdService, SinkdService],
+) -> None:
+    """Its streams' state and intervals arrive whole: the next lines continue on the new node
+    (line numbers, known templates); the old node keeps none and another tenant's stays."""
+    a, b = nodes
+    lines = [f"2026-12-07T02:00:{i % 60:02d} api INFO request {i} served" for i in range(450)]
+    a.narrated.feed(ALICE, "web", lines[:250], options=DigestOptions(every_lines=100))
+    a.narrated.feed(BOB, "web", lines[:120], options=DigestOptions(every_lines=100))
+    before = a.narrated.history(ALICE, "web")
+    move(a, b, "alice")
+    assert b.narrated.history(ALICE, "web") == before
+    fed = b.narrated.feed(ALICE, "web", lines[250:], close=True)
+    assert fed.lines == 450 and fed.closed[0].first_line == 201
+    assert not any(
+        json.loads(i.record_json)["facts"]["new"] for i in fed.closed
+    )  # its templates were known
+    with pytest.raises(SessionElsewhere):
+        a.tenants.check_here(ALICE)
+    assert a.narrated.streams(BOB)[0].lines == 120
+    db = sqlite3.connect(a.settings.state_dir / "journal.db")
+    assert db.execute("SELECT count(*) FROM narrated_streams WHERE tenant='alice'").fetchone() == (
+        0,
+    )
+    assert db.execute(
+        "SELECT count(*) FROM narrated_intervals WHERE tenant='alice'"
+    ).fetchone() == (0,)
+    db.close()

@@ -192,6 +192,16 @@ class NarratedStreams:
             self._count(tenant, name, [], 0)
         return n
 
+    def drop_tenant(self, tenant: str) -> None:
+        """The tenant left this node (its rows went with its archive): its streams held in
+        memory go, a call holding one looks again."""
+        with self._lock:
+            gone = [k for k in self._streams if k[0] == tenant]
+            for key in gone:
+                self._streams.pop(key).gone = True
+        for _, name in gone:
+            self._count(tenant, name, [], 0)
+
     # --- the parts ---
 
     def _stream(self, tenant: str, name: str, config: DigestConfig | None) -> _Stream:

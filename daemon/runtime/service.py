@@ -200,6 +200,7 @@ class SinkdService:
             self.access, self.scheduler, self.registry, self.durability, self.recall,
             self.prefixes, self.moves, self.erasure, settings.node,
         )  # fmt: skip
+        self.tenants.on_released = self.narrated.drop_tenant
 
     def _released(self, session_id: str, reset_count: int) -> None:
         """Engine thread: a session generation ended; what was kept of it elsewhere goes."""

@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.llama import Engine
@@ -33,7 +34,7 @@ from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.migration import Incoming, Mover, SessionMoves
 from sinkd.daemon.runtime.recall.layer import Recall
 from sinkd.daemon.runtime.sessions import Principal, Registry, SessionState
-from sinkd.daemon.store import archive, generation_rows, snapshots
+from sinkd.daemon.store import archive, generation_rows, narrated, snapshots
 from sinkd.daemon.store.archive import Archive
 from sinkd.daemon.store.journal import SCHEMA_VERSION
 from sinkd.daemon.store.tenant_marks import STATES, TenantMark
@@ -77,6 +78,8 @@ class TenantMoves:
         self.node = node or ""
         self._lock = threading.Lock()
         self._marks: dict[str, TenantMark] = {}  # read by the edges' threads
+        # told a released tenant (engine thread): what else holds its state in memory lets go
+        self.on_released: Callable[[str], object] = lambda tenant: None
 
     # --- at start, and the edges ---
 
@@ -206,6 +209,7 @@ class TenantMoves:
         key = key_of(tenant)
         memory = generation_rows.rows_of(d.journal.db, key.session_id, key.reset_count)
         members["memory"] = json.dumps(memory).encode()
+        members["narrated"] = json.dumps(narrated.rows_of(d.journal.db, tenant)).encode()
         for i, p in enumerate(self.prefixes.of_tenant(tenant)):
             meta = {"tokens": p["tokens"], "starts": p["starts"], "holders": p["holders"]}
             members[f"prefix/{i}"] = snapshots.encode(
@@ -266,6 +270,8 @@ class TenantMoves:
             else:
                 self.recall.store.drop(key.session_id)  # an empty memory's numbering: the archive's
             generation_rows.load_rows(d.journal.db, key.session_id, tenant, memory)
+            streams = json.loads(a.members.get("narrated", b"{}"))
+            narrated.load_rows(d.journal.db, tenant, streams)
             marks = d.tenant_marks()
             marks.drop(tenant)
             if move_id:
@@ -320,6 +326,8 @@ class TenantMoves:
         n += self.recall.forget_across(tenant, Selection(), [])
         self.recall.store.drop(key_of(tenant).session_id)  # its numbering went with it
         self.prefixes.forget_tenant(tenant)
+        narrated.drop_tenant(self.durability.journal.db, tenant)
+        self.on_released(tenant)  # what the tenant's streams held in memory goes too
         self.durability.record(self.durability.owe_purge)
         failpoints.hit("tenant-released")
         self._mark(tenant, "gone", move_id, mark.peer)

@@ -149,9 +149,9 @@ class NarratedTables:
         return rows[::-1]
 
     def streams(self, tenant: str) -> list[StreamRow]:
-        rows = self._db.execute(
+        rows = self._db.execute(  # lines: the stream's, read (its open interval's included)
             "SELECT s.name, s.created, s.updated, count(i.number),"
-            " coalesce(sum(i.last_line - i.first_line + 1), 0), coalesce(sum(i.incidents), 0)"
+            " coalesce(json_extract(s.state, '$.digest.lines'), 0), coalesce(sum(i.incidents), 0)"
             " FROM narrated_streams s LEFT JOIN narrated_intervals i"
             " ON i.tenant = s.tenant AND i.name = s.name WHERE s.tenant=?"
             " GROUP BY s.name ORDER BY s.name",
@@ -246,3 +246,37 @@ def _row(r: tuple[Any, ...]) -> IntervalRow:
         str(name), int(number), int(last_number), int(first_line), int(last_line),
         float(started), float(ended), int(incidents), int(errors), json.loads(rec),
     )  # fmt: skip
+
+
+def rows_of(db: sqlite3.Connection, tenant: str) -> dict[str, list[list[Any]]]:
+    """A tenant's narrated streams as data (a tenant archive's member), every column but the
+    tenant's."""
+    return {
+        table: [list(r[1:]) for r in db.execute(f"SELECT * FROM {table} WHERE tenant=?", (tenant,))]
+        for table in ("narrated_streams", "narrated_intervals")
+    }
+
+
+def load_rows(db: sqlite3.Connection, tenant: str, rows: dict[str, list[list[Any]]]) -> int:
+    """An archive's streams under `tenant`, in the caller's transaction. A stream of the same
+    name already here (served while the tenant's node was down) is kept, and the archive's
+    dropped: each stream's state and intervals stay one digest's. Returns the streams loaded."""
+    here = {
+        str(n) for (n,) in db.execute("SELECT name FROM narrated_streams WHERE tenant=?", (tenant,))
+    }
+    streams = [r for r in rows.get("narrated_streams", []) if str(r[0]) not in here]
+    names = {str(r[0]) for r in streams}
+    for r in streams:
+        db.execute("INSERT INTO narrated_streams VALUES (?, ?, ?, ?, ?)", (tenant, *r))
+    for r in rows.get("narrated_intervals", []):
+        if str(r[0]) in names:
+            db.execute(
+                "INSERT INTO narrated_intervals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (tenant, *r),
+            )
+    return len(streams)
+
+
+def drop_tenant(db: sqlite3.Connection, tenant: str) -> None:
+    db.execute("DELETE FROM narrated_intervals WHERE tenant=?", (tenant,))
+    db.execute("DELETE FROM narrated_streams WHERE tenant=?", (tenant,))
