@@ -10,7 +10,9 @@ layout; not shipped). Two kinds of log:
   many a narration cites within 200 lines, and how many are raised as an incident; and the
   incidents raised that cite no labelled line (false ones);
 - unlabelled: every other loghub 2k sample and this machine's package logs as they are: incidents
-  per 1,000 lines, and how many of them were raised by a burst alone (no error in them).
+  per 1,000 lines, and how many of them were raised by a burst alone (no error in them);
+- no labelled trouble: this machine's package logs whole, and the lines of BGL and Thunderbird
+  that loghub labels as no alert: every incident there is a false one, per 10,000 lines.
 
 Each at today's defaults and at the rules before issue 73 (an error template back after one
 interval without it was raised again; a new template of INFO lines reaching 10 lines was raised),
@@ -34,6 +36,9 @@ from sinkd.narration.facts import Digest, DigestConfig, Facts
 RULES = {"today": DigestConfig(), "before": DigestConfig(recur_intervals=1, info_bursts=True)}
 WITHIN = 200  # lines after an incident's first line in which a narration must cite it
 PACKAGE_LOGS = ("/var/log/dpkg.log", "/var/log/apt/term.log")
+# no labelled trouble: this machine's package logs whole, and the lines loghub labels as no alert
+QUIET_LOGS = ("/var/log/dpkg.log", "/var/log/apt/term.log", "/var/log/alternatives.log")
+QUIET_SEGMENTS = ("BGL_2k.log", "Thunderbird_2k.log")  # lines starting "- ": no alert
 
 
 def digest(lines: list[str], config: DigestConfig) -> list[Facts]:
@@ -93,7 +98,23 @@ def main() -> None:
     for base in PACKAGE_LOGS:
         if Path(base).exists():
             plain[base] = Path(base).read_text(errors="replace").splitlines()[:2000]
-    results: dict[str, Any] = {"labelled": {}, "unlabelled": {}}
+    results: dict[str, Any] = {"labelled": {}, "unlabelled": {}, "no_trouble": {}}
+    quiet = {
+        b: Path(b).read_text(errors="replace").splitlines() for b in QUIET_LOGS if Path(b).exists()
+    }
+    for name in QUIET_SEGMENTS:
+        if name in samples:
+            raw = samples[name].read_text(errors="replace").splitlines()
+            quiet[f"{name}, no-alert lines"] = [line[2:] for line in raw if line.startswith("- ")]
+    rows_q = []
+    for name, lines in quiet.items():
+        got = {rule: unlabelled(lines, cfg) for rule, cfg in RULES.items()}
+        for g in got.values():
+            g["per_10000_lines"] = round(10_000 * g["incidents"] / max(1, len(lines)), 1)
+        results["no_trouble"][name] = got
+        t, b = got["today"], got["before"]
+        rows_q.append([name, t["lines"], f"{t['incidents']} / {b['incidents']}",
+                       f"{t['per_10000_lines']} / {b['per_10000_lines']}"])  # fmt: skip
     rows_l, rows_u = [], []
     for case in cases:
         got = {rule: labelled(case, cfg) for rule, cfg in RULES.items()}
@@ -118,6 +139,11 @@ def main() -> None:
         "logs without labels (today / before)",
         ["log", "lines", "incidents", "per 1,000 lines", "by a burst alone"],
         rows_u,
+    )
+    table(
+        "no labelled trouble: false incidents (today / before)",
+        ["log", "lines", "incidents", "per 10,000 lines"],
+        rows_q,
     )
     print(f"wrote {write('narrate_incidents', results)}")
     print(json.dumps(results))

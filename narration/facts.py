@@ -290,7 +290,8 @@ class Digest:
         if self._last_time is not None and now - self._last_time >= cfg.gap_seconds:
             self._gaps.append(Gap(n - 1, round(now - self._last_time, 1)))
         self._last_time = now
-        match = self.miner.add(line, n)
+        severity = severity_of(line)
+        match = self.miner.add(line, n, severity.label)
         tid = match.template.id
         known = self._known.get(tid)
         if known is None:
@@ -304,7 +305,6 @@ class Digest:
             )
         tally.count += 1
         tally.last_line = n
-        severity = severity_of(line)
         tally.severity = max(tally.severity, severity)
         if len(tally.words) < cfg.support_tokens:
             tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])

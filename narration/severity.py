@@ -35,17 +35,21 @@ _LEVELS = {
 }
 _SYSLOG_PRI = re.compile(r"^\s*<(\d{1,3})>")
 _LEVEL_KV = re.compile(r"\b(?:level|severity|lvl|loglevel)=\"?([a-zA-Z]+)", re.IGNORECASE)
+# a word, not a part of a name: "libgpg-error-dev", "/var/log/errors/", "on_failure.py" say
+# nothing of trouble (a package, a path, a file), "error:" and "failed." do
+_BEFORE, _AFTER = r"(?<![\w\-./])", r"(?![\w\-/]|\.\w)"
 _CRITICAL_WORDS = re.compile(
-    r"\b(?:panic|segfault|segmentation fault|core dumped|out of memory|oom-killer|killed process)\b",
+    _BEFORE + r"(?:panic|segfault|segmentation fault|core dumped|out of memory|oom-killer"
+    r"|killed process)" + _AFTER,
     re.IGNORECASE,
 )
 _ERROR_WORDS = re.compile(
-    r"\b(?:errors?|fail(?:s|ed|ure|ing)?|denied|refused|exception|traceback|unreachable"
-    r"|corrupt(?:ed|ion)?|abort(?:ed|ing)?|timed out|unable to|cannot|can't)\b",
+    _BEFORE + r"(?:errors?|fail(?:s|ed|ure|ing)?|denied|refused|exception|traceback|unreachable"
+    r"|corrupt(?:ed|ion)?|abort(?:ed|ing)?|timed out|unable to|cannot|can't)" + _AFTER,
     re.IGNORECASE,
 )
 _WARNING_WORDS = re.compile(
-    r"\b(?:warn(?:ing)?s?|deprecated|retry(?:ing)?|invalid)\b", re.IGNORECASE
+    _BEFORE + r"(?:warn(?:ing)?s?|deprecated|retry(?:ing)?|invalid)" + _AFTER, re.IGNORECASE
 )
 LEVEL_SCAN_TOKENS = 12  # a level token is looked for among the first tokens only
 

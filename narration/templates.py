@@ -81,10 +81,14 @@ class TemplateMiner:
     def get(self, template_id: int) -> Template | None:
         return self._templates.get(template_id)
 
-    def add(self, line: str, line_no: int = 0) -> Match:
+    def add(self, line: str, line_no: int = 0, group: str = "") -> Match:
+        """The line's template (new, or one it joins). Lines of different `group`s never share a
+        template: the digest groups by severity, so that a failure worded like a success
+        ("Failed password for root from ..." beside "Accepted publickey for deploy from ...")
+        is a template of its own, not a success template that turned to error."""
         raw = line.split()
         masked = tokens_of(line)
-        path = self._path(masked)
+        path = self._path(masked, group)
         leaf = self._leaves.setdefault(path, [])
         best, best_sim = None, -1.0
         for tid in leaf:
@@ -141,10 +145,10 @@ class TemplateMiner:
             miner._children[tuple(path)] = set(keys)
         return miner
 
-    def _path(self, masked: list[str]) -> tuple[object, ...]:
-        """The leaf a line goes to: its length, then its first tokens, each a branch of its own
-        unless it holds a digit or its node already has `max_children` (then the wildcard)."""
-        path: tuple[object, ...] = (len(masked),)
+    def _path(self, masked: list[str], group: str = "") -> tuple[object, ...]:
+        """The leaf a line goes to: its group and length, then its first tokens, each a branch of
+        its own unless it holds a digit or its node already has `max_children` (the wildcard)."""
+        path: tuple[object, ...] = (group, len(masked)) if group else (len(masked),)
         for token in masked[: self.prefix_tokens]:
             key = MASK if _HAS_DIGIT.search(token) else token
             children = self._children.setdefault(path, set())

@@ -45,6 +45,7 @@ SEVERITY_WORDS = {
     "critical": 4, "crash": 4, "panic": 4, "warning": 2, "warnings": 2, "warn": 2,
     "incident": 0, "incidents": 0, "alert": 0, "alerts": 0,
 }  # fmt: skip
+SEVERITY_FORMS = frozenset(f for w in SEVERITY_WORDS for f in words_of(w))  # "fail" of "failed"
 QUESTION_WORDS = frozenset(
     """when what where which who why how did does do was were has have had happen happened
     start started begin began first last seen before after since until between during ever
@@ -128,15 +129,15 @@ def select(kept: list[NarratedInterval], question: str, now: float) -> list[Narr
         i for i in kept if (not since or i.ended >= since) and (not until or i.started <= until)
     ]
     severity = [SEVERITY_WORDS[w] for w in re.findall(r"[a-z]+", lower) if w in SEVERITY_WORDS]
-    words = {
+    words = {  # times and numbers are the window's, severity words rank: neither must match
         w
         for w in words_of(lower)
         if len(w) >= 3
         and w not in STOPWORDS
         and w not in QUESTION_WORDS
-        and w not in SEVERITY_WORDS
+        and w not in SEVERITY_FORMS
         and not any(c.isdigit() for c in w)
-    }  # fmt: skip (times and numbers are the window's, not words to match)
+    }
     scored = []
     for i in rows:
         record = json.loads(i.record_json)
