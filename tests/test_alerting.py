@@ -45,6 +45,7 @@ class Receiver:
         self.status = status
         self.gate = threading.Event()
         self.gate.set()
+        self.arrived = threading.Semaphore(0)  # one release a body received
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +55,7 @@ class Receiver:
                 receiver.bodies.append(json.loads(body))
                 self.send_response(receiver.status)
                 self.end_headers()
+                receiver.arrived.release()
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -98,6 +100,22 @@ def test_an_incident_goes_out_firing_then_resolved_as_alertmanager_sends_it(
     events = [json.loads(line) for line in out.read_text().splitlines()]
     assert [e["status"] for e in events] == ["firing", "resolved"]
     assert events[1]["incident"]["first_line"] == 131 and events[1]["incident"]["count"] == 40
+
+
+def test_the_receiver_has_the_incident_within_2_s_of_its_interval_closing(
+    receiver: Receiver,
+) -> None:
+    """Handed over as the narrator prints the interval; the receiver holds it by the deadline (a
+    wait that ends: 2 s), and the resolve likewise."""
+    alerting = Alerting("web", receiver.url, pause=lambda s: None)
+    for facts in cuts(incident_log()):
+        alerting.interval(facts)
+        if facts.opened or facts.ended:
+            assert receiver.arrived.acquire(
+                timeout=2.0
+            ), f"no delivery within 2 s of interval {facts.number}"
+    alerting.close()
+    assert [b["status"] for b in receiver.bodies] == ["firing", "resolved"]
 
 
 def test_a_refusing_receiver_is_tried_a_bounded_number_of_times(receiver: Receiver) -> None:

@@ -20,6 +20,7 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.narrated import NarratedTables
 from sinkd.errors import InvalidInput, NotFound, PermissionDenied, ResourceExhausted
 from sinkd.narration.facts import Digest, DigestConfig, Facts
+from tests.support.disk import holders
 from tests.support.services import fake_service
 
 pytestmark = pytest.mark.unit
@@ -329,3 +330,20 @@ def test_a_stream_s_timeline_is_drawn_with_its_incidents_marked(tmp_path: Path) 
         plot(list(kept), tmp_path / "web.txt", "web")
     with pytest.raises(InvalidInput):
         plot([], tmp_path / "none.svg", "web")
+
+
+def test_forgetting_a_stream_leaves_no_file_holding_its_facts(tmp_path: Path) -> None:
+    """Its templates, example lines and sentences are gone from the journal, its write-ahead log
+    and every other file of the state directory once the forget is answered."""
+    service = fake_service(tmp_path, durable=True, purge_interval_s=0)
+    secret = [f"2026-12-07 vault ERROR zanzibarquux key {i} rejected" for i in range(30)]
+    lines = log(200) + secret + log(200, 200)
+    fed = service.narrated.feed(ALICE, "web", lines, True, EVERY)
+    service.narrated.note(ALICE, "web", fed.closed[2].number, "The vault rejected keys.")
+    service.narrated.feed(BOB, "db", log(150), True, EVERY)
+    state = service.settings.state_dir
+    assert holders(state, ["zanzibarquux"]) and holders(state, ["vault rejected"])
+    service.narrated.forget(ALICE, "web")
+    assert holders(state, ["zanzibarquux", "vault rejected"]) == []
+    assert service.narrated.history(BOB, "db")  # another tenant's stream stays
+    service.stop()
