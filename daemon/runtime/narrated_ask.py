@@ -151,7 +151,9 @@ def select(kept: list[NarratedInterval], question: str, now: float) -> list[Narr
         scored.append((2 * hits + marked, i.number, i))
     if not words and not severity:  # a question about a time alone: that period, newest first
         scored = [(0, i.number, i) for i in rows]
-    best = sorted(scored, key=lambda t: (-t[0], -t[1]))[:MAX_CITED]
+    # "when did it start", "seen before", "first": the oldest matches first; else the newest
+    oldest = bool(re.search(r"\b(start(ed|s)?|beg[ia]n|first|before|ever|earliest)\b", lower))
+    best = sorted(scored, key=lambda t: (-t[0], t[1] if oldest else -t[1]))[:MAX_CITED]
     return sorted((i for _, _, i in best), key=lambda i: i.number)
 
 
