@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import IO, Any, Protocol
 
 from sinkd.cli.backend import Backend, NarrationBackend
@@ -94,14 +94,7 @@ class NarrateConfig:
     def options(self) -> DigestOptions:
         """The digest's rules as a narrated stream takes them."""
         d = self.digest()
-        return DigestOptions(
-            every_lines=d.every_lines,
-            incident_lines=d.incident_lines,
-            incident_seconds=d.incident_seconds,
-            gap_seconds=d.gap_seconds,
-            recur_intervals=d.recur_intervals,
-            info_bursts=d.info_bursts,
-        )
+        return DigestOptions(**{f.name: getattr(d, f.name) for f in fields(DigestOptions)})
 
     def digest(self) -> DigestConfig:
         return DigestConfig(
