@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from sinkd.cli.console import console, shown
 from sinkd.cli.exit_codes import handle_errors
@@ -152,15 +153,14 @@ def ask(
         return
     if not answer.held:
         out.print(
-            f"The facts kept of {shown(stream)} do not hold an answer to this.", highlight=False
+            Text.assemble("The facts kept of ", shown(stream), " do not hold an answer to this."),
+            highlight=False,
         )
         return
     cites = ", ".join(
         f"interval {i.number} (lines {i.first_line}-{i.last_line})" for i in answer.cites
     )
-    if answer.text:
-        out.print(f"> {shown(answer.text)} [{cites}]", highlight=False)
-    else:
-        out.print(f"(no sentence of the model's passed the check) [{cites}]", highlight=False)
+    said = shown(answer.text) if answer.text else "(no sentence of the model's passed the check)"
+    out.print(Text.assemble("> ", said, f" [{cites}]"), highlight=False)
     for line in answer.facts_text.splitlines():
-        out.print("  " + shown(line), highlight=False)
+        out.print(Text.assemble("  ", shown(line)), highlight=False)

@@ -20,7 +20,9 @@ NEVER = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt of an alert still firing
 
 
 def rfc3339(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat().replace("+00:00", "Z")
+    return (
+        datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    )
 
 
 def labels_of(stream: str, incident: Incident) -> dict[str, str]:

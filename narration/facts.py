@@ -476,7 +476,7 @@ class Digest:
     def _incidents(self) -> tuple[tuple[Incident, ...], tuple[Incident, ...]]:
         """The incidents raised in the interval now closing, and the open ones it ends: their
         template had no line in it (or was forgotten). The others go on, counted."""
-        opened = []
+        opened: list[Incident] = []
         for tid, line in self._raised.items():
             tally = self._tallies[tid]
             shown = self._fact(tid, tally, self._known[tid]).shown()
@@ -484,14 +484,14 @@ class Digest:
                 tid, shown, tally.severity.label, line, tally.last_line, tally.count
             )
             opened.append(incident)
-        ended = []
+        ended: list[Incident] = []
         for tid, incident in list(self._open.items()):
-            tally = self._tallies.get(tid)
-            if tally is None:
+            present = self._tallies.get(tid)
+            if present is None:
                 ended.append(self._open.pop(tid))
             elif tid not in self._raised:
                 self._open[tid] = replace(
-                    incident, last_line=tally.last_line, count=incident.count + tally.count
+                    incident, last_line=present.last_line, count=incident.count + present.count
                 )
         for incident in opened:
             self._open[incident.template_id] = incident
