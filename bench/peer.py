@@ -194,6 +194,7 @@ def free_port() -> int:
 class Stream:
     tokens: int = 0
     seconds: float = 0.0
+    ended: float = 0.0  # perf_counter when its generation ended (before any close)
     itl_ms: list[float] = field(default_factory=list)
     first: threading.Event = field(default_factory=threading.Event)  # set at the first token
     _last: float | None = None
@@ -258,6 +259,7 @@ class Server:
                     break
                 out.tick()
         out.seconds = time.perf_counter() - t0
+        out.ended = time.perf_counter()
         return out
 
     def stop(self) -> None:
@@ -313,7 +315,8 @@ class Sinkd:
             if ev.HasField("token"):
                 out.tick()
         out.seconds = time.perf_counter() - t0
-        s.Close(pb.HandleRequest(handle=h))
+        out.ended = time.perf_counter()
+        s.Close(pb.HandleRequest(handle=h))  # not timed: llama-server has none to make
         return out
 
     def stop(self) -> None:
@@ -367,8 +370,9 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
     threads0, client0 = thread_cpu(server.proc.pid), os.times()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    began = time.perf_counter()
     try:
-        wall = together([functools.partial(run, i) for i in range(len(work))])
+        with_close = together([functools.partial(run, i) for i in range(len(work))])
     finally:
         finished.set()
         for st in streams:
@@ -376,6 +380,9 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
         watcher.join()
     threads1, client1 = thread_cpu(server.proc.pid), os.times()
     done = [r for r in results if r is not None]
+    # to the last generated token: sinkd's Close, which waits for its purge (up to
+    # purge_interval_s: a closed session's text leaves the files), is not generation
+    wall = max(r.ended for r in done) - began
     itl = [x for r in done for x in r.itl_ms]
     generated = sum(r.tokens for r in done)
     counted = generated
@@ -389,6 +396,8 @@ def measure(server: Server | Sinkd, work: list[list[int]], n: int) -> dict[str, 
         "generated": sum(r.tokens for r in done),
         "per_session_tok_s": sum(r.tokens / r.seconds for r in done) / len(done),
         "aggregate_tok_s": sum(r.tokens for r in done) / wall,
+        "wall_s": wall,
+        "wall_with_close_s": with_close,
         "itl_p50_ms": percentile(itl, 50),
         "itl_p99_ms": percentile(itl, 99),
         "cpu_ms_per_token": {
