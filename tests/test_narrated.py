@@ -347,3 +347,20 @@ def test_forgetting_a_stream_leaves_no_file_holding_its_facts(tmp_path: Path) ->
     assert holders(state, ["zanzibarquux", "vault rejected"]) == []
     assert service.narrated.history(BOB, "db")  # another tenant's stream stays
     service.stop()
+
+
+def test_a_tenant_s_streams_are_bounded_in_number_and_another_tenant_is_not_held(
+    tmp_path: Path,
+) -> None:
+    from sinkd.daemon.runtime.narrated import MAX_STREAMS
+
+    service = fake_service(tmp_path)
+    for k in range(MAX_STREAMS):
+        service.narrated.feed(ALICE, f"s{k}", ["a line"])
+    with pytest.raises(ResourceExhausted, match="forget one"):
+        service.narrated.feed(ALICE, "one-more", ["a line"])
+    assert service.narrated.feed(ALICE, "s0", ["another"]).lines == 2  # its own go on
+    assert service.narrated.feed(BOB, "web", ["a line"]).lines == 1
+    service.narrated.forget(ALICE, "s1")
+    assert service.narrated.feed(ALICE, "one-more", ["a line"]).lines == 1
+    service.stop()

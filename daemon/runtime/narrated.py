@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import sqlite3
 import threading
@@ -28,6 +29,7 @@ from sinkd.daemon.config import Settings
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.api import DigestOptions, Narrated, NarratedInterval, NarratedStream
 from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.narrated import IntervalRow, NarratedTables
@@ -35,11 +37,14 @@ from sinkd.errors import InvalidInput, JournalError, NotFound, PermissionDenied,
 from sinkd.narration.facts import Digest, DigestConfig, Facts
 from sinkd.narration.severity import Severity
 
+log = logging.getLogger("sinkd.narrated")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_LINES = 4096  # a call's lines at most
 MAX_LINE_CHARS = 4096  # longer lines are cut (a digest reads a line's first words)
 STREAMS_IN_MEMORY = 256  # digests held between calls; the others are read from the store again
 FOLD_ROWS = 16  # rows folded into one at a time when a tenant is past its bounds
+MAX_STREAMS = 64  # a tenant's narrated streams at most (each keeps a digest's state)
+AGE_CHECK_S = 60.0  # a tenant's rows are looked at for their age at most this often
 SEVERITIES = ("", "warning", "error", "critical")
 
 
@@ -58,14 +63,22 @@ class NarratedStreams:
         durability: Durability | None,
         metrics: Metrics,
         settings: Settings,
+        erasure: Erasure,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
         self.durability = durability
         self.metrics = metrics
+        self.erasure = erasure
         self.keep_s = settings.narrate_keep_days * 86_400
         self.keep_bytes = settings.narrate_keep_bytes
         self._open: dict[tuple[str, str], int] = {}  # open incidents by stream, for the gauge
+        # engine thread (the writes): what each tenant's streams keep, as last measured plus
+        # what was written since; each stream's state's bytes; when a tenant's ages were looked
+        # at. A write then measures (a scan of the tenant's rows) only past a bound or a minute
+        self._kept: dict[str, int] = {}
+        self._state_bytes: dict[tuple[str, str], int] = {}
+        self._aged: dict[str, float] = {}
         self.clock = clock
         self._memory_db: sqlite3.Connection | None = None  # without a state directory
         self._streams: OrderedDict[tuple[str, str], _Stream] = OrderedDict()
@@ -175,7 +188,8 @@ class NarratedStreams:
 
     def forget(self, principal: Principal, name: str) -> int:
         """The stream's state and facts deleted, from the store and memory; how many intervals.
-        A call in flight on it finishes first; one waiting on it then starts a new stream."""
+        A call in flight on it finishes first; one waiting on it then starts a new stream. The
+        reply waits (within `purge_wait_s`) for the purge that takes them out of the files."""
         tenant = _tenant(principal)
         _check_name(name)
         with self._lock:
@@ -183,12 +197,20 @@ class NarratedStreams:
         with stream.lock if stream is not None else contextlib.nullcontext():
             if not self._call(lambda t: t.state(tenant, name) is not None, False):
                 raise NotFound(f"no narrated stream {name!r}")
-            n = int(self._call(lambda t: t.forget(tenant, name), True, purge=True))
+            if self.durability is None:
+                n = int(self._in_memory(lambda t: t.forget(tenant, name)))
+            else:
+                delete = self._transaction(lambda t: t.forget(tenant, name), True, purge=True)
+                n, owed = self.erasure.run(delete)
+                if owed:
+                    log.info("a forgotten stream's purge is owed (a reader holds the journal)")
             if stream is not None:
                 stream.gone = True
                 with self._lock:
                     if self._streams.get((tenant, name)) is stream:
                         del self._streams[(tenant, name)]
+            self._kept.pop(tenant, None)
+            self._state_bytes.pop((tenant, name), None)
             self._count(tenant, name, [], 0)
         return n
 
@@ -199,6 +221,7 @@ class NarratedStreams:
             gone = [k for k in self._streams if k[0] == tenant]
             for key in gone:
                 self._streams.pop(key).gone = True
+        self._kept.pop(tenant, None)
         for _, name in gone:
             self._count(tenant, name, [], 0)
 
@@ -213,7 +236,13 @@ class NarratedStreams:
                 if config is not None:
                     stream.digest.config = config
                 return stream
-        state = self._call(lambda t: t.state(tenant, name), False)
+        state, streams = self._call(
+            lambda t: (t.state(tenant, name), t.count_streams(tenant)), False
+        )
+        if state is None and streams >= MAX_STREAMS:
+            raise ResourceExhausted(
+                f"narrated streams: this tenant has {streams}, the most it may; forget one first"
+            )
         if state is None:
             stream = _Stream(Digest(config or DigestConfig()), self.clock())
         else:
@@ -237,40 +266,64 @@ class NarratedStreams:
             "digest": stream.digest.state(),
             "started": stream.started,
         }
+        state_json = json.dumps(state, separators=(",", ":"))  # here, not on the engine thread
+        key = (tenant, name)
 
         def write(tables: NarratedTables) -> None:
-            for row in closed:
-                tables.add(tenant, row)
-            tables.put_state(tenant, name, state, now)
-            self._trim(tables, tenant, now)
+            grown = sum(tables.add(tenant, row) for row in closed)
+            grown += len(state_json) - self._state_bytes.get(key, 0)
+            tables.put_state(tenant, name, state_json, now)
+            self._state_bytes[key] = len(state_json)
+            self._trim(tables, tenant, now, grown)
 
         try:
             self._call(write, True)
         except (ResourceExhausted, JournalError, sqlite3.Error):
-            with self._lock:  # nothing of this call counts: the store's state is read again
-                if self._streams.get((tenant, name)) is stream:
-                    del self._streams[(tenant, name)]
+            stream.gone = True  # nothing of this call counts: the store's state is read again
+            with self._lock:
+                if self._streams.get(key) is stream:
+                    del self._streams[key]
+            self._kept.pop(tenant, None)
+            self._state_bytes.pop(key, None)
             raise
 
-    def _trim(self, tables: NarratedTables, tenant: str, now: float) -> None:
+    def _trim(self, tables: NarratedTables, tenant: str, now: float, grown: int) -> None:
         """Past the tenant's bounds, its oldest rows are folded (never dropped): rows older than
-        `keep_s`, then the oldest while its streams keep more than `keep_bytes`."""
+        `keep_s`, then the oldest while its streams keep more than `keep_bytes`. What is kept is
+        measured (a scan of the tenant's rows) once, then only past the bound or a minute on."""
+        kept = self._kept.get(tenant)
+        kept = (tables.bytes_of(tenant) if kept is None else kept) + grown
+        aged = now - self._aged.get(tenant, 0.0) >= AGE_CHECK_S
+        if kept <= self.keep_bytes and not aged:
+            self._kept[tenant] = kept
+            return
+        self._aged[tenant] = now if aged else self._aged.get(tenant, 0.0)
+        kept = tables.bytes_of(tenant)
         for _ in range(64):  # each fold shrinks what is kept; a bound on the work of one call
             oldest = tables.oldest(tenant)
             if oldest is None:
-                return
+                break
             stream, ended = oldest
-            old = ended < now - self.keep_s
-            if not old and tables.bytes_of(tenant) <= self.keep_bytes:
-                return
+            if ended >= now - self.keep_s and kept <= self.keep_bytes:
+                break
             if tables.fold_oldest(tenant, stream, FOLD_ROWS) is None:
-                return  # one row left: it stays
+                break  # one row left: it stays
+            kept = tables.bytes_of(tenant)
+        self._kept[tenant] = kept
 
-    def _call(self, fn: Callable[[NarratedTables], Any], writes: bool, purge: bool = False) -> Any:
+    def _call(self, fn: Callable[[NarratedTables], Any], writes: bool) -> Any:
         """`fn` over the tables between steps (engine thread), committed if it `writes`."""
-        durability = self.durability
-        if durability is None:
+        if self.durability is None:
             return self._in_memory(fn)
+        return self.scheduler.call(self._transaction(fn, writes))
+
+    def _transaction(
+        self, fn: Callable[[NarratedTables], Any], writes: bool, purge: bool = False
+    ) -> Callable[[Any], Any]:
+        """`fn` as the engine thread runs it: committed if it `writes` (a purge owed for what it
+        deleted, `purge`), rolled back and ResourceExhausted if the store refuses it."""
+        durability = self.durability
+        assert durability is not None
 
         def run(_engine: Any) -> Any:
             try:
@@ -284,7 +337,7 @@ class NarratedStreams:
                 durability.rollback()
                 raise ResourceExhausted(f"the store could not keep this: {e}") from None
 
-        return self.scheduler.call(run)
+        return run
 
     def _in_memory(self, fn: Callable[[NarratedTables], Any]) -> Any:
         with self._lock:

@@ -157,7 +157,9 @@ class SinkdService:
         )
         self.memory.on_forgot = self.prefixes.forget_tenant  # a prefix may hold forgotten text
         self.across = AcrossConversations(self.access, self.scheduler, self.memory)
-        self.narrated = NarratedStreams(self.scheduler, self.durability, self.metrics, settings)
+        self.narrated = NarratedStreams(
+            self.scheduler, self.durability, self.metrics, settings, self.erasure
+        )
         self.questions = NarrationQuestions(
             self.narrated, self.create, self.append, self.generate, self._close_unwaited
         )  # a narrated stream's past, asked

@@ -95,20 +95,29 @@ class NarratedTables:
         ).fetchone()
         return json.loads(row[0]) if row else None
 
-    def put_state(self, tenant: str, name: str, state: dict[str, Any], now: float) -> None:
+    def put_state(self, tenant: str, name: str, state_json: str, now: float) -> None:
+        """The stream's digest state, serialized by the caller (off the engine thread)."""
         self._db.execute(
             "INSERT INTO narrated_streams VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, name)"
             " DO UPDATE SET state=excluded.state, updated=excluded.updated",
-            (tenant, name, json.dumps(state, separators=(",", ":")), now, now),
+            (tenant, name, state_json, now, now),
         )
 
-    def add(self, tenant: str, row: IntervalRow) -> None:
+    def count_streams(self, tenant: str) -> int:
+        row = self._db.execute(
+            "SELECT count(*) FROM narrated_streams WHERE tenant=?", (tenant,)
+        ).fetchone()
+        return int(row[0])
+
+    def add(self, tenant: str, row: IntervalRow) -> int:
+        """The row written; its record's bytes."""
+        record = json.dumps(row.record, separators=(",", ":"))
         self._db.execute(
             "INSERT OR REPLACE INTO narrated_intervals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (tenant, row.stream, row.number, row.last_number, row.first_line, row.last_line,
-             row.started, row.ended, row.incidents, row.errors,
-             json.dumps(row.record, separators=(",", ":"))),
+             row.started, row.ended, row.incidents, row.errors, record),
         )  # fmt: skip
+        return len(record)
 
     def note(self, tenant: str, name: str, number: int, sentence: str) -> bool:
         """The checked sentence said of interval `number`; False if it is not kept (unknown, or
