@@ -520,6 +520,14 @@ def eval_narrate(
     out_dir: Annotated[Path, typer.Option("--out", help="Where eval-narrate.json goes.")] = Path(
         "."
     ),
+    questions: Annotated[
+        bool,
+        typer.Option(
+            "--questions",
+            help="Instead: questions about BGL's labelled incidents, asked of a narrated stream"
+            " (evaluation/narrate_questions.py); eval-narrate-questions.json.",
+        ),
+    ] = False,
 ) -> None:
     """Incident recall, unsupported sentences, lag and lines a second of `sinkd narrate` on real
     logs with labelled incidents (evaluation/narrate.py says which and how they are scored)."""
@@ -530,6 +538,9 @@ def eval_narrate(
     names = _names(models, "--models", ("smollm2-135m-instruct", "gemma3-270m"))
     if not (loghub / "BGL_2k.log").exists():
         raise InvalidInput(f"--loghub: no BGL_2k.log in {loghub}")
+    if questions:
+        _eval_narrate_questions(ev.bgl_case(loghub, max_lines), names, every_lines, out_dir)
+        return
     all_cases = ev.cases(loghub, max_lines)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sinkd-eval-narrate-") as tmp:
@@ -574,3 +585,46 @@ def eval_narrate(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval-narrate.json").write_text(json.dumps(data, indent=1))
     err.print(f"wrote {out_dir / 'eval-narrate.json'}")
+
+
+def _eval_narrate_questions(
+    case: Any, names: list[str], every_lines: int, out_dir: Path
+) -> None:
+    import tempfile
+
+    from sinkd.daemon.config import Settings
+    from sinkd.daemon.runtime.service import SinkdService
+    from sinkd.evaluation import narrate_questions as nq
+
+    results: dict[str, Any] = {}
+    rows: list[list[Any]] = []
+    for model in names:
+        with tempfile.TemporaryDirectory(prefix="sinkd-eval-ask-") as tmp:
+            settings = Settings(
+                model=model, socket=Path(tmp) / "unused.sock", durable=False, http=None,
+                step_tokens=256, prefill_chunk=256, n_batch=256, call_timeout_s=600,
+            )  # fmt: skip
+            service = SinkdService(settings)
+            service.start()
+            try:
+                service.wait_ready()
+                answers = nq.evaluate(service, case, every_lines)
+            finally:
+                service.stop(snapshot=False)
+        results[model] = {"summary": nq.summary(answers), "answers": answers}
+        for a in answers:
+            cites = ", ".join(f"{x}-{y}" for x, y in a["cites"]) or "-"
+            rows.append([model, a["kind"], a["question"], cites, a["first_line_about"] or "-",
+                         a["right"], a["dropped"], a["printed_unsupported"]])  # fmt: skip
+        err.print(json.dumps({"model": model, **nq.summary(answers)}), highlight=False)
+    _print_table(
+        f"narrate ask: {case.source}, questions from its labels",
+        ["model", "kind", "question", "cites", "first line about", "right", "dropped",
+         "printed unsupported"],
+        rows,
+    )  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "eval-narrate-questions.json"
+    path.write_text(json.dumps({"source": case.source, "every_lines": every_lines,
+                                "models": results}, indent=1))  # fmt: skip
+    err.print(f"wrote {path}")

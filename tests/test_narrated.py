@@ -289,6 +289,9 @@ def test_a_question_finds_the_intervals_its_times_severities_and_words_name() ->
     assert numbers("Any incidents?") == [3, 7]
     assert numbers("Was there a kernel panic since 01:45?") == [7]
     assert numbers("Anything about kubernetes?") == []
+    assert numbers("What happened around line 450?") == [5]
+    assert numbers("How many sshd failures between lines 150 and 320?") == [3, 4]
+    assert numbers("How many sshd failures in lines 450-800?") == []
 
 
 def test_an_answer_rests_on_the_kept_facts_or_says_they_hold_none(tmp_path: Path) -> None:

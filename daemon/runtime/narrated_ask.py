@@ -3,7 +3,7 @@ between 02:00 and 03:00?", "has this error been seen before?"), answered from it
 
 The intervals that match are found without the model (`select`): by the times the question names
 (`HH:MM`, ISO dates, "between A and B", "since", "before", "last N hours", "today",
-"yesterday"), by severity words ("error", "fatal", "warning", "incident") and by the words of the
+"yesterday"), by the lines it names ("around line 450", "between lines 300 and 600"), by severity words ("error", "fatal", "warning", "incident") and by the words of the
 kept templates it uses. Only those intervals' facts are handed to the model, in a session of its
 own closed after the answer, which continues a sentence sinkd starts; every sentence is checked as
 a narration is (narration/grounding.py: a word, number or name the facts do not hold drops it). The
@@ -49,10 +49,13 @@ SEVERITY_FORMS = frozenset(f for w in SEVERITY_WORDS for f in words_of(w))  # "f
 QUESTION_WORDS = frozenset(
     """when what where which who why how did does do was were has have had happen happened
     start started begin began first last seen before after since until between during ever
-    today yesterday hour hours minute minutes day days log logs line lines show tell""".split()
+    today yesterday hour hours minute minutes day days log logs line lines show tell around near
+    how many much count number times anything any there""".split()
 )
+QUESTION_FORMS = frozenset(f for w in QUESTION_WORDS for f in words_of(w))
 _CLOCK = re.compile(r"\b(\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2})?)?|\d{1,2}:\d{2})\b")
 _LAST = re.compile(r"\blast (\d+) (minute|hour|day)s?\b")
+_LINES = re.compile(r"\blines? (\d+)(?:\s*(?:-|to|and|through)\s*(?:lines? )?(\d+))?")
 
 Create = Callable[[Principal, PolicyRequest], Receipt]
 Append = Callable[[Principal, Handle, str], AppendResult]
@@ -125,8 +128,13 @@ def select(kept: list[NarratedInterval], question: str, now: float) -> list[Narr
     those that match its severity and template words best (the newest first among equals)."""
     lower = question.lower()
     since, until = window(lower, kept, now)
+    first, last = line_span(lower)
     rows = [
-        i for i in kept if (not since or i.ended >= since) and (not until or i.started <= until)
+        i
+        for i in kept
+        if (not since or i.ended >= since)
+        and (not until or i.started <= until)
+        and (not first or (i.last_line >= first and i.first_line <= last))
     ]
     severity = [SEVERITY_WORDS[w] for w in re.findall(r"[a-z]+", lower) if w in SEVERITY_WORDS]
     words = {  # times and numbers are the window's, severity words rank: neither must match
@@ -134,7 +142,7 @@ def select(kept: list[NarratedInterval], question: str, now: float) -> list[Narr
         for w in words_of(lower)
         if len(w) >= 3
         and w not in STOPWORDS
-        and w not in QUESTION_WORDS
+        and w not in QUESTION_FORMS
         and w not in SEVERITY_FORMS
         and not any(c.isdigit() for c in w)
     }
@@ -149,12 +157,25 @@ def select(kept: list[NarratedInterval], question: str, now: float) -> list[Narr
         if severity and not words and not marked:
             continue
         scored.append((2 * hits + marked, i.number, i))
+    if words and scored:  # the intervals that hold the most of its words, not a word of them
+        most = max(t[0] // 2 for t in scored)
+        scored = [t for t in scored if t[0] // 2 == most]
     if not words and not severity:  # a question about a time alone: that period, newest first
         scored = [(0, i.number, i) for i in rows]
     # "when did it start", "seen before", "first": the oldest matches first; else the newest
     oldest = bool(re.search(r"\b(start(ed|s)?|beg[ia]n|first|before|ever|earliest)\b", lower))
     best = sorted(scored, key=lambda t: (-t[0], t[1] if oldest else -t[1]))[:MAX_CITED]
     return sorted((i for _, _, i in best), key=lambda i: i.number)
+
+
+def line_span(lower: str) -> tuple[int, int]:
+    """The lines the question names ("around line 450", "between lines 300 and 600"), as
+    (first, last); (0, 0) where it names none."""
+    if not (m := _LINES.search(lower)):
+        return 0, 0
+    a = int(m.group(1))
+    b = int(m.group(2)) if m.group(2) else a
+    return min(a, b), max(a, b)
 
 
 def window(lower: str, kept: list[NarratedInterval], now: float) -> tuple[float, float]:
