@@ -1,8 +1,11 @@
 """A chat UI's side tasks with and without `ui_task_grammar`: Open WebUI 0.12.4's default title,
 tags and follow-up prompts over a few short chats, sent as Open WebUI sends them (one user message,
 no format, no sampling: the model's own), and each answer read as Open WebUI reads it (the text from
-its first "{" to its last "}"): the object asked for, that object with values copied from the
-prompt's own examples, or prose. Only the classes are written.
+its first "{" to its last "}"): the object asked for with values of the model's own, with values
+that are words of the prompt ("near-copies", written out: they are Open WebUI's text), with a value
+equal to one of the prompt's placeholders or example answers (its "JSON format" line and its
+examples, in any case, a stop or comma after), or prose. Only the classes and near-copies are
+written.
 
     python bench/ui_tasks.py        -> bench/results/ui_tasks.json
 """
@@ -10,6 +13,7 @@ prompt's own examples, or prose. Only the classes are written.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 import time
@@ -41,22 +45,48 @@ CHATS = [
      ("assistant", "No: it is hungry. Feed it twice a day at a 1:1:1 ratio for a few days.")],
     [("user", "How do I undo my last git commit but keep the changes?"),
      ("assistant", "Run git reset --soft HEAD~1: the commit goes, the changes stay staged.")],
+    [("user", "Which is better for a beginner, a ukulele or a guitar?"),
+     ("assistant", "A ukulele: four nylon strings, small frets, and simple chords to start with.")],
+    [("user", "How long should I boil an egg for a runny yolk?"),
+     ("assistant", "Six minutes from boiling water, then straight into cold water.")],
 ]  # fmt: skip
 
 
-def form(content: str, key: str, prompt: str) -> str:
+def placeholders(template: str, key: str) -> set[str]:
+    """The values the prompt itself shows: its "JSON format" line's and its examples' (read from
+    the prompt, not from sinkd's list), lower case."""
+    shown = re.findall(r"\{ *\"" + key + r"\": *(\[[^\]]*\]|\"[^\"]*\") *\}", template)
+    found: set[str] = set()
+    for text in shown:
+        value = json.loads(text)
+        found.update(v.lower() for v in ([value] if isinstance(value, str) else value))
+    return found
+
+
+def _bare(value: str) -> str:
+    return value.strip().rstrip(".,!?;:").strip().lower()
+
+
+def form(content: str, key: str, prompt: str, shown: set[str]) -> tuple[str, list[str]]:
+    """The answer's class, and its values that are near-copies (words of the prompt, not one
+    of its placeholders)."""
     try:
         value = json.loads(content[content.find("{") : content.rfind("}") + 1])[key]
     except (ValueError, KeyError, TypeError):
-        return "prose"
+        return "prose", []
     values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
     if not values or not all(isinstance(v, str) and v.strip() for v in values):
-        return "prose"
-    return "copied" if all(v.strip().lower() in prompt.lower() for v in values) else "object"
+        return "prose", []
+    if any(v in shown or _bare(v) in shown for v in values):
+        return "placeholder", []
+    near = [v for v in values if v.strip().lower() in prompt.lower()]
+    return ("copied" if len(near) == len(values) else "object"), near
 
 
 def run(grammar: bool) -> dict[str, Any]:
-    counts: dict[str, dict[str, int]] = {t: {"object": 0, "copied": 0, "prose": 0} for t in TASKS}
+    classes = ("object", "copied", "placeholder", "prose")
+    counts: dict[str, dict[str, int]] = {t: dict.fromkeys(classes, 0) for t in TASKS}
+    near: dict[str, list[str]] = {t: [] for t in TASKS}
     seconds: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         d = http_daemon(Path(tmp), ui_task_grammar=grammar)
@@ -71,10 +101,13 @@ def run(grammar: bool) -> dict[str, Any]:
                         max_tokens=400,
                     )  # fmt: skip
                     seconds.append(time.perf_counter() - t0)
-                    counts[task][form(reply.choices[0].message.content or "", key, prompt)] += 1
+                    shown = placeholders(template, key)
+                    kind, copies = form(reply.choices[0].message.content or "", key, prompt, shown)
+                    counts[task][kind] += 1
+                    near[task] += copies
         finally:
             d.stop()
-    return {"forms": counts, "seconds_total": round(sum(seconds), 1)}
+    return {"forms": counts, "near_copies": near, "seconds_total": round(sum(seconds), 1)}
 
 
 def main() -> None:
@@ -83,9 +116,11 @@ def main() -> None:
     for task in TASKS:
         for name, result in (("on", on), ("off", off)):
             f = result["forms"][task]
-            rows.append([task, name, f["object"], f["copied"], f["prose"]])
+            rows.append([task, name, f["object"], f["copied"], f["placeholder"], f["prose"],
+                         ", ".join(sorted(set(result["near_copies"][task]))) or "-"])  # fmt: skip
     table(f"Open WebUI's task prompts, {len(CHATS)} chats each ({MODEL})",
-          ["task", "ui_task_grammar", "object", "copied from the prompt", "prose"], rows)  # fmt: skip
+          ["task", "ui_task_grammar", "the model's own", "words of the prompt",
+           "a placeholder", "prose", "near-copies"], rows)  # fmt: skip
     print(f"seconds: on {on['seconds_total']}, off {off['seconds_total']}")
     path = write("ui_tasks", {"machine": machine(), "model": MODEL, "chats": len(CHATS),
                               "on": on, "off": off})  # fmt: skip

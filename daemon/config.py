@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     tls_client_ca: Path | None = None  # set: TCP clients must show a certificate it signed
     # the HTTP front (OpenAI's and Ollama's APIs): host:port, loopback unless tls is set; None: off
     http: str | None = DEFAULT_HTTP
+    # sinkd's own page at /ui on the HTTP front (docs/ui.md); false: no /ui route at all
+    ui: bool = True
     # the window of the sessions the HTTP front makes (its clients cannot choose); None: the model's
     http_window: int | None = Field(default=None, ge=1)
     # a chat UI's side task (Open WebUI's title, tags, follow-ups) that asks in its prompt for a

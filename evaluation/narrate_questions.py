@@ -130,9 +130,7 @@ def score(question: Question, answer: NarrationAnswer) -> dict[str, Any]:
 
 def evaluate(service: Any, case: Case, every_lines: int) -> list[dict[str, Any]]:
     read_as_stream(service, case.lines, every_lines)
-    return [
-        score(q, service.questions.ask(WHO, STREAM, q.text)) for q in questions(case)
-    ]
+    return [score(q, service.questions.ask(WHO, STREAM, q.text)) for q in questions(case)]
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

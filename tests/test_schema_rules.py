@@ -4,6 +4,7 @@ values a model would write; and the check after generation that catches what the
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal
 from typing import Any
@@ -200,3 +201,62 @@ def test_a_format_beside_max_length_stays_within_it(
     text = data.draw(st.from_regex(rule, fullmatch=True))
     schema = {"type": "string", "format": form, "maxLength": limit}
     assert violation(schema, f'"{text}"') is None, text
+
+
+def _inlined(rules: dict[str, str], name: str) -> str:
+    """A rule of `string_except` as a regular expression (its rules reference each other without
+    a cycle, so every reference is inlined)."""
+    out = []
+    for token in re.findall(
+        r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|\{\d*,\d*\}|\||[\w-]+', rules[name]
+    ):
+        if token.startswith('"'):
+            out.append(re.escape(json.loads(token)))
+        elif token.startswith("[") or token.startswith("{") or token == "|":
+            out.append(token)
+        elif token == "char":
+            out.append(r'(?:[^"\\\x7F\x00-\x1F]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))')
+        else:
+            out.append(f"(?:{_inlined(rules, token)})")
+    return "".join(out)
+
+
+EXCLUDED = ["tag1", "tag2", "Tag1", "Suggested next message 1", "a/b", "x\ny", "ab"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.sampled_from(EXCLUDED),
+        st.sampled_from(EXCLUDED).map(lambda s: s[:-1]),
+        st.sampled_from(EXCLUDED).map(lambda s: s + "!"),
+        st.text(alphabet='tag12Sx/\n"\\ b', max_size=9),
+    ),
+    st.sampled_from([(0, None), (1, 8), (0, 4), (3, 30)]),
+)
+def test_a_string_except_allows_every_other_string_in_its_bounds_and_none_excluded(
+    value: str, bounds: tuple[int, int | None]
+) -> None:
+    low, high = bounds
+    rules = schema_rules.string_except("s", EXCLUDED, low, high)
+    rules["char"] = "char"
+    pattern = re.compile(_inlined(rules, "s-x0"), re.DOTALL)
+    written = json.dumps(value, ensure_ascii=False)[1:]  # after the opening quote
+    allowed = value not in EXCLUDED and low <= len(value) <= (high if high is not None else 99)
+    assert bool(pattern.fullmatch(written)) is allowed
+
+
+def test_not_an_enum_is_the_only_not_and_only_on_a_string() -> None:
+    from sinkd.daemon.engine.grammar import UnsupportedSchema, schema_grammar
+
+    assert "root-s-x0" in schema_grammar({"type": "string", "not": {"enum": ["x"]}})
+    for schema in (
+        {"type": "integer", "not": {"enum": [1]}},
+        {"type": "string", "not": {"const": "x"}},
+        {"type": "string", "pattern": "a+", "not": {"enum": ["a"]}},
+        {"type": "string", "not": {"enum": [1]}},
+    ):
+        with pytest.raises(UnsupportedSchema, match="'not'"):
+            schema_grammar(schema)
+    assert violation({"type": "string", "not": {"enum": ["x"]}}, '"x"') is not None
+    assert violation({"type": "string", "not": {"enum": ["x"]}}, '"y"') is None

@@ -73,3 +73,42 @@ def test_with_the_setting_off_the_prompt_is_answered_as_it_came(tmp_path: Path) 
         assert "x-sinkd-output" not in raw.headers
     finally:
         d.stop()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("task", "written", "may_end"),
+    [
+        (0, '{"title": "your concise title here', False),
+        (0, '{"title": "Your concise title here,', False),
+        (0, '{"title": "Stock Trends', False),
+        (0, '{"title": "Your concise title', True),
+        (0, '{"title": "Stock Trends in May', True),
+        (1, '{"tags": ["Gardening", "tag1', False),
+        (1, '{"tags": ["Gardening", "tag10', True),
+        (2, '{"follow_ups": ["Suggested next message 2', False),
+        (2, '{"follow_ups": ["Suggested next message about basil', True),
+    ],
+)
+def test_no_value_may_end_as_a_copy_of_the_prompt_s_placeholders(
+    make_engine: object, task: int, written: str, may_end: bool
+) -> None:
+    """The grammar llama.cpp runs, fed the answer a character at a time: where the value so far is
+    a placeholder, the closing quote is refused and the value may only go on."""
+    from sinkd.daemon.runtime.api import OutputFormat
+    from sinkd.daemon.runtime.requests import output_grammar
+
+    engine = make_engine()  # type: ignore[operator]
+    vocab = engine.vocab
+    mask = vocab.constrain(output_grammar(OutputFormat(ui_tasks.TASKS[task].schema_json)))
+    try:
+        for ch in written:
+            (token,) = vocab.tokenize(ch)
+            assert mask.allows(token), f"{ch!r} refused after {written!r}"
+            mask.accept(token)
+        (quote,) = vocab.tokenize('"')
+        (more,) = vocab.tokenize("s")
+        assert mask.allows(quote) is may_end
+        assert mask.allows(more)
+    finally:
+        mask.close()

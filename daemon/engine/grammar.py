@@ -30,7 +30,7 @@ ENFORCED = frozenset(
         "type", "properties", "required", "additionalProperties", "items", "prefixItems",
         "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
         "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
-        "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not",
     }
 )  # fmt: skip
 ANNOTATIONS = frozenset(
@@ -86,6 +86,8 @@ def schema_grammar(schema: Any) -> str:
         resolved = converter.resolve_refs(json.loads(json.dumps(schema)), "input")
         converter.visit(resolved, "")
         text = str(converter.format_grammar())  # type: ignore[no-untyped-call]
+    except UnsupportedSchema:
+        raise
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise InvalidInput(f"the schema cannot be made a grammar: {e}") from None
     return "\n".join(
@@ -99,6 +101,8 @@ class Converter(llama_grammar.SchemaConverter):
 
     def visit(self, schema: Any, name: str) -> str:
         kind = schema.get("type") if isinstance(schema, dict) else None
+        if isinstance(schema, dict) and "not" in schema:
+            return self._string_except(schema, name)
         own = isinstance(schema, dict) and not any(
             k in schema for k in ("$ref", "anyOf", "oneOf", "allOf", "const", "enum")
         )
@@ -126,6 +130,32 @@ class Converter(llama_grammar.SchemaConverter):
             rule = f'"\\"" ({bounded}) "\\"" space'
             return self._own(name, rule)
         return str(super().visit(schema, name))  # type: ignore[no-untyped-call]
+
+    def _string_except(self, schema: dict[str, Any], name: str) -> str:
+        """A string that is none of `not`'s enum: the one form of `not` sinkd enforces."""
+        where = name or "#"
+        excluded = schema["not"].get("enum") if isinstance(schema["not"], dict) else None
+        if (
+            schema.get("type") != "string"
+            or set(schema["not"]) != {"enum"}
+            or not isinstance(excluded, list)
+            or not all(isinstance(v, str) for v in excluded)
+            or any(k in schema for k in ("pattern", "format", "enum", "const"))
+        ):
+            raise UnsupportedSchema(
+                f"schema keyword 'not' at {where}: sinkd enforces only"
+                ' {"type": "string", "not": {"enum": [strings]}} (with minLength, maxLength)'
+            )
+        if len(excluded) > schema_rules.MAX_EXCLUDED:
+            raise InvalidInput(f"{where}/not: at most {schema_rules.MAX_EXCLUDED} strings")
+        self._add_rule("char", JSON_CHAR.split(" ::= ", 1)[1])  # type: ignore[no-untyped-call]
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        base = llama_grammar.INVALID_RULE_CHARS_RE.sub("-", rule_name)  # as `_add_rule` names
+        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        states = schema_rules.string_except(f"{base}-s", excluded, low, high)
+        for state, body in states.items():
+            self._add_rule(state, body)  # type: ignore[no-untyped-call]
+        return self._own(name, f'"\\"" {base}-s-x0 space')
 
     def _own(self, name: str, rule: str) -> str:
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"

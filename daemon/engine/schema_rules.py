@@ -237,3 +237,88 @@ def format_rule(form: str, max_length: int | None = None) -> str:
         local = min(64, budget - top - label)
         return f'{_ATOM_CHAR}{{1,{local}}} "@" {plain}{{1,{label}}} "." [a-zA-Z]{{2,{top}}}'
     return FORMATS[form]
+
+
+MAX_EXCLUDED = 256  # strings a `not: {enum}` may name
+
+
+def string_except(
+    name: str, excluded: list[str], min_len: int, max_len: int | None
+) -> dict[str, str]:
+    """Rules for a JSON string (its quotes included) of `min_len` to `max_len` characters that is
+    none of `excluded`: a state for each prefix the excluded strings share (a trie), where the
+    string may end unless that prefix is excluded, and any other character leaves for a state
+    that takes the rest freely. In the trie a character is written as itself or as one of JSON's
+    short escapes (never `\\u`, which could spell an excluded character), so the language is
+    exactly the strings allowed that start like an excluded one, plus all others. The string
+    starts at `name-x0`, after its opening quote."""
+    children: list[dict[str, int]] = [{}]
+    ends = [False]
+    for text in excluded:
+        node = 0
+        for ch in text:
+            if ch not in children[node]:
+                children[node][ch] = len(children)
+                children.append({})
+                ends.append(False)
+            node = children[node][ch]
+        ends[node] = True
+    depth = [0] * len(children)
+    for k, kids in enumerate(children):  # parents are numbered before their children
+        for child in kids.values():
+            depth[child] = depth[k] + 1
+    top = max_len
+
+    def free(j: int) -> str:
+        least = max(0, min_len - j)
+        most = "" if top is None else str(top - j)
+        return f'char{{{least},{most}}} "\\""'
+
+    rules: dict[str, str] = {}
+    for k, kids in enumerate(children):
+        d = depth[k]
+        if top is not None and (d > top or (ends[k] and d >= top)):
+            continue  # never reached: past the length, or an excluded string at its end
+        alts = []
+        if not ends[k] and d >= min_len:
+            alts.append('"\\""')
+        if top is None or d + 1 <= top:
+            for ch, child in kids.items():
+                if not (ends[child] and top is not None and depth[child] >= top):  # no way on
+                    alts += [f"{way} {name}-x{child}" for way in _written(ch)]
+            taken = "".join(_code(ch) for ch in kids)
+            alts.append(f'[^"\\\\\\x7F\\x00-\\x1F{taken}] {name}-f{d + 1}')
+            shorts = "".join(_code(c) for c, meant in SHORT_ESCAPES.items() if meant not in kids)
+            alts.append(f'"\\\\" [{shorts}] {name}-f{d + 1}')
+            rules[f"{name}-f{d + 1}"] = free(d + 1)
+        rules[f"{name}-x{k}"] = " | ".join(alts)
+    return rules
+
+
+# JSON's short escapes, and the character each one means
+SHORT_ESCAPES = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+}
+
+
+def _written(ch: str) -> list[str]:
+    """The ways JSON writes a character inside a string, short of `\\u`: itself, where it may
+    stand raw, and its short escape, where it has one."""
+    ways = []
+    if ch not in '"\\' and ord(ch) >= 0x20 and ch != "\x7f":
+        ways.append(f"[{_code(ch)}]")
+    ways += [f'"\\\\" [{_code(c)}]' for c, meant in SHORT_ESCAPES.items() if meant == ch]
+    return ways
+
+
+def _code(ch: str) -> str:
+    """A character as GBNF writes it inside a character class, whatever it is."""
+    n = ord(ch)
+    return f"\\u{n:04X}" if n <= 0xFFFF else f"\\U{n:08X}"

@@ -64,6 +64,8 @@ def _check(schema: Any, value: Any, path: str, root: dict[str, Any]) -> str | No
         return f"{path}: not the schema's const"
     if "enum" in schema and not any(_same(value, v) for v in schema["enum"]):
         return f"{path}: not one of the schema's enum"
+    if isinstance(schema.get("not"), dict) and _check(schema["not"], value, path, root) is None:
+        return f"{path}: matches what its not excludes"
     if "type" in schema:
         kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_is(value, k) for k in kinds):

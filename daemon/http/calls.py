@@ -129,7 +129,10 @@ class Calls:
         return principal
 
     def _authenticated(self, request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
+        return self.of_header(request.headers.get("authorization", ""))
+
+    def of_header(self, header: str) -> Principal:
+        """Who an `Authorization` header names (Unauthenticated: nobody)."""
         if self.authenticator.open:
             scheme, _, token = header.partition(" ")
             digest = hashlib.sha256(token.strip().encode()).hexdigest()

@@ -82,6 +82,11 @@ def body(message: str, kind: str, param: str | None = None, code: str | None = N
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def status_of(error: SinkdError) -> int:
+    """The HTTP status of a sinkd error."""
+    return _BY_STATUS.get(error.status, (500, "server_error"))[0]
+
+
 def from_sinkd(error: SinkdError, ollama: bool = False) -> JSONResponse:
     status, kind = _BY_STATUS.get(error.status, (500, "server_error"))
     code, param = type(error).__name__, getattr(error, "field", None)

@@ -34,6 +34,8 @@ from sinkd.daemon.http import (
 )
 from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import HttpError, from_http, from_sinkd, is_ollama
+from sinkd.daemon.http.ui import pages as ui_pages
+from sinkd.daemon.http.ui.logins import Logins
 from sinkd.daemon.private import secret
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.errors import ListenError, SinkdError
@@ -58,6 +60,7 @@ class HttpFront:
         self.settings = settings
         self.authenticator = authenticator
         self.calls = Calls(service, settings, authenticator, limits, self.serving)
+        self.logins = Logins(tls=bool(settings.tls_cert and settings.tls_key))
         self.app = self._app()
         self.address = ""
         self._server: uvicorn.Server | None = None
@@ -112,6 +115,8 @@ class HttpFront:
         app.include_router(embeddings_api.router(self.calls))
         app.include_router(memory_api.router(self.calls))
         app.include_router(narration_api.router(self.calls))
+        if self.settings.ui:
+            app.include_router(ui_pages.router(ui_pages.Pages(self.calls, self.logins)))
         return app
 
     def serving(self) -> bool:

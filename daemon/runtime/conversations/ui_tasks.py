@@ -6,7 +6,9 @@ as the title and shows no suggestions.
 
 Where the message is one of Open WebUI's default task prompts (told by their fixed text, never
 stored), the reply is decoded under the grammar of the object the prompt itself describes, as if
-the client had sent that `response_format`. It is announced on every answer
+the client had sent that `response_format`, and no value of it may be one of the prompt's own
+placeholders or example answers as a small model copies them ("Your concise title here,",
+"Suggested next message 1"): the grammar does not let the string end there. It is announced on every answer
 (`x-sinkd-output`) and turned off by `ui_task_grammar = false`. A customised prompt, or any other
 client, is not touched. Pure: text in, a format out.
 """
@@ -19,10 +21,30 @@ from dataclasses import dataclass
 from sinkd.daemon.runtime.api import OutputFormat, Turn
 
 
-def _strings(most: int, fewest: int, chars: int) -> dict[str, object]:
+def copies(placeholders: tuple[str, ...]) -> list[str]:
+    """A prompt's placeholders as a small model copies them: as written, lower case, its first
+    letter or every word's in capitals, all in capitals; bare or with a stop, comma or "!" after
+    ("Your concise title here,")."""
+    out: dict[str, None] = {}
+    for p in placeholders:
+        for form in (p, p.lower(), p[:1].upper() + p[1:], p.title(), p.upper()):
+            for tail in ("", ".", ",", "!"):
+                out[form + tail] = None
+    return list(out)
+
+
+def _string(chars: int, placeholders: tuple[str, ...]) -> dict[str, object]:
+    """A value of at most `chars` characters that is not a copy of the prompt's placeholders."""
+    return {"type": "string", "minLength": 1, "maxLength": chars,
+            "not": {"enum": copies(placeholders)}}  # fmt: skip
+
+
+def _strings(
+    most: int, fewest: int, chars: int, placeholders: tuple[str, ...]
+) -> dict[str, object]:
     return {
         "type": "array",
-        "items": {"type": "string", "minLength": 1, "maxLength": chars},
+        "items": _string(chars, placeholders),
         "minItems": fewest,
         "maxItems": most,
     }
@@ -38,12 +60,27 @@ def _object(key: str, value: dict[str, object]) -> str:
     return json.dumps(schema, sort_keys=True)
 
 
+# what each prompt shows as the shape of its answer ("### Output") and, for titles, the example
+# answers it lists ("### Examples"): never a chat's own title, tag or next message. The tags
+# prompt's domains ("Science, Technology, ...") are suggestions to use, and stay allowed.
+TITLE_PLACEHOLDERS = (
+    "your concise title here", "Stock Trends", "Chocolate Chip Cookies", "Music Streaming",
+    "Remote Work",
+)  # fmt: skip
+TAG_PLACEHOLDERS = ("tag1", "tag2", "tag3")
+FOLLOW_UP_PLACEHOLDERS = (
+    "Suggested next message 1", "Suggested next message 2", "Suggested next message 3",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class UiTask:
     name: str
     opening: str  # the task prompt's first lines (Open WebUI 0.12.4's config.py)
     shape: str  # its "### Output" line: the object it asks for
-    schema_json: str  # that object as a schema, bounded (a small model may not stop a string)
+    # that object as a schema, bounded (a small model may not stop a string), its values never
+    # a copy of the prompt's own placeholders or example values (`copies`)
+    schema_json: str
 
 
 TASKS = (
@@ -51,20 +88,20 @@ TASKS = (
         "open-webui title",
         "### Task:\nGenerate a concise title summarizing the chat history.",
         'JSON format: { "title": "your concise title here" }',
-        _object("title", {"type": "string", "minLength": 1, "maxLength": 60}),
+        _object("title", _string(60, TITLE_PLACEHOLDERS)),
     ),
     UiTask(
         "open-webui tags",
         "### Task:\nGenerate 1-3 broad tags categorizing the main themes of the chat history",
         'JSON format: { "tags": ["tag1", "tag2", "tag3"] }',
-        _object("tags", _strings(6, 1, 32)),
+        _object("tags", _strings(6, 1, 32, TAG_PLACEHOLDERS)),
     ),
     UiTask(
         "open-webui follow-ups",
         "### Task:\nPredict 3-5 useful messages this user might naturally send next",
         'JSON format: { "follow_ups": ["Suggested next message 1", "Suggested next message 2",'
         ' "Suggested next message 3"] }',
-        _object("follow_ups", _strings(3, 1, 120)),
+        _object("follow_ups", _strings(3, 1, 120, FOLLOW_UP_PLACEHOLDERS)),
     ),
 )
 

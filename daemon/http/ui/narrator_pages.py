@@ -1,0 +1,99 @@
+"""The tenant's narrated streams: each one's timeline (lines and error lines per interval,
+incidents marked), its open incidents, and its history of facts and checked sentences, as
+`sinkd narrate history` prints it. Log text is shown as text, always."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from sinkd.daemon.http.ui.drawings import timeline
+from sinkd.daemon.http.ui.markup import form, html, join, link, table, when
+from sinkd.daemon.http.ui.pages import Pages
+from sinkd.daemon.runtime.api import NarratedInterval
+
+SHOWN = 200  # the newest intervals a page shows
+
+
+def add(api: APIRouter, pages: Pages) -> None:
+    narrated = pages.service.narrated
+
+    @api.get("/ui/narrations")
+    async def streams(request: Request) -> Response:
+        visit = pages.visit(request)
+        p = visit.principal
+        found = await pages.run(visit, lambda: narrated.streams(p))
+        rows = [[link(f"/ui/narrations/{s.name}", s.name), s.lines, s.intervals, s.incidents,
+                 when(s.created), when(s.updated)] for s in found]  # fmt: skip
+        body = table(["stream", "lines", "intervals", "incidents", "since", "last"], rows,
+                     "No narrated streams (`sinkd narrate --stream NAME`).")  # fmt: skip
+        return visit.page("Narrator", body)
+
+    @api.get("/ui/narrations/{name}")
+    async def stream(name: str, request: Request) -> Response:
+        visit = pages.visit(request)
+        p = visit.principal
+        kept = await pages.run(visit, lambda: narrated.history(p, name, limit=SHOWN))
+        incidents = open_incidents(kept)
+        rows = [
+            [i.number if i.last_number == i.number else f"{i.number}-{i.last_number}",
+             f"{i.first_line}-{i.last_line}", f"{when(i.started)} – {when(i.ended)}",
+             i.errors, i.incidents, html("<pre>{}</pre>", _facts(i))]
+            for i in reversed(kept)
+        ]  # fmt: skip
+        body = join([
+            timeline(kept),
+            html("<h2>Open incidents</h2>"),
+            table(["template", "severity", "first line", "latest line", "lines"],
+                  [[x["template"], x["severity"], x["first_line"], x["last_line"], x["count"]]
+                   for x in incidents], "None open."),
+            html("<h2>History (newest first)</h2>"),
+            table(["interval", "lines", "time", "errors", "incidents", "facts"], rows),
+            html('<p>{}</p>', link(f"/ui/narrations/{name}/forget", "Forget this stream…")),
+        ])  # fmt: skip
+        return visit.page(f"Stream {name}", body)
+
+    @api.get("/ui/narrations/{name}/forget")
+    async def confirm(name: str, request: Request) -> Response:
+        visit = pages.visit(request)
+        body = html(
+            "<p>This forgets every interval kept of {}: facts, sentences and its state.</p>"
+            "{}<p>{}</p>",
+            name, form(f"/ui/narrations/{name}/forget", visit.login.csrf, {}, "Forget",
+                       danger=True), link(f"/ui/narrations/{name}", "Cancel"),
+        )  # fmt: skip
+        return visit.page(f"Forget stream {name}?", body)
+
+    @api.post("/ui/narrations/{name}/forget")
+    async def forget(name: str, request: Request) -> Response:
+        visit, _ = await pages.form(request)
+        p = visit.principal
+        count = await pages.run(visit, lambda: narrated.forget(p, name))
+        body = html("<p>Removed: {} intervals.</p><p>{}</p>", count,
+                    link("/ui/narrations", "Back to the streams"))  # fmt: skip
+        return visit.page("Forgotten", body)
+
+
+def open_incidents(kept: list[NarratedInterval]) -> list[dict[str, Any]]:
+    """The incidents raised and not yet over, by template, as of the newest interval."""
+    opened: dict[int, dict[str, Any]] = {}
+    for i in kept:
+        facts = json.loads(i.record_json).get("facts", {})
+        for x in facts.get("opened", []):
+            opened[x["template_id"]] = x
+        for x in facts.get("ended", []):
+            opened.pop(x["template_id"], None)
+    return list(opened.values())
+
+
+def _facts(i: NarratedInterval) -> str:
+    record = json.loads(i.record_json)
+    if i.last_number > i.number:
+        return f"{record.get('folded', 0)} intervals folded"
+    text = record.get("text", "")
+    if record.get("sentence"):
+        text += f"\nSaid: {record['sentence']}"
+    return str(text)
