@@ -50,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import task_answers  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 SHOTS = RESULTS / (
     "open_webui_memory"
@@ -150,8 +153,9 @@ class Record:
     error: str = ""
     tools_sent: int = 0  # functions in the request's `tools`
     tools: str = ""  # x-sinkd-tools: pinned, or not offered and why (counts only)
-    # a side request's answer as Open WebUI reads it: "object" (the JSON object it asked for),
-    # "copied" (that object, its values copied from the task prompt's own examples), "prose"
+    # a side request's answer as Open WebUI reads it (bench/task_answers.py): "object" (the JSON
+    # object it asked for), "copied" (its values words of the prompt), "placeholder" (a value the
+    # prompt shows as its placeholder or example), "prose"
     form: str = ""
     output_note: bool = False  # x-sinkd-output: sinkd decoded it under the object's grammar
     # the conversations (session ids) of the passages its recall brought from other conversations
@@ -261,19 +265,14 @@ TASK_KEYS = {"title": "title", "tags": "tags", "follow-ups": "follow_ups"}
 
 
 def form_of(tail: bytes, kind: str, body: dict[str, Any]) -> str:
-    """How Open WebUI reads a task's answer (its text from the first "{" to the last "}"), as a
-    class: the object it asked for, the same with values copied from its own prompt, or prose.
-    Only the class is kept."""
+    """How Open WebUI reads a task's answer, as a class (bench/task_answers.py). Only the class
+    is kept."""
     try:
         content = json.loads(tail)["choices"][0]["message"]["content"] or ""
-        value = json.loads(content[content.find("{") : content.rfind("}") + 1])[TASK_KEYS[kind]]
     except (ValueError, KeyError, IndexError, TypeError):
         return "prose"
-    values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    if not values or not all(isinstance(v, str) and v.strip() for v in values):
-        return "prose"
-    prompt = json.dumps(body.get("messages") or []).lower()
-    return "copied" if all(v.strip().lower() in prompt for v in values) else "object"
+    prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages") or [])
+    return task_answers.classify(content, TASK_KEYS[kind], prompt)[0]
 
 
 def extension_of(tail: bytes) -> dict[str, Any] | None:
@@ -683,8 +682,7 @@ def report(
         "answers_404": sum(st == 404 for _, st in statuses),
         "side_forms": {
             kind: {
-                f: sum(r.form == f for r in side if r.kind == kind)
-                for f in ("object", "copied", "prose")
+                f: sum(r.form == f for r in side if r.kind == kind) for f in task_answers.CLASSES
             }
             for kind in TASK_KEYS
         },  # fmt: skip

@@ -12,8 +12,6 @@ written.
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 import tempfile
 import time
@@ -25,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import machine, table, write  # noqa: E402
+from task_answers import CLASSES, classify  # noqa: E402
 
 from tests.support import open_webui_tasks as owui  # noqa: E402
 from tests.support.daemons import http_daemon, openai_client  # noqa: E402
@@ -52,40 +51,8 @@ CHATS = [
 ]  # fmt: skip
 
 
-def placeholders(template: str, key: str) -> set[str]:
-    """The values the prompt itself shows: its "JSON format" line's and its examples' (read from
-    the prompt, not from sinkd's list), lower case."""
-    shown = re.findall(r"\{ *\"" + key + r"\": *(\[[^\]]*\]|\"[^\"]*\") *\}", template)
-    found: set[str] = set()
-    for text in shown:
-        value = json.loads(text)
-        found.update(v.lower() for v in ([value] if isinstance(value, str) else value))
-    return found
-
-
-def _bare(value: str) -> str:
-    return value.strip().rstrip(".,!?;:").strip().lower()
-
-
-def form(content: str, key: str, prompt: str, shown: set[str]) -> tuple[str, list[str]]:
-    """The answer's class, and its values that are near-copies (words of the prompt, not one
-    of its placeholders)."""
-    try:
-        value = json.loads(content[content.find("{") : content.rfind("}") + 1])[key]
-    except (ValueError, KeyError, TypeError):
-        return "prose", []
-    values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    if not values or not all(isinstance(v, str) and v.strip() for v in values):
-        return "prose", []
-    if any(v in shown or _bare(v) in shown for v in values):
-        return "placeholder", []
-    near = [v for v in values if v.strip().lower() in prompt.lower()]
-    return ("copied" if len(near) == len(values) else "object"), near
-
-
 def run(grammar: bool) -> dict[str, Any]:
-    classes = ("object", "copied", "placeholder", "prose")
-    counts: dict[str, dict[str, int]] = {t: dict.fromkeys(classes, 0) for t in TASKS}
+    counts: dict[str, dict[str, int]] = {t: dict.fromkeys(CLASSES, 0) for t in TASKS}
     near: dict[str, list[str]] = {t: [] for t in TASKS}
     seconds: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,8 +68,8 @@ def run(grammar: bool) -> dict[str, Any]:
                         max_tokens=400,
                     )  # fmt: skip
                     seconds.append(time.perf_counter() - t0)
-                    shown = placeholders(template, key)
-                    kind, copies = form(reply.choices[0].message.content or "", key, prompt, shown)
+                    content = reply.choices[0].message.content or ""
+                    kind, copies = classify(content, key, prompt)
                     counts[task][kind] += 1
                     near[task] += copies
         finally:

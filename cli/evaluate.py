@@ -587,7 +587,9 @@ def eval_narrate(
     err.print(f"wrote {out_dir / 'eval-narrate.json'}")
 
 
-def _eval_narrate_questions(case: Any, names: list[str], every_lines: int, out_dir: Path) -> None:
+def _eval_narrate_questions(
+    case: Any, names: tuple[str, ...], every_lines: int, out_dir: Path
+) -> None:
     import tempfile
 
     from sinkd.daemon.config import Settings

@@ -22,7 +22,8 @@ def add(api: APIRouter, pages: Pages) -> None:
 
     async def receipt_of(visit: Visit, session_id: str) -> Receipt:
         p = visit.principal
-        for r in await pages.run(visit, lambda: service.reads.list_sessions(p)):
+        found: list[Receipt] = await pages.run(visit, lambda: service.reads.list_sessions(p))
+        for r in found:
             if r.session_id == session_id:
                 return r
         raise NotFound(f"no session {session_id!r}")
