@@ -82,7 +82,18 @@ def log_in(browser: Any, address: str, token: str) -> None:
     browser.get(f"{address}/ui")
     assert browser.current_url == f"{address}/ui/login"  # not logged in: the form
     browser.find_element(By.NAME, "token").send_keys(token)
-    browser.find_element(By.CSS_SELECTOR, "form.login button").click()
+    click(browser, browser.find_element(By.CSS_SELECTOR, "form.login button"))
+
+
+def click(browser: Any, element: Any) -> None:
+    """Click, then wait for the page it loads (a find before then would read the old page)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 60).until(expected_conditions.staleness_of(old))
 
 
 def counts_shown(browser: Any) -> dict[str, int]:
@@ -134,7 +145,7 @@ def test_a_tenant_sees_its_cache_map_recall_memory_and_narrator_and_nothing_else
     log_in(browser, address, "alice-token")
     assert browser.current_url == f"{address}/ui/sessions"
     shot(browser, "sessions")
-    browser.find_element(By.LINK_TEXT, conversation).click()
+    click(browser, browser.find_element(By.LINK_TEXT, conversation))
     shown = counts_shown(browser)
     shot(browser, "session-cache-map")
     alice = Principal("alice")
@@ -162,19 +173,21 @@ def test_a_tenant_sees_its_cache_map_recall_memory_and_narrator_and_nothing_else
     )  # the user's markup (its tail in the window), as text
     assert browser.find_elements(By.TAG_NAME, "script") == []
 
-    browser.find_element(By.PARTIAL_LINK_TEXT, "open").click()  # what came back, and from where
+    click(
+        browser, browser.find_element(By.PARTIAL_LINK_TEXT, "open")
+    )  # what came back, and from where
     shot(browser, "recalled-passage")
     assert "ocelot" in browser.find_element(By.TAG_NAME, "pre").text
-    browser.find_element(By.LINK_TEXT, source).click()
+    click(browser, browser.find_element(By.LINK_TEXT, source))
     assert browser.current_url == f"{address}/ui/sessions/{source}"
 
     browser.get(f"{address}/ui/memory?search=ocelot")
     shot(browser, "memory")
     row = browser.find_element(By.XPATH, "//td[contains(., 'ocelot')]/..")
     passage = int(row.find_elements(By.TAG_NAME, "td")[0].text)
-    row.find_element(By.LINK_TEXT, "forget").click()
+    click(browser, row.find_element(By.LINK_TEXT, "forget"))
     assert "This forgets 1 passage" in browser.find_element(By.TAG_NAME, "main").text
-    browser.find_element(By.CSS_SELECTOR, "main form button.danger").click()
+    click(browser, browser.find_element(By.CSS_SELECTOR, "main form button.danger"))
     assert "Removed: 1 passage." in browser.find_element(By.TAG_NAME, "main").text
     kept = api.get("/v1/sinkd/memory").json()["data"]
     assert passage not in [p["id"] for p in kept]  # gone, over the API
@@ -222,3 +235,80 @@ def test_a_tenant_sees_its_cache_map_recall_memory_and_narrator_and_nothing_else
         By.XPATH, "//h2[text()='Tenants and their shares']/following::table"
     )
     assert "alice" in tenants.text
+
+
+def _logged_in(address: str, token: str) -> tuple[httpx.Client, str]:
+    """A client holding a login's cookie, as a browser would, and the login's CSRF token."""
+    page = httpx.Client(base_url=address)
+    login = page.post("/ui/login", data={"token": token})
+    assert login.status_code == 303, login.text
+    page.cookies = login.cookies
+    found = re.search(r'name="csrf" value="([^"]+)"', page.get("/ui/sessions").text)
+    assert found is not None
+    return page, found.group(1)
+
+
+def test_fork_reset_and_close_from_the_page_and_a_stale_form_is_refused(daemon: Daemon) -> None:
+    assert daemon.http is not None
+    address = daemon.http.address
+    reply = openai_client(daemon).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=2
+    )
+    sid = (reply.model_extra or {})["sinkd"]["session_id"]
+    page, csrf = _logged_in(address, "alice-token")
+    alice = Principal("alice")
+
+    def generation(session_id: str) -> str:
+        (r,) = [r for r in daemon.service.reads.list_sessions(alice) if r.session_id == session_id]
+        return r.generation
+
+    before = generation(sid)
+    fork = page.post(f"/ui/sessions/{sid}/fork", data={"csrf": csrf, "generation": before})
+    assert fork.status_code == 303
+    child = fork.headers["location"].rsplit("/", 1)[1]
+    assert child != sid and page.get(f"/ui/sessions/{child}").status_code == 200
+    asked = page.get(f"/ui/sessions/{sid}/reset")
+    assert "Reset starts a new generation" in asked.text and before in asked.text
+    reset = page.post(f"/ui/sessions/{sid}/reset", data={"csrf": csrf, "generation": before})
+    assert reset.status_code == 303 and generation(sid) != before
+    stale = page.post(f"/ui/sessions/{sid}/close", data={"csrf": csrf, "generation": before})
+    assert stale.status_code == 409  # the page showed the old generation: refused, not applied
+    assert sid in [r.session_id for r in daemon.service.reads.list_sessions(alice)]
+    closed = page.post(
+        f"/ui/sessions/{sid}/close", data={"csrf": csrf, "generation": generation(sid)}
+    )
+    assert closed.status_code == 200 and "Removed: 1 session." in closed.text
+    assert sid not in [r.session_id for r in daemon.service.reads.list_sessions(alice)]
+    bob, bobs_csrf = _logged_in(address, "bob-token")
+    theirs = bob.post(
+        f"/ui/sessions/{child}/close", data={"csrf": bobs_csrf, "generation": generation(child)}
+    )
+    assert theirs.status_code == 404 and child in [
+        r.session_id for r in daemon.service.reads.list_sessions(alice)
+    ]
+    assert (
+        bob.post(f"/ui/sessions/{child}/close", data={"csrf": csrf}).status_code == 403
+    )  # alice's token
+
+    assert httpx.post(f"{address}/ui/login", data={"token": "nobody"}).status_code == 401
+    out = page.post("/ui/logout", data={"csrf": csrf})
+    assert out.status_code == 303 and "Max-Age=0" in out.headers["set-cookie"]
+    assert page.get("/ui/sessions").headers["location"] == "/ui/login"  # the login ended
+
+
+def test_with_the_setting_off_there_is_no_page(daemon: Daemon) -> None:
+    from sinkd.daemon.http.front import HttpFront
+
+    assert daemon.http is not None
+    on = HttpFront(
+        daemon.service, daemon.settings, daemon.http.authenticator, daemon.http.calls.limits
+    )
+    off_settings = daemon.settings.model_copy(update={"ui": False})
+    off = HttpFront(
+        daemon.service, off_settings, daemon.http.authenticator, daemon.http.calls.limits
+    )
+    from starlette.testclient import TestClient
+
+    assert TestClient(on.app).get("/ui/login").status_code == 200
+    assert TestClient(off.app).get("/ui/login").status_code == 404
+    assert TestClient(off.app).get("/ui").status_code == 404
