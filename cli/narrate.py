@@ -158,6 +158,14 @@ def narrate(
             " an install, a deploy).",
         ),
     ] = False,
+    keep_lines: Annotated[
+        bool,
+        typer.Option(
+            "--keep-lines",
+            help="With --stream: the daemon keeps each interval's raw lines beside its facts (the"
+            " first 1,000; `history --lines`), forgotten with them. Else no line is kept.",
+        ),
+    ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="Print nothing for an interval with nothing to say.")
     ] = False,
@@ -238,6 +246,7 @@ def narrate(
         recur_intervals=recur_intervals,
         info_bursts=info_bursts,
         stream=stream_name,
+        keep_lines=keep_lines,
     )
     cfg.validate()
     counts = Counts()

@@ -63,6 +63,9 @@ def history(
     limit: Annotated[
         int, typer.Option("--limit", min=0, help="The newest this many (0: all).")
     ] = 0,
+    lines: Annotated[
+        bool, typer.Option("--lines", help="Also the raw lines each interval kept (--keep-lines).")
+    ] = False,
     plot_file: Annotated[
         Path | None,
         typer.Option(
@@ -100,6 +103,19 @@ def history(
             str(i.errors), "INCIDENT" if i.incidents else "", shown(summary(i)),
         )  # fmt: skip
     out.print(table)
+    if lines:
+        for i in found:
+            record = json.loads(i.record_json)
+            kept = record.get("lines")
+            if kept is None:
+                continue
+            out.print(f"[bold]interval {i.number}[/bold], lines {i.first_line}-{i.last_line}:")
+            for n, text in enumerate(kept, i.first_line):
+                out.print(
+                    f"{n:>8} ", shown(text), highlight=False
+                )  # the line as text, never markup
+            if record.get("lines_left_out"):
+                out.print(f"          ({record['lines_left_out']} more lines not kept)")
 
 
 @handle_errors

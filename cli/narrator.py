@@ -67,6 +67,7 @@ class NarrateConfig:
     recur_intervals: int = 3
     info_bursts: bool = False
     stream: str = ""  # a narrated stream kept by the daemon (`--stream`); "" this process's
+    keep_lines: bool = False  # the daemon keeps each interval's raw lines (`--keep-lines`)
 
     def validate(self) -> None:
         # the CLI's options check the integer bounds and the choices; a library caller gets these
@@ -88,13 +89,18 @@ class NarrateConfig:
                 raise InvalidInput(
                     f"--{name.replace('_', '-')}: must be > 0, got {getattr(self, name)}"
                 )
+        if self.keep_lines and not self.stream:
+            raise InvalidInput(
+                "--keep-lines: the daemon keeps a stream's lines; name one (--stream)"
+            )
         if self.on_full not in (DROP_OLDEST, BLOCK):
             raise InvalidInput(f"--on-full: must be {DROP_OLDEST} or {BLOCK}, got {self.on_full!r}")
 
     def options(self) -> DigestOptions:
         """The digest's rules as a narrated stream takes them."""
         d = self.digest()
-        return DigestOptions(**{f.name: getattr(d, f.name) for f in fields(DigestOptions)})
+        rules = {f.name: getattr(d, f.name) for f in fields(DigestOptions) if hasattr(d, f.name)}
+        return DigestOptions(**rules, keep_lines=self.keep_lines)
 
     def digest(self) -> DigestConfig:
         return DigestConfig(

@@ -428,6 +428,7 @@ def digest_options_from_pb(m: pb.DigestOptions) -> DigestOptions:
         gap_seconds=m.gap_seconds,
         recur_intervals=m.recur_intervals,
         info_bursts=m.info_bursts,
+        keep_lines=m.keep_lines,
     )
 
 

@@ -245,7 +245,8 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
 ) -> None:
     """`--stream`: two pipes, one stream kept by the daemon: the second pipe's line numbers
     continue the first's and its templates are known (not NEW again); `history` lists both
-    pipes' intervals, by severity too; another tenant has no such stream; `forget` deletes it."""
+    pipes' intervals, by severity too, and the raw lines of the pipe that asked to keep them;
+    another tenant has no such stream; `forget` deletes it."""
     conn = ["--connect", address, "--token", "alice-token"]
     args = ["narrate", "--stream", "web", "--window", "60", "--every-lines", "50",
             "--every-seconds", "600", "--incident-seconds", "600", "--max-tokens", "8",
@@ -259,8 +260,14 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
 
     code, first, err = sinkd(*args, input="".join(line + "\n" for line in lines[:100]))
     assert code == 0, err
-    code, second, err = sinkd(*args, input="".join(line + "\n" for line in lines[100:]))
+    lines[150] = "2026-12-05T10:02:30 api INFO request [bold]150[/bold] served"
+    kept = [*args, "--keep-lines"]  # the second pipe keeps its raw lines
+    code, second, err = sinkd(*kept, input="".join(line + "\n" for line in lines[100:]))
     assert code == 0, err
+    code, out, err = sinkd("narrate", "history", "web", *conn, "--lines")
+    assert code == 0, err
+    assert "[bold]150[/bold]" in out and "request 99 served" not in out  # as text; pipe 1: none
+    assert any(line.split()[:1] == ["151"] for line in out.splitlines())
     one, two = facts(first), facts(second)
     assert [(f["first_line"], f["last_line"]) for f in one] == [(1, 50), (51, 100)]
     assert two[0]["first_line"] == 101 and two[-1]["last_line"] == 200

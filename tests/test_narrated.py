@@ -367,3 +367,33 @@ def test_a_tenant_s_streams_are_bounded_in_number_and_another_tenant_is_not_held
     service.narrated.forget(ALICE, "s1")
     assert service.narrated.feed(ALICE, "one-more", ["a line"]).lines == 1
     service.stop()
+
+
+def test_raw_lines_are_kept_only_when_asked_each_with_its_interval_across_restarts(
+    tmp_path: Path,
+) -> None:
+    """`keep_lines`: each interval keeps exactly its lines, the open interval's wait in the
+    stream's state through a restart; a stream that does not ask keeps none, nor one that stops
+    asking; forgetting the stream leaves no file holding them."""
+    lines = log(450)
+    keeping = DigestOptions(every_lines=100, keep_lines=True)
+    closed: list[NarratedInterval] = []
+    for start, end in ((0, 150), (150, 450)):  # a restart inside the second interval
+        service = fake_service(tmp_path, durable=True)
+        closed += service.narrated.feed(ALICE, "kept", lines[start:end], end == 450, keeping).closed
+        service.stop()
+    service = fake_service(tmp_path, durable=True)
+    for i in service.narrated.history(ALICE, "kept"):
+        record = json.loads(i.record_json)
+        assert record["lines"] == lines[i.first_line - 1 : i.last_line]
+        assert record["lines_left_out"] == 0
+    assert len(closed) >= 4
+    service.narrated.feed(ALICE, "bare", lines[:150], True, EVERY)
+    assert all("lines" not in json.loads(i.record_json)
+               for i in service.narrated.history(ALICE, "bare"))  # fmt: skip
+    service.narrated.feed(ALICE, "kept", lines[:50], True, DigestOptions(every_lines=100))
+    assert "lines" not in json.loads(service.narrated.history(ALICE, "kept")[-1].record_json)
+    service.narrated.forget(ALICE, "kept")
+    service.narrated.forget(ALICE, "bare")
+    service.stop()
+    assert not holders(tmp_path, ["/var/lib/db/1 failed"]), "a forgotten stream's lines remain"

@@ -146,8 +146,13 @@ class Converter(llama_grammar.SchemaConverter):
                 f"schema keyword 'not' at {where}: sinkd enforces only"
                 ' {"type": "string", "not": {"enum": [strings]}} (with minLength, maxLength)'
             )
-        if len(excluded) > schema_rules.MAX_EXCLUDED:
-            raise InvalidInput(f"{where}/not: at most {schema_rules.MAX_EXCLUDED} strings")
+        if len(excluded) > schema_rules.MAX_EXCLUDED or (
+            sum(map(len, excluded)) > schema_rules.MAX_EXCLUDED_CHARS
+        ):
+            raise InvalidInput(
+                f"{where}/not: at most {schema_rules.MAX_EXCLUDED} strings of"
+                f" {schema_rules.MAX_EXCLUDED_CHARS} characters together"
+            )
         self._add_rule("char", JSON_CHAR.split(" ::= ", 1)[1])  # type: ignore[no-untyped-call]
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
         base = llama_grammar.INVALID_RULE_CHARS_RE.sub("-", rule_name)  # as `_add_rule` names

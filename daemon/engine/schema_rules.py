@@ -239,7 +239,8 @@ def format_rule(form: str, max_length: int | None = None) -> str:
     return FORMATS[form]
 
 
-MAX_EXCLUDED = 256  # strings a `not: {enum}` may name
+MAX_EXCLUDED = 4096  # strings a `not: {enum}` may name
+MAX_EXCLUDED_CHARS = 128 * 1024  # and their characters, together
 
 
 def string_except(

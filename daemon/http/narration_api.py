@@ -2,7 +2,7 @@
 timeline, ask about it, list and forget. sinkd's own routes under /v1/sinkd/, bodies in OpenAI's
 list convention, errors in OpenAI's error body.
 
-    POST   /v1/sinkd/narrations/{stream}/lines    {"lines": [...], "close"?: bool}
+    POST   /v1/sinkd/narrations/{stream}/lines    {"lines": [...], "close"?: bool, "keep_lines"?: bool}
     GET    /v1/sinkd/narrations/{stream}?since=&until=&severity=&template=&limit=
     POST   /v1/sinkd/narrations/{stream}/ask      {"question": "...", "max_tokens"?: n}
     GET    /v1/sinkd/narrations
@@ -22,7 +22,7 @@ from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded
 from sinkd.daemon.http.memory_api import query_number
 from sinkd.daemon.http.wire import parse_json, validated
-from sinkd.daemon.runtime.api import NarratedInterval
+from sinkd.daemon.runtime.api import DigestOptions, NarratedInterval
 
 
 class LinesBody(BaseModel):
@@ -30,6 +30,7 @@ class LinesBody(BaseModel):
 
     lines: list[str] = Field(max_length=4096)
     close: bool = False
+    keep_lines: bool | None = None  # keep each interval's raw lines from now on (None: as it was)
 
 
 class AskBody(BaseModel):
@@ -55,8 +56,9 @@ def router(calls: Calls) -> APIRouter:
         principal = calls.principal(request)
         calls.ready()
         body = validated(LinesBody, parse_json(await calls.body(request)))
+        options = None if body.keep_lines is None else DigestOptions(keep_lines=body.keep_lines)
         fed = await in_slot(
-            principal, lambda: narrated.feed(principal, stream, body.lines, body.close)
+            principal, lambda: narrated.feed(principal, stream, body.lines, body.close, options)
         )
         return {
             "object": "sinkd.narration.fed",

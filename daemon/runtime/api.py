@@ -516,6 +516,8 @@ class DigestOptions:
     gap_seconds: float = 0.0
     recur_intervals: int = 0
     info_bursts: bool = False
+    # keep each interval's raw lines beside its facts (the first 1,000), forgotten with them
+    keep_lines: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,10 @@ one commit between steps (the journal is the engine thread's). A call is answere
 is made: a restart continues from the last call answered, line numbers and all. A write refused
 (a full disk) fails the call with nothing counted: the stream is read again from the store, and
 the caller may send the same lines again.
+
+Raw lines are not kept unless the stream asks (`keep_lines`): then each interval keeps its lines
+(the first KEEP_LINES of them) beside its facts, in the same row, so that they live, move, fold
+away and are forgotten with it; the open interval's lines wait in the stream's state.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ FOLD_ROWS = 16  # rows folded into one at a time when a tenant is past its bound
 MAX_STREAMS = 64  # a tenant's narrated streams at most (each keeps a digest's state)
 AGE_CHECK_S = 60.0  # a tenant's rows are looked at for their age at most this often
 SEVERITIES = ("", "warning", "error", "critical")
+KEEP_LINES = 1000  # an interval's lines kept at most, where its stream keeps them
 
 
 class _Stream:
@@ -54,6 +59,9 @@ class _Stream:
         self.started = started  # the open interval's first line, wall clock
         self.lock = threading.Lock()
         self.gone = False  # forgotten, or out of memory: a call holding it must look again
+        self.keep_lines = False  # the stream keeps its raw lines (`DigestOptions.keep_lines`)
+        self.kept: list[tuple[int, str]] = []  # the open interval's lines, where kept
+        self.left_out = 0  # the open interval's lines past KEEP_LINES, not kept
 
 
 class NarratedStreams:
@@ -107,6 +115,8 @@ class NarratedStreams:
             with stream.lock:
                 if stream.gone:  # forgotten or set aside while this call waited: again
                     continue
+                if options is not None and stream.keep_lines != options.keep_lines:
+                    stream.keep_lines, stream.kept, stream.left_out = options.keep_lines, [], 0
                 return self._feed(tenant, name, stream, lines, close, options is not None)
 
     def _feed(
@@ -118,13 +128,18 @@ class NarratedStreams:
         for line in lines:
             if digest.pending == 0:
                 stream.started = now
+            if stream.keep_lines:
+                if len(stream.kept) < KEEP_LINES:
+                    stream.kept.append((digest.lines + 1, line[:MAX_LINE_CHARS]))
+                else:
+                    stream.left_out += 1
             facts = digest.observe(line[:MAX_LINE_CHARS])
             if facts is not None:
                 cuts.append((facts, stream.started))
         last = digest.cut() if close else digest.due()
         if last is not None:
             cuts.append((last, stream.started))
-        rows = [(_row(name, f, started, now), f) for f, started in cuts]
+        rows = [(_row(name, f, started, now, _taken(stream, f)), f) for f, started in cuts]
         failpoints.hit("narrate-digested")
         if lines or rows or changed:  # else nothing changed: nothing to write
             self._write(tenant, name, stream, [r for r, _ in rows], now)
@@ -248,6 +263,9 @@ class NarratedStreams:
         else:
             kept = DigestConfig(**state["config"])
             stream = _Stream(Digest.restored(state["digest"], config or kept), state["started"])
+            stream.keep_lines = bool(state.get("keep_lines", False))
+            stream.kept = [(int(n), str(t)) for n, t in state.get("kept", [])]
+            stream.left_out = int(state.get("left_out", 0))
         with self._lock:
             stream = self._streams.setdefault(key, stream)
             for old in list(self._streams)[: max(0, len(self._streams) - STREAMS_IN_MEMORY)]:
@@ -265,6 +283,9 @@ class NarratedStreams:
             "config": asdict(stream.digest.config),
             "digest": stream.digest.state(),
             "started": stream.started,
+            "keep_lines": stream.keep_lines,
+            "kept": stream.kept,
+            "left_out": stream.left_out,
         }
         state_json = json.dumps(state, separators=(",", ":"))  # here, not on the engine thread
         key = (tenant, name)
@@ -392,9 +413,24 @@ def _check_name(name: str) -> None:
         )
 
 
-def _row(name: str, facts: Facts, started: float, ended: float) -> IntervalRow:
+def _taken(stream: _Stream, facts: Facts) -> tuple[list[str], int] | None:
+    """The kept lines of the interval these facts close (and how many past KEEP_LINES were
+    not), taken out of the stream's; None where the stream keeps none."""
+    if not stream.keep_lines:
+        return None
+    mine = [t for n, t in stream.kept if facts.first_line <= n <= facts.last_line]
+    stream.kept = [(n, t) for n, t in stream.kept if n > facts.last_line]
+    left_out, stream.left_out = stream.left_out, 0
+    return mine, left_out
+
+
+def _row(
+    name: str, facts: Facts, started: float, ended: float, lines: tuple[list[str], int] | None
+) -> IntervalRow:
     errors = sum(f.count for f in facts.errors)
-    record = {"facts": facts.as_dict(), "text": facts.render(), "sentence": ""}
+    record: dict[str, Any] = {"facts": facts.as_dict(), "text": facts.render(), "sentence": ""}
+    if lines is not None:
+        record["lines"], record["lines_left_out"] = lines
     return IntervalRow(
         name, facts.number, facts.number, facts.first_line, facts.last_line, started, ended,
         int(facts.incident), errors, record,

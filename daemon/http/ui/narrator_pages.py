@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sinkd.daemon.http.ui.drawings import timeline
-from sinkd.daemon.http.ui.markup import form, html, join, link, table, when
+from sinkd.daemon.http.ui.markup import Html, form, html, join, link, table, when
 from sinkd.daemon.http.ui.pages import Pages
 from sinkd.daemon.runtime.api import NarratedInterval
 
@@ -41,7 +41,7 @@ def add(api: APIRouter, pages: Pages) -> None:
         rows = [
             [i.number if i.last_number == i.number else f"{i.number}-{i.last_number}",
              f"{i.first_line}-{i.last_line}", f"{when(i.started)} – {when(i.ended)}",
-             i.errors, i.incidents, html("<pre>{}</pre>", _facts(i))]
+             i.errors, i.incidents, join([html("<pre>{}</pre>", _facts(i)), _lines(i)])]
             for i in reversed(kept)
         ]  # fmt: skip
         body = join([
@@ -87,6 +87,20 @@ def open_incidents(kept: list[NarratedInterval]) -> list[dict[str, Any]]:
         for x in facts.get("ended", []):
             opened.pop(x["template_id"], None)
     return list(opened.values())
+
+
+def _lines(i: NarratedInterval) -> Html:
+    """The raw lines the interval kept (a stream with `keep_lines`), folded away until opened."""
+    record = json.loads(i.record_json)
+    kept = record.get("lines")
+    if not kept:
+        return Html("")
+    numbered = "\n".join(f"{n:>7}  {text}" for n, text in enumerate(kept, i.first_line))
+    more = record.get("lines_left_out", 0)
+    return html(
+        "<details><summary>{} lines kept{}</summary><pre>{}</pre></details>",
+        len(kept), f" ({more} more not)" if more else "", numbered,
+    )  # fmt: skip
 
 
 def _facts(i: NarratedInterval) -> str:

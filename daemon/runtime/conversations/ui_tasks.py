@@ -21,15 +21,20 @@ from dataclasses import dataclass
 from sinkd.daemon.runtime.api import OutputFormat, Turn
 
 
+TAILS = (".", ",", "!", "?", ";", ":", " ")
+
+
 def copies(placeholders: tuple[str, ...]) -> list[str]:
     """A prompt's placeholders as a small model copies them: as written, lower case, its first
-    letter or every word's in capitals, all in capitals; bare or with a stop, comma or "!" after
-    ("Your concise title here,")."""
+    letter or every word's in capitals, all in capitals; after a space or not; bare or with up to
+    two stops, commas, marks or spaces after, or "..." ("Your concise title here,", " tag1?")."""
+    tails = ["", "...", *TAILS, *(a + b for a in TAILS for b in TAILS)]
     out: dict[str, None] = {}
     for p in placeholders:
         for form in (p, p.lower(), p[:1].upper() + p[1:], p.title(), p.upper()):
-            for tail in ("", ".", ",", "!"):
-                out[form + tail] = None
+            for head in ("", " "):
+                for tail in tails:
+                    out[head + form + tail] = None
     return list(out)
 
 
