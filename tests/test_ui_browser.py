@@ -212,6 +212,10 @@ def test_a_tenant_sees_its_cache_map_recall_memory_and_narrator_and_nothing_else
     )
     assert elsewhere.status_code == 403
     assert page.get("/ui/admin").status_code == 403  # a tenant is not the admin
+    found = page.get(f"/ui/sessions/{conversation}", params={"search": "gardens trains"}).text
+    assert "<td>user</td>" in found and "gardens" in found.split("Stored passages")[1]
+    none = page.get(f"/ui/sessions/{conversation}", params={"search": "zebra"}).text
+    assert "None stored." in none
     for header in ("content-security-policy", "x-frame-options"):
         assert header in page.get("/ui/sessions").headers
 

@@ -56,8 +56,11 @@ def add(api: APIRouter, pages: Pages) -> None:
         r = seen.receipt
         trace = await pages.run(visit, lambda: service.reads.trace(p, h))
         passages: list[PassageView] = []
+        search = request.query_params.get("search", "")
         if not p.admin:
-            passages = await pages.run(visit, lambda: service.memory.memory(p, h, limit=500))
+            passages = await pages.run(
+                visit, lambda: service.memory.memory(p, h, search=search, limit=500)
+            )
         csrf = visit.login.csrf
         here = f"/ui/sessions/{r.session_id}"
         gen = {"generation": r.generation}
@@ -89,7 +92,9 @@ def add(api: APIRouter, pages: Pages) -> None:
             html("<h2>What the model sees now</h2><p class=\"note\">Its sinks, then its window"
                  " ({} evicted tokens between them are not shown).</p><pre>{}</pre>",
                  r0 - a1, seen.retained_text or "(not shown)"),
-            html("<h2>Stored passages (evicted text)</h2>"),
+            html("<h2>Stored passages (evicted text)</h2>"
+                 '<form method="get" action="{}"><input type="search" name="search" value="{}"'
+                 ' placeholder="words"> <button>Search</button></form>', here, search),
             table(["passage", "speaker", "turn", "positions", "kept", "text", ""],
                   [[q.passage_id, q.speaker, q.turn, f"{q.logical[0]}-{q.logical[1]}",
                     when(q.created_unix_time), _text(q.text),
