@@ -27,7 +27,8 @@ def _bare(value: str) -> str:
 
 
 def classify(content: str, key: str, prompt: str) -> tuple[str, list[str]]:
-    """The answer's class, and its values that are words of the prompt (not a placeholder)."""
+    """The answer's class, and its values that are words of the prompt (for a placeholder: the
+    values that copy one)."""
     try:
         value = json.loads(content[content.find("{") : content.rfind("}") + 1])[key]
     except (ValueError, KeyError, TypeError):
@@ -36,7 +37,8 @@ def classify(content: str, key: str, prompt: str) -> tuple[str, list[str]]:
     if not values or not all(isinstance(v, str) and v.strip() for v in values):
         return "prose", []
     shown = placeholders(prompt, key)
-    if any(v.lower() in shown or _bare(v) in shown for v in values):
-        return "placeholder", []
+    copied = [v for v in values if v.lower() in shown or _bare(v) in shown]
+    if copied:
+        return "placeholder", copied  # the prompt's own words
     near = [v for v in values if v.strip().lower() in prompt.lower()]
     return ("copied" if len(near) == len(values) else "object"), near

@@ -222,6 +222,7 @@ def _inlined(rules: dict[str, str], name: str) -> str:
 
 
 EXCLUDED = ["tag1", "tag2", "Tag1", "Suggested next message 1", "a/b", "x\ny", "ab"]
+BEGINNINGS = ("Sugg", "tag", "x\n")
 
 
 @settings(max_examples=400, deadline=None)
@@ -238,23 +239,34 @@ def test_a_string_except_allows_every_other_string_in_its_bounds_and_none_exclud
     value: str, bounds: tuple[int, int | None]
 ) -> None:
     low, high = bounds
-    rules = schema_rules.string_except("s", EXCLUDED, low, high)
-    rules["char"] = "char"
-    pattern = re.compile(_inlined(rules, "s-x0"), re.DOTALL)
-    written = json.dumps(value, ensure_ascii=False)[1:]  # after the opening quote
-    allowed = value not in EXCLUDED and low <= len(value) <= (high if high is not None else 99)
-    assert bool(pattern.fullmatch(written)) is allowed
+    for beginnings in ((), BEGINNINGS):
+        rules = schema_rules.string_except("s", EXCLUDED, low, high, beginnings)
+        rules["char"] = "char"
+        pattern = re.compile(_inlined(rules, "s-x0"), re.DOTALL)
+        written = json.dumps(value, ensure_ascii=False)[1:]  # after the opening quote
+        allowed = (
+            value not in EXCLUDED
+            and not value.startswith(beginnings)
+            and low <= len(value) <= (high if high is not None else 99)
+        )
+        assert bool(pattern.fullmatch(written)) is allowed
 
 
 def test_not_an_enum_is_the_only_not_and_only_on_a_string() -> None:
     from sinkd.daemon.engine.grammar import UnsupportedSchema, schema_grammar
 
     assert "root-s-x0" in schema_grammar({"type": "string", "not": {"enum": ["x"]}})
+    either = {"anyOf": [{"enum": ["x"]}, {"pattern": "^(?:ab|c\\ d)"}]}
+    assert "root-s-x0" in schema_grammar({"type": "string", "not": either})
+    assert violation({"type": "string", "not": either}, '"c dx"') is not None
     for schema in (
         {"type": "integer", "not": {"enum": [1]}},
         {"type": "string", "not": {"const": "x"}},
         {"type": "string", "pattern": "a+", "not": {"enum": ["a"]}},
         {"type": "string", "not": {"enum": [1]}},
+        {"type": "string", "not": {"pattern": "^(?:a.*)"}},  # a pattern, not a literal
+        {"type": "string", "not": {"pattern": "a"}},
+        {"type": "string", "not": {"anyOf": [{"anyOf": [{"enum": ["a"]}]}]}},
     ):
         with pytest.raises(UnsupportedSchema, match="'not'"):
             schema_grammar(schema)

@@ -77,24 +77,26 @@ def test_with_the_setting_off_the_prompt_is_answered_as_it_came(tmp_path: Path) 
 
 @pytest.mark.model
 @pytest.mark.parametrize(
-    ("task", "written", "may_end"),
+    ("task", "written", "then", "allowed"),
     [
-        (0, '{"title": "your concise title here', False),
-        (0, '{"title": "Your concise title here,', False),
-        (0, '{"title": "Stock Trends', False),
-        (0, '{"title": "Your concise title', True),
-        (0, '{"title": "Stock Trends in May', True),
-        (1, '{"tags": ["Gardening", "tag1', False),
-        (1, '{"tags": ["Gardening", "tag10', True),
-        (2, '{"follow_ups": ["Suggested next message 2', False),
-        (2, '{"follow_ups": ["Suggested next message about basil', True),
+        (0, '{"title": "Your concise titl', "e", False),  # the placeholder's stem: no way in
+        (0, '{"title": "your concise titl', "e", False),
+        (0, '{"title": "Your concise titl', "i", True),
+        (0, '{"title": "Stock Trends', '"', False),  # an example answer: it may not end there
+        (0, '{"title": "Stock Trends,', '"', False),
+        (0, '{"title": "Stock Trends in May', '"', True),
+        (1, '{"tags": ["Gardening", "tag', "4", False),
+        (1, '{"tags": ["Gardening", "tag', "s", True),
+        (2, '{"follow_ups": ["Suggested next messag', "e", False),
+        (2, '{"follow_ups": [" SUGGESTED NEXT MESSAG', "E", False),
+        (2, '{"follow_ups": ["Suggested next', " ", True),
     ],
 )
-def test_no_value_may_end_as_a_copy_of_the_prompt_s_placeholders(
-    make_engine: object, task: int, written: str, may_end: bool
+def test_no_value_may_be_a_copy_of_the_prompt_s_placeholders(
+    make_engine: object, task: int, written: str, then: str, allowed: bool
 ) -> None:
-    """The grammar llama.cpp runs, fed the answer a character at a time: where the value so far is
-    a placeholder, the closing quote is refused and the value may only go on."""
+    """The grammar llama.cpp runs, fed an answer a character at a time: a value may not begin
+    as a placeholder does ("Suggested next message 12"), nor end as an example answer."""
     from sinkd.daemon.runtime.api import OutputFormat
     from sinkd.daemon.runtime.requests import output_grammar
 
@@ -106,9 +108,7 @@ def test_no_value_may_end_as_a_copy_of_the_prompt_s_placeholders(
             (token,) = vocab.tokenize(ch)
             assert mask.allows(token), f"{ch!r} refused after {written!r}"
             mask.accept(token)
-        (quote,) = vocab.tokenize('"')
-        (more,) = vocab.tokenize("s")
-        assert mask.allows(quote) is may_end
-        assert mask.allows(more)
+        (next_token,) = vocab.tokenize(then)
+        assert mask.allows(next_token) is allowed
     finally:
         mask.close()

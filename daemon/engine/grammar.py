@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,6 +96,36 @@ def schema_grammar(schema: Any) -> str:
     )
 
 
+def excluded_strings(node: Any) -> tuple[list[str], tuple[str, ...]] | None:
+    """What a `not` excludes, where sinkd can say it exactly: strings (`enum`) and beginnings
+    (`pattern` "^(?:a|b)", each literal as `re.escape` writes it), or an `anyOf` of those; None
+    for any other `not`."""
+    if not isinstance(node, dict):
+        return None
+    if set(node) == {"anyOf"} and isinstance(node["anyOf"], list):
+        subs = node["anyOf"]
+        if not subs or any(not isinstance(x, dict) or "anyOf" in x for x in subs):
+            return None  # one level: strings and beginnings
+        parts = [excluded_strings(x) for x in subs]
+        if any(p is None for p in parts):
+            return None
+        return (
+            [s for p in parts if p for s in p[0]],
+            tuple(b for p in parts if p for b in p[1]),
+        )
+    if set(node) == {"enum"} and isinstance(node["enum"], list):
+        return (node["enum"], ()) if all(isinstance(v, str) for v in node["enum"]) else None
+    if set(node) == {"pattern"} and isinstance(node["pattern"], str):
+        text = node["pattern"]
+        if not (text.startswith("^(?:") and text.endswith(")")):
+            return None
+        literals = tuple(re.sub(r"\\(.)", r"\1", a) for a in re.split(r"(?<!\\)\|", text[4:-1]))
+        if "^(?:" + "|".join(map(re.escape, literals)) + ")" != text or "" in literals:
+            return None
+        return [], literals
+    return None
+
+
 class Converter(llama_grammar.SchemaConverter):
     """llama-cpp-python's converter, with the rules its port lacks and llama.cpp's C++ converter
     (or OpenAI) has: integer ranges, number bounds, OpenAI's string formats."""
@@ -132,22 +163,24 @@ class Converter(llama_grammar.SchemaConverter):
         return str(super().visit(schema, name))  # type: ignore[no-untyped-call]
 
     def _string_except(self, schema: dict[str, Any], name: str) -> str:
-        """A string that is none of `not`'s enum: the one form of `not` sinkd enforces."""
+        """A string that is none of `not`'s strings and begins with none of its beginnings: the
+        one kind of `not` sinkd enforces (`excluded_strings`)."""
         where = name or "#"
-        excluded = schema["not"].get("enum") if isinstance(schema["not"], dict) else None
+        found = excluded_strings(schema["not"])
         if (
-            schema.get("type") != "string"
-            or set(schema["not"]) != {"enum"}
-            or not isinstance(excluded, list)
-            or not all(isinstance(v, str) for v in excluded)
+            found is None
+            or schema.get("type") != "string"
             or any(k in schema for k in ("pattern", "format", "enum", "const"))
         ):
             raise UnsupportedSchema(
-                f"schema keyword 'not' at {where}: sinkd enforces only"
-                ' {"type": "string", "not": {"enum": [strings]}} (with minLength, maxLength)'
+                f"schema keyword 'not' at {where}: sinkd enforces only a string's"
+                ' "not": {"enum": [strings]}, {"pattern": "^(?:literal|...)"} or an anyOf of'
+                " the two (with minLength, maxLength)"
             )
-        if len(excluded) > schema_rules.MAX_EXCLUDED or (
-            sum(map(len, excluded)) > schema_rules.MAX_EXCLUDED_CHARS
+        excluded, beginnings = found
+        every = [*excluded, *beginnings]
+        if len(every) > schema_rules.MAX_EXCLUDED or (
+            sum(map(len, every)) > schema_rules.MAX_EXCLUDED_CHARS
         ):
             raise InvalidInput(
                 f"{where}/not: at most {schema_rules.MAX_EXCLUDED} strings of"
@@ -157,7 +190,7 @@ class Converter(llama_grammar.SchemaConverter):
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
         base = llama_grammar.INVALID_RULE_CHARS_RE.sub("-", rule_name)  # as `_add_rule` names
         low, high = schema.get("minLength", 0), schema.get("maxLength")
-        states = schema_rules.string_except(f"{base}-s", excluded, low, high)
+        states = schema_rules.string_except(f"{base}-s", excluded, low, high, beginnings)
         for state, body in states.items():
             self._add_rule(state, body)  # type: ignore[no-untyped-call]
         return self._own(name, f'"\\"" {base}-s-x0 space')

@@ -244,26 +244,36 @@ MAX_EXCLUDED_CHARS = 128 * 1024  # and their characters, together
 
 
 def string_except(
-    name: str, excluded: list[str], min_len: int, max_len: int | None
+    name: str,
+    excluded: list[str],
+    min_len: int,
+    max_len: int | None,
+    beginnings: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Rules for a JSON string (its quotes included) of `min_len` to `max_len` characters that is
-    none of `excluded`: a state for each prefix the excluded strings share (a trie), where the
-    string may end unless that prefix is excluded, and any other character leaves for a state
-    that takes the rest freely. In the trie a character is written as itself or as one of JSON's
+    none of `excluded` and begins with none of `beginnings`: a state for each prefix the excluded
+    strings share (a trie), where the string may end unless that prefix is excluded (and never
+    goes on to a beginning's last character), and any other character leaves for a state that
+    takes the rest freely. In the trie a character is written as itself or as one of JSON's
     short escapes (never `\\u`, which could spell an excluded character), so the language is
     exactly the strings allowed that start like an excluded one, plus all others. The string
     starts at `name-x0`, after its opening quote."""
     children: list[dict[str, int]] = [{}]
     ends = [False]
-    for text in excluded:
+    blocked = [False]
+    for text, whole in [*((t, True) for t in excluded), *((b, False) for b in beginnings)]:
         node = 0
         for ch in text:
             if ch not in children[node]:
                 children[node][ch] = len(children)
                 children.append({})
                 ends.append(False)
+                blocked.append(False)
             node = children[node][ch]
-        ends[node] = True
+        if whole:
+            ends[node] = True
+        else:
+            blocked[node] = True
     depth = [0] * len(children)
     for k, kids in enumerate(children):  # parents are numbered before their children
         for child in kids.values():
@@ -278,14 +288,15 @@ def string_except(
     rules: dict[str, str] = {}
     for k, kids in enumerate(children):
         d = depth[k]
-        if top is not None and (d > top or (ends[k] and d >= top)):
-            continue  # never reached: past the length, or an excluded string at its end
+        if blocked[k] or (top is not None and (d > top or (ends[k] and d >= top))):
+            continue  # never reached: a beginning, past the length, or excluded at its end
         alts = []
         if not ends[k] and d >= min_len:
             alts.append('"\\""')
         if top is None or d + 1 <= top:
             for ch, child in kids.items():
-                if not (ends[child] and top is not None and depth[child] >= top):  # no way on
+                dead = blocked[child] or (ends[child] and top is not None and depth[child] >= top)
+                if not dead:  # a state with no way on is never entered
                     alts += [f"{way} {name}-x{child}" for way in _written(ch)]
             taken = "".join(_code(ch) for ch in kids)
             alts.append(f'[^"\\\\\\x7F\\x00-\\x1F{taken}] {name}-f{d + 1}')

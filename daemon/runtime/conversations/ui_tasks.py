@@ -6,9 +6,10 @@ as the title and shows no suggestions.
 
 Where the message is one of Open WebUI's default task prompts (told by their fixed text, never
 stored), the reply is decoded under the grammar of the object the prompt itself describes, as if
-the client had sent that `response_format`, and no value of it may be one of the prompt's own
-placeholders or example answers as a small model copies them ("Your concise title here,",
-"Suggested next message 1"): the grammar does not let the string end there. It is announced on every answer
+the client had sent that `response_format`, and no value of it may begin as the prompt's own
+placeholders do ("Your concise title...", "Suggested next message 12", "tag4") or be one of its
+example answers ("Stock Trends,"), in the forms a small model copies them: the grammar has no way
+into them. It is announced on every answer
 (`x-sinkd-output`) and turned off by `ui_task_grammar = false`. A customised prompt, or any other
 client, is not touched. Pure: text in, a format out.
 """
@@ -16,40 +17,49 @@ client, is not touched. Pure: text in, a format out.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from sinkd.daemon.runtime.api import OutputFormat, Turn
 
-
 TAILS = (".", ",", "!", "?", ";", ":", " ")
 
 
-def copies(placeholders: tuple[str, ...]) -> list[str]:
-    """A prompt's placeholders as a small model copies them: as written, lower case, its first
-    letter or every word's in capitals, all in capitals; after a space or not; bare or with up to
-    two stops, commas, marks or spaces after, or "..." ("Your concise title here,", " tag1?")."""
+def _forms(text: str) -> list[str]:
+    """As a small model copies a text: as written, lower case, its first letter in capitals (the
+    rest as written, or in lower case), every word's, all in capitals; after a space or not."""
+    forms = (
+        text, text.lower(), text[:1].upper() + text[1:], text.capitalize(), text.title(),
+        text.upper(),
+    )  # fmt: skip
+    return list(dict.fromkeys(head + f for f in forms for head in ("", " ")))
+
+
+def copies(examples: tuple[str, ...]) -> list[str]:
+    """A prompt's example answers as a small model copies them (`_forms`), bare or with up to
+    two stops, commas, marks or spaces after, or "..." ("Stock Trends,", " Remote Work?")."""
     tails = ["", "...", *TAILS, *(a + b for a in TAILS for b in TAILS)]
-    out: dict[str, None] = {}
-    for p in placeholders:
-        for form in (p, p.lower(), p[:1].upper() + p[1:], p.title(), p.upper()):
-            for head in ("", " "):
-                for tail in tails:
-                    out[head + form + tail] = None
-    return list(out)
+    return list(dict.fromkeys(f + tail for e in examples for f in _forms(e) for tail in tails))
 
 
-def _string(chars: int, placeholders: tuple[str, ...]) -> dict[str, object]:
-    """A value of at most `chars` characters that is not a copy of the prompt's placeholders."""
-    return {"type": "string", "minLength": 1, "maxLength": chars,
-            "not": {"enum": copies(placeholders)}}  # fmt: skip
-
-
-def _strings(
-    most: int, fewest: int, chars: int, placeholders: tuple[str, ...]
+def _string(
+    chars: int, stems: tuple[str, ...], examples: tuple[str, ...] = ()
 ) -> dict[str, object]:
+    """A value of at most `chars` characters that begins with none of the prompt's placeholders'
+    stems ("Suggested next message" and whatever follows: "... 12") and is none of its example
+    answers (`copies`)."""
+    beginnings = [f for stem in stems for f in _forms(stem)]
+    pattern = {"pattern": "^(?:" + "|".join(map(re.escape, beginnings)) + ")"}
+    excluded: dict[str, object] = (
+        {"anyOf": [{"enum": copies(examples)}, pattern]} if examples else pattern
+    )
+    return {"type": "string", "minLength": 1, "maxLength": chars, "not": excluded}
+
+
+def _strings(most: int, fewest: int, chars: int, stems: tuple[str, ...]) -> dict[str, object]:
     return {
         "type": "array",
-        "items": _string(chars, placeholders),
+        "items": _string(chars, stems),
         "minItems": fewest,
         "maxItems": most,
     }
@@ -65,17 +75,13 @@ def _object(key: str, value: dict[str, object]) -> str:
     return json.dumps(schema, sort_keys=True)
 
 
-# what each prompt shows as the shape of its answer ("### Output") and, for titles, the example
-# answers it lists ("### Examples"): never a chat's own title, tag or next message. The tags
-# prompt's domains ("Science, Technology, ...") are suggestions to use, and stay allowed.
-TITLE_PLACEHOLDERS = (
-    "your concise title here", "Stock Trends", "Chocolate Chip Cookies", "Music Streaming",
-    "Remote Work",
-)  # fmt: skip
-TAG_PLACEHOLDERS = ("tag1", "tag2", "tag3")
-FOLLOW_UP_PLACEHOLDERS = (
-    "Suggested next message 1", "Suggested next message 2", "Suggested next message 3",
-)  # fmt: skip
+# what each prompt shows as the shape of its answer ("### Output": a value may not begin with
+# them) and, for titles, the example answers it lists ("### Examples": a value may not be one).
+# The tags prompt's domains ("Science, Technology, ...") are suggestions to use, and stay allowed.
+TITLE_STEMS = ("your concise title",)
+TITLE_EXAMPLES = ("Stock Trends", "Chocolate Chip Cookies", "Music Streaming", "Remote Work")
+TAG_STEMS = tuple(f"tag{d}" for d in range(10))  # "tag1", and "tag4" after it
+FOLLOW_UP_STEMS = ("Suggested next message",)
 
 
 @dataclass(frozen=True)
@@ -93,20 +99,20 @@ TASKS = (
         "open-webui title",
         "### Task:\nGenerate a concise title summarizing the chat history.",
         'JSON format: { "title": "your concise title here" }',
-        _object("title", _string(60, TITLE_PLACEHOLDERS)),
+        _object("title", _string(60, TITLE_STEMS, TITLE_EXAMPLES)),
     ),
     UiTask(
         "open-webui tags",
         "### Task:\nGenerate 1-3 broad tags categorizing the main themes of the chat history",
         'JSON format: { "tags": ["tag1", "tag2", "tag3"] }',
-        _object("tags", _strings(6, 1, 32, TAG_PLACEHOLDERS)),
+        _object("tags", _strings(6, 1, 32, TAG_STEMS)),
     ),
     UiTask(
         "open-webui follow-ups",
         "### Task:\nPredict 3-5 useful messages this user might naturally send next",
         'JSON format: { "follow_ups": ["Suggested next message 1", "Suggested next message 2",'
         ' "Suggested next message 3"] }',
-        _object("follow_ups", _strings(3, 1, 120, FOLLOW_UP_PLACEHOLDERS)),
+        _object("follow_ups", _strings(3, 1, 120, FOLLOW_UP_STEMS)),
     ),
 )
 
