@@ -81,7 +81,10 @@ def _object(key: str, value: dict[str, object]) -> str:
 TITLE_STEMS = ("your concise title",)
 TITLE_EXAMPLES = ("Stock Trends", "Chocolate Chip Cookies", "Music Streaming", "Remote Work")
 TAG_STEMS = tuple(f"tag{d}" for d in range(10))  # "tag1", and "tag4" after it
-FOLLOW_UP_STEMS = ("Suggested next message",)
+# "Suggested next message 1" barred, the model wrote "Suggested next message 12", then "Suggested
+# next request 1" and "Suggested next [insert action]" (Open WebUI as shipped, 2026-12-07): a
+# user's next message does not begin "Suggested"
+FOLLOW_UP_STEMS = ("Suggested",)
 
 
 @dataclass(frozen=True)
