@@ -163,6 +163,7 @@ def env_threads() -> int:
 THREADS = env_threads()
 INTERVAL_ENV = "SINKD_SYNC_INTERVAL_MS"  # the daemon's setting sync_interval_ms
 SPEC_ENV = "SINKD_SPECULATIVE"  # the daemon's setting speculative
+RUN_ENV = "SINKD_DECODE_RUN"  # the daemon's setting decode_run
 # llama-server's context shift as a sink policy: E = W/2, the shift at every eviction
 SERVER_SCHEME = {"evict_chunk": (BUDGET - SINKS) // 2, "compact_interval": 0}
 
@@ -496,10 +497,12 @@ def perplexity_table(rows: list[dict[str, Any]]) -> None:
             f"{r['perplexity'] / server[r['text']]:.4f}"] for r in rows])  # fmt: skip
 
 
-def main(solo_only: bool = False, throughput_only: bool = False) -> None:
+def main(solo_only: bool = False, throughput_only: bool = False, decode_runs: bool = False) -> None:
     """Every server at one session and at SESSIONS, then the ceiling and the perplexities; with
     `solo_only`, llama-server and sinkd (durable and not) at one session alone; with
-    `throughput_only` (bench/gpu_check.sh), those three at one session and at SESSIONS."""
+    `throughput_only` (bench/gpu_check.sh), those three at one session and at SESSIONS; with
+    `decode_runs`, llama-server and sinkd without drafts a token a pass and in decode runs of 4
+    and 16 (the GPU's default) at one session and at SESSIONS."""
     bins = build()
     work = prompts(SESSIONS)
     runs: list[dict[str, Any]] = []
@@ -534,6 +537,12 @@ def main(solo_only: bool = False, throughput_only: bool = False) -> None:
             lambda k: Sinkd(k, durable=False, scheme=SERVER_SCHEME),
         ),
     ]
+    if decode_runs:  # the engine's Python once per run of greedy decodes, not once per token
+        servers = [servers[0]] + [
+            (f"sinkd speculative=off decode_run={n}",
+             lambda k, n=n: Sinkd(k, env={**os.environ, SPEC_ENV: "off", RUN_ENV: str(n)}))
+            for n in (1, 4, 16)
+        ]  # fmt: skip
     loads = ((1, SOLO_TOKENS),) if solo_only else ((1, SOLO_TOKENS), (SESSIONS, EACH_TOKENS))
     if solo_only or throughput_only:
         # one session: both servers with and without drafts; at eight: without, and sinkd's off
@@ -599,9 +608,12 @@ def main(solo_only: bool = False, throughput_only: bool = False) -> None:
           r["per_session_median"], " ".join(f"{x:.2f}" for x in r["aggregate"]),
           r["aggregate_median"]] for r in ratios],
     )  # fmt: skip
-    if solo_only or throughput_only:
+    if solo_only or throughput_only or decode_runs:
         out = {"threads": THREADS, "gpu_layers": GPU_LAYERS, "runs": runs, "ratios": ratios}
-        name = "peer_throughput" if throughput_only else f"peer_solo_threads{THREADS}"
+        name = (
+            "peer_decode_runs" if decode_runs
+            else "peer_throughput" if throughput_only else f"peer_solo_threads{THREADS}"
+        )  # fmt: skip
         print(f"wrote {write(name, out)}")
         return
     ceiling = batched_bench(bins["llama-batched-bench"])
@@ -626,7 +638,11 @@ if __name__ == "__main__":
         main(solo_only=True)
     elif sys.argv[1:] == ["--throughput-only"]:
         main(throughput_only=True)
+    elif sys.argv[1:] == ["--decode-runs"]:
+        main(decode_runs=True)
     elif sys.argv[1:]:
-        sys.exit(f"usage: {sys.argv[0]} [--build-only | --perplexity-only | --solo-only]")
+        sys.exit(
+            f"usage: {sys.argv[0]} [--build-only | --perplexity-only | --solo-only | --throughput-only | --decode-runs]"
+        )
     else:
         main()

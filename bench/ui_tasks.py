@@ -83,11 +83,13 @@ def main() -> None:
     for task in TASKS:
         for name, result in (("on", on), ("off", off)):
             f = result["forms"][task]
-            rows.append([task, name, f["object"], f["copied"], f["placeholder"], f["prose"],
+            rows.append([task, name, f["object"], f["copied"], f["near-copy"], f["placeholder"],
+                         f["prose"],
                          ", ".join(sorted(set(result["near_copies"][task]))) or "-"])  # fmt: skip
     table(f"Open WebUI's task prompts, {len(CHATS)} chats each ({MODEL})",
           ["task", "ui_task_grammar", "the model's own", "words of the prompt",
-           "a placeholder", "prose", "near-copies"], rows)  # fmt: skip
+           "a placeholder's shape", "a placeholder", "prose", "the values copied"],
+          rows)  # fmt: skip
     print(f"seconds: on {on['seconds_total']}, off {off['seconds_total']}")
     path = write("ui_tasks", {"machine": machine(), "model": MODEL, "chats": len(CHATS),
                               "on": on, "off": off})  # fmt: skip

@@ -78,7 +78,7 @@ def _object(key: str, value: dict[str, object]) -> str:
 # what each prompt shows as the shape of its answer ("### Output": a value may not begin with
 # them) and, for titles, the example answers it lists ("### Examples": a value may not be one).
 # The tags prompt's domains ("Science, Technology, ...") are suggestions to use, and stay allowed.
-TITLE_STEMS = ("your concise title",)
+TITLE_STEMS = ("your concise",)  # and "Your concise summary here!", seen once the title was barred
 TITLE_EXAMPLES = ("Stock Trends", "Chocolate Chip Cookies", "Music Streaming", "Remote Work")
 TAG_STEMS = tuple(f"tag{d}" for d in range(10))  # "tag1", and "tag4" after it
 # "Suggested next message 1" barred, the model wrote "Suggested next message 12", then "Suggested
