@@ -35,6 +35,7 @@ from sinkd.daemon.http import (
 from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import HttpError, from_http, from_sinkd, is_ollama
 from sinkd.daemon.http.ui import pages as ui_pages
+from sinkd.daemon.http.ui import routes as ui_routes
 from sinkd.daemon.http.ui.logins import Logins
 from sinkd.daemon.private import secret
 from sinkd.daemon.runtime.service import SinkdService
@@ -116,7 +117,7 @@ class HttpFront:
         app.include_router(memory_api.router(self.calls))
         app.include_router(narration_api.router(self.calls))
         if self.settings.ui:
-            app.include_router(ui_pages.router(ui_pages.Pages(self.calls, self.logins)))
+            app.include_router(ui_routes.router(ui_pages.Pages(self.calls, self.logins)))
         return app
 
     def serving(self) -> bool:

@@ -6,5 +6,5 @@ Served as HTML from the daemon, no script at all and one stylesheet of its own: 
 fetched from elsewhere, nothing is built on the user's side, and the Content-Security-Policy can
 forbid every script. Logins are cookies (logins.py), pages are escaped by construction
 (markup.py), drawings are pure functions of receipts and facts (drawings.py), and the routes
-(pages.py) only translate between forms and the service's named parts.
+(routes.py and the *_pages.py beside it) only translate between forms and the service's named parts.
 """

@@ -69,12 +69,6 @@ class Logins:
             with self._lock:
                 self._by_digest.pop(_digest(value), None)
 
-    def end_tenant(self, tenant: str) -> None:
-        """Log out every login of a tenant (it moved to another node)."""
-        with self._lock:
-            for key in [k for k, v in self._by_digest.items() if v.principal.tenant == tenant]:
-                del self._by_digest[key]
-
     def cookie_header(self, value: str, max_age: int = IDLE_S) -> str:
         secure = "; Secure" if self.tls else ""
         return (
