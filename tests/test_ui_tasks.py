@@ -79,9 +79,9 @@ def test_with_the_setting_off_the_prompt_is_answered_as_it_came(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("task", "written", "then", "allowed"),
     [
-        (0, '{"title": "Your concise titl', "e", False),  # the placeholder's stem: no way in
-        (0, '{"title": "your concise titl', "e", False),
-        (0, '{"title": "Your concise titl', "i", True),
+        (0, '{"title": "Your concis', "e", False),  # the placeholder's stem: no way in
+        (0, '{"title": "your concis', "e", False),
+        (0, '{"title": "Your conci', "l", True),  # "Your conciliation"
         (0, '{"title": "Stock Trends', '"', False),  # an example answer: it may not end there
         (0, '{"title": "Stock Trends,', '"', False),
         (0, '{"title": "Stock Trends in May', '"', True),

@@ -5,6 +5,7 @@ stale, never applied to the new one."""
 
 from __future__ import annotations
 
+import dataclasses
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -101,6 +102,7 @@ def add(api: APIRouter, pages: Pages) -> None:
                     link(f"{here}/memory/forget?{urlencode({**gen, 'passage': q.passage_id})}",
                          "forget")] for q in passages],
                   "None stored."),
+            html("<h2>Receipt</h2>"), _receipt(r),
             html("<h2>Eviction trace</h2>"),
             table(["at token", "kind", "logical", "cache", "shift"],
                   [[e.at_token, e.kind, _range(e.recalled_logical or e.evicted_logical),
@@ -207,6 +209,16 @@ def add(api: APIRouter, pages: Pages) -> None:
         body = join([_erased(erased.count, erased.purge_owed, "passage"),
                      link(f"/ui/sessions/{session_id}", "Back to the session")])  # fmt: skip
         return visit.page("Forgotten", body)
+
+
+def _receipt(r: Receipt) -> Html:
+    """The receipt's fields, as `sinkd sessions inspect` shows them (counts, positions, hashes)."""
+    shown = {k: v for k, v in dataclasses.asdict(r).items()
+             if k not in ("policy", "recall", "recalled", "last_recall")}  # fmt: skip
+    return html(
+        "<dl>{}</dl>", join(html("<dt>{}</dt><dd>{}</dd>", k.replace("_", " "), v)
+                            for k, v in shown.items()),
+    )  # fmt: skip
 
 
 def _erased(count: int, owed: bool, what: str) -> Html:

@@ -49,7 +49,7 @@ def _string(
     stems ("Suggested next message" and whatever follows: "... 12") and is none of its example
     answers (`copies`)."""
     beginnings = [f for stem in stems for f in _forms(stem)]
-    pattern = {"pattern": "^(?:" + "|".join(map(re.escape, beginnings)) + ")"}
+    pattern: dict[str, object] = {"pattern": "^(?:" + "|".join(map(re.escape, beginnings)) + ")"}
     excluded: dict[str, object] = (
         {"anyOf": [{"enum": copies(examples)}, pattern]} if examples else pattern
     )
