@@ -397,3 +397,23 @@ def test_raw_lines_are_kept_only_when_asked_each_with_its_interval_across_restar
     service.narrated.forget(ALICE, "bare")
     service.stop()
     assert not holders(tmp_path, ["/var/lib/db/1 failed"]), "a forgotten stream's lines remain"
+
+
+def test_one_call_across_several_intervals_keeps_each_interval_s_own_first_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound on kept lines is each interval's, however many intervals one call closes; what
+    an interval did not keep is counted in its own row."""
+    from sinkd.daemon.runtime import narrated
+
+    monkeypatch.setattr(narrated, "KEEP_LINES", 30)
+    lines = log(300)
+    service = fake_service(tmp_path)
+    keeping = DigestOptions(every_lines=100, keep_lines=True)
+    fed = service.narrated.feed(ALICE, "kept", lines, True, keeping)
+    assert len(fed.closed) >= 3
+    for i in fed.closed:
+        record = json.loads(i.record_json)
+        assert record["lines"] == lines[i.first_line - 1 : i.first_line - 1 + 30]
+        assert record["lines_left_out"] == i.last_line - i.first_line + 1 - 30
+    service.stop()

@@ -10,7 +10,7 @@ is made: a restart continues from the last call answered, line numbers and all. 
 the caller may send the same lines again.
 
 Raw lines are not kept unless the stream asks (`keep_lines`): then each interval keeps its lines
-(the first KEEP_LINES of them) beside its facts, in the same row, so that they live, move, fold
+(its first KEEP_LINES, within KEEP_CHARS) beside its facts, in the same row, so that they live, move, fold
 away and are forgotten with it; the open interval's lines wait in the stream's state.
 """
 
@@ -50,7 +50,8 @@ FOLD_ROWS = 16  # rows folded into one at a time when a tenant is past its bound
 MAX_STREAMS = 64  # a tenant's narrated streams at most (each keeps a digest's state)
 AGE_CHECK_S = 60.0  # a tenant's rows are looked at for their age at most this often
 SEVERITIES = ("", "warning", "error", "critical")
-KEEP_LINES = 1000  # an interval's lines kept at most, where its stream keeps them
+KEEP_LINES = 1000  # an interval's lines kept at most, where its stream keeps them,
+KEEP_CHARS = 256 * 1024  # and their characters (the open interval's are in every state write)
 
 
 class _Stream:
@@ -61,7 +62,8 @@ class _Stream:
         self.gone = False  # forgotten, or out of memory: a call holding it must look again
         self.keep_lines = False  # the stream keeps its raw lines (`DigestOptions.keep_lines`)
         self.kept: list[tuple[int, str]] = []  # the open interval's lines, where kept
-        self.left_out = 0  # the open interval's lines past KEEP_LINES, not kept
+        self.left_out = 0  # the open interval's lines past KEEP_LINES or KEEP_CHARS, not kept
+        self.kept_chars = 0
 
 
 class NarratedStreams:
@@ -117,6 +119,7 @@ class NarratedStreams:
                     continue
                 if options is not None and stream.keep_lines != options.keep_lines:
                     stream.keep_lines, stream.kept, stream.left_out = options.keep_lines, [], 0
+                    stream.kept_chars = 0
                 return self._feed(tenant, name, stream, lines, close, options is not None)
 
     def _feed(
@@ -124,22 +127,19 @@ class NarratedStreams:
     ) -> Narrated:
         digest = stream.digest
         now = self.clock()
-        cuts: list[tuple[Facts, float]] = []
+        cuts: list[tuple[Facts, float, tuple[list[str], int] | None]] = []
         for line in lines:
             if digest.pending == 0:
                 stream.started = now
             if stream.keep_lines:
-                if len(stream.kept) < KEEP_LINES:
-                    stream.kept.append((digest.lines + 1, line[:MAX_LINE_CHARS]))
-                else:
-                    stream.left_out += 1
+                _keep(stream, digest.lines + 1, line[:MAX_LINE_CHARS])
             facts = digest.observe(line[:MAX_LINE_CHARS])
-            if facts is not None:
-                cuts.append((facts, stream.started))
+            if facts is not None:  # it closes with this line: its lines are taken now
+                cuts.append((facts, stream.started, _taken(stream, facts)))
         last = digest.cut() if close else digest.due()
         if last is not None:
-            cuts.append((last, stream.started))
-        rows = [(_row(name, f, started, now, _taken(stream, f)), f) for f, started in cuts]
+            cuts.append((last, stream.started, _taken(stream, last)))
+        rows = [(_row(name, f, started, now, kept), f) for f, started, kept in cuts]
         failpoints.hit("narrate-digested")
         if lines or rows or changed:  # else nothing changed: nothing to write
             self._write(tenant, name, stream, [r for r, _ in rows], now)
@@ -265,6 +265,7 @@ class NarratedStreams:
             stream = _Stream(Digest.restored(state["digest"], config or kept), state["started"])
             stream.keep_lines = bool(state.get("keep_lines", False))
             stream.kept = [(int(n), str(t)) for n, t in state.get("kept", [])]
+            stream.kept_chars = sum(len(t) for _, t in stream.kept)
             stream.left_out = int(state.get("left_out", 0))
         with self._lock:
             stream = self._streams.setdefault(key, stream)
@@ -413,6 +414,15 @@ def _check_name(name: str) -> None:
         )
 
 
+def _keep(stream: _Stream, number: int, line: str) -> None:
+    """The open interval's line kept, within KEEP_LINES and KEEP_CHARS; else counted."""
+    if len(stream.kept) < KEEP_LINES and stream.kept_chars + len(line) <= KEEP_CHARS:
+        stream.kept.append((number, line))
+        stream.kept_chars += len(line)
+    else:
+        stream.left_out += 1
+
+
 def _taken(stream: _Stream, facts: Facts) -> tuple[list[str], int] | None:
     """The kept lines of the interval these facts close (and how many past KEEP_LINES were
     not), taken out of the stream's; None where the stream keeps none."""
@@ -420,6 +430,7 @@ def _taken(stream: _Stream, facts: Facts) -> tuple[list[str], int] | None:
         return None
     mine = [t for n, t in stream.kept if facts.first_line <= n <= facts.last_line]
     stream.kept = [(n, t) for n, t in stream.kept if n > facts.last_line]
+    stream.kept_chars = sum(len(t) for _, t in stream.kept)
     left_out, stream.left_out = stream.left_out, 0
     return mine, left_out
 

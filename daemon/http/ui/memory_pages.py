@@ -17,6 +17,7 @@ from sinkd.daemon.runtime.api import KeptSelection
 from sinkd.errors import InvalidInput
 
 LIMIT = 200
+COUNTED = 10_000  # a forget's confirmation counts the passages it takes up to this many
 
 
 def add(api: APIRouter, pages: Pages) -> None:
@@ -61,12 +62,13 @@ def add(api: APIRouter, pages: Pages) -> None:
         which = selection(fields)
         if which == KeptSelection():
             raise InvalidInput("forget: name a passage, a conversation or a period")
-        going = await pages.run(visit, lambda: across.listing(p, which, "", 10_000))
+        going = await pages.run(visit, lambda: across.listing(p, which, "", COUNTED))
         kept = {k: v for k, v in fields.items() if k in ("passage", "conversation", "since",
                                                           "until") and v}  # fmt: skip
         body = html(
             "<p>This forgets {} passage{} ({}), from every file of this node.</p>{}<p>{}</p>",
-            len(going), "" if len(going) == 1 else "s", _described(kept),
+            f"{COUNTED:,} or more" if len(going) == COUNTED else len(going),
+            "" if len(going) == 1 else "s", _described(kept),
             form("/ui/memory/forget", visit.login.csrf, kept, "Forget", danger=True),
             link("/ui/memory", "Cancel"),
         )  # fmt: skip

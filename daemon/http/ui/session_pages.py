@@ -72,7 +72,8 @@ def add(api: APIRouter, pages: Pages) -> None:
             link(f"{here}/close", "Close…"),
         )
         recalls = [
-            [link(f"{here}/recalled/{s.passage_id}?conversation={s.conversation}", "open"),
+            [link(f"{here}/recalled/{s.passage_id}?{urlencode({'conversation': s.conversation})}",
+                  "open"),
              s.passage_id, s.speaker, _from(s.conversation, r.session_id), when(s.said_at),
              f"{s.score:.2f}", when(s.at), f"{s.stream[0]}-{s.stream[1]}"]
             for s in r.recalled
