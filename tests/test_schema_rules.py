@@ -266,6 +266,7 @@ def test_not_an_enum_is_the_only_not_and_only_on_a_string() -> None:
         {"type": "string", "not": {"enum": [1]}},
         {"type": "string", "not": {"pattern": "^(?:a.*)"}},  # a pattern, not a literal
         {"type": "string", "not": {"pattern": "a"}},
+        {"type": "string", "anyOf": [{"minLength": 2}], "not": {"enum": ["a"]}},  # not dropped
         {"type": "string", "not": {"anyOf": [{"anyOf": [{"enum": ["a"]}]}]}},
     ):
         with pytest.raises(UnsupportedSchema, match="'not'"):

@@ -170,7 +170,7 @@ class Converter(llama_grammar.SchemaConverter):
         if (
             found is None
             or schema.get("type") != "string"
-            or any(k in schema for k in ("pattern", "format", "enum", "const"))
+            or any(k not in ANNOTATIONS | {"type", "minLength", "maxLength", "not"} for k in schema)
         ):
             raise UnsupportedSchema(
                 f"schema keyword 'not' at {where}: sinkd enforces only a string's"
