@@ -417,3 +417,14 @@ def test_one_call_across_several_intervals_keeps_each_interval_s_own_first_lines
         assert record["lines"] == lines[i.first_line - 1 : i.first_line - 1 + 30]
         assert record["lines_left_out"] == i.last_line - i.first_line + 1 - 30
     service.stop()
+
+
+def test_keep_lines_alone_changes_nothing_else_of_the_stream_s_rules(tmp_path: Path) -> None:
+    """What an HTTP client sends (`keep_lines` without rules): the stream's rules stay."""
+    lines = log(200)
+    service = fake_service(tmp_path)
+    service.narrated.feed(ALICE, "web", lines[:50], False, DigestOptions(every_lines=40))
+    fed = service.narrated.feed(ALICE, "web", lines[50:200], True, keep_lines=True)
+    assert [i.last_line - i.first_line + 1 for i in fed.closed][:3] == [40, 40, 40]
+    assert "lines" in json.loads(fed.closed[-1].record_json)
+    service.stop()

@@ -47,6 +47,11 @@ def test_a_stream_over_http_keeps_its_timeline_and_answers_from_it(tmp_path: Pat
         gone = alice.delete("/v1/sinkd/narrations/web")
         assert gone.status_code == 200 and gone.json()["intervals"] == len(fed.json()["closed"])
         assert alice.get("/v1/sinkd/narrations/web").status_code == 404
+        kept = alice.post(
+            "/v1/sinkd/narrations/kept/lines",
+            json={"lines": ["api INFO <b>kept</b>"], "close": True, "keep_lines": True},
+        ).json()["closed"][-1]["record"]
+        assert kept["lines"] == ["api INFO <b>kept</b>"]  # raw lines kept when asked, as sent
     finally:
         alice.close()
         bob.close()

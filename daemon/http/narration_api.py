@@ -22,7 +22,7 @@ from sinkd.daemon.http.calls import Calls
 from sinkd.daemon.http.error_bodies import Guarded
 from sinkd.daemon.http.memory_api import query_number
 from sinkd.daemon.http.wire import parse_json, validated
-from sinkd.daemon.runtime.api import DigestOptions, NarratedInterval
+from sinkd.daemon.runtime.api import NarratedInterval
 
 
 class LinesBody(BaseModel):
@@ -56,9 +56,11 @@ def router(calls: Calls) -> APIRouter:
         principal = calls.principal(request)
         calls.ready()
         body = validated(LinesBody, parse_json(await calls.body(request)))
-        options = None if body.keep_lines is None else DigestOptions(keep_lines=body.keep_lines)
         fed = await in_slot(
-            principal, lambda: narrated.feed(principal, stream, body.lines, body.close, options)
+            principal,
+            lambda: narrated.feed(
+                principal, stream, body.lines, body.close, keep_lines=body.keep_lines
+            ),
         )
         return {
             "object": "sinkd.narration.fed",

@@ -103,24 +103,28 @@ class NarratedStreams:
         lines: list[str],
         close: bool = False,
         options: DigestOptions | None = None,
+        keep_lines: bool | None = None,
     ) -> Narrated:
         """Digest `lines` into the stream (created by its first call), then close the interval
         read so far if `close` (a time bound, the end of a pipe); an incident's interval closes
-        once its seconds have passed, at any call. `options`: the stream's rules from now on."""
+        once its seconds have passed, at any call. `options`: the stream's rules from now on;
+        `keep_lines` alone (its rules as they were): whether it keeps raw lines from now on."""
         tenant = _tenant(principal)
         _check_name(name)
         if len(lines) > MAX_LINES:
             raise InvalidInput(f"lines: at most {MAX_LINES} a call, got {len(lines)}")
         config = None if options is None else digest_config(options)
+        keep = options.keep_lines if options is not None else keep_lines
         while True:
             stream = self._stream(tenant, name, config)
             with stream.lock:
                 if stream.gone:  # forgotten or set aside while this call waited: again
                     continue
-                if options is not None and stream.keep_lines != options.keep_lines:
-                    stream.keep_lines, stream.kept, stream.left_out = options.keep_lines, [], 0
+                if keep is not None and stream.keep_lines != keep:
+                    stream.keep_lines, stream.kept, stream.left_out = keep, [], 0
                     stream.kept_chars = 0
-                return self._feed(tenant, name, stream, lines, close, options is not None)
+                changed = options is not None or keep is not None
+                return self._feed(tenant, name, stream, lines, close, changed)
 
     def _feed(
         self, tenant: str, name: str, stream: _Stream, lines: list[str], close: bool, changed: bool
