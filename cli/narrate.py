@@ -158,6 +158,15 @@ def narrate(
             " an install, a deploy).",
         ),
     ] = False,
+    inferred_errors: Annotated[
+        int,
+        typer.Option(
+            "--inferred-errors",
+            min=1,
+            help="Lines of one error that only its words suggest (\"denied\", \"unable to\"; no"
+            " ERROR stated) in an interval before it is an incident (else it is listed).",
+        ),
+    ] = 2,
     keep_lines: Annotated[
         bool,
         typer.Option(
@@ -245,6 +254,7 @@ def narrate(
         gap_seconds=gap_seconds,
         recur_intervals=recur_intervals,
         info_bursts=info_bursts,
+        inferred_min=inferred_errors,
         stream=stream_name,
         keep_lines=keep_lines,
     )

@@ -66,6 +66,7 @@ class NarrateConfig:
     gap_seconds: float = 60.0
     recur_intervals: int = 3
     info_bursts: bool = False
+    inferred_min: int = 2
     stream: str = ""  # a narrated stream kept by the daemon (`--stream`); "" this process's
     keep_lines: bool = False  # the daemon keeps each interval's raw lines (`--keep-lines`)
 
@@ -79,6 +80,7 @@ class NarrateConfig:
             "max_tokens",
             "incident_lines",
             "recur_intervals",
+            "inferred_min",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInput(
@@ -110,6 +112,7 @@ class NarrateConfig:
             gap_seconds=self.gap_seconds,
             recur_intervals=self.recur_intervals,
             info_bursts=self.info_bursts,
+            inferred_min=self.inferred_min,
         )
 
 

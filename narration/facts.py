@@ -21,7 +21,7 @@ from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
 from sinkd.narration.grounding import words_of
-from sinkd.narration.severity import ERROR_OR_WORSE, Severity, severity_of
+from sinkd.narration.severity import ERROR_OR_WORSE, Severity, read_severity
 from sinkd.narration.templates import MASK, TemplateMiner
 
 RATE_WEIGHT = 0.3
@@ -37,6 +37,7 @@ class DigestConfig:
     gap_seconds: float = 60.0
     burst_min: int = 10  # lines in one interval before a rate jump counts
     recur_intervals: int = 3  # an error template back after this many intervals without it
+    inferred_min: int = 2  # lines of an error its words suggest (no stated level) before a page
     info_bursts: bool = False  # a new INFO template bursting is an incident too (else a fact)
     burst_factor: float = 4.0  # this many times the template's baseline rate
     steady_intervals: int = 3  # present in this many intervals in a row before "stopped" can say so
@@ -242,6 +243,7 @@ class _Tally:
     severity: Severity = Severity.INFO
     example: str = ""
     words: set[str] = field(default_factory=set)
+    stated: bool = False  # a line of it stated error or worse (not only its words suggested it)
 
 
 @dataclass
@@ -290,7 +292,7 @@ class Digest:
         if self._last_time is not None and now - self._last_time >= cfg.gap_seconds:
             self._gaps.append(Gap(n - 1, round(now - self._last_time, 1)))
         self._last_time = now
-        severity = severity_of(line)
+        severity, stated = read_severity(line)
         match = self.miner.add(line, n, severity.label)
         tid = match.template.id
         known = self._known.get(tid)
@@ -306,6 +308,7 @@ class Digest:
         tally.count += 1
         tally.last_line = n
         tally.severity = max(tally.severity, severity)
+        tally.stated = tally.stated or (stated and severity >= ERROR_OR_WORSE)
         if len(tally.words) < cfg.support_tokens:
             tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])
         if tid not in self._raised and self._starts_incident(tid, severity, tally, known):
@@ -353,6 +356,7 @@ class Digest:
                     int(t.severity),
                     t.example,
                     sorted(t.words),
+                    t.stated,
                 ]
                 for tid, t in self._tallies.items()
             ],
@@ -375,9 +379,9 @@ class Digest:
         digest.lines = state["lines"]
         digest._number = state["number"]
         digest._first = state["first"]
-        for tid, count, first, last, severity, example, words in state["tallies"]:
-            digest._tallies[tid] = _Tally(
-                count, first, last, Severity(severity), example, set(words)
+        for tid, count, first, last, severity, example, words, *stated in state["tallies"]:
+            digest._tallies[tid] = _Tally(  # a state from before `stated` counts as stated
+                count, first, last, Severity(severity), example, set(words), all(stated)
             )
         for tid, *known in state["known"]:
             digest._known[tid] = _Known(*known)
@@ -405,6 +409,8 @@ class Digest:
         fact to print, not a page). A known error at its usual pace is a fact, not an incident."""
         cfg = self.config
         if severity >= ERROR_OR_WORSE:
+            if not tally.stated and tally.count < cfg.inferred_min:
+                return False  # one "denied" or "unable to" is a fact; the same again is a page
             quiet = self._number - known.present_in  # closed intervals without it
             if known.intervals == 0 or quiet >= cfg.recur_intervals:
                 return True

@@ -55,6 +55,13 @@ LEVEL_SCAN_TOKENS = 12  # a level token is looked for among the first tokens onl
 
 
 def severity_of(line: str) -> Severity:
+    return read_severity(line)[0]
+
+
+def read_severity(line: str) -> tuple[Severity, bool]:
+    """The line's severity, and whether the line states it (a syslog priority or a level token)
+    rather than its words suggesting it: "policy-rc.d denied execution" is not a program saying
+    ERROR."""
     pri = _SYSLOG_PRI.match(line)
     if pri:
         value = int(pri.group(1)) % 8
@@ -66,17 +73,17 @@ def severity_of(line: str) -> Severity:
             else Severity.WARNING
             if value == 4
             else Severity.INFO
-        )
+        ), True
     stated = stated_level(line)
     if stated is not None:
-        return stated
+        return stated, True
     if _CRITICAL_WORDS.search(line):
-        return Severity.CRITICAL
+        return Severity.CRITICAL, False
     if _ERROR_WORDS.search(line):
-        return Severity.ERROR
+        return Severity.ERROR, False
     if _WARNING_WORDS.search(line):
-        return Severity.WARNING
-    return Severity.INFO
+        return Severity.WARNING, False
+    return Severity.INFO, False
 
 
 def stated_level(line: str) -> Severity | None:

@@ -429,6 +429,7 @@ def digest_options_from_pb(m: pb.DigestOptions) -> DigestOptions:
         recur_intervals=m.recur_intervals,
         info_bursts=m.info_bursts,
         keep_lines=m.keep_lines,
+        inferred_min=m.inferred_min,
     )
 
 

@@ -17,7 +17,7 @@ from sinkd.cli.narrator import Counts, Intake, NarrateConfig, Narration, Narrato
 from sinkd.daemon.runtime.api import AppendResult, Done, GenerationOptions, Handle, TokenEvent
 from sinkd.narration.facts import Digest, DigestConfig, Facts
 from sinkd.narration.grounding import REPEATS, SAYS_NOTHING, check, repeats_itself, words_of
-from sinkd.narration.severity import Severity, severity_of
+from sinkd.narration.severity import Severity, read_severity, severity_of
 from sinkd.narration.templates import TemplateMiner
 from tests.support.receipts import receipt
 
@@ -68,22 +68,43 @@ def test_the_miner_forgets_the_least_recently_seen_past_its_cap() -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "severity"),
+    ("line", "severity", "stated"),
     [
-        ("<11>Dec  5 10:00:01 host app: oops", Severity.ERROR),
-        ("<14>Dec  5 10:00:01 host app: hello", Severity.INFO),
-        ("- 1117838570 RAS KERNEL INFO instruction cache parity error corrected", Severity.INFO),
-        ("- 1117838570 RAS KERNEL FATAL data TLB error interrupt", Severity.CRITICAL),
-        ("[Sun Dec 04 04:47:44 2005] [error] mod_jk child in error state 6", Severity.ERROR),
-        ("sshd[24200]: error: PAM: Authentication failure", Severity.ERROR),
-        ("ts=1 level=warn msg=slow", Severity.WARNING),
-        ("backup of /home failed: no space left", Severity.ERROR),
-        ("kernel: Out of memory: Killed process 4411 (java)", Severity.CRITICAL),
-        ("2026-10-16 23:03:59 status installed libc6:amd64 2.36-9", Severity.INFO),
+        ("<11>Dec  5 10:00:01 host app: oops", Severity.ERROR, True),
+        ("<14>Dec  5 10:00:01 host app: hello", Severity.INFO, True),
+        ("- 1117838570 RAS KERNEL INFO instruction cache parity error corrected", Severity.INFO, True),
+        ("- 1117838570 RAS KERNEL FATAL data TLB error interrupt", Severity.CRITICAL, True),
+        ("[Sun Dec 04 04:47:44 2005] [error] mod_jk child in error state 6", Severity.ERROR, True),
+        ("sshd[24200]: error: PAM: Authentication failure", Severity.ERROR, True),
+        ("ts=1 level=warn msg=slow", Severity.WARNING, True),
+        ("backup of /home failed: no space left", Severity.ERROR, False),
+        ("invoke-rc.d: policy-rc.d denied execution of start.", Severity.ERROR, False),
+        ("kernel: Out of memory: Killed process 4411 (java)", Severity.CRITICAL, False),
+        ("2026-10-16 23:03:59 status installed libc6:amd64 2.36-9", Severity.INFO, False),
     ],
 )
-def test_a_line_s_severity_is_what_it_states_first(line: str, severity: Severity) -> None:
+def test_a_line_s_severity_is_what_it_states_first(
+    line: str, severity: Severity, stated: bool
+) -> None:
     assert severity_of(line) is severity
+    assert read_severity(line) == (severity, stated)
+
+
+def test_one_line_whose_words_alone_suggest_an_error_is_a_fact_the_same_again_a_page() -> None:
+    """A package install's "policy-rc.d denied execution of start." once is listed, not raised;
+    twice in an interval it is raised; a line stating ERROR is raised at once."""
+    denied = "invoke-rc.d: policy-rc.d denied execution of {}."
+    once = digest_all([*steady(150), denied.format("start"), *steady(300, 150)], every_lines=200)
+    assert not any(f.incident for f in once)
+    assert [e.count for f in once for e in f.errors] == [1]  # still said
+    twice = [*steady(150), denied.format("start"), *steady(5, 150), denied.format("reload")]
+    cuts = digest_all([*twice, *steady(300, 155)], every_lines=200)
+    [raised] = [f for f in cuts if f.incident]
+    assert raised.opened[0].first_line == 157 and raised.opened[0].count == 2
+    stated = digest_all([*steady(150), "app ERROR denied: start", *steady(300, 150)])
+    assert sum(f.incident for f in stated) == 1
+    asked = digest_all([*steady(150), denied.format("start"), *steady(300, 150)], inferred_min=1)
+    assert sum(f.incident for f in asked) == 1
 
 
 def test_a_planted_fatal_line_cuts_its_interval_before_the_next_mark() -> None:
@@ -202,6 +223,21 @@ def test_a_digest_restored_from_its_state_goes_on_as_if_never_stopped(cut_at: in
     assert [*before, *after, *([last] if last else [])] == straight
     assert len(straight) > 5 and any(f.incident for f in straight)
     assert len(second.miner) == 4 and second.state()["miner"]["next_id"] > 5  # some forgotten
+
+
+def test_a_state_written_before_stated_levels_were_kept_still_restores() -> None:
+    """A stream's state from an older daemon: its tallies lack the `stated` flag and count as
+    stated, so an error it was already counting still raises as it would have."""
+    first = Digest(DigestConfig(every_lines=100), clock=lambda: 0.0)
+    for line in [*steady(50), "backup of /home failed: no space left"]:
+        first.observe(line)
+    state = json.loads(json.dumps(first.state()))
+    state["tallies"] = [row[:7] for row in state["tallies"]]
+    rules = DigestConfig(every_lines=100, inferred_min=3)  # stated: raised at once
+    second = Digest.restored(state, rules, clock=lambda: 0.0)
+    assert second.observe("backup of /home failed: no space left") is None
+    facts = second.cut()
+    assert facts is not None and facts.incident and facts.errors[0].count == 2
 
 
 def digest_all_capped(lines: list[str]) -> list[Facts]:

@@ -518,6 +518,7 @@ class DigestOptions:
     info_bursts: bool = False
     # keep each interval's raw lines beside its facts (the first 1,000), forgotten with them
     keep_lines: bool = False
+    inferred_min: int = 0  # lines of an error only its words suggest ("denied") before a page
 
 
 @dataclass(frozen=True)

@@ -383,6 +383,7 @@ def digest_config(options: DigestOptions) -> DigestConfig:
         ("incident_seconds", options.incident_seconds, 86_400),
         ("gap_seconds", options.gap_seconds, 30 * 86_400),
         ("recur_intervals", options.recur_intervals, 1_000_000),
+        ("inferred_min", options.inferred_min, 1_000_000),
     ):
         if not 0 <= value <= most:
             raise InvalidInput(f"{field}: 0 (the default) to {most}, got {value}")
@@ -394,6 +395,7 @@ def digest_config(options: DigestOptions) -> DigestConfig:
         gap_seconds=options.gap_seconds or base.gap_seconds,
         recur_intervals=options.recur_intervals or base.recur_intervals,
         info_bursts=options.info_bursts,
+        inferred_min=options.inferred_min or base.inferred_min,
     )
 
 

@@ -753,7 +753,7 @@ class HeldTenantsResponse(_message.Message):
     def __init__(self, tenants: _Optional[_Iterable[_Union[HeldTenant, _Mapping]]] = ..., arrived: _Optional[str] = ...) -> None: ...
 
 class DigestOptions(_message.Message):
-    __slots__ = ("every_lines", "incident_lines", "incident_seconds", "gap_seconds", "recur_intervals", "info_bursts", "keep_lines")
+    __slots__ = ("every_lines", "incident_lines", "incident_seconds", "gap_seconds", "recur_intervals", "info_bursts", "keep_lines", "inferred_min")
     EVERY_LINES_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_LINES_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -761,6 +761,7 @@ class DigestOptions(_message.Message):
     RECUR_INTERVALS_FIELD_NUMBER: _ClassVar[int]
     INFO_BURSTS_FIELD_NUMBER: _ClassVar[int]
     KEEP_LINES_FIELD_NUMBER: _ClassVar[int]
+    INFERRED_MIN_FIELD_NUMBER: _ClassVar[int]
     every_lines: int
     incident_lines: int
     incident_seconds: float
@@ -768,7 +769,8 @@ class DigestOptions(_message.Message):
     recur_intervals: int
     info_bursts: bool
     keep_lines: bool
-    def __init__(self, every_lines: _Optional[int] = ..., incident_lines: _Optional[int] = ..., incident_seconds: _Optional[float] = ..., gap_seconds: _Optional[float] = ..., recur_intervals: _Optional[int] = ..., info_bursts: _Optional[bool] = ..., keep_lines: _Optional[bool] = ...) -> None: ...
+    inferred_min: int
+    def __init__(self, every_lines: _Optional[int] = ..., incident_lines: _Optional[int] = ..., incident_seconds: _Optional[float] = ..., gap_seconds: _Optional[float] = ..., recur_intervals: _Optional[int] = ..., info_bursts: _Optional[bool] = ..., keep_lines: _Optional[bool] = ..., inferred_min: _Optional[int] = ...) -> None: ...
 
 class NarrateRequest(_message.Message):
     __slots__ = ("stream", "lines", "close", "options")
