@@ -22,6 +22,7 @@ from sinkd.daemon.runtime.api import (
     NarratedInterval,
     NarratedStream,
     NarrationAnswer,
+    NarrationForgotten,
     PassageView,
     PolicyRequest,
     RecallRequest,
@@ -61,7 +62,9 @@ class NarrationBackend(Protocol):
         limit: int = 0,
     ) -> list[NarratedInterval]: ...
     def streams(self) -> list[NarratedStream]: ...
-    def forget(self, stream: str) -> int: ...
+    def forget(
+        self, stream: str, since: float | None = None, until: float | None = None
+    ) -> NarrationForgotten: ...
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer: ...
 
 
@@ -248,8 +251,10 @@ class EmbeddedNarration:
     def streams(self) -> list[NarratedStream]:
         return self.streams_.streams(self.principal)
 
-    def forget(self, stream: str) -> int:
-        return self.streams_.forget(self.principal, stream)
+    def forget(
+        self, stream: str, since: float | None = None, until: float | None = None
+    ) -> NarrationForgotten:
+        return self.streams_.forget(self.principal, stream, since, until)
 
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
         return self.questions.ask(self.principal, stream, question, max_tokens)

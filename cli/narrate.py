@@ -163,7 +163,7 @@ def narrate(
         typer.Option(
             "--inferred-errors",
             min=1,
-            help="Lines of one error that only its words suggest (\"denied\", \"unable to\"; no"
+            help='Lines of one error that only its words suggest ("denied", "unable to"; no'
             " ERROR stated) in an interval before it is an incident (else it is listed).",
         ),
     ] = 2,

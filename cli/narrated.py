@@ -140,15 +140,29 @@ def streams(address: ConnectOpt = None, token: TokenOpt = None, as_json: JsonFla
 @handle_errors
 def forget(
     stream: StreamArg,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Only the intervals from: unix seconds or an ISO date/time."),
+    ] = None,
+    until: Annotated[str | None, typer.Option("--until", help="...to: the same.")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
     address: ConnectOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Delete the stream: its templates, baselines and every interval's facts."""
+    """Delete the stream: its templates, baselines and every interval's facts; with --since or
+    --until, only the intervals that overlap that period (the stream goes on)."""
+    start, end = when(since, "--since"), when(until, "--until")
+    period = start is not None or end is not None
     if not yes:
-        typer.confirm(f"Forget the narrated stream {stream!r} and all it kept?", abort=True)
-    n = connect(address, token).narration.forget(stream)
-    out.print(f"forgot {stream}: {n} intervals", highlight=False)
+        what = (
+            f"the intervals of {stream!r} from {since or 'its start'} to {until or 'now'}"
+            if period
+            else f"the narrated stream {stream!r} and all it kept"
+        )
+        typer.confirm(f"Forget {what}?", abort=True)
+    gone = connect(address, token).narration.forget(stream, start, end)
+    owed = " (the files hold them until a reader lets go)" if gone.purge_owed else ""
+    out.print(f"forgot {stream}: {gone.intervals} intervals{owed}", highlight=False)
 
 
 @handle_errors

@@ -293,6 +293,10 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
     assert code == 0 and "do not hold an answer" in out
     code, _, err = sinkd("narrate", "history", "web", "--connect", address, "--token", "bob-token")
     assert code == 11 and "no narrated stream" in err
+    code, out, err = sinkd("narrate", "forget", "web", "--since", "2999-01-01", "--yes", *conn)
+    assert code == 0 and "forgot web: 0 intervals" in out, err  # the period: none of it yet
+    code, out, err = sinkd("narrate", "forget", "web", "--since", "yesterday", "--yes", *conn)
+    assert code == 2 and "--since" in err
     code, out, err = sinkd("narrate", "forget", "web", "--yes", *conn)
     assert code == 0 and "forgot web" in out, err
     code, _, _ = sinkd("narrate", "history", "web", *conn)

@@ -72,7 +72,11 @@ def test_the_miner_forgets_the_least_recently_seen_past_its_cap() -> None:
     [
         ("<11>Dec  5 10:00:01 host app: oops", Severity.ERROR, True),
         ("<14>Dec  5 10:00:01 host app: hello", Severity.INFO, True),
-        ("- 1117838570 RAS KERNEL INFO instruction cache parity error corrected", Severity.INFO, True),
+        (
+            "- 1117838570 RAS KERNEL INFO instruction cache parity error corrected",
+            Severity.INFO,
+            True,
+        ),
         ("- 1117838570 RAS KERNEL FATAL data TLB error interrupt", Severity.CRITICAL, True),
         ("[Sun Dec 04 04:47:44 2005] [error] mod_jk child in error state 6", Severity.ERROR, True),
         ("sshd[24200]: error: PAM: Authentication failure", Severity.ERROR, True),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sinkd.daemon import failpoints
-from sinkd.daemon.runtime.api import DigestOptions, NarratedInterval
+from sinkd.daemon.runtime.api import DigestOptions, NarratedInterval, NarrationForgotten
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.narrated import NarratedTables
@@ -120,7 +120,7 @@ def test_a_tenant_sees_and_forgets_only_its_own_streams(tmp_path: Path) -> None:
     assert [s.name for s in service.narrated.streams(BOB)] == ["db"]
     with pytest.raises(PermissionDenied):
         service.narrated.streams(Principal(None, admin=True))
-    assert service.narrated.forget(ALICE, "web") == 3
+    assert service.narrated.forget(ALICE, "web") == NarrationForgotten(3, False)
     with pytest.raises(NotFound):
         service.narrated.history(ALICE, "web")
     fed = service.narrated.feed(ALICE, "web", log(10))
@@ -224,7 +224,7 @@ def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_pa
     with failpoints.armed("narrate-digested", hold):
         feeding = run(lambda: service.narrated.feed(ALICE, "web", log(100, 150)))
         assert reached.wait(30)
-        forgot: list[int] = []
+        forgot: list[NarrationForgotten] = []
         forgetting = run(lambda: forgot.append(service.narrated.forget(ALICE, "web")))
         forgetting.join(0.2)
         assert not forgot  # it waits on the call in flight (never done before `go`)
@@ -233,7 +233,9 @@ def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_pa
         forgetting.join(30)
     if errors:
         raise errors[0]
-    assert forgot == [2]  # the two intervals of 250 lines, the second written by the call
+    assert [f.intervals for f in forgot] == [
+        2
+    ]  # the two intervals of 250 lines, the second written by the call
     with pytest.raises(NotFound):
         service.narrated.history(ALICE, "web")
     assert service.narrated.feed(ALICE, "web", log(5)).lines == 5
@@ -367,6 +369,42 @@ def test_a_tenant_s_streams_are_bounded_in_number_and_another_tenant_is_not_held
     service.narrated.forget(ALICE, "s1")
     assert service.narrated.feed(ALICE, "one-more", ["a line"]).lines == 1
     service.stop()
+
+
+def test_forgetting_a_period_takes_its_intervals_and_open_lines_and_the_stream_goes_on(
+    tmp_path: Path,
+) -> None:
+    """`forget(since=...)`: the intervals that overlap the period go, the open interval with its
+    kept raw lines too (closed first), out of every file; the rest of the history stays, and the
+    stream goes on with its templates and line numbers."""
+    now = [1000.0]
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.clock = lambda: now[0]
+    keeping = DigestOptions(every_lines=100, keep_lines=True)
+    service.narrated.feed(ALICE, "web", log(300), True, keeping)
+    now[0] = 2000.0
+    secret = [
+        f"2026-12-05T11:00:{i:02d} payroll INFO row customer-98{i:03d} exported" for i in range(30)
+    ]
+    service.narrated.feed(ALICE, "web", [*log(170, 300), *secret], True)
+    now[0] = 3000.0
+    service.narrated.feed(ALICE, "web", [*log(20, 500), *secret[:5]])  # open: not closed
+    assert holders(tmp_path, ["customer-98003"]), "the period's lines were in the files"
+    with pytest.raises(InvalidInput):
+        service.narrated.forget(ALICE, "web", since=3000.0, until=2000.0)
+    with pytest.raises(NotFound):
+        service.narrated.forget(BOB, "web", since=1500.0)
+    later = [i for i in service.narrated.history(ALICE, "web") if i.started >= 2000.0]
+    assert len(later) >= 2 and later[-1].last_line == 500
+    gone = service.narrated.forget(ALICE, "web", since=1500.0)
+    assert gone == NarrationForgotten(len(later) + 1, False)  # and the open one, 501-525
+    kept = service.narrated.history(ALICE, "web")
+    assert [(i.first_line, i.last_line) for i in kept] == [(1, 100), (101, 200), (201, 300)]
+    fed = service.narrated.feed(ALICE, "web", log(10, 525), True)
+    assert fed.lines == 535 and not facts_of(fed.closed)[0].new  # known templates, numbers go on
+    assert service.narrated.forget(ALICE, "web", until=999.0) == NarrationForgotten(0, False)
+    service.stop()
+    assert not holders(tmp_path, ["customer-98003"]), "a forgotten period's lines remain"
 
 
 def test_raw_lines_are_kept_only_when_asked_each_with_its_interval_across_restarts(

@@ -44,6 +44,14 @@ def test_a_stream_over_http_keeps_its_timeline_and_answers_from_it(tmp_path: Pat
         assert bad.status_code == 400 and "severity" in bad.json()["error"]["message"]
         too_many = alice.post("/v1/sinkd/narrations/web/lines", json={"lines": ["x"] * 4097})
         assert too_many.status_code == 400
+        before = alice.delete("/v1/sinkd/narrations/web", params={"until": 1.0}).json()
+        assert (before["intervals"], before["purge_owed"]) == (0, False)  # nothing that old
+        for bad_period in ({"since": "soon"}, {"since": 3000.0, "until": 1.0}):
+            refused = alice.delete("/v1/sinkd/narrations/web", params=bad_period)
+            assert refused.status_code == 400, refused.text
+        assert len(alice.get("/v1/sinkd/narrations/web").json()["data"]) == len(
+            fed.json()["closed"]
+        )  # a period forget took nothing it should not
         gone = alice.delete("/v1/sinkd/narrations/web")
         assert gone.status_code == 200 and gone.json()["intervals"] == len(fed.json()["closed"])
         assert alice.get("/v1/sinkd/narrations/web").status_code == 404

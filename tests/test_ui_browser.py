@@ -211,6 +211,12 @@ def test_a_tenant_sees_its_cache_map_recall_memory_and_narrator_and_nothing_else
         headers={"origin": "http://evil.example"},
     )
     assert elsewhere.status_code == 403
+    later = {"since": "2999-01-01T00:00"}  # a period forget: only its intervals, none yet
+    assert "2999-01-01T00:00" in page.get("/ui/narrations/web/forget", params=later).text
+    assert page.get("/ui/narrations/web/forget", params={"since": "soon"}).status_code == 400
+    done = page.post("/ui/narrations/web/forget", data={**later, "csrf": csrf.group(1)})
+    assert "Removed: 0 intervals." in done.text, done.text
+    assert "upstream failed" in page.get("/ui/narrations/web").text  # the stream stays
     assert page.get("/ui/admin").status_code == 403  # a tenant is not the admin
     found = page.get(f"/ui/sessions/{conversation}", params={"search": "gardens trains"}).text
     assert "<td>user</td>" in found and "gardens" in found.split("Stored passages")[1]

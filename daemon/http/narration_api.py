@@ -6,7 +6,7 @@ list convention, errors in OpenAI's error body.
     GET    /v1/sinkd/narrations/{stream}?since=&until=&severity=&template=&limit=
     POST   /v1/sinkd/narrations/{stream}/ask      {"question": "...", "max_tokens"?: n}
     GET    /v1/sinkd/narrations
-    DELETE /v1/sinkd/narrations/{stream}
+    DELETE /v1/sinkd/narrations/{stream}?since=&until=   (a period: only its intervals)
 """
 
 from __future__ import annotations
@@ -117,7 +117,14 @@ def router(calls: Calls) -> APIRouter:
     async def forget(stream: str, request: Request) -> Any:
         principal = calls.principal(request)
         calls.ready()
-        n = await in_slot(principal, lambda: narrated.forget(principal, stream))
-        return {"object": "sinkd.narration.forgotten", "stream": stream, "intervals": n}
+        since = query_number(request, "since", float)
+        until = query_number(request, "until", float)
+        gone = await in_slot(principal, lambda: narrated.forget(principal, stream, since, until))
+        return {
+            "object": "sinkd.narration.forgotten",
+            "stream": stream,
+            "intervals": gone.intervals,
+            "purge_owed": gone.purge_owed,
+        }
 
     return api

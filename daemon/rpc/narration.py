@@ -65,9 +65,10 @@ class NarrationServicer(BaseServicer, pb_grpc.NarrationServicer):
     def Forget(
         self, request: pb.ForgetNarrationRequest, context: Any, principal: Principal
     ) -> pb.ForgetNarrationResponse:
-        return pb.ForgetNarrationResponse(
-            intervals=self.service.narrated.forget(principal, request.stream)
-        )
+        since = request.since if request.HasField("since") else None
+        until = request.until if request.HasField("until") else None
+        gone = self.service.narrated.forget(principal, request.stream, since, until)
+        return pb.ForgetNarrationResponse(intervals=gone.intervals, purge_owed=gone.purge_owed)
 
     @rpc
     def Ask(

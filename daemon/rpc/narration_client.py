@@ -13,6 +13,7 @@ from sinkd.daemon.runtime.api import (
     NarratedInterval,
     NarratedStream,
     NarrationAnswer,
+    NarrationForgotten,
 )
 from sinkd.errors import SinkdError
 from sinkd.proto import convert
@@ -77,8 +78,12 @@ class NarrationCalls:
         reply = self._call("List", pb.ListNarrationsRequest())
         return [convert.narrated_stream_from_pb(s) for s in reply.streams]
 
-    def forget(self, stream: str) -> int:
-        return int(self._call("Forget", pb.ForgetNarrationRequest(stream=stream)).intervals)
+    def forget(
+        self, stream: str, since: float | None = None, until: float | None = None
+    ) -> NarrationForgotten:
+        request = pb.ForgetNarrationRequest(stream=stream, since=since, until=until)
+        reply = self._call("Forget", request)
+        return NarrationForgotten(int(reply.intervals), reply.purge_owed)
 
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
         request = pb.NarrationAskRequest(stream=stream, question=question, max_tokens=max_tokens)

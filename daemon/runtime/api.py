@@ -542,6 +542,15 @@ class NarratedInterval:
 
 
 @dataclass(frozen=True)
+class NarrationForgotten:
+    """What a forget took out of a narrated stream: its intervals (a folded row counts once),
+    and whether the purge that takes them out of the files is still owed."""
+
+    intervals: int
+    purge_owed: bool = False
+
+
+@dataclass(frozen=True)
 class Narrated:
     """What a Narrate call closed, and where the stream stands."""
 

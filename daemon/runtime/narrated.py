@@ -31,7 +31,13 @@ from typing import Any
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
 from sinkd.daemon.metrics import Metrics
-from sinkd.daemon.runtime.api import DigestOptions, Narrated, NarratedInterval, NarratedStream
+from sinkd.daemon.runtime.api import (
+    DigestOptions,
+    Narrated,
+    NarratedInterval,
+    NarratedStream,
+    NarrationForgotten,
+)
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
@@ -205,24 +211,27 @@ class NarratedStreams:
         return [NarratedStream(r.name, r.created, r.updated, r.intervals, r.lines, r.incidents)
                 for r in rows]  # fmt: skip
 
-    def forget(self, principal: Principal, name: str) -> int:
-        """The stream's state and facts deleted, from the store and memory; how many intervals.
-        A call in flight on it finishes first; one waiting on it then starts a new stream. The
-        reply waits (within `purge_wait_s`) for the purge that takes them out of the files."""
+    def forget(
+        self,
+        principal: Principal,
+        name: str,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> NarrationForgotten:
+        """The stream's state and facts deleted, from the store and memory; with `since` or
+        `until`, only its intervals that overlap that period (the stream goes on). A call in
+        flight on it finishes first; one waiting on it then starts a new stream. The reply waits
+        (within `purge_wait_s`) for the purge that takes them out of the files."""
         tenant = _tenant(principal)
         _check_name(name)
+        if since is not None or until is not None:
+            return self._forget_period(tenant, name, since or 0.0, until or 0.0)
         with self._lock:
             stream = self._streams.get((tenant, name))
         with stream.lock if stream is not None else contextlib.nullcontext():
             if not self._call(lambda t: t.state(tenant, name) is not None, False):
                 raise NotFound(f"no narrated stream {name!r}")
-            if self.durability is None:
-                n = int(self._in_memory(lambda t: t.forget(tenant, name)))
-            else:
-                delete = self._transaction(lambda t: t.forget(tenant, name), True, purge=True)
-                n, owed = self.erasure.run(delete)
-                if owed:
-                    log.info("a forgotten stream's purge is owed (a reader holds the journal)")
+            n, owed = self._erase(lambda t: t.forget(tenant, name))
             if stream is not None:
                 stream.gone = True
                 with self._lock:
@@ -231,7 +240,42 @@ class NarratedStreams:
             self._kept.pop(tenant, None)
             self._state_bytes.pop((tenant, name), None)
             self._count(tenant, name, [], 0)
-        return n
+        return NarrationForgotten(n, owed)
+
+    def _forget_period(
+        self, tenant: str, name: str, since: float, until: float
+    ) -> NarrationForgotten:
+        """The intervals overlapping [since, until] (0: open) deleted. The open interval, if it
+        began by `until`, is closed first, so that its lines and kept raw lines go too."""
+        for field, value in (("since", since), ("until", until)):
+            if not 0 <= value < 1e11:
+                raise InvalidInput(f"{field}: unix seconds, got {value}")
+        if not (since or until):
+            raise InvalidInput("since or until: a period to forget (else forget the stream)")
+        if since and until and since > until:
+            raise InvalidInput(f"since ({since}) is after until ({until})")
+        if not self._call(lambda t: t.state(tenant, name) is not None, False):
+            raise NotFound(f"no narrated stream {name!r}")
+        while True:
+            stream = self._stream(tenant, name, None)
+            with stream.lock:
+                if stream.gone:
+                    continue
+                began_by_until = not until or stream.started <= until
+                if stream.digest.pending and began_by_until and self.clock() >= since:
+                    self._feed(tenant, name, stream, [], True, False)
+                n, owed = self._erase(lambda t: t.forget_period(tenant, name, since, until))
+                self._kept.pop(tenant, None)
+                return NarrationForgotten(n, owed)
+
+    def _erase(self, delete: Callable[[NarratedTables], int]) -> tuple[int, bool]:
+        """`delete` committed with a purge owed, and the wait for that purge."""
+        if self.durability is None:
+            return int(self._in_memory(delete)), False
+        n, owed = self.erasure.run(self._transaction(delete, True, purge=True))
+        if owed:
+            log.info("a forgotten narration's purge is owed (a reader holds the journal)")
+        return int(n), owed
 
     def drop_tenant(self, tenant: str) -> None:
         """The tenant left this node (its rows went with its archive): its streams held in

@@ -179,6 +179,19 @@ class NarratedTables:
         self._db.execute("DELETE FROM narrated_streams WHERE tenant=? AND name=?", (tenant, name))
         return int(n)
 
+    def forget_period(self, tenant: str, name: str, since: float, until: float) -> int:
+        """The stream's rows that overlap [since, until] (0: open) deleted, a folded row whole;
+        the stream and its state stay. How many rows."""
+        sql = "DELETE FROM narrated_intervals WHERE tenant=? AND name=?"
+        args: list[Any] = [tenant, name]
+        if since:
+            sql += " AND ended >= ?"
+            args.append(since)
+        if until:
+            sql += " AND started <= ?"
+            args.append(until)
+        return int(self._db.execute(sql, args).rowcount)
+
     def bytes_of(self, tenant: str) -> int:
         """What the tenant's streams keep, roughly: their state and records' text."""
         row = self._db.execute(

@@ -885,16 +885,22 @@ class ListNarrationsResponse(_message.Message):
     def __init__(self, streams: _Optional[_Iterable[_Union[NarratedStream, _Mapping]]] = ...) -> None: ...
 
 class ForgetNarrationRequest(_message.Message):
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "since", "until")
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+    since: float
+    until: float
+    def __init__(self, stream: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
 
 class ForgetNarrationResponse(_message.Message):
-    __slots__ = ("intervals",)
+    __slots__ = ("intervals", "purge_owed")
     INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    PURGE_OWED_FIELD_NUMBER: _ClassVar[int]
     intervals: int
-    def __init__(self, intervals: _Optional[int] = ...) -> None: ...
+    purge_owed: bool
+    def __init__(self, intervals: _Optional[int] = ..., purge_owed: _Optional[bool] = ...) -> None: ...
 
 class NarrationAskRequest(_message.Message):
     __slots__ = ("stream", "question", "max_tokens")

@@ -12,7 +12,9 @@ from starlette.responses import Response
 
 from sinkd.daemon.http.ui.drawings import timeline
 from sinkd.daemon.http.ui.markup import Html, form, html, join, link, table, when
+from sinkd.daemon.http.ui.memory_pages import _time
 from sinkd.daemon.http.ui.pages import Pages
+from sinkd.daemon.http.ui.session_pages import _erased
 from sinkd.daemon.runtime.api import NarratedInterval
 
 SHOWN = 200  # the newest intervals a page shows
@@ -58,22 +60,42 @@ def add(api: APIRouter, pages: Pages) -> None:
 
     @api.get("/ui/narrations/{name}/forget")
     async def confirm(name: str, request: Request) -> Response:
+        """The whole stream, or (since/until picked here first) the intervals of a period."""
         visit = pages.visit(request)
+        q = request.query_params
+        period = {k: q[k] for k in ("since", "until") if q.get(k)}
+        for k, v in period.items():
+            _time(v, k)  # refused here, before the confirmation, if it is not a time
+        what = (
+            html("the intervals of {} that overlap {} (the stream goes on)", name,
+                 " ".join(f"{k} {v}" for k, v in period.items()))
+            if period else
+            html("every interval kept of {}: facts, sentences and its state", name)
+        )  # fmt: skip
+        pick = html(
+            '<form method="get" action="/ui/narrations/{}/forget">Only a period:'
+            ' since <input type="datetime-local" name="since" value="{}">'
+            ' until <input type="datetime-local" name="until" value="{}">'
+            " <button>Pick</button></form>",
+            name, q.get("since", ""), q.get("until", ""),
+        )  # fmt: skip
         body = html(
-            "<p>This forgets every interval kept of {}: facts, sentences and its state.</p>"
-            "{}<p>{}</p>",
-            name, form(f"/ui/narrations/{name}/forget", visit.login.csrf, {}, "Forget",
-                       danger=True), link(f"/ui/narrations/{name}", "Cancel"),
+            "<p>This forgets {}.</p>{}<p>{}</p>{}",
+            what, form(f"/ui/narrations/{name}/forget", visit.login.csrf, period, "Forget",
+                       danger=True), link(f"/ui/narrations/{name}", "Cancel"), pick,
         )  # fmt: skip
         return visit.page(f"Forget stream {name}?", body)
 
     @api.post("/ui/narrations/{name}/forget")
     async def forget(name: str, request: Request) -> Response:
-        visit, _ = await pages.form(request)
+        visit, fields = await pages.form(request)
         p = visit.principal
-        count = await pages.run(visit, lambda: narrated.forget(p, name))
-        body = html("<p>Removed: {} intervals.</p><p>{}</p>", count,
-                    link("/ui/narrations", "Back to the streams"))  # fmt: skip
+        since = _time(fields.get("since", ""), "since")
+        until = _time(fields.get("until", ""), "until")
+        gone = await pages.run(visit, lambda: narrated.forget(p, name, since, until))
+        back = (link(f"/ui/narrations/{name}", "Back to the stream") if since or until
+                else link("/ui/narrations", "Back to the streams"))  # fmt: skip
+        body = join([_erased(gone.intervals, gone.purge_owed, "interval"), html("<p>{}</p>", back)])
         return visit.page("Forgotten", body)
 
 
