@@ -20,7 +20,7 @@ layout; not shipped). Two kinds of log:
 
 Each at today's defaults and at the rules before issue 73 (an error template back after one
 interval without it was raised again; a new template of INFO lines reaching 10 lines was raised;
-one line whose words alone suggest an error was raised), so the table shows what the rules changed. Its last line is a JSON object: `labelled` and
+one line whose words alone suggest an error was raised, and again like a stated error), so the table shows what the rules changed. Its last line is a JSON object: `labelled` and
 `unlabelled` per log, for both.
 """
 
@@ -40,7 +40,9 @@ from sinkd.narration.severity import ERROR_OR_WORSE, read_severity
 
 RULES = {
     "today": DigestConfig(),
-    "before": DigestConfig(recur_intervals=1, info_bursts=True, inferred_min=1),
+    "before": DigestConfig(
+        recur_intervals=1, info_bursts=True, inferred_min=1, inferred_weaker=False
+    ),
 }
 WITHIN = 200  # lines after an incident's first line in which a narration must cite it
 PACKAGE_LOGS = ("/var/log/dpkg.log", "/var/log/apt/term.log")

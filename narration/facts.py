@@ -2,8 +2,9 @@
 
 `Digest` reads every line (a template and its severity each), and cuts the stream into intervals:
 every `every_lines` lines, and early for an incident. An incident is a template at error or worse
-that was absent from the previous interval, or a template new since the first interval whose count
-reaches `burst_min`; its interval closes `incident_lines` lines (or `incident_seconds`) after its
+that is new or back after quiet intervals (where only its words say error, not its stated level:
+when it comes twice, and once known only as a burst), or a template new since the first interval
+whose count reaches `burst_min`; its interval closes `incident_lines` lines (or `incident_seconds`) after its
 first line, so a flood becomes one interval with a count, not an interval per line. A template
 already in the previous interval starts no incident: a flood that goes on is counted, not re-raised.
 
@@ -38,6 +39,8 @@ class DigestConfig:
     burst_min: int = 10  # lines in one interval before a rate jump counts
     recur_intervals: int = 3  # an error template back after this many intervals without it
     inferred_min: int = 2  # lines of an error its words suggest (no stated level) before a page
+    inferred_weaker: bool = True  # such an error, once known, pages only as a burst (False: the
+    # rules before issue 73, for bench/narrate_incidents.py's comparison)
     info_bursts: bool = False  # a new INFO template bursting is an incident too (else a fact)
     burst_factor: float = 4.0  # this many times the template's baseline rate
     steady_intervals: int = 3  # present in this many intervals in a row before "stopped" can say so
@@ -404,17 +407,22 @@ class Digest:
 
     def _starts_incident(self, tid: int, severity: Severity, tally: _Tally, known: _Known) -> bool:
         """An error template never seen, back after `recur_intervals` intervals without it, or
-        at `burst_factor` times its usual rate; a new template of warnings bursting (of INFO
+        at `burst_factor` times its usual rate; where only a line's words say error (no stated
+        level), not before `inferred_min` lines of it, and once seen only at that rate; a new
+        template of warnings bursting (of INFO
         lines only with `info_bursts`: a package manager's install is a burst of new lines, a
         fact to print, not a page). A known error at its usual pace is a fact, not an incident."""
         cfg = self.config
+        usual = cfg.burst_factor * known.rate * cfg.every_lines
         if severity >= ERROR_OR_WORSE:
-            if not tally.stated and tally.count < cfg.inferred_min:
-                return False  # one "denied" or "unable to" is a fact; the same again is a page
+            if not tally.stated:  # its words alone say trouble: weaker news than a stated level
+                if tally.count < cfg.inferred_min:
+                    return False  # one "denied" or "unable to" is a fact; the same again a page
+                if known.intervals > 0 and cfg.inferred_weaker:  # seen before: news as a burst
+                    return tally.count >= max(cfg.burst_min, usual)
             quiet = self._number - known.present_in  # closed intervals without it
             if known.intervals == 0 or quiet >= cfg.recur_intervals:
                 return True
-            usual = cfg.burst_factor * known.rate * cfg.every_lines
             return tally.count >= max(cfg.burst_min, usual)
         new_since_start = self._number >= 1 and known.since_line >= self._first
         if not (new_since_start and tally.count >= cfg.burst_min):

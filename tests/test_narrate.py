@@ -96,7 +96,8 @@ def test_a_line_s_severity_is_what_it_states_first(
 
 def test_one_line_whose_words_alone_suggest_an_error_is_a_fact_the_same_again_a_page() -> None:
     """A package install's "policy-rc.d denied execution of start." once is listed, not raised;
-    twice in an interval it is raised; a line stating ERROR is raised at once."""
+    twice in an interval it is raised; seen before, it is raised again only as a burst; a line
+    stating ERROR is raised at once."""
     denied = "invoke-rc.d: policy-rc.d denied execution of {}."
     once = digest_all([*steady(150), denied.format("start"), *steady(300, 150)], every_lines=200)
     assert not any(f.incident for f in once)
@@ -109,6 +110,13 @@ def test_one_line_whose_words_alone_suggest_an_error_is_a_fact_the_same_again_a_
     assert sum(f.incident for f in stated) == 1
     asked = digest_all([*steady(150), denied.format("start"), *steady(300, 150)], inferred_min=1)
     assert sum(f.incident for f in asked) == 1
+    # seen before, twice again four intervals later: listed, not paged; a burst of it pages
+    again = [*twice, *steady(800, 155), denied.format("stop"), denied.format("restart")]
+    cuts = digest_all([*again, *steady(40, 955)], every_lines=200)
+    assert sum(f.incident for f in cuts) == 1
+    assert [e.count for f in cuts for e in f.errors] == [2, 2]  # listed both times
+    burst = [*twice, *steady(800, 155), *[denied.format(f"s{i}") for i in range(12)]]
+    assert sum(f.incident for f in digest_all([*burst, *steady(40, 967)], every_lines=200)) == 2
 
 
 def test_a_planted_fatal_line_cuts_its_interval_before_the_next_mark() -> None:
