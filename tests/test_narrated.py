@@ -18,13 +18,19 @@ from sinkd.daemon.runtime.api import DigestOptions, NarratedInterval, NarrationF
 from sinkd.daemon.runtime.service import SinkdService
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.narrated import NarratedTables
-from sinkd.errors import InvalidInput, NotFound, PermissionDenied, ResourceExhausted
+from sinkd.errors import (
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SessionElsewhere,
+)
 from sinkd.narration.facts import Digest, DigestConfig, Facts
 from tests.support.disk import holders
 from tests.support.services import fake_service
 
 pytestmark = pytest.mark.unit
-ALICE, BOB = Principal("alice"), Principal("bob")
+ALICE, BOB, ADMIN = Principal("alice"), Principal("bob"), Principal(None, admin=True)
 EVERY = DigestOptions(every_lines=100)
 
 
@@ -195,6 +201,44 @@ def test_past_its_bounds_a_tenant_s_oldest_intervals_are_folded_never_dropped(
     assert service.durability is not None
     used = service.scheduler.call(lambda e: service.durability.narrated_tables().bytes_of("alice"))  # type: ignore[union-attr]
     assert used <= (1 << 16) + 8192  # within a fold of the bound
+    service.stop()
+
+
+def test_a_call_past_the_edge_when_its_tenant_is_marked_moving_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A call digested its lines (the edge let it in) when the admin marks the tenant leaving:
+    its write is refused on the engine thread (UNAVAILABLE: retry), so the move's export misses
+    nothing; once the mark is cleared the same lines continue the stream as if never sent."""
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.feed(ALICE, "web", log(150), options=EVERY)
+    reached, go = threading.Event(), threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def hold() -> None:
+        reached.set()
+        assert go.wait(30)
+
+    def feeding() -> None:
+        try:
+            service.narrated.feed(ALICE, "web", log(100, 150))
+            outcome.append(None)
+        except BaseException as e:  # collected, looked at below
+            outcome.append(e)
+
+    with failpoints.armed("narrate-digested", hold):
+        t = threading.Thread(target=feeding)
+        t.start()
+        assert reached.wait(30)
+        service.tenants.mark(ADMIN, "alice", "leaving", "m1", "b")
+        go.set()
+        t.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], SessionElsewhere), outcome
+    service.tenants.mark(ADMIN, "alice", "", "", "")
+    assert [i.last_line for i in service.narrated.history(ALICE, "web")] == [100]
+    fed = service.narrated.feed(ALICE, "web", log(100, 150), True)
+    assert fed.lines == 250
+    assert without_support(facts_of(fed.closed)) == without_support(straight(log(250))[1:])
     service.stop()
 
 

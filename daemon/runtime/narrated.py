@@ -43,7 +43,14 @@ from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.narrated import IntervalRow, NarratedTables
-from sinkd.errors import InvalidInput, JournalError, NotFound, PermissionDenied, ResourceExhausted
+from sinkd.errors import (
+    InvalidInput,
+    JournalError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    SessionElsewhere,
+)
 from sinkd.narration.facts import Digest, DigestConfig, Facts
 from sinkd.narration.severity import Severity
 
@@ -99,6 +106,10 @@ class NarratedStreams:
         self._memory_db: sqlite3.Connection | None = None  # without a state directory
         self._streams: OrderedDict[tuple[str, str], _Stream] = OrderedDict()
         self._lock = threading.Lock()
+        # raises SessionElsewhere for a tenant marked moving (tenant_moves.py); checked again on
+        # the engine thread by every write, so a call that passed the edge's check before the
+        # mark writes nothing the move's export would miss
+        self.served_here: Callable[[str], None] = lambda tenant: None
 
     # --- the calls ---
 
@@ -172,7 +183,8 @@ class NarratedStreams:
         """The checked sentence a client said of interval `number`, kept with its facts."""
         tenant = _tenant(principal)
         _check_name(name)
-        return bool(self._call(lambda t: t.note(tenant, name, number, sentence[:2000]), True))
+        noted = self._call(lambda t: t.note(tenant, name, number, sentence[:2000]), True, tenant)
+        return bool(noted)
 
     def history(
         self,
@@ -231,7 +243,7 @@ class NarratedStreams:
         with stream.lock if stream is not None else contextlib.nullcontext():
             if not self._call(lambda t: t.state(tenant, name) is not None, False):
                 raise NotFound(f"no narrated stream {name!r}")
-            n, owed = self._erase(lambda t: t.forget(tenant, name))
+            n, owed = self._erase(tenant, lambda t: t.forget(tenant, name))
             if stream is not None:
                 stream.gone = True
                 with self._lock:
@@ -264,15 +276,15 @@ class NarratedStreams:
                 began_by_until = not until or stream.started <= until
                 if stream.digest.pending and began_by_until and self.clock() >= since:
                     self._feed(tenant, name, stream, [], True, False)
-                n, owed = self._erase(lambda t: t.forget_period(tenant, name, since, until))
+                n, owed = self._erase(tenant, lambda t: t.forget_period(tenant, name, since, until))
                 self._kept.pop(tenant, None)
                 return NarrationForgotten(n, owed)
 
-    def _erase(self, delete: Callable[[NarratedTables], int]) -> tuple[int, bool]:
+    def _erase(self, tenant: str, delete: Callable[[NarratedTables], int]) -> tuple[int, bool]:
         """`delete` committed with a purge owed, and the wait for that purge."""
         if self.durability is None:
             return int(self._in_memory(delete)), False
-        n, owed = self.erasure.run(self._transaction(delete, True, purge=True))
+        n, owed = self.erasure.run(self._transaction(delete, True, purge=True, tenant=tenant))
         if owed:
             log.info("a forgotten narration's purge is owed (a reader holds the journal)")
         return int(n), owed
@@ -347,8 +359,8 @@ class NarratedStreams:
             self._trim(tables, tenant, now, grown)
 
         try:
-            self._call(write, True)
-        except (ResourceExhausted, JournalError, sqlite3.Error):
+            self._call(write, True, tenant)
+        except (ResourceExhausted, JournalError, sqlite3.Error, SessionElsewhere):
             stream.gone = True  # nothing of this call counts: the store's state is read again
             with self._lock:
                 if self._streams.get(key) is stream:
@@ -381,21 +393,29 @@ class NarratedStreams:
             kept = tables.bytes_of(tenant)
         self._kept[tenant] = kept
 
-    def _call(self, fn: Callable[[NarratedTables], Any], writes: bool) -> Any:
-        """`fn` over the tables between steps (engine thread), committed if it `writes`."""
+    def _call(self, fn: Callable[[NarratedTables], Any], writes: bool, tenant: str = "") -> Any:
+        """`fn` over the tables between steps (engine thread), committed if it `writes` (for
+        `tenant`, refused if it is marked moving)."""
         if self.durability is None:
             return self._in_memory(fn)
-        return self.scheduler.call(self._transaction(fn, writes))
+        return self.scheduler.call(self._transaction(fn, writes, tenant=tenant))
 
     def _transaction(
-        self, fn: Callable[[NarratedTables], Any], writes: bool, purge: bool = False
+        self,
+        fn: Callable[[NarratedTables], Any],
+        writes: bool,
+        purge: bool = False,
+        tenant: str = "",
     ) -> Callable[[Any], Any]:
         """`fn` as the engine thread runs it: committed if it `writes` (a purge owed for what it
-        deleted, `purge`), rolled back and ResourceExhausted if the store refuses it."""
+        deleted, `purge`), rolled back and ResourceExhausted if the store refuses it; nothing run
+        for a `tenant` marked moving (SessionElsewhere)."""
         durability = self.durability
         assert durability is not None
 
         def run(_engine: Any) -> Any:
+            if tenant:
+                self.served_here(tenant)
             try:
                 result = fn(durability.narrated_tables())
                 if writes:

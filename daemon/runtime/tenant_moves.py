@@ -92,9 +92,12 @@ class TenantMoves:
     def check_here(self, principal: Principal) -> None:
         """SessionElsewhere (UNAVAILABLE: retry) for a call of a tenant this node does not serve
         now: leaving, gone, or arriving (`TenantMark`)."""
-        tenant = principal.tenant
-        if tenant is None:
-            return
+        if principal.tenant is not None:
+            self.check_tenant(principal.tenant)
+
+    def check_tenant(self, tenant: str) -> None:
+        """`check_here` for a tenant by name. On the engine thread, where marks are set, it is
+        exact: a write that passes it lands before any export of the tenant."""
         with self._lock:
             mark = self._marks.get(tenant)
         if mark is not None:
