@@ -528,6 +528,16 @@ def eval_narrate(
             " (evaluation/narrate_questions.py); eval-narrate-questions.json.",
         ),
     ] = False,
+    incidents: Annotated[
+        bool,
+        typer.Option(
+            "--incidents",
+            help="Instead, without a model: incidents missed and false at today's rules and the"
+            " earlier ones, false ones per 10,000 lines of logs with no labelled trouble (this"
+            " machine's package logs among them; evaluation/narrate_incidents.py);"
+            " eval-narrate-incidents.json.",
+        ),
+    ] = False,
 ) -> None:
     """Incident recall, unsupported sentences, lag and lines a second of `sinkd narrate` on real
     logs with labelled incidents (evaluation/narrate.py says which and how they are scored)."""
@@ -540,6 +550,9 @@ def eval_narrate(
         raise InvalidInput(f"--loghub: no BGL_2k.log in {loghub}")
     if questions:
         _eval_narrate_questions(ev.bgl_case(loghub, max_lines), names, every_lines, out_dir)
+        return
+    if incidents:
+        _eval_narrate_incidents(loghub, out_dir)
         return
     all_cases = ev.cases(loghub, max_lines)
     rows: list[dict[str, Any]] = []
@@ -585,6 +598,18 @@ def eval_narrate(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval-narrate.json").write_text(json.dumps(data, indent=1))
     err.print(f"wrote {out_dir / 'eval-narrate.json'}")
+
+
+def _eval_narrate_incidents(loghub: Path, out_dir: Path) -> None:
+    from sinkd.evaluation import narrate_incidents as ni
+
+    results = ni.evaluate(loghub)
+    for title, columns, rows in ni.tables(results):
+        _print_table(title, columns, rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "eval-narrate-incidents.json"
+    path.write_text(json.dumps(results, indent=1))
+    err.print(f"wrote {path}")
 
 
 def _eval_narrate_questions(
