@@ -50,6 +50,7 @@ class NarrationBackend(Protocol):
         lines: list[str],
         close: bool = False,
         options: DigestOptions | None = None,
+        new_pipe: bool = False,
     ) -> Narrated: ...
     def note(self, stream: str, number: int, sentence: str) -> bool: ...
     def history(
@@ -229,8 +230,9 @@ class EmbeddedNarration:
         lines: list[str],
         close: bool = False,
         options: DigestOptions | None = None,
+        new_pipe: bool = False,
     ) -> Narrated:
-        return self.streams_.feed(self.principal, stream, lines, close, options)
+        return self.streams_.feed(self.principal, stream, lines, close, options, new_pipe=new_pipe)
 
     def note(self, stream: str, number: int, sentence: str) -> bool:
         return self.streams_.note(self.principal, stream, number, sentence)

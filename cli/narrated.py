@@ -40,7 +40,8 @@ def summary(interval: NarratedInterval) -> str:
     first = next(
         (line for line in lines[1:] if not line.startswith("(")), lines[0] if lines else ""
     )
-    return first + (f" > {said}" if said else "")
+    pipes = "".join(f"(a new pipe at line {n}) " for n in record.get("new_pipe_at", []))
+    return pipes + first + (f" > {said}" if said else "")
 
 
 @handle_errors

@@ -254,6 +254,7 @@ class StreamDigester:
         self._waiting: list[str] = []
         self._lines = self._pending = 0
         self._sent = 0.0  # when lines were last sent (monotonic)
+        self._new_pipe = True  # this process's first lines begin a new pipe of the stream
 
     @property
     def lines(self) -> int:
@@ -280,8 +281,9 @@ class StreamDigester:
     def _send(self, close: bool = False) -> list[Facts]:
         lines, self._waiting = self._waiting, []
         self._sent = time.monotonic()
-        fed = self.calls.narrate(self.stream, lines, close, self.options)
+        fed = self.calls.narrate(self.stream, lines, close, self.options, self._new_pipe)
         self.options = None  # the stream keeps them
+        self._new_pipe = self._new_pipe and not lines
         self._lines, self._pending = fed.lines, fed.pending
         out = []
         for interval in fed.closed:

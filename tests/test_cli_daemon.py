@@ -245,7 +245,7 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
 ) -> None:
     """`--stream`: two pipes, one stream kept by the daemon: the second pipe's line numbers
     continue the first's and its templates are known (not NEW again); `history` lists both
-    pipes' intervals, by severity too, and the raw lines of the pipe that asked to keep them;
+    pipes' intervals, by severity too, says where the second began, and the raw lines of the pipe that asked to keep them;
     another tenant has no such stream; `forget` deletes it."""
     conn = ["--connect", address, "--token", "alice-token"]
     args = ["narrate", "--stream", "web", "--window", "60", "--every-lines", "50",
@@ -267,6 +267,7 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
     code, out, err = sinkd("narrate", "history", "web", *conn, "--lines")
     assert code == 0, err
     assert "[bold]150[/bold]" in out and "request 99 served" not in out  # as text; pipe 1: none
+    assert "(a new pipe at line 101)" in out and "new pipe at line 1)" not in out
     assert any(line.split()[:1] == ["151"] for line in out.splitlines())
     one, two = facts(first), facts(second)
     assert [(f["first_line"], f["last_line"]) for f in one] == [(1, 50), (51, 100)]

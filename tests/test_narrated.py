@@ -75,12 +75,15 @@ def test_a_stream_goes_on_across_restarts_of_the_daemon_as_if_read_at_once(
     tmp_path: Path,
 ) -> None:
     """Known templates stay known (no NEW again), baselines stay, line numbers continue, and
-    the kept timeline is every interval once, with its times."""
+    the kept timeline is every interval once, with its times, and where each new pipe began
+    (the stream's first says none), a pipe begun in an open interval through a restart too."""
     lines = log(900)
     closed: list[NarratedInterval] = []
     for start, end in ((0, 250), (250, 433), (433, 900)):  # a restart inside the error burst
         service = fake_service(tmp_path, durable=True)
-        fed = service.narrated.feed(ALICE, "web", lines[start:end], end == 900, EVERY)
+        fed = service.narrated.feed(
+            ALICE, "web", lines[start:end], end == 900, EVERY, new_pipe=True
+        )
         closed += fed.closed
         assert fed.lines == end
         service.stop()
@@ -96,6 +99,13 @@ def test_a_stream_goes_on_across_restarts_of_the_daemon_as_if_read_at_once(
     [stream] = service.narrated.streams(ALICE)
     assert (stream.name, stream.lines, stream.intervals) == ("web", 900, len(closed))
     assert stream.incidents == sum(f.incident for f in facts_of(closed)) >= 1
+    began = [(i.first_line, json.loads(i.record_json).get("new_pipe_at")) for i in kept]
+    assert [b for b in began if b[1]] == [(201, [251]), (401, [434])]
+    service.narrated.feed(ALICE, "web", log(30, 900), new_pipe=True)  # open at the restart
+    service.stop()
+    service = fake_service(tmp_path, durable=True)
+    [last] = service.narrated.feed(ALICE, "web", [], True).closed
+    assert json.loads(last.record_json)["new_pipe_at"] == [901]
     service.stop()
 
 

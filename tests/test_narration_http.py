@@ -60,6 +60,11 @@ def test_a_stream_over_http_keeps_its_timeline_and_answers_from_it(tmp_path: Pat
             json={"lines": ["api INFO <b>kept</b>"], "close": True, "keep_lines": True},
         ).json()["closed"][-1]["record"]
         assert kept["lines"] == ["api INFO <b>kept</b>"]  # raw lines kept when asked, as sent
+        piped = alice.post(
+            "/v1/sinkd/narrations/kept/lines",
+            json={"lines": ["api INFO again"], "close": True, "new_pipe": True},
+        ).json()["closed"][-1]["record"]
+        assert piped["new_pipe_at"] == [2]  # where the second pipe began
     finally:
         alice.close()
         bob.close()

@@ -2,7 +2,7 @@
 timeline, ask about it, list and forget. sinkd's own routes under /v1/sinkd/, bodies in OpenAI's
 list convention, errors in OpenAI's error body.
 
-    POST   /v1/sinkd/narrations/{stream}/lines    {"lines": [...], "close"?: bool, "keep_lines"?: bool}
+    POST   /v1/sinkd/narrations/{stream}/lines    {"lines": [...], "close"?, "keep_lines"?, "new_pipe"?}
     GET    /v1/sinkd/narrations/{stream}?since=&until=&severity=&template=&limit=
     POST   /v1/sinkd/narrations/{stream}/ask      {"question": "...", "max_tokens"?: n}
     GET    /v1/sinkd/narrations
@@ -31,6 +31,7 @@ class LinesBody(BaseModel):
     lines: list[str] = Field(max_length=4096)
     close: bool = False
     keep_lines: bool | None = None  # keep each interval's raw lines from now on (None: as it was)
+    new_pipe: bool = False  # these lines begin a new pipe (another file): said in the history
 
 
 class AskBody(BaseModel):
@@ -59,7 +60,12 @@ def router(calls: Calls) -> APIRouter:
         fed = await in_slot(
             principal,
             lambda: narrated.feed(
-                principal, stream, body.lines, body.close, keep_lines=body.keep_lines
+                principal,
+                stream,
+                body.lines,
+                body.close,
+                keep_lines=body.keep_lines,
+                new_pipe=body.new_pipe,
             ),
         )
         return {

@@ -24,7 +24,12 @@ class NarrationServicer(BaseServicer, pb_grpc.NarrationServicer):
     ) -> pb.NarrateResponse:
         options = digest_options_from_pb(request.options) if request.HasField("options") else None
         fed = self.service.narrated.feed(
-            principal, request.stream, list(request.lines), request.close, options
+            principal,
+            request.stream,
+            list(request.lines),
+            request.close,
+            options,
+            new_pipe=request.new_pipe,
         )
         return pb.NarrateResponse(
             closed=[interval_to_pb(i) for i in fed.closed], lines=fed.lines, pending=fed.pending

@@ -47,9 +47,11 @@ class NarrationCalls:
         lines: list[str],
         close: bool = False,
         options: DigestOptions | None = None,
+        new_pipe: bool = False,
     ) -> Narrated:
-        """Digest `lines` into the stream; what they closed (and, `close`, the rest)."""
-        request = pb.NarrateRequest(stream=stream, lines=lines, close=close)
+        """Digest `lines` into the stream; what they closed (and, `close`, the rest).
+        `new_pipe`: they begin a new pipe (said in the history)."""
+        request = pb.NarrateRequest(stream=stream, lines=lines, close=close, new_pipe=new_pipe)
         if options is not None:
             request.options.CopyFrom(convert.digest_options_to_pb(options))
         r = self._call("Narrate", request)

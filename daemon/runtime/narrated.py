@@ -77,6 +77,7 @@ class _Stream:
         self.kept: list[tuple[int, str]] = []  # the open interval's lines, where kept
         self.left_out = 0  # the open interval's lines past KEEP_LINES or KEEP_CHARS, not kept
         self.kept_chars = 0
+        self.pipes: list[int] = []  # the open interval's lines where a new pipe began
 
 
 class NarratedStreams:
@@ -121,11 +122,13 @@ class NarratedStreams:
         close: bool = False,
         options: DigestOptions | None = None,
         keep_lines: bool | None = None,
+        new_pipe: bool = False,
     ) -> Narrated:
         """Digest `lines` into the stream (created by its first call), then close the interval
         read so far if `close` (a time bound, the end of a pipe); an incident's interval closes
         once its seconds have passed, at any call. `options`: the stream's rules from now on;
-        `keep_lines` alone (its rules as they were): whether it keeps raw lines from now on."""
+        `keep_lines` alone (its rules as they were): whether it keeps raw lines from now on;
+        `new_pipe`: the lines begin a new pipe (its first line is noted with its interval)."""
         tenant = _tenant(principal)
         _check_name(name)
         if len(lines) > MAX_LINES:
@@ -141,6 +144,9 @@ class NarratedStreams:
                     stream.keep_lines, stream.kept, stream.left_out = keep, [], 0
                     stream.kept_chars = 0
                 changed = options is not None or keep is not None
+                if new_pipe and lines and stream.digest.lines:  # the stream's first: no news
+                    stream.pipes.append(stream.digest.lines + 1)
+                    changed = True
                 return self._feed(tenant, name, stream, lines, close, changed)
 
     def _feed(
@@ -148,7 +154,7 @@ class NarratedStreams:
     ) -> Narrated:
         digest = stream.digest
         now = self.clock()
-        cuts: list[tuple[Facts, float, tuple[list[str], int] | None]] = []
+        cuts: list[tuple[Facts, float, tuple[list[str], int] | None, list[int]]] = []
         for line in lines:
             if digest.pending == 0:
                 stream.started = now
@@ -156,11 +162,11 @@ class NarratedStreams:
                 _keep(stream, digest.lines + 1, line[:MAX_LINE_CHARS])
             facts = digest.observe(line[:MAX_LINE_CHARS])
             if facts is not None:  # it closes with this line: its lines are taken now
-                cuts.append((facts, stream.started, _taken(stream, facts)))
+                cuts.append((facts, stream.started, _taken(stream, facts), _pipes(stream, facts)))
         last = digest.cut() if close else digest.due()
         if last is not None:
-            cuts.append((last, stream.started, _taken(stream, last)))
-        rows = [(_row(name, f, started, now, kept), f) for f, started, kept in cuts]
+            cuts.append((last, stream.started, _taken(stream, last), _pipes(stream, last)))
+        rows = [(_row(name, f, started, now, kept, pipes), f) for f, started, kept, pipes in cuts]
         failpoints.hit("narrate-digested")
         if lines or rows or changed:  # else nothing changed: nothing to write
             self._write(tenant, name, stream, [r for r, _ in rows], now)
@@ -327,6 +333,7 @@ class NarratedStreams:
             stream.kept = [(int(n), str(t)) for n, t in state.get("kept", [])]
             stream.kept_chars = sum(len(t) for _, t in stream.kept)
             stream.left_out = int(state.get("left_out", 0))
+            stream.pipes = [int(n) for n in state.get("pipes", [])]
         with self._lock:
             stream = self._streams.setdefault(key, stream)
             for old in list(self._streams)[: max(0, len(self._streams) - STREAMS_IN_MEMORY)]:
@@ -347,6 +354,7 @@ class NarratedStreams:
             "keep_lines": stream.keep_lines,
             "kept": stream.kept,
             "left_out": stream.left_out,
+            "pipes": stream.pipes,
         }
         state_json = json.dumps(state, separators=(",", ":"))  # here, not on the engine thread
         key = (tenant, name)
@@ -505,13 +513,27 @@ def _taken(stream: _Stream, facts: Facts) -> tuple[list[str], int] | None:
     return mine, left_out
 
 
+def _pipes(stream: _Stream, facts: Facts) -> list[int]:
+    """The lines where a new pipe began in the interval these facts close, taken out."""
+    mine = [n for n in stream.pipes if n <= facts.last_line]
+    stream.pipes = [n for n in stream.pipes if n > facts.last_line]
+    return mine
+
+
 def _row(
-    name: str, facts: Facts, started: float, ended: float, lines: tuple[list[str], int] | None
+    name: str,
+    facts: Facts,
+    started: float,
+    ended: float,
+    lines: tuple[list[str], int] | None,
+    pipes: list[int],
 ) -> IntervalRow:
     errors = sum(f.count for f in facts.errors)
     record: dict[str, Any] = {"facts": facts.as_dict(), "text": facts.render(), "sentence": ""}
     if lines is not None:
         record["lines"], record["lines_left_out"] = lines
+    if pipes:
+        record["new_pipe_at"] = pipes
     return IntervalRow(
         name, facts.number, facts.number, facts.first_line, facts.last_line, started, ended,
         int(facts.incident), errors, record,

@@ -773,16 +773,18 @@ class DigestOptions(_message.Message):
     def __init__(self, every_lines: _Optional[int] = ..., incident_lines: _Optional[int] = ..., incident_seconds: _Optional[float] = ..., gap_seconds: _Optional[float] = ..., recur_intervals: _Optional[int] = ..., info_bursts: _Optional[bool] = ..., keep_lines: _Optional[bool] = ..., inferred_min: _Optional[int] = ...) -> None: ...
 
 class NarrateRequest(_message.Message):
-    __slots__ = ("stream", "lines", "close", "options")
+    __slots__ = ("stream", "lines", "close", "options", "new_pipe")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     LINES_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEW_PIPE_FIELD_NUMBER: _ClassVar[int]
     stream: str
     lines: _containers.RepeatedScalarFieldContainer[str]
     close: bool
     options: DigestOptions
-    def __init__(self, stream: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., close: _Optional[bool] = ..., options: _Optional[_Union[DigestOptions, _Mapping]] = ...) -> None: ...
+    new_pipe: bool
+    def __init__(self, stream: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., close: _Optional[bool] = ..., options: _Optional[_Union[DigestOptions, _Mapping]] = ..., new_pipe: _Optional[bool] = ...) -> None: ...
 
 class NarratedInterval(_message.Message):
     __slots__ = ("stream", "number", "last_number", "first_line", "last_line", "started", "ended", "incidents", "errors", "record_json", "support")

@@ -129,7 +129,8 @@ def _facts(i: NarratedInterval) -> str:
     record = json.loads(i.record_json)
     if i.last_number > i.number:
         return f"{record.get('folded', 0)} intervals folded"
-    text = record.get("text", "")
+    text = "".join(f"(a new pipe began at line {n})\n" for n in record.get("new_pipe_at", []))
+    text += record.get("text", "")
     if record.get("sentence"):
         text += f"\nSaid: {record['sentence']}"
     return str(text)
