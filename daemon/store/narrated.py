@@ -142,15 +142,8 @@ class NarratedTables:
     ) -> list[IntervalRow]:
         """The stream's intervals that overlap [since, until] (0: open), oldest first; the newest
         `limit` of them (0: all)."""
-        sql = "SELECT * FROM narrated_intervals WHERE tenant=? AND name=?"
-        args: list[Any] = [tenant, name]
-        if since:
-            sql += " AND ended >= ?"
-            args.append(since)
-        if until:
-            sql += " AND started <= ?"
-            args.append(until)
-        sql += " ORDER BY number DESC"
+        overlap, args = _overlapping(tenant, name, since, until)
+        sql = f"SELECT * FROM narrated_intervals WHERE {overlap} ORDER BY number DESC"
         if limit:
             sql += " LIMIT ?"
             args.append(limit)
@@ -182,15 +175,10 @@ class NarratedTables:
     def forget_period(self, tenant: str, name: str, since: float, until: float) -> int:
         """The stream's rows that overlap [since, until] (0: open) deleted, a folded row whole;
         the stream and its state stay. How many rows."""
-        sql = "DELETE FROM narrated_intervals WHERE tenant=? AND name=?"
-        args: list[Any] = [tenant, name]
-        if since:
-            sql += " AND ended >= ?"
-            args.append(since)
-        if until:
-            sql += " AND started <= ?"
-            args.append(until)
-        return int(self._db.execute(sql, args).rowcount)
+        overlap, args = _overlapping(tenant, name, since, until)
+        return int(
+            self._db.execute(f"DELETE FROM narrated_intervals WHERE {overlap}", args).rowcount
+        )
 
     def bytes_of(self, tenant: str) -> int:
         """What the tenant's streams keep, roughly: their state and records' text."""
@@ -230,6 +218,20 @@ class NarratedTables:
             (tenant,),
         ).fetchone()
         return (str(row[0]), float(row[1])) if row else None
+
+
+def _overlapping(tenant: str, name: str, since: float, until: float) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its arguments) of a stream's rows overlapping [since, until], each
+    0 for open."""
+    where = "tenant=? AND name=?"
+    args: list[Any] = [tenant, name]
+    if since:
+        where += " AND ended >= ?"
+        args.append(since)
+    if until:
+        where += " AND started <= ?"
+        args.append(until)
+    return where, args
 
 
 def aggregate(parts: list[IntervalRow]) -> IntervalRow:
