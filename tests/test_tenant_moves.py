@@ -333,3 +333,36 @@ def test_a_tenant_s_narrated_streams_move_with_it(
         "SELECT count(*) FROM narrated_intervals WHERE tenant='alice'"
     ).fetchone() == (0,)
     db.close()
+
+
+def test_a_call_past_the_edge_when_its_tenant_is_marked_leaving_changes_nothing(
+    nodes: tuple[SinkdService, SinkdService],
+) -> None:
+    """The edges refuse a marked tenant's calls; a call that passed that check just before the
+    mark reaches the engine thread after it. There every write checks the mark again, so such an
+    append, chat, remember or forget is refused (UNAVAILABLE: retry on the node it moved to) and
+    the move's export misses nothing. Once the mark is cleared they work."""
+    a, _ = nodes
+    first, _ = settled(a, ALICE)
+    session = a.registry.get(first.session_id)
+    assert session is not None
+    seen, sessions = a.receipt(session).n_seen, len(a.registry.of_tenant("alice"))
+    kept = a.across.listing(ALICE, KeptSelection())
+    a.tenants.mark(ADMIN, "alice", "leaving", "m1", "b")
+    past_the_edge = [
+        lambda: a.append(ALICE, first, " and more"),
+        lambda: chat(a, ALICE, first, "Anything else?"),
+        lambda: a.across.remember(ALICE, "My bike is blue."),
+        lambda: a.across.forget(ALICE, KeptSelection(conversation=first.session_id)),
+        lambda: a.memory.forget(ALICE, first, passage_id=kept[0].passage_id),
+        lambda: a.create(ALICE, PolicyRequest(sinks=4, window=400), system_prompt=SYSTEM),
+    ]
+    for call in past_the_edge:
+        with pytest.raises(SessionElsewhere):
+            call()
+    assert a.across.listing(ALICE, KeptSelection()) == kept
+    assert a.receipt(session).n_seen == seen
+    assert len(a.registry.of_tenant("alice")) == sessions
+    a.tenants.mark(ADMIN, "alice", "", "", "")
+    assert a.append(ALICE, first, " and more").appended > 0
+    assert a.across.remember(ALICE, "My bike is blue.")

@@ -52,6 +52,9 @@ class Remembering:
         # told the tenant (engine thread) whose text was forgotten: what else holds its text's
         # state goes too (its stored prefix states)
         self.on_forgot: Callable[[str], object] = lambda tenant: None
+        # SessionElsewhere for a tenant marked moving (tenant_moves.py), checked by each write
+        # on the engine thread: one whose call passed the edge before the mark does nothing
+        self.served_here: Callable[[str], None] = lambda tenant: None
 
     def recall_into(
         self,
@@ -161,6 +164,7 @@ class Remembering:
         logical: tuple[int, int] | None,
         speaker: str | None,
     ) -> int:
+        self.served_here(session.tenant)
         lifecycle.check_generation(session, generation)
         n = self.recall.forget(session, passage_id, logical, speaker)
         if not n:
@@ -188,6 +192,7 @@ class AcrossConversations:
     def __init__(self, access: Access, scheduler: Scheduler, remembering: Remembering) -> None:
         self.access = access
         self.scheduler = scheduler
+        self.remembering = remembering
         self.recall = remembering.recall
         self.durability = remembering.durability
         self.settings = remembering.settings
@@ -232,6 +237,7 @@ class AcrossConversations:
         return Erased(n, owed)
 
     def _forget(self, tenant: str, which: Selection) -> int:
+        self.remembering.served_here(tenant)
         sessions = self.access.registry.of_tenant(tenant)
         n = self.recall.forget_across(tenant, which, sessions)
         if not n:
@@ -261,6 +267,7 @@ class AcrossConversations:
         return [_view(p, None) for p in kept]
 
     def _keep(self, engine: Engine, tenant: str, tokens: list[int]) -> list[Passage]:
+        self.remembering.served_here(tenant)
         across = self.recall.store.across
         n = across.keep(
             tenant, Origin(GIVEN, 0, (0, len(tokens)), True), tokens, engine.vocab.piece, "user", 0

@@ -204,6 +204,8 @@ class SinkdService:
         )  # fmt: skip
         self.tenants.on_released = self.narrated.drop_tenant
         self.narrated.served_here = self.tenants.check_tenant
+        self.memory.served_here = self.tenants.check_tenant
+        self.scheduler.executor.served_here = self.tenants.check_tenant
 
     def _released(self, session_id: str, reset_count: int) -> None:
         """Engine thread: a session generation ended; what was kept of it elsewhere goes."""

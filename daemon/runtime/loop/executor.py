@@ -81,6 +81,9 @@ class Executor:
         self._hooked: Engine | None = None
         self._runs = RunAhead(self)
         self.verifier = Verifier(self, max_drafts)  # speculative decoding (verification.py)
+        # SessionElsewhere for a tenant marked moving (tenant_moves.py): a job whose call passed
+        # the edge's check before the mark starts nothing after it, so a move's export misses none
+        self.served_here: Callable[[str], None] = lambda tenant: None
 
     @property
     def engine(self) -> Engine:
@@ -130,6 +133,7 @@ class Executor:
             return
         job.started = True
         session = job.session
+        self.served_here(session.tenant)
         if session.state is SessionState.FAILED:
             raise SessionFailed(
                 f"session {session.id} failed ({session.failure}); reset or close it"
