@@ -341,7 +341,8 @@ def test_a_call_past_the_edge_when_its_tenant_is_marked_leaving_changes_nothing(
     """The edges refuse a marked tenant's calls; a call that passed that check just before the
     mark reaches the engine thread after it. There every write checks the mark again, so such an
     append, chat, remember or forget is refused (UNAVAILABLE: retry on the node it moved to) and
-    the move's export misses nothing. Once the mark is cleared they work."""
+    the move's export misses nothing; a session, a fork, a reset or a close likewise. Once the
+    mark is cleared they work."""
     a, _ = nodes
     first, _ = settled(a, ALICE)
     session = a.registry.get(first.session_id)
@@ -356,6 +357,10 @@ def test_a_call_past_the_edge_when_its_tenant_is_marked_leaving_changes_nothing(
         lambda: a.across.forget(ALICE, KeptSelection(conversation=first.session_id)),
         lambda: a.memory.forget(ALICE, first, passage_id=kept[0].passage_id),
         lambda: a.create(ALICE, PolicyRequest(sinks=4, window=400), system_prompt=SYSTEM),
+        lambda: a.create(ALICE, PolicyRequest(sinks=4, window=400)),
+        lambda: a.fork(ALICE, first),
+        lambda: a.reset(ALICE, first),
+        lambda: a.close(ALICE, first),
     ]
     for call in past_the_edge:
         with pytest.raises(SessionElsewhere):

@@ -81,6 +81,9 @@ class Lifecycle:
         # told each session and generation (reset count) that ends, by a close or a reset
         # (engine thread): the prefix states it alone still holds go
         self.on_released: Callable[[str, int], None] = lambda session_id, reset_count: None
+        # SessionElsewhere for a tenant marked moving (tenant_moves.py): a create, fork, reset,
+        # rewind or close whose call passed the edge's check before the mark changes nothing
+        self.served_here: Callable[[str], None] = lambda tenant: None
 
     def _admit(self, engine: Engine, session: Session) -> Session:
         """Register a new session; journal it (undone if the journal refuses)."""
@@ -107,6 +110,7 @@ class Lifecycle:
         pinned: int,
         recall: RecallConfig,
     ) -> Session:
+        self.served_here(tenant)
         seq_id = self.admission.acquire(engine, tenant=tenant, may_wait=True)
         try:
             session = Session(
@@ -135,6 +139,7 @@ class Lifecycle:
         return self._admit(engine, session)
 
     def fork(self, engine: Engine, parent: Session, generation: str) -> Session:
+        self.served_here(parent.tenant)
         check_generation(parent, generation)
         if parent.state is SessionState.FAILED:
             raise InvalidInput("cannot fork a failed session; reset it first")
@@ -182,6 +187,7 @@ class Lifecycle:
     def reset(self, engine: Engine, session: Session, generation: str) -> Session:
         """A new generation with no cells. The journal takes it first: if it refuses, nothing
         changed (the old handle still works)."""
+        self.served_here(session.tenant)
         check_generation(session, generation)
         if self.durability is not None:
             session.reset_count += 1
@@ -217,6 +223,7 @@ class Lifecycle:
         client dropped the reply), if the window still holds them. Journalled as one snapshot of
         the session as it is now, alone: the chunks past it would replay what was dropped. A
         snapshot that cannot be written fails the session (its files say otherwise)."""
+        self.served_here(session.tenant)
         check_generation(session, generation)
         if session.state is not SessionState.IDLE or self.scheduler.queues.busy(session.id):
             raise FailedPrecondition(f"session {session.id} is busy with another request")
@@ -246,6 +253,12 @@ class Lifecycle:
             self.scheduler.residency.restore(engine, session)
         except NoRoom as e:
             raise ResourceExhausted(f"session {session.id} is parked and {e}; retry") from None
+
+    def close_asked(self, session: Session, generation: str) -> None:
+        """A close a caller asked for: refused for a tenant marked moving (`served_here`), whose
+        move carries the session (a move's own release closes with `close`)."""
+        self.served_here(session.tenant)
+        self.close(session, generation)
 
     def close(self, session: Session, generation: str | None = None) -> None:
         """Close and delete what is stored (a stale session too); `generation` None: expiry.

@@ -206,6 +206,7 @@ class SinkdService:
         self.narrated.served_here = self.tenants.check_tenant
         self.memory.served_here = self.tenants.check_tenant
         self.scheduler.executor.served_here = self.tenants.check_tenant
+        self.lifecycle.served_here = self.tenants.check_tenant
 
     def _released(self, session_id: str, reset_count: int) -> None:
         """Engine thread: a session generation ended; what was kept of it elsewhere goes."""
@@ -425,7 +426,7 @@ class SinkdService:
         else:
             session = self.access.owned(principal, handle, allow_stale=True)
         _, owed = self.erasure.run(
-            lambda e: self.lifecycle.close(session, handle.generation), time_left, wait
+            lambda e: self.lifecycle.close_asked(session, handle.generation), time_left, wait
         )
         return Erased(1, owed)
 
