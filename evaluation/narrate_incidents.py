@@ -8,8 +8,9 @@ Three kinds of log:
   labelled line (false ones);
 - unlabelled: every other loghub 2k sample, and this machine's package logs: incidents per 1,000
   lines, and how many a burst alone raised (no error in them);
-- no labelled trouble (`QUIET_LOGS`, and the lines of BGL and Thunderbird that loghub labels as no
-  alert): every incident there is a false one, per 10,000 lines; beside each, how many of its lines
+- no labelled trouble (`QUIET_LOGS`; the lines of BGL and Thunderbird that loghub labels as no
+  alert; and their normal segments, runs of 200 lines or more with no alert label): every incident
+  there is a false one, per 10,000 lines; beside each, how many of its lines
   state ERROR or worse themselves (a level token or a syslog priority), which the narrator pages on
   by design.
 
@@ -44,6 +45,7 @@ QUIET_LOGS = (
     "/var/log/nginx/access.log",
 )
 QUIET_SAMPLES = ("BGL_2k.log", "Thunderbird_2k.log")  # lines starting "- ": no alert
+SEGMENT_MIN = 200  # a normal segment: this many lines in a row, none labelled an alert
 
 
 def digest(lines: list[str], config: DigestConfig) -> list[Facts]:
@@ -104,7 +106,25 @@ def quiet_logs(loghub: Path, machine_logs: tuple[str, ...] = QUIET_LOGS) -> dict
         if (loghub / name).exists():
             raw = _read(loghub / name)
             quiet[f"{name}, no-alert lines"] = [line[2:] for line in raw if line.startswith("- ")]
+            segments = normal_segments(raw)
+            if segments and len(segments) < len(raw):
+                quiet[f"{name}, normal segments"] = segments
     return quiet
+
+
+def normal_segments(raw: list[str]) -> list[str]:
+    """The runs of at least SEGMENT_MIN lines with no alert label (loghub's "- "), labels cut,
+    one after another: the stretches of the sample where nothing was labelled, whole."""
+    out: list[str] = []
+    run: list[str] = []
+    for line in [*raw, ""]:  # "" ends the last run
+        if line.startswith("- "):
+            run.append(line[2:])
+            continue
+        if len(run) >= SEGMENT_MIN:
+            out += run
+        run = []
+    return out
 
 
 def evaluate(

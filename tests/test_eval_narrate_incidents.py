@@ -55,6 +55,9 @@ def test_incidents_are_counted_raised_false_and_pooled(tmp_path: Path) -> None:
     assert quiet["BGL_2k.log, no-alert lines"]["today"]["incidents"] == 1
     assert quiet[str(access)]["today"]["incidents"] == 0
     assert quiet["Thunderbird_2k.log, no-alert lines"]["lines_stating_errors"] == 0
+    segments = quiet["BGL_2k.log, normal segments"]  # 0-299 and 306-599: runs of 200 or more
+    assert segments["today"]["lines"] == 594 and segments["lines_stating_errors"] == 1
+    assert "Thunderbird_2k.log, normal segments" not in quiet  # the whole sample: no new row
     assert results["pooled"] == {
         "logs_stating_no_error_lines": 1400, "incidents": 0, "per_10000_lines": 0.0
     }  # fmt: skip
