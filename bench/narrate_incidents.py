@@ -27,10 +27,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loghub", type=Path, required=True)
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp())  # the samples by name in one folder, as the eval reads them
-    for path in sorted(args.loghub.rglob("*_2k.log")):
-        (folder / path.name).write_bytes(path.read_bytes())
-    results = ni.evaluate(folder)
+    with tempfile.TemporaryDirectory() as tmp:  # the samples by name in one folder, as read
+        folder = Path(tmp)
+        for path in sorted(args.loghub.rglob("*_2k.log")):
+            (folder / path.name).write_bytes(path.read_bytes())
+        results = ni.evaluate(folder)
     for title, columns, rows in ni.tables(results):
         table(title, columns, rows)
     print(f"wrote {write('narrate_incidents', results)}")

@@ -4,9 +4,10 @@
 every `every_lines` lines, and early for an incident. An incident is a template at error or worse
 that is new or back after quiet intervals (where only its words say error, not its stated level:
 when it comes twice, and once known only as a burst), or a template new since the first interval
-whose count reaches `burst_min`; its interval closes `incident_lines` lines (or `incident_seconds`) after its
-first line, so a flood becomes one interval with a count, not an interval per line. A template
-already in the previous interval starts no incident: a flood that goes on is counted, not re-raised.
+whose count reaches `burst_min`; its interval closes `incident_lines` lines (or
+`incident_seconds`) after its first line, so a flood becomes one interval with a count, not an
+interval per line. A template already in the previous interval starts no incident: a flood that
+goes on is counted, not re-raised.
 
 Each cut gives a `Facts`: the templates new since the start, every error-or-worse template, rates
 that jumped against their own baseline, templates that were steady and stopped, and silences in the
@@ -409,12 +410,12 @@ class Digest:
         """An error template never seen, back after `recur_intervals` intervals without it, or
         at `burst_factor` times its usual rate; where only a line's words say error (no stated
         level), not before `inferred_min` lines of it, and once seen only at that rate; a new
-        template of warnings bursting (of INFO
-        lines only with `info_bursts`: a package manager's install is a burst of new lines, a
-        fact to print, not a page). A known error at its usual pace is a fact, not an incident."""
+        template of warnings bursting (of INFO lines only with `info_bursts`: a package manager's
+        install is a burst of new lines, a fact to print, not a page). A known error at its usual
+        pace is a fact, not an incident."""
         cfg = self.config
-        usual = cfg.burst_factor * known.rate * cfg.every_lines
         if severity >= ERROR_OR_WORSE:
+            usual = cfg.burst_factor * known.rate * cfg.every_lines
             if not tally.stated:  # its words alone say trouble: weaker news than a stated level
                 if tally.count < cfg.inferred_min:
                     return False  # one "denied" or "unable to" is a fact; the same again a page

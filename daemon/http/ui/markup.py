@@ -90,3 +90,9 @@ def page(title: str, body: Html, who: str = "", csrf: str = "", admin: bool = Fa
         "<body><header><strong>sinkd</strong>{}</header><main><h1>{}</h1>{}</main></body></html>",
         title, nav, title, body,
     )  # fmt: skip
+
+
+def forgotten_note(count: int, owed: bool, what: str) -> Html:
+    """What a forget removed, and whether its purge is still owed."""
+    later = " Its text leaves the files once a reader lets go." if owed else ""
+    return html("<p>Removed: {} {}{}.{}</p>", count, what, "" if count == 1 else "s", later)

@@ -4,15 +4,14 @@ what will go. What a forget removed is told in counts, never text."""
 
 from __future__ import annotations
 
-import datetime
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from sinkd.daemon.http.ui.markup import Html, form, html, join, link, table, when
-from sinkd.daemon.http.ui.pages import Pages
-from sinkd.daemon.http.ui.session_pages import _erased, _from, _text
+from sinkd.daemon.http.ui.markup import Html, forgotten_note, form, html, join, link, table, when
+from sinkd.daemon.http.ui.pages import Pages, form_time
+from sinkd.daemon.http.ui.session_pages import _from, _text
 from sinkd.daemon.runtime.api import KeptSelection
 from sinkd.errors import InvalidInput
 
@@ -82,7 +81,7 @@ def add(api: APIRouter, pages: Pages) -> None:
         if which == KeptSelection():
             raise InvalidInput("forget: name a passage, a conversation or a period")
         erased = await pages.run(visit, lambda: across.forget(p, which))
-        body = join([_erased(erased.count, erased.purge_owed, "passage"),
+        body = join([forgotten_note(erased.count, erased.purge_owed, "passage"),
                      link("/ui/memory", "Back to the memory")])  # fmt: skip
         return visit.page("Forgotten", body)
 
@@ -94,19 +93,9 @@ def selection(fields: dict[str, str]) -> KeptSelection:
     return KeptSelection(
         passage_id=int(number) if number else None,
         conversation=fields.get("conversation") or None,
-        since=_time(fields.get("since", ""), "since"),
-        until=_time(fields.get("until", ""), "until"),
+        since=form_time(fields.get("since", ""), "since"),
+        until=form_time(fields.get("until", ""), "until"),
     )
-
-
-def _time(value: str, name: str) -> float | None:
-    """A browser's datetime-local (its local time) as unix seconds."""
-    if not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value).astimezone().timestamp()
-    except ValueError:
-        raise InvalidInput(f"{name}: {value[:32]!r} is not a date and time") from None
 
 
 def _described(fields: dict[str, str]) -> Html:

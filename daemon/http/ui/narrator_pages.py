@@ -11,10 +11,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from sinkd.daemon.http.ui.drawings import timeline
-from sinkd.daemon.http.ui.markup import Html, form, html, join, link, table, when
-from sinkd.daemon.http.ui.memory_pages import _time
-from sinkd.daemon.http.ui.pages import Pages
-from sinkd.daemon.http.ui.session_pages import _erased
+from sinkd.daemon.http.ui.markup import Html, forgotten_note, form, html, join, link, table, when
+from sinkd.daemon.http.ui.pages import Pages, form_time
 from sinkd.daemon.runtime.api import NarratedInterval
 
 SHOWN = 200  # the newest intervals a page shows
@@ -65,7 +63,7 @@ def add(api: APIRouter, pages: Pages) -> None:
         q = request.query_params
         period = {k: q[k] for k in ("since", "until") if q.get(k)}
         for k, v in period.items():
-            _time(v, k)  # refused here, before the confirmation, if it is not a time
+            form_time(v, k)  # refused here, before the confirmation, if it is not a time
         what = (
             html("the intervals of {} that overlap {} (the stream goes on)", name,
                  " ".join(f"{k} {v}" for k, v in period.items()))
@@ -90,12 +88,14 @@ def add(api: APIRouter, pages: Pages) -> None:
     async def forget(name: str, request: Request) -> Response:
         visit, fields = await pages.form(request)
         p = visit.principal
-        since = _time(fields.get("since", ""), "since")
-        until = _time(fields.get("until", ""), "until")
+        since = form_time(fields.get("since", ""), "since")
+        until = form_time(fields.get("until", ""), "until")
         gone = await pages.run(visit, lambda: narrated.forget(p, name, since, until))
         back = (link(f"/ui/narrations/{name}", "Back to the stream") if since or until
                 else link("/ui/narrations", "Back to the streams"))  # fmt: skip
-        body = join([_erased(gone.intervals, gone.purge_owed, "interval"), html("<p>{}</p>", back)])
+        body = join(
+            [forgotten_note(gone.intervals, gone.purge_owed, "interval"), html("<p>{}</p>", back)]
+        )
         return visit.page("Forgotten", body)
 
 

@@ -9,6 +9,7 @@ API would give (an ended login: back to the login form)."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from sinkd.daemon.http.error_bodies import HttpError, internal, status_of
 from sinkd.daemon.http.ui.logins import Login, Logins, check_csrf
 from sinkd.daemon.http.ui.markup import Html, html, link, page
 from sinkd.daemon.runtime.sessions import Principal
-from sinkd.errors import SinkdError, Unauthenticated, message_of
+from sinkd.errors import InvalidInput, SinkdError, Unauthenticated, message_of
 
 log = logging.getLogger("sinkd.ui")
 
@@ -124,3 +125,13 @@ def own_origin(request: Request) -> str:
     forwarded = request.headers.get("x-forwarded-proto")
     scheme = forwarded or request.url.scheme
     return f"{scheme}://{request.headers.get('host', urlsplit(str(request.url)).netloc)}"
+
+
+def form_time(value: str, name: str) -> float | None:
+    """A browser's datetime-local (its local time) as unix seconds."""
+    if not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value).astimezone().timestamp()
+    except ValueError:
+        raise InvalidInput(f"{name}: {value[:32]!r} is not a date and time") from None

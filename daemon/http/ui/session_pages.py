@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from sinkd.daemon.http.ui.drawings import cache_map, counts
-from sinkd.daemon.http.ui.markup import Html, form, html, join, link, table, when
+from sinkd.daemon.http.ui.markup import Html, forgotten_note, form, html, join, link, table, when
 from sinkd.daemon.http.ui.pages import Pages, Visit
 from sinkd.daemon.runtime.api import Handle, KeptSelection, PassageView, Receipt
 from sinkd.errors import InvalidInput, NotFound
@@ -174,7 +174,7 @@ def add(api: APIRouter, pages: Pages) -> None:
             return RedirectResponse(f"/ui/sessions/{session_id}", 303)
         if action == "close":
             erased = await pages.run(visit, lambda: service.close(p, h))
-            return visit.page("Closed", _erased(erased.count, erased.purge_owed, "session"))
+            return visit.page("Closed", forgotten_note(erased.count, erased.purge_owed, "session"))
         raise NotFound(f"no action {action!r}")
 
     @api.get("/ui/sessions/{session_id}/memory/forget")
@@ -207,7 +207,7 @@ def add(api: APIRouter, pages: Pages) -> None:
         if not number.isdigit():
             raise InvalidInput("passage: a number")
         erased = await pages.run(visit, lambda: service.memory.forget(p, h, int(number)))
-        body = join([_erased(erased.count, erased.purge_owed, "passage"),
+        body = join([forgotten_note(erased.count, erased.purge_owed, "passage"),
                      link(f"/ui/sessions/{session_id}", "Back to the session")])  # fmt: skip
         return visit.page("Forgotten", body)
 
@@ -220,11 +220,6 @@ def _receipt(r: Receipt) -> Html:
         "<dl>{}</dl>", join(html("<dt>{}</dt><dd>{}</dd>", k.replace("_", " "), v)
                             for k, v in shown.items()),
     )  # fmt: skip
-
-
-def _erased(count: int, owed: bool, what: str) -> Html:
-    later = " Its text leaves the files once a reader lets go." if owed else ""
-    return html("<p>Removed: {} {}{}.{}</p>", count, what, "" if count == 1 else "s", later)
 
 
 def _from(conversation: str, session_id: str) -> Html:
