@@ -252,11 +252,12 @@ def test_a_call_past_the_edge_when_its_tenant_is_marked_moving_writes_nothing(
     service.stop()
 
 
-def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_path: Path) -> None:
-    """A call digested its lines and is about to write them when the owner forgets the stream:
-    the forget waits for that write, then deletes it all; the next call starts at line 1."""
-    service = fake_service(tmp_path, durable=True)
-    service.narrated.feed(ALICE, "web", log(150), options=EVERY)
+def forget_beside_a_call_in_flight(
+    service: SinkdService, since: float | None = None
+) -> list[NarrationForgotten]:
+    """A call feeding lines 151-250 of "web" held after its digest, before its write, while a
+    forget (of the stream, or from `since`) starts; the forget must wait (it has not ended 0.2 s
+    on, and it cannot end before the call goes on). What the forget said."""
     reached, go = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
@@ -279,7 +280,7 @@ def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_pa
         feeding = run(lambda: service.narrated.feed(ALICE, "web", log(100, 150)))
         assert reached.wait(30)
         forgot: list[NarrationForgotten] = []
-        forgetting = run(lambda: forgot.append(service.narrated.forget(ALICE, "web")))
+        forgetting = run(lambda: forgot.append(service.narrated.forget(ALICE, "web", since)))
         forgetting.join(0.2)
         assert not forgot  # it waits on the call in flight (never done before `go`)
         go.set()
@@ -287,9 +288,35 @@ def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_pa
         forgetting.join(30)
     if errors:
         raise errors[0]
-    assert [f.intervals for f in forgot] == [
-        2
-    ]  # the two intervals of 250 lines, the second written by the call
+    return forgot
+
+
+def test_a_period_forget_waits_for_a_call_in_flight_and_takes_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    """The call's lines are written first; the period's forget then takes its closed interval
+    and its open one; the stream goes on after them."""
+    now = [1000.0]
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.clock = lambda: now[0]
+    service.narrated.feed(ALICE, "web", log(150), options=EVERY)
+    now[0] = 2000.0
+    forgot = forget_beside_a_call_in_flight(service, since=1500.0)
+    assert [f.intervals for f in forgot] == [2]  # 101-200 written by the call, 201-250 open
+    assert [(i.first_line, i.last_line) for i in service.narrated.history(ALICE, "web")] == [
+        (1, 100)
+    ]
+    assert service.narrated.feed(ALICE, "web", log(5, 250)).lines == 255
+    service.stop()
+
+
+def test_a_forget_waits_for_a_call_in_flight_and_what_follows_starts_anew(tmp_path: Path) -> None:
+    """A call digested its lines and is about to write them when the owner forgets the stream:
+    the forget waits for that write, then deletes it all; the next call starts at line 1."""
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.feed(ALICE, "web", log(150), options=EVERY)
+    forgot = forget_beside_a_call_in_flight(service)
+    assert [f.intervals for f in forgot] == [2]  # 250 lines: the second written by the call
     with pytest.raises(NotFound):
         service.narrated.history(ALICE, "web")
     assert service.narrated.feed(ALICE, "web", log(5)).lines == 5
