@@ -38,6 +38,7 @@ from sinkd.errors import Cancelled, SinkdError
 from tests.support.services import (
     collected,
     draft_counts,
+    drafts_at_the_prior,
     fake_engine_of,
     fake_service,
     replies_together,
@@ -65,7 +66,7 @@ def repetitive(tmp: Path, speculative: str = "auto", **kw: Any) -> SinkdService:
     took, so that how much it drafts is the same on any machine."""
     service = fake_service(tmp, speculative=speculative, **kw)
     fake_engine_of(service).markov = 2
-    service.scheduler.executor.verifier.costs.observe = lambda rows, seconds: None  # type: ignore[method-assign]
+    drafts_at_the_prior(service)
     return service
 
 

@@ -31,7 +31,7 @@ from sinkd.daemon.runtime.sessions import Principal
 from sinkd.proto.v1 import sinkd_pb2 as pb
 from tests.support.clients import Client
 from tests.support.daemons import http_daemon, openai_client, serve_subprocess
-from tests.support.services import draft_counts
+from tests.support.services import draft_counts, drafts_at_the_prior
 from tests.support.settings import settings
 from tests.support.tokens import ALICE, sha
 from tests.support.tools import WEATHER
@@ -58,6 +58,7 @@ def replies(tmp: Path, speculative: str, model: str | None, cells: int) -> list[
     service = SinkdService(
         settings(tmp, speculative=speculative, n_ctx_seq=cells, step_tokens=256, **kw)
     )
+    drafts_at_the_prior(service)  # how many are drafted: the same under any load
     service.start()
     service.wait_ready(120)
     out: list[Any] = []
@@ -118,6 +119,7 @@ class Events(BaseModel):
 def structured_and_tool(tmp: Path, speculative: str, model: str) -> list[Any]:
     """A JSON schema's reply and a tool call over HTTP (openai SDK), and every session's tokens."""
     d = http_daemon(tmp, model=model, n_ctx_seq=1024, speculative=speculative)
+    drafts_at_the_prior(d.service)
     try:
         client = openai_client(d)
         ask = f"List the logins in these lines as JSON:\n{LOG}"
