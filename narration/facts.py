@@ -2,8 +2,8 @@
 
 `Digest` reads every line (a template and its severity each), and cuts the stream into intervals:
 every `every_lines` lines, and early for an incident. An incident is a template at error or worse
-that is new or back after quiet intervals (where only its words say error, not its stated level:
-when it comes twice, and once known only as a burst), or a template new since the first interval
+that is new or back after quiet intervals (where only its words say error, not its stated level,
+and they name no crash: when it comes twice, and once known only as a burst), or a template new since the first interval
 whose count reaches `burst_min`; its interval closes `incident_lines` lines (or
 `incident_seconds`) after its first line, so a flood becomes one interval with a count, not an
 interval per line. A template already in the previous interval starts no incident: a flood that
@@ -247,7 +247,9 @@ class _Tally:
     severity: Severity = Severity.INFO
     example: str = ""
     words: set[str] = field(default_factory=set)
-    stated: bool = False  # a line of it stated error or worse (not only its words suggested it)
+    # a line of it stated error or worse, or its words named a crash (panic, segfault, out of
+    # memory): not only words a routine line says too ("denied", "unable to")
+    sure: bool = False
 
 
 @dataclass
@@ -312,7 +314,9 @@ class Digest:
         tally.count += 1
         tally.last_line = n
         tally.severity = max(tally.severity, severity)
-        tally.stated = tally.stated or (stated and severity >= ERROR_OR_WORSE)
+        tally.sure = tally.sure or severity >= Severity.CRITICAL or (
+            stated and severity >= ERROR_OR_WORSE
+        )
         if len(tally.words) < cfg.support_tokens:
             tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])
         if tid not in self._raised and self._starts_incident(tid, severity, tally, known):
@@ -360,7 +364,7 @@ class Digest:
                     int(t.severity),
                     t.example,
                     sorted(t.words),
-                    t.stated,
+                    t.sure,
                 ]
                 for tid, t in self._tallies.items()
             ],
@@ -383,9 +387,9 @@ class Digest:
         digest.lines = state["lines"]
         digest._number = state["number"]
         digest._first = state["first"]
-        for tid, count, first, last, severity, example, words, *stated in state["tallies"]:
-            digest._tallies[tid] = _Tally(  # a state from before `stated` counts as stated
-                count, first, last, Severity(severity), example, set(words), all(stated)
+        for tid, count, first, last, severity, example, words, *sure in state["tallies"]:
+            digest._tallies[tid] = _Tally(  # a state from before `sure` counts as sure
+                count, first, last, Severity(severity), example, set(words), all(sure)
             )
         for tid, *known in state["known"]:
             digest._known[tid] = _Known(*known)
@@ -409,14 +413,14 @@ class Digest:
     def _starts_incident(self, tid: int, severity: Severity, tally: _Tally, known: _Known) -> bool:
         """An error template never seen, back after `recur_intervals` intervals without it, or
         at `burst_factor` times its usual rate; where only a line's words say error (no stated
-        level), not before `inferred_min` lines of it, and once seen only at that rate; a new
-        template of warnings bursting (of INFO lines only with `info_bursts`: a package manager's
+        level, no crash named), not before `inferred_min` lines of it, and once seen only at that
+        rate; a new template of warnings bursting (of INFO lines only with `info_bursts`: a package manager's
         install is a burst of new lines, a fact to print, not a page). A known error at its usual
         pace is a fact, not an incident."""
         cfg = self.config
         if severity >= ERROR_OR_WORSE:
             usual = cfg.burst_factor * known.rate * cfg.every_lines
-            if not tally.stated:  # its words alone say trouble: weaker news than a stated level
+            if not tally.sure:  # its words alone say trouble: weaker news than a stated level
                 if tally.count < cfg.inferred_min:
                     return False  # one "denied" or "unable to" is a fact; the same again a page
                 if known.intervals > 0 and cfg.inferred_weaker:  # seen before: news as a burst

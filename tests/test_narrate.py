@@ -108,6 +108,10 @@ def test_one_line_whose_words_alone_suggest_an_error_is_a_fact_the_same_again_a_
     assert raised.opened[0].first_line == 157 and raised.opened[0].count == 2
     stated = digest_all([*steady(150), "app ERROR denied: start", *steady(300, 150)])
     assert sum(f.incident for f in stated) == 1
+    # words that name a crash are as sure as a stated level: one line pages
+    oom = "kernel: Out of memory: Killed process 4242 (java) total-vm:8123456kB"
+    crashed = digest_all([*steady(150), oom, *steady(300, 150)], every_lines=200)
+    assert [(i.first_line, i.severity) for f in crashed for i in f.opened] == [(151, "critical")]
     asked = digest_all([*steady(150), denied.format("start"), *steady(300, 150)], inferred_min=1)
     assert sum(f.incident for f in asked) == 1
     # seen before, twice again four intervals later: listed, not paged; a burst of it pages
