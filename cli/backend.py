@@ -23,6 +23,7 @@ from sinkd.daemon.runtime.api import (
     NarratedStream,
     NarrationAnswer,
     NarrationForgotten,
+    NarrationMuted,
     PassageView,
     PolicyRequest,
     RecallRequest,
@@ -67,6 +68,7 @@ class NarrationBackend(Protocol):
         self, stream: str, since: float | None = None, until: float | None = None
     ) -> NarrationForgotten: ...
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer: ...
+    def mute(self, stream: str, template_id: int, muted: bool = True) -> NarrationMuted: ...
 
 
 class Backend(Protocol):
@@ -260,3 +262,6 @@ class EmbeddedNarration:
 
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
         return self.questions.ask(self.principal, stream, question, max_tokens)
+
+    def mute(self, stream: str, template_id: int, muted: bool = True) -> NarrationMuted:
+        return self.streams_.mute(self.principal, stream, template_id, muted)

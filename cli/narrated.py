@@ -1,4 +1,4 @@
-"""`sinkd narrate history | ask | list | forget`: the narrated streams a daemon keeps for the
+"""`sinkd narrate history | ask | list | forget | mute`: the narrated streams a daemon keeps for the
 caller's tenant (`sinkd narrate --stream NAME`): the timeline of intervals and incidents, by time,
 severity and template words, without the model; a question answered from those facts alone."""
 
@@ -42,6 +42,15 @@ def summary(interval: NarratedInterval) -> str:
     )
     pipes = "".join(f"(a new pipe at line {n}) " for n in record.get("new_pipe_at", []))
     return pipes + first + (f" > {said}" if said else "")
+
+
+def incident_cell(interval: NarratedInterval) -> str:
+    """INCIDENT, with the templates it raised (`sinkd narrate mute NAME ID` takes one)."""
+    if not interval.incidents:
+        return ""
+    opened = json.loads(interval.record_json).get("facts", {}).get("opened", [])
+    ids = ", ".join(str(i["template_id"]) for i in opened)
+    return f"INCIDENT (template {ids})" if ids else "INCIDENT"
 
 
 @handle_errors
@@ -101,7 +110,7 @@ def history(
         number = f"{i.number}-{i.last_number}" if i.last_number > i.number else str(i.number)
         table.add_row(
             number, f"{i.first_line}-{i.last_line}", clock(i.started), clock(i.ended),
-            str(i.errors), "INCIDENT" if i.incidents else "", shown(summary(i)),
+            str(i.errors), incident_cell(i), shown(summary(i)),
         )  # fmt: skip
     out.print(table)
     if lines:
@@ -164,6 +173,29 @@ def forget(
     gone = connect(address, token).narration.forget(stream, start, end)
     owed = " (the files hold them until a reader lets go)" if gone.purge_owed else ""
     out.print(f"forgot {stream}: {gone.intervals} intervals{owed}", highlight=False)
+
+
+@handle_errors
+def mute(
+    stream: StreamArg,
+    template_id: Annotated[
+        int,
+        typer.Argument(
+            min=1, help="The template's id: an incident's alert label template_id, or --json's."
+        ),
+    ],
+    unmute: Annotated[bool, typer.Option("--unmute", help="Page on it again.")] = False,
+    address: ConnectOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Mute one of the stream's templates: its lines are still read, counted and listed in the
+    facts, but it raises no incident (a page that is noise on this log). Kept with the stream."""
+    done = connect(address, token).narration.mute(stream, template_id, not unmute)
+    what = "unmuted" if unmute else "muted"
+    out.print(
+        Text.assemble(f"{what} template {done.template_id} of {stream}: ", shown(done.template)),
+        highlight=False,
+    )
 
 
 @handle_errors

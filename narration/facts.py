@@ -27,6 +27,7 @@ from sinkd.narration.severity import ERROR_OR_WORSE, Severity, read_severity
 from sinkd.narration.templates import MASK, TemplateMiner
 
 RATE_WEIGHT = 0.3
+MAX_MUTED = 256  # templates a stream may have muted
 MAX_INCIDENTS = 50  # incidents opened or ended listed per interval (all are tracked)
 SHOWN_CHARS = 120  # a template as printed and given to the model  # each interval's weight in a template's baseline rate (per line)
 
@@ -287,6 +288,7 @@ class Digest:
         self._incident_at: int | None = None  # the line that closes the incident's interval
         self._incident_since = 0.0
         self._gaps: list[Gap] = []
+        self.muted: set[int] = set()  # templates the operator muted: listed, never paged
         self._last_time: float | None = None
 
     def observe(self, line: str) -> Facts | None:
@@ -314,8 +316,8 @@ class Digest:
         tally.count += 1
         tally.last_line = n
         tally.severity = max(tally.severity, severity)
-        tally.sure = tally.sure or severity >= Severity.CRITICAL or (
-            stated and severity >= ERROR_OR_WORSE
+        tally.sure = (
+            tally.sure or severity >= Severity.CRITICAL or (stated and severity >= ERROR_OR_WORSE)
         )
         if len(tally.words) < cfg.support_tokens:
             tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])
@@ -374,6 +376,7 @@ class Digest:
             "incident_at": self._incident_at,
             "incident_for": now - self._incident_since if self._incident_at is not None else 0.0,
             "gaps": [[g.after_line, g.seconds] for g in self._gaps],
+            "muted": sorted(self.muted),
         }
 
     @classmethod
@@ -398,6 +401,7 @@ class Digest:
         digest._incident_at = state["incident_at"]
         digest._incident_since = clock() - state["incident_for"]
         digest._gaps = [Gap(after, seconds) for after, seconds in state["gaps"]]
+        digest.muted = set(state.get("muted", []))
         return digest
 
     @property
@@ -410,6 +414,23 @@ class Digest:
         """Lines read since the last cut."""
         return self.lines - self._first + 1
 
+    def mute(self, template_id: int, muted: bool = True) -> str:
+        """Mute a template (or unmute it): its lines are still read, counted and listed, its
+        facts the same, but it raises no incident (an incident already open ends as any does).
+        What an operator does with a page that is noise on this log, as Alertmanager's silences
+        do; the template as shown is returned. LookupError: no such template here."""
+        template = self.miner.get(template_id)
+        if template is None:
+            raise LookupError(template_id)
+        if not muted:
+            self.muted.discard(template_id)
+        elif template_id not in self.muted:
+            self.muted = {t for t in self.muted if self.miner.get(t)}  # the miner forgot some
+            if len(self.muted) >= MAX_MUTED:
+                raise OverflowError(MAX_MUTED)
+            self.muted.add(template_id)
+        return template.text()
+
     def _starts_incident(self, tid: int, severity: Severity, tally: _Tally, known: _Known) -> bool:
         """An error template never seen, back after `recur_intervals` intervals without it, or
         at `burst_factor` times its usual rate; where only a line's words say error (no stated
@@ -418,6 +439,8 @@ class Digest:
         install is a burst of new lines, a fact to print, not a page). A known error at its usual
         pace is a fact, not an incident."""
         cfg = self.config
+        if tid in self.muted:
+            return False
         if severity >= ERROR_OR_WORSE:
             usual = cfg.burst_factor * known.rate * cfg.every_lines
             if not tally.sure:  # its words alone say trouble: weaker news than a stated level

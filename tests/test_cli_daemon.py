@@ -246,7 +246,8 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
     """`--stream`: two pipes, one stream kept by the daemon: the second pipe's line numbers
     continue the first's and its templates are known (not NEW again); `history` lists both
     pipes' intervals, by severity too, says where the second began, and the raw lines of the pipe that asked to keep them;
-    another tenant has no such stream; `forget` deletes it."""
+    another tenant has no such stream; `mute` mutes the template an incident named; `forget`
+    deletes it."""
     conn = ["--connect", address, "--token", "alice-token"]
     args = ["narrate", "--stream", "web", "--window", "60", "--every-lines", "50",
             "--every-seconds", "600", "--incident-seconds", "600", "--max-tokens", "8",
@@ -280,6 +281,11 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
     code, out, _ = sinkd("narrate", "history", "web", *conn, "--json", "--severity", "critical")
     [fatal] = [json.loads(line) for line in out.splitlines()]
     assert fatal["first_line"] <= 131 <= fatal["last_line"] and fatal["incidents"] == 1
+    tid = str(fatal["record"]["facts"]["opened"][0]["template_id"])
+    code, out, err = sinkd("narrate", "mute", "web", tid, *conn)
+    assert code == 0 and f"muted template {tid} of web" in out and "FATAL" in out, err
+    code, out, err = sinkd("narrate", "mute", "web", "9999", *conn)
+    assert code == 11 and "no template 9999" in err
     picture = tmp_path / "web.png"
     code, _, err = sinkd("narrate", "history", "web", *conn, "--plot", str(picture))
     assert code == 0 and picture.read_bytes()[:4] == b"\x89PNG", err

@@ -15,6 +15,7 @@ import pytest
 
 from sinkd.cli.narrator import Counts, Intake, NarrateConfig, Narration, Narrator
 from sinkd.daemon.runtime.api import AppendResult, Done, GenerationOptions, Handle, TokenEvent
+from sinkd.narration import facts as facts_module
 from sinkd.narration.facts import Digest, DigestConfig, Facts
 from sinkd.narration.grounding import REPEATS, SAYS_NOTHING, check, repeats_itself, words_of
 from sinkd.narration.severity import Severity, read_severity, severity_of
@@ -445,3 +446,24 @@ def test_a_backlog_keeps_the_check_s_words_only_where_the_model_may_still_be_ask
         (cuts[i].first_line, cuts[i].incident, cuts[i].quiet) for i in sorted({incident, loud})
     ]
     assert incident != loud  # both kept: the narrator asks about the incident
+
+
+def test_muting_names_a_template_the_stream_has_and_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A template the miner does not hold cannot be muted; past MAX_MUTED a mute is refused,
+    but unmuting, and muting again what is muted, always work; the set outlives a restore."""
+    monkeypatch.setattr(facts_module, "MAX_MUTED", 2)
+    digest = Digest(DigestConfig(), clock=lambda: 0.0)
+    for line in steady(3):
+        digest.observe(line)
+    ids = sorted({digest.miner.add(line).template.id for line in steady(3)})
+    with pytest.raises(LookupError):
+        digest.mute(999)
+    assert "api INFO" in digest.mute(ids[0]) and digest.mute(ids[1])
+    with pytest.raises(OverflowError):
+        digest.mute(ids[2])
+    digest.mute(ids[1])  # already muted: no room needed
+    digest.mute(ids[0], muted=False)
+    digest.mute(ids[2])
+    assert Digest.restored(digest.state()).muted == {ids[1], ids[2]}

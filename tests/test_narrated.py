@@ -547,3 +547,37 @@ def test_keep_lines_alone_changes_nothing_else_of_the_stream_s_rules(tmp_path: P
     assert [i.last_line - i.first_line + 1 for i in fed.closed][:3] == [40, 40, 40]
     assert "lines" in json.loads(fed.closed[-1].record_json)
     service.stop()
+
+
+def test_a_muted_template_is_listed_never_paged_across_a_restart_and_unmuted_pages_again(
+    tmp_path: Path,
+) -> None:
+    """An operator mutes the template a page was for: back after quiet intervals it is read,
+    counted and listed as an error, and raises nothing, through a restart of the daemon, where a
+    twin stream fed the same lines pages; unmuted, it pages again. Only the stream's owner can
+    mute, and only a template the stream has."""
+    service = fake_service(tmp_path, durable=True)
+    first = log(450)
+    for name in ("web", "twin"):
+        service.narrated.feed(ALICE, name, first, True, EVERY)
+    [raised] = [i for i in service.narrated.history(ALICE, "web") if i.incidents]
+    [incident] = json.loads(raised.record_json)["facts"]["opened"]
+    tid = incident["template_id"]
+    done = service.narrated.mute(ALICE, "web", tid)
+    assert (done.template_id, done.muted) == (tid, (tid,)) and "ERROR" in done.template
+    for who, name, template in ((BOB, "web", tid), (ALICE, "web", 10_000), (ALICE, "nope", tid)):
+        with pytest.raises(NotFound):
+            service.narrated.mute(who, name, template)
+    service.stop()
+
+    again = [*log(400, 450), first[431], *log(30, 850)]  # quiet four intervals, then back
+    service = fake_service(tmp_path, durable=True)
+    muted = facts_of(service.narrated.feed(ALICE, "web", again, True).closed)
+    twin = facts_of(service.narrated.feed(ALICE, "twin", again, True).closed)
+    assert [e.template_id for f in muted for e in f.errors] == [tid]  # still listed
+    assert [i.template_id for f in twin for i in f.opened] == [tid]
+    assert not any(f.incident for f in muted)
+    assert service.narrated.mute(ALICE, "web", tid, muted=False).muted == ()
+    back = facts_of(service.narrated.feed(ALICE, "web", again, True).closed)
+    assert [i.template_id for f in back for i in f.opened] == [tid]
+    service.stop()

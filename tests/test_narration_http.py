@@ -44,6 +44,24 @@ def test_a_stream_over_http_keeps_its_timeline_and_answers_from_it(tmp_path: Pat
         assert bad.status_code == 400 and "severity" in bad.json()["error"]["message"]
         too_many = alice.post("/v1/sinkd/narrations/web/lines", json={"lines": ["x"] * 4097})
         assert too_many.status_code == 400
+        [opened] = error["record"]["facts"]["opened"]
+        tid = opened["template_id"]
+        muted = alice.post("/v1/sinkd/narrations/web/muted", json={"template_id": tid})
+        assert muted.status_code == 200, muted.text
+        assert muted.json()["muted"] == [tid] and "Failed password" in muted.json()["template"]
+        for who, body, status in (
+            (bob, {"template_id": tid}, 404),  # another tenant's stream
+            (alice, {"template_id": 10_000}, 404),  # no such template
+            (alice, {"template_id": 0}, 400),
+            (alice, {"template_id": tid, "loud": True}, 400),
+        ):
+            refused = who.post("/v1/sinkd/narrations/web/muted", json=body)
+            assert refused.status_code == status, refused.text
+            assert refused.json()["error"]["message"]
+        unmuted = alice.post(
+            "/v1/sinkd/narrations/web/muted", json={"template_id": tid, "muted": False}
+        )
+        assert unmuted.json()["muted"] == []
         before = alice.delete("/v1/sinkd/narrations/web", params={"until": 1.0}).json()
         assert (before["intervals"], before["purge_owed"]) == (0, False)  # nothing that old
         for bad_period in ({"since": "soon"}, {"since": 3000.0, "until": 1.0}):

@@ -197,6 +197,13 @@ def test_a_tenant_sees_its_cache_map_recall_memory_and_narrator_and_nothing_else
     history = browser.find_element(By.XPATH, "//h2[starts-with(., 'History')]/following::table")
     assert MARKUP in history.text and browser.find_elements(By.TAG_NAME, "script") == []
     assert browser.find_elements(By.CSS_SELECTOR, "svg.timeline rect.errors")
+    opened = browser.find_element(By.XPATH, "//h2[text()='Open incidents']/following::table")
+    click(browser, opened.find_element(By.XPATH, ".//button[text()='Mute']"))
+    said = browser.find_element(By.TAG_NAME, "main").text
+    assert "Muted: it is listed in the facts, never paged." in said and MARKUP in said
+    browser.get(f"{address}/ui/narrations/web")
+    muted = browser.find_element(By.XPATH, "//h2[starts-with(., 'Muted')]/following::table")
+    assert "upstream failed" in muted.text and muted.find_elements(By.TAG_NAME, "button")
 
     cookie = browser.get_cookie("sinkd_ui")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"

@@ -7,6 +7,7 @@ list convention, errors in OpenAI's error body.
     POST   /v1/sinkd/narrations/{stream}/ask      {"question": "...", "max_tokens"?: n}
     GET    /v1/sinkd/narrations
     DELETE /v1/sinkd/narrations/{stream}?since=&until=   (a period: only its intervals)
+    POST   /v1/sinkd/narrations/{stream}/muted    {"template_id": n, "muted"?: true}
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class AskBody(BaseModel):
 
     question: str
     max_tokens: int = Field(default=48, ge=1, le=256)
+
+
+class MuteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    template_id: int = Field(ge=1)  # as an incident names it (its alert's label template_id)
+    muted: bool = True  # false: paged again
 
 
 def interval_json(i: NarratedInterval) -> dict[str, Any]:
@@ -131,6 +139,22 @@ def router(calls: Calls) -> APIRouter:
             "stream": stream,
             "intervals": gone.intervals,
             "purge_owed": gone.purge_owed,
+        }
+
+    @api.post("/v1/sinkd/narrations/{stream}/muted")
+    async def mute(stream: str, request: Request) -> Any:
+        principal = calls.principal(request)
+        calls.ready()
+        body = validated(MuteBody, parse_json(await calls.body(request)))
+        done = await in_slot(
+            principal, lambda: narrated.mute(principal, stream, body.template_id, body.muted)
+        )
+        return {
+            "object": "sinkd.narration.muted",
+            "stream": stream,
+            "template_id": done.template_id,
+            "template": done.template,
+            "muted": list(done.muted),
         }
 
     return api

@@ -76,6 +76,17 @@ class NarrationServicer(BaseServicer, pb_grpc.NarrationServicer):
         return pb.ForgetNarrationResponse(intervals=gone.intervals, purge_owed=gone.purge_owed)
 
     @rpc
+    def Mute(
+        self, request: pb.MuteNarrationRequest, context: Any, principal: Principal
+    ) -> pb.MuteNarrationResponse:
+        done = self.service.narrated.mute(
+            principal, request.stream, request.template_id, not request.unmute
+        )
+        return pb.MuteNarrationResponse(
+            template_id=done.template_id, template=done.template, muted=done.muted
+        )
+
+    @rpc
     def Ask(
         self, request: pb.NarrationAskRequest, context: Any, principal: Principal
     ) -> pb.NarrationAnswer:

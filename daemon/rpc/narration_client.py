@@ -14,6 +14,7 @@ from sinkd.daemon.runtime.api import (
     NarratedStream,
     NarrationAnswer,
     NarrationForgotten,
+    NarrationMuted,
 )
 from sinkd.errors import SinkdError
 from sinkd.proto import convert
@@ -86,6 +87,11 @@ class NarrationCalls:
         request = pb.ForgetNarrationRequest(stream=stream, since=since, until=until)
         reply = self._call("Forget", request)
         return NarrationForgotten(int(reply.intervals), reply.purge_owed)
+
+    def mute(self, stream: str, template_id: int, muted: bool = True) -> NarrationMuted:
+        request = pb.MuteNarrationRequest(stream=stream, template_id=template_id, unmute=not muted)
+        reply = self._call("Mute", request)
+        return NarrationMuted(int(reply.template_id), reply.template, tuple(reply.muted))
 
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
         request = pb.NarrationAskRequest(stream=stream, question=question, max_tokens=max_tokens)

@@ -542,6 +542,16 @@ class NarratedInterval:
 
 
 @dataclass(frozen=True)
+class NarrationMuted:
+    """A template muted or unmuted in a narrated stream: the template as the miner holds it, and
+    the stream's muted templates now."""
+
+    template_id: int
+    template: str
+    muted: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class NarrationForgotten:
     """What a forget took out of a narrated stream: its intervals (a folded row counts once),
     and whether the purge that takes them out of the files is still owed."""

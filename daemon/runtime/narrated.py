@@ -37,6 +37,7 @@ from sinkd.daemon.runtime.api import (
     NarratedInterval,
     NarratedStream,
     NarrationForgotten,
+    NarrationMuted,
 )
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.erasure import Erasure
@@ -51,7 +52,7 @@ from sinkd.errors import (
     ResourceExhausted,
     SessionElsewhere,
 )
-from sinkd.narration.facts import Digest, DigestConfig, Facts
+from sinkd.narration.facts import MAX_MUTED, Digest, DigestConfig, Facts
 from sinkd.narration.severity import Severity
 
 log = logging.getLogger("sinkd.narrated")
@@ -191,6 +192,43 @@ class NarratedStreams:
         _check_name(name)
         noted = self._call(lambda t: t.note(tenant, name, number, sentence[:2000]), True, tenant)
         return bool(noted)
+
+    def mute(
+        self, principal: Principal, name: str, template_id: int, muted: bool = True
+    ) -> NarrationMuted:
+        """Mute one of the stream's templates (or unmute it): still read, counted and listed,
+        never paged (`Digest.mute`). Kept with the stream's state, so it outlives the daemon."""
+        tenant = _tenant(principal)
+        _check_name(name)
+        if not self._call(lambda t: t.state(tenant, name) is not None, False):
+            raise NotFound(f"no narrated stream {name!r}")
+        while True:
+            stream = self._stream(tenant, name, None)
+            with stream.lock:
+                if stream.gone:
+                    continue
+                try:
+                    template = stream.digest.mute(template_id, muted)
+                except LookupError:
+                    raise NotFound(f"no template {template_id} in stream {name!r}") from None
+                except OverflowError:
+                    raise ResourceExhausted(
+                        f"muted templates: {MAX_MUTED} a stream at most; unmute one first"
+                    ) from None
+                self._feed(tenant, name, stream, [], False, True)
+                return NarrationMuted(template_id, template, tuple(sorted(stream.digest.muted)))
+
+    def muted(self, principal: Principal, name: str) -> list[tuple[int, str]]:
+        """The stream's muted templates, each with its text (oldest first)."""
+        tenant = _tenant(principal)
+        _check_name(name)
+        if not self._call(lambda t: t.state(tenant, name) is not None, False):
+            raise NotFound(f"no narrated stream {name!r}")
+        stream = self._stream(tenant, name, None)
+        with stream.lock:
+            digest = stream.digest
+            held = [(t, digest.miner.get(t)) for t in sorted(digest.muted)]
+            return [(t, template.text()) for t, template in held if template is not None]
 
     def history(
         self,

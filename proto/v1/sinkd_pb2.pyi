@@ -904,6 +904,26 @@ class ForgetNarrationResponse(_message.Message):
     purge_owed: bool
     def __init__(self, intervals: _Optional[int] = ..., purge_owed: _Optional[bool] = ...) -> None: ...
 
+class MuteNarrationRequest(_message.Message):
+    __slots__ = ("stream", "template_id", "unmute")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNMUTE_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    template_id: int
+    unmute: bool
+    def __init__(self, stream: _Optional[str] = ..., template_id: _Optional[int] = ..., unmute: _Optional[bool] = ...) -> None: ...
+
+class MuteNarrationResponse(_message.Message):
+    __slots__ = ("template_id", "template", "muted")
+    TEMPLATE_ID_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    MUTED_FIELD_NUMBER: _ClassVar[int]
+    template_id: int
+    template: str
+    muted: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, template_id: _Optional[int] = ..., template: _Optional[str] = ..., muted: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class NarrationAskRequest(_message.Message):
     __slots__ = ("stream", "question", "max_tokens")
     STREAM_FIELD_NUMBER: _ClassVar[int]

@@ -1381,6 +1381,11 @@ class NarrationStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAskRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAnswer.FromString,
                 _registered_method=True)
+        self.Mute = channel.unary_unary(
+                '/sinkd.v1.Narration/Mute',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationResponse.FromString,
+                _registered_method=True)
 
 
 class NarrationServicer:
@@ -1422,6 +1427,12 @@ class NarrationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Mute(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NarrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1454,6 +1465,11 @@ def add_NarrationServicer_to_server(servicer, server):
                     servicer.Ask,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAskRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAnswer.SerializeToString,
+            ),
+            'Mute': grpc.unary_unary_rpc_method_handler(
+                    servicer.Mute,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1618,6 +1634,33 @@ class Narration:
             '/sinkd.v1.Narration/Ask',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAskRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.NarrationAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/Mute',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from sinkd.daemon.http.error_bodies import HttpError
 from sinkd.daemon.http.ui.drawings import timeline
 from sinkd.daemon.http.ui.markup import Html, forgotten_note, form, html, join, link, table, when
 from sinkd.daemon.http.ui.pages import Pages, form_time
@@ -38,6 +39,8 @@ def add(api: APIRouter, pages: Pages) -> None:
         p = visit.principal
         kept = await pages.run(visit, lambda: narrated.history(p, name, limit=SHOWN))
         incidents = open_incidents(kept)
+        muted = await pages.run(visit, lambda: narrated.muted(p, name))
+        csrf = visit.login.csrf
         rows = [
             [i.number if i.last_number == i.number else f"{i.number}-{i.last_number}",
              f"{i.first_line}-{i.last_line}", f"{when(i.started)} – {when(i.ended)}",
@@ -47,9 +50,16 @@ def add(api: APIRouter, pages: Pages) -> None:
         body = join([
             timeline(kept),
             html("<h2>Open incidents</h2>"),
-            table(["template", "severity", "first line", "latest line", "lines"],
-                  [[x["template"], x["severity"], x["first_line"], x["last_line"], x["count"]]
+            table(["template", "severity", "first line", "latest line", "lines", ""],
+                  [[x["template"], x["severity"], x["first_line"], x["last_line"], x["count"],
+                    form(f"/ui/narrations/{name}/mute", csrf, {"template_id": x["template_id"]},
+                         "Mute")]
                    for x in incidents], "None open."),
+            html("<h2>Muted (listed in the facts, never paged)</h2>"),
+            table(["template", ""],
+                  [[text, form(f"/ui/narrations/{name}/mute", csrf,
+                               {"template_id": t, "muted": "no"}, "Unmute")]
+                   for t, text in muted], "None muted."),
             html("<h2>History (newest first)</h2>"),
             table(["interval", "lines", "time", "errors", "incidents", "facts"], rows),
             html('<p>{}</p>', link(f"/ui/narrations/{name}/forget", "Forget this stream…")),
@@ -97,6 +107,30 @@ def add(api: APIRouter, pages: Pages) -> None:
             [forgotten_note(gone.intervals, gone.purge_owed, "interval"), html("<p>{}</p>", back)]
         )
         return visit.page("Forgotten", body)
+
+    add_mute(api, pages)
+
+
+def add_mute(api: APIRouter, pages: Pages) -> None:
+    narrated = pages.service.narrated
+
+    @api.post("/ui/narrations/{name}/mute")
+    async def mute(name: str, request: Request) -> Response:
+        visit, fields = await pages.form(request)
+        p = visit.principal
+        template_id = fields.get("template_id", "")
+        if not template_id.isdigit():
+            raise HttpError(400, f"template_id: a template's number, got {template_id[:20]!r}")
+        on = fields.get("muted", "yes") != "no"
+        done = await pages.run(visit, lambda: narrated.mute(p, name, int(template_id), on))
+        said = (
+            "Muted: it is listed in the facts, never paged." if on else "Unmuted: it pages again."
+        )
+        body = html(
+            "<p>{}</p><pre>{}</pre><p>{}</p>",
+            said, done.template, link(f"/ui/narrations/{name}", "Back to the stream"),
+        )  # fmt: skip
+        return visit.page(f"Template {done.template_id} of {name}", body)
 
 
 def open_incidents(kept: list[NarratedInterval]) -> list[dict[str, Any]]:
