@@ -87,13 +87,23 @@ def log_in(browser: Any, address: str, token: str) -> None:
 
 def click(browser: Any, element: Any) -> None:
     """Click, then wait for the page it loads (a find before then would read the old page)."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = browser.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(browser, 60).until(expected_conditions.staleness_of(old))
+
+    def gone(driver: Any) -> bool:
+        try:
+            return bool(expected_conditions.staleness_of(old)(driver))
+        except WebDriverException as e:  # chromium, mid-navigation: the node left the document
+            if "does not belong to the document" in str(e):
+                return True
+            raise
+
+    WebDriverWait(browser, 60).until(gone)
 
 
 def counts_shown(browser: Any) -> dict[str, int]:

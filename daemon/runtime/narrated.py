@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -42,6 +42,7 @@ from sinkd.daemon.runtime.api import (
 from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.erasure import Erasure
 from sinkd.daemon.runtime.loop.scheduler import Scheduler
+from sinkd.daemon.runtime.narrated_retention import Retention
 from sinkd.daemon.runtime.sessions import Principal
 from sinkd.daemon.store.narrated import IntervalRow, NarratedTables
 from sinkd.errors import (
@@ -60,9 +61,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_LINES = 4096  # a call's lines at most
 MAX_LINE_CHARS = 4096  # longer lines are cut (a digest reads a line's first words)
 STREAMS_IN_MEMORY = 256  # digests held between calls; the others are read from the store again
-FOLD_ROWS = 16  # rows folded into one at a time when a tenant is past its bounds
 MAX_STREAMS = 64  # a tenant's narrated streams at most (each keeps a digest's state)
-AGE_CHECK_S = 60.0  # a tenant's rows are looked at for their age at most this often
 SEVERITIES = ("", "warning", "error", "critical")
 KEEP_LINES = 1000  # an interval's lines kept at most, where its stream keeps them,
 KEEP_CHARS = 256 * 1024  # and their characters (the open interval's are in every state write)
@@ -95,15 +94,12 @@ class NarratedStreams:
         self.durability = durability
         self.metrics = metrics
         self.erasure = erasure
-        self.keep_s = settings.narrate_keep_days * 86_400
-        self.keep_bytes = settings.narrate_keep_bytes
+        self.retention = Retention(
+            settings.narrate_keep_days * 86_400, settings.narrate_keep_bytes
+        )  # past its bounds, a tenant's oldest intervals are folded (narrated_retention.py)
         self._open: dict[tuple[str, str], int] = {}  # open incidents by stream, for the gauge
-        # engine thread (the writes): what each tenant's streams keep, as last measured plus
-        # what was written since; each stream's state's bytes; when a tenant's ages were looked
-        # at. A write then measures (a scan of the tenant's rows) only past a bound or a minute
-        self._kept: dict[str, int] = {}
+        # engine thread (the writes): each stream's state's bytes, counted in its tenant's
         self._state_bytes: dict[tuple[str, str], int] = {}
-        self._aged: dict[str, float] = {}
         self.clock = clock
         self._memory_db: sqlite3.Connection | None = None  # without a state directory
         self._streams: OrderedDict[tuple[str, str], _Stream] = OrderedDict()
@@ -199,33 +195,21 @@ class NarratedStreams:
         """Mute one of the stream's templates (or unmute it): still read, counted and listed,
         never paged (`Digest.mute`). Kept with the stream's state, so it outlives the daemon."""
         tenant = _tenant(principal)
-        _check_name(name)
-        if not self._call(lambda t: t.state(tenant, name) is not None, False):
-            raise NotFound(f"no narrated stream {name!r}")
-        while True:
-            stream = self._stream(tenant, name, None)
-            with stream.lock:
-                if stream.gone:
-                    continue
-                try:
-                    template = stream.digest.mute(template_id, muted)
-                except LookupError:
-                    raise NotFound(f"no template {template_id} in stream {name!r}") from None
-                except OverflowError:
-                    raise ResourceExhausted(
-                        f"muted templates: {MAX_MUTED} a stream at most; unmute one first"
-                    ) from None
-                self._feed(tenant, name, stream, [], False, True)
-                return NarrationMuted(template_id, template, tuple(sorted(stream.digest.muted)))
+        with self._existing(tenant, name) as stream:
+            try:
+                template = stream.digest.mute(template_id, muted)
+            except LookupError:
+                raise NotFound(f"no template {template_id} in stream {name!r}") from None
+            except OverflowError:
+                raise ResourceExhausted(
+                    f"muted templates: {MAX_MUTED} a stream at most; unmute one first"
+                ) from None
+            self._feed(tenant, name, stream, [], False, True)
+            return NarrationMuted(template_id, template, tuple(sorted(stream.digest.muted)))
 
     def muted(self, principal: Principal, name: str) -> list[tuple[int, str]]:
         """The stream's muted templates, each with its text (oldest first)."""
-        tenant = _tenant(principal)
-        _check_name(name)
-        if not self._call(lambda t: t.state(tenant, name) is not None, False):
-            raise NotFound(f"no narrated stream {name!r}")
-        stream = self._stream(tenant, name, None)
-        with stream.lock:
+        with self._existing(_tenant(principal), name) as stream:
             digest = stream.digest
             held = [(t, digest.miner.get(t)) for t in sorted(digest.muted)]
             return [(t, template.text()) for t, template in held if template is not None]
@@ -293,7 +277,7 @@ class NarratedStreams:
                 with self._lock:
                     if self._streams.get((tenant, name)) is stream:
                         del self._streams[(tenant, name)]
-            self._kept.pop(tenant, None)
+            self.retention.measure_again(tenant)
             self._state_bytes.pop((tenant, name), None)
             self._count(tenant, name, [], 0)
         return NarrationForgotten(n, owed)
@@ -310,19 +294,13 @@ class NarratedStreams:
             raise InvalidInput("since or until: a period to forget (else forget the stream)")
         if since and until and since > until:
             raise InvalidInput(f"since ({since}) is after until ({until})")
-        if not self._call(lambda t: t.state(tenant, name) is not None, False):
-            raise NotFound(f"no narrated stream {name!r}")
-        while True:
-            stream = self._stream(tenant, name, None)
-            with stream.lock:
-                if stream.gone:
-                    continue
-                began_by_until = not until or stream.started <= until
-                if stream.digest.pending and began_by_until and self.clock() >= since:
-                    self._feed(tenant, name, stream, [], True, False)
-                n, owed = self._erase(tenant, lambda t: t.forget_period(tenant, name, since, until))
-                self._kept.pop(tenant, None)
-                return NarrationForgotten(n, owed)
+        with self._existing(tenant, name) as stream:
+            began_by_until = not until or stream.started <= until
+            if stream.digest.pending and began_by_until and self.clock() >= since:
+                self._feed(tenant, name, stream, [], True, False)
+            n, owed = self._erase(tenant, lambda t: t.forget_period(tenant, name, since, until))
+            self.retention.measure_again(tenant)
+            return NarrationForgotten(n, owed)
 
     def _erase(self, tenant: str, delete: Callable[[NarratedTables], int]) -> tuple[int, bool]:
         """`delete` committed with a purge owed, and the wait for that purge."""
@@ -340,11 +318,25 @@ class NarratedStreams:
             gone = [k for k in self._streams if k[0] == tenant]
             for key in gone:
                 self._streams.pop(key).gone = True
-        self._kept.pop(tenant, None)
+        self.retention.measure_again(tenant)
         for _, name in gone:
             self._count(tenant, name, [], 0)
 
     # --- the parts ---
+
+    @contextlib.contextmanager
+    def _existing(self, tenant: str, name: str) -> Iterator[_Stream]:
+        """The stream, held under its lock (NotFound: there is none); one forgotten or set aside
+        while this waited for its lock is read again."""
+        _check_name(name)
+        if not self._call(lambda t: t.state(tenant, name) is not None, False):
+            raise NotFound(f"no narrated stream {name!r}")
+        while True:
+            stream = self._stream(tenant, name, None)
+            with stream.lock:
+                if not stream.gone:
+                    yield stream
+                    return
 
     def _stream(self, tenant: str, name: str, config: DigestConfig | None) -> _Stream:
         key = (tenant, name)
@@ -402,7 +394,7 @@ class NarratedStreams:
             grown += len(state_json) - self._state_bytes.get(key, 0)
             tables.put_state(tenant, name, state_json, now)
             self._state_bytes[key] = len(state_json)
-            self._trim(tables, tenant, now, grown)
+            self.retention.trim(tables, tenant, now, grown)
 
         try:
             self._call(write, True, tenant)
@@ -411,33 +403,9 @@ class NarratedStreams:
             with self._lock:
                 if self._streams.get(key) is stream:
                     del self._streams[key]
-            self._kept.pop(tenant, None)
+            self.retention.measure_again(tenant)
             self._state_bytes.pop(key, None)
             raise
-
-    def _trim(self, tables: NarratedTables, tenant: str, now: float, grown: int) -> None:
-        """Past the tenant's bounds, its oldest rows are folded (never dropped): rows older than
-        `keep_s`, then the oldest while its streams keep more than `keep_bytes`. What is kept is
-        measured (a scan of the tenant's rows) once, then only past the bound or a minute on."""
-        kept = self._kept.get(tenant)
-        kept = (tables.bytes_of(tenant) if kept is None else kept) + grown
-        aged = now - self._aged.get(tenant, 0.0) >= AGE_CHECK_S
-        if kept <= self.keep_bytes and not aged:
-            self._kept[tenant] = kept
-            return
-        self._aged[tenant] = now if aged else self._aged.get(tenant, 0.0)
-        kept = tables.bytes_of(tenant)
-        for _ in range(64):  # each fold shrinks what is kept; a bound on the work of one call
-            oldest = tables.oldest(tenant)
-            if oldest is None:
-                break
-            stream, ended = oldest
-            if ended >= now - self.keep_s and kept <= self.keep_bytes:
-                break
-            if tables.fold_oldest(tenant, stream, FOLD_ROWS) is None:
-                break  # one row left: it stays
-            kept = tables.bytes_of(tenant)
-        self._kept[tenant] = kept
 
     def _call(self, fn: Callable[[NarratedTables], Any], writes: bool, tenant: str = "") -> Any:
         """`fn` over the tables between steps (engine thread), committed if it `writes` (for
