@@ -69,6 +69,7 @@ class NarrationBackend(Protocol):
     ) -> NarrationForgotten: ...
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer: ...
     def mute(self, stream: str, template_id: int, muted: bool = True) -> NarrationMuted: ...
+    def muted(self, stream: str) -> list[tuple[int, str]]: ...
 
 
 class Backend(Protocol):
@@ -265,3 +266,6 @@ class EmbeddedNarration:
 
     def mute(self, stream: str, template_id: int, muted: bool = True) -> NarrationMuted:
         return self.streams_.mute(self.principal, stream, template_id, muted)
+
+    def muted(self, stream: str) -> list[tuple[int, str]]:
+        return self.streams_.muted(self.principal, stream)

@@ -179,18 +179,30 @@ def forget(
 def mute(
     stream: StreamArg,
     template_id: Annotated[
-        int,
+        int | None,
         typer.Argument(
-            min=1, help="The template's id: an incident's alert label template_id, or --json's."
+            min=1,
+            help="The template's id: an incident's alert label template_id, or history's."
+            " Left out: the stream's muted templates are listed.",
         ),
-    ],
+    ] = None,
     unmute: Annotated[bool, typer.Option("--unmute", help="Page on it again.")] = False,
     address: ConnectOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Mute one of the stream's templates: its lines are still read, counted and listed in the
     facts, but it raises no incident (a page that is noise on this log). Kept with the stream."""
-    done = connect(address, token).narration.mute(stream, template_id, not unmute)
+    if template_id is None and unmute:
+        raise typer.BadParameter("--unmute needs the template's id", param_hint="template_id")
+    narration = connect(address, token).narration
+    if template_id is None:
+        held = narration.muted(stream)
+        for t, text in held:
+            out.print(Text.assemble(f"{t:>6}  ", shown(text)), highlight=False)
+        if not held:
+            out.print(Text.assemble("nothing muted in ", shown(stream)), highlight=False)
+        return
+    done = narration.mute(stream, template_id, not unmute)
     what = "unmuted" if unmute else "muted"
     out.print(
         Text.assemble(f"{what} template {done.template_id} of {stream}: ", shown(done.template)),

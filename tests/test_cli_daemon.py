@@ -286,6 +286,10 @@ def test_a_narrated_stream_goes_on_across_pipes_and_answers_its_history(
     assert code == 0 and f"muted template {tid} of web" in out and "FATAL" in out, err
     code, out, err = sinkd("narrate", "mute", "web", "9999", *conn)
     assert code == 11 and "no template 9999" in err
+    code, out, err = sinkd("narrate", "mute", "web", *conn)  # no id: what is muted
+    assert code == 0 and out.split()[0] == tid and "FATAL" in out, err
+    code, out, err = sinkd("narrate", "mute", "web", "--unmute", *conn)
+    assert code == 2 and "template" in err
     picture = tmp_path / "web.png"
     code, _, err = sinkd("narrate", "history", "web", *conn, "--plot", str(picture))
     assert code == 0 and picture.read_bytes()[:4] == b"\x89PNG", err

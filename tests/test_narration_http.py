@@ -49,6 +49,11 @@ def test_a_stream_over_http_keeps_its_timeline_and_answers_from_it(tmp_path: Pat
         muted = alice.post("/v1/sinkd/narrations/web/muted", json={"template_id": tid})
         assert muted.status_code == 200, muted.text
         assert muted.json()["muted"] == [tid] and "Failed password" in muted.json()["template"]
+        listed = alice.get("/v1/sinkd/narrations/web/muted").json()["data"]
+        assert [(m["template_id"], "Failed password" in m["template"]) for m in listed] == [
+            (tid, True)
+        ]
+        assert bob.get("/v1/sinkd/narrations/web/muted").status_code == 404
         for who, body, status in (
             (bob, {"template_id": tid}, 404),  # another tenant's stream
             (alice, {"template_id": 10_000}, 404),  # no such template
@@ -62,6 +67,7 @@ def test_a_stream_over_http_keeps_its_timeline_and_answers_from_it(tmp_path: Pat
             "/v1/sinkd/narrations/web/muted", json={"template_id": tid, "muted": False}
         )
         assert unmuted.json()["muted"] == []
+        assert alice.get("/v1/sinkd/narrations/web/muted").json()["data"] == []
         before = alice.delete("/v1/sinkd/narrations/web", params={"until": 1.0}).json()
         assert (before["intervals"], before["purge_owed"]) == (0, False)  # nothing that old
         for bad_period in ({"since": "soon"}, {"since": 3000.0, "until": 1.0}):

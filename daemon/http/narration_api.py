@@ -8,6 +8,7 @@ list convention, errors in OpenAI's error body.
     GET    /v1/sinkd/narrations
     DELETE /v1/sinkd/narrations/{stream}?since=&until=   (a period: only its intervals)
     POST   /v1/sinkd/narrations/{stream}/muted    {"template_id": n, "muted"?: true}
+    GET    /v1/sinkd/narrations/{stream}/muted
 """
 
 from __future__ import annotations
@@ -139,6 +140,19 @@ def router(calls: Calls) -> APIRouter:
             "stream": stream,
             "intervals": gone.intervals,
             "purge_owed": gone.purge_owed,
+        }
+
+    @api.get("/v1/sinkd/narrations/{stream}/muted")
+    async def muted(stream: str, request: Request) -> Any:
+        principal = calls.principal(request)
+        calls.ready()
+        held = await in_slot(principal, lambda: narrated.muted(principal, stream))
+        return {
+            "object": "list",
+            "data": [
+                {"object": "sinkd.narration.muted_template", "template_id": t, "template": text}
+                for t, text in held
+            ],
         }
 
     @api.post("/v1/sinkd/narrations/{stream}/muted")

@@ -87,6 +87,15 @@ class NarrationServicer(BaseServicer, pb_grpc.NarrationServicer):
         )
 
     @rpc
+    def Muted(
+        self, request: pb.MutedNarrationRequest, context: Any, principal: Principal
+    ) -> pb.MutedNarrationResponse:
+        held = self.service.narrated.muted(principal, request.stream)
+        return pb.MutedNarrationResponse(
+            muted=[pb.MutedTemplate(template_id=t, template=text) for t, text in held]
+        )
+
+    @rpc
     def Ask(
         self, request: pb.NarrationAskRequest, context: Any, principal: Principal
     ) -> pb.NarrationAnswer:

@@ -93,6 +93,10 @@ class NarrationCalls:
         reply = self._call("Mute", request)
         return NarrationMuted(int(reply.template_id), reply.template, tuple(reply.muted))
 
+    def muted(self, stream: str) -> list[tuple[int, str]]:
+        reply = self._call("Muted", pb.MutedNarrationRequest(stream=stream))
+        return [(int(m.template_id), m.template) for m in reply.muted]
+
     def ask(self, stream: str, question: str, max_tokens: int = 48) -> NarrationAnswer:
         request = pb.NarrationAskRequest(stream=stream, question=question, max_tokens=max_tokens)
         return convert.answer_from_pb(self._call("Ask", request))

@@ -924,6 +924,26 @@ class MuteNarrationResponse(_message.Message):
     muted: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, template_id: _Optional[int] = ..., template: _Optional[str] = ..., muted: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class MutedNarrationRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class MutedTemplate(_message.Message):
+    __slots__ = ("template_id", "template")
+    TEMPLATE_ID_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    template_id: int
+    template: str
+    def __init__(self, template_id: _Optional[int] = ..., template: _Optional[str] = ...) -> None: ...
+
+class MutedNarrationResponse(_message.Message):
+    __slots__ = ("muted",)
+    MUTED_FIELD_NUMBER: _ClassVar[int]
+    muted: _containers.RepeatedCompositeFieldContainer[MutedTemplate]
+    def __init__(self, muted: _Optional[_Iterable[_Union[MutedTemplate, _Mapping]]] = ...) -> None: ...
+
 class NarrationAskRequest(_message.Message):
     __slots__ = ("stream", "question", "max_tokens")
     STREAM_FIELD_NUMBER: _ClassVar[int]

@@ -1386,6 +1386,11 @@ class NarrationStub:
                 request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationRequest.SerializeToString,
                 response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationResponse.FromString,
                 _registered_method=True)
+        self.Muted = channel.unary_unary(
+                '/sinkd.v1.Narration/Muted',
+                request_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MutedNarrationRequest.SerializeToString,
+                response_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MutedNarrationResponse.FromString,
+                _registered_method=True)
 
 
 class NarrationServicer:
@@ -1433,6 +1438,12 @@ class NarrationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Muted(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NarrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1470,6 +1481,11 @@ def add_NarrationServicer_to_server(servicer, server):
                     servicer.Mute,
                     request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationRequest.FromString,
                     response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationResponse.SerializeToString,
+            ),
+            'Muted': grpc.unary_unary_rpc_method_handler(
+                    servicer.Muted,
+                    request_deserializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MutedNarrationRequest.FromString,
+                    response_serializer=sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MutedNarrationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1661,6 +1677,33 @@ class Narration:
             '/sinkd.v1.Narration/Mute',
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationRequest.SerializeToString,
             sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MuteNarrationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Muted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkd.v1.Narration/Muted',
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MutedNarrationRequest.SerializeToString,
+            sinkd_dot_proto_dot_v1_dot_sinkd__pb2.MutedNarrationResponse.FromString,
             options,
             channel_credentials,
             insecure,
