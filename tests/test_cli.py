@@ -332,3 +332,18 @@ def test_stream_holds_a_bounded_piece_of_input_without_newlines(tmp_path: Path) 
     assert "".join(pieces) == text + "\nend"
     assert max(map(len, pieces)) <= MAX_PENDING_CHARS + 4096
     assert len(pieces) > 20
+
+
+@pytest.mark.unit
+def test_history_names_the_templates_an_interval_raised() -> None:
+    """`sinkd narrate mute NAME ID` takes the id history prints beside INCIDENT."""
+    from sinkd.cli.narrated import incident_cell
+    from sinkd.daemon.runtime.api import NarratedInterval
+
+    def interval(incidents: int, record: dict[str, Any]) -> NarratedInterval:
+        return NarratedInterval("web", 3, 3, 201, 300, 0.0, 1.0, incidents, 2, json.dumps(record))
+
+    opened = [{"template_id": 12}, {"template_id": 40}]
+    assert incident_cell(interval(1, {"facts": {"opened": opened}})) == "INCIDENT (template 12, 40)"
+    assert incident_cell(interval(1, {"folded": 16})) == "INCIDENT"  # a fold keeps counts only
+    assert incident_cell(interval(0, {"facts": {"opened": []}})) == ""
