@@ -42,6 +42,7 @@ POINTS = (
     "purge-truncate",  # durability: a purge is about to truncate the write-ahead log
     "purge-wait",  # service: a deletion's reply starts to wait for its purge
     "narrate-digested",  # narrated streams: a call's lines are digested, not yet written
+    "narrate-found",  # narrated streams: a call found its stream in the store, not yet held
     # a tenant's move (runtime/tenant_moves.py), on the node the step runs on:
     "tenant-leaving",  # source: the tenant's leaving mark is committed
     "tenant-exported",  # source: its archive is built, not yet sent

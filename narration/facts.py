@@ -3,10 +3,10 @@
 `Digest` reads every line (a template and its severity each), and cuts the stream into intervals:
 every `every_lines` lines, and early for an incident. An incident is a template at error or worse
 that is new or back after quiet intervals (where only its words say error, not its stated level,
-and they name no crash: when it comes twice, and once known only as a burst), or a template new since the first interval
-whose count reaches `burst_min`; its interval closes `incident_lines` lines (or
-`incident_seconds`) after its first line, so a flood becomes one interval with a count, not an
-interval per line. A template already in the previous interval starts no incident: a flood that
+and they name no crash: when it comes twice, and once known only as a burst), or a template new
+since the first interval whose count reaches `burst_min`; its interval closes `incident_lines`
+lines (or `incident_seconds`) after its first line, so a flood becomes one interval with a count,
+not an interval per line. A template already in the previous interval starts no incident: a flood that
 goes on is counted, not re-raised.
 
 Each cut gives a `Facts`: the templates new since the start, every error-or-worse template, rates
@@ -26,10 +26,10 @@ from sinkd.narration.grounding import words_of
 from sinkd.narration.severity import ERROR_OR_WORSE, Severity, read_severity
 from sinkd.narration.templates import MASK, TemplateMiner
 
-RATE_WEIGHT = 0.3
+RATE_WEIGHT = 0.3  # each interval's weight in a template's baseline rate (per line)
 MAX_MUTED = 256  # templates a stream may have muted
 MAX_INCIDENTS = 50  # incidents opened or ended listed per interval (all are tracked)
-SHOWN_CHARS = 120  # a template as printed and given to the model  # each interval's weight in a template's baseline rate (per line)
+SHOWN_CHARS = 120  # a template as printed and given to the model
 
 
 @dataclass(frozen=True)
@@ -418,7 +418,8 @@ class Digest:
         """Mute a template (or unmute it): its lines are still read, counted and listed, its
         facts the same, but it raises no incident (an incident already open ends as any does).
         What an operator does with a page that is noise on this log, as Alertmanager's silences
-        do; the template as shown is returned. LookupError: no such template here."""
+        do; the template's text (values as `<*>`) is returned. LookupError: no such template
+        here; OverflowError: MAX_MUTED already muted."""
         template = self.miner.get(template_id)
         if template is None:
             raise LookupError(template_id)
@@ -435,9 +436,9 @@ class Digest:
         """An error template never seen, back after `recur_intervals` intervals without it, or
         at `burst_factor` times its usual rate; where only a line's words say error (no stated
         level, no crash named), not before `inferred_min` lines of it, and once seen only at that
-        rate; a new template of warnings bursting (of INFO lines only with `info_bursts`: a package manager's
-        install is a burst of new lines, a fact to print, not a page). A known error at its usual
-        pace is a fact, not an incident."""
+        rate; a new template of warnings bursting (of INFO lines only with `info_bursts`: a
+        package manager's install is a burst of new lines, a fact to print, not a page). A known
+        error at its usual pace is a fact, not an incident."""
         cfg = self.config
         if tid in self.muted:
             return False

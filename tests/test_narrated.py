@@ -581,3 +581,43 @@ def test_a_muted_template_is_listed_never_paged_across_a_restart_and_unmuted_pag
     back = facts_of(service.narrated.feed(ALICE, "web", again, True).closed)
     assert [i.template_id for f in back for i in f.opened] == [tid]
     service.stop()
+
+
+def test_a_mute_that_finds_its_stream_forgotten_before_it_holds_it_says_so_and_makes_none(
+    tmp_path: Path,
+) -> None:
+    """A mute found the stream, then the owner forgot it before the mute held it: the mute is
+    NotFound for the stream (not for its template), and no stream is made anew in its place;
+    the next call starts at line 1 with nothing muted."""
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.feed(ALICE, "web", log(450), True, EVERY)
+    [raised] = [i for i in service.narrated.history(ALICE, "web") if i.incidents]
+    tid = json.loads(raised.record_json)["facts"]["opened"][0]["template_id"]
+    reached, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        reached.set()
+        assert go.wait(30)
+
+    def mute() -> None:
+        try:
+            service.narrated.mute(ALICE, "web", tid)
+        except BaseException as e:  # collected, re-raised below
+            errors.append(e)
+
+    with failpoints.armed("narrate-found", hold):
+        muting = threading.Thread(target=mute)
+        muting.start()
+        assert reached.wait(30)
+        service.narrated.forget(ALICE, "web")
+        go.set()
+        muting.join(30)
+    assert not muting.is_alive()
+    [error] = errors
+    assert isinstance(error, NotFound) and "no narrated stream" in str(error)
+    with pytest.raises(NotFound):
+        service.narrated.muted(ALICE, "web")
+    assert service.narrated.feed(ALICE, "web", log(5)).lines == 5
+    assert service.narrated.muted(ALICE, "web") == []
+    service.stop()

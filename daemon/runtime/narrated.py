@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, overload
 
 from sinkd.daemon import failpoints
 from sinkd.daemon.config import Settings
@@ -329,16 +329,31 @@ class NarratedStreams:
         """The stream, held under its lock (NotFound: there is none); one forgotten or set aside
         while this waited for its lock is read again."""
         _check_name(name)
+        missing = NotFound(f"no narrated stream {name!r}")
         if not self._call(lambda t: t.state(tenant, name) is not None, False):
-            raise NotFound(f"no narrated stream {name!r}")
+            raise missing
+        failpoints.hit("narrate-found")
         while True:
-            stream = self._stream(tenant, name, None)
+            stream = self._stream(tenant, name, None, create=False)
+            if stream is None:  # forgotten since: not made anew
+                raise missing
             with stream.lock:
                 if not stream.gone:
                     yield stream
                     return
 
-    def _stream(self, tenant: str, name: str, config: DigestConfig | None) -> _Stream:
+    @overload
+    def _stream(self, tenant: str, name: str, config: DigestConfig | None) -> _Stream: ...
+    @overload
+    def _stream(
+        self, tenant: str, name: str, config: DigestConfig | None, create: bool
+    ) -> _Stream | None: ...
+
+    def _stream(
+        self, tenant: str, name: str, config: DigestConfig | None, create: bool = True
+    ) -> _Stream | None:
+        """The stream, in memory or read from the store; a new one where the store has none
+        (None instead, unless `create`)."""
         key = (tenant, name)
         with self._lock:
             stream = self._streams.get(key)
@@ -350,6 +365,8 @@ class NarratedStreams:
         state, streams = self._call(
             lambda t: (t.state(tenant, name), t.count_streams(tenant)), False
         )
+        if state is None and not create:
+            return None
         if state is None and streams >= MAX_STREAMS:
             raise ResourceExhausted(
                 f"narrated streams: this tenant has {streams}, the most it may; forget one first"
