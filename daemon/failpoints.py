@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 POINTS = (
     "snapshot-before-rename",
     "snapshot-before-journal",
+    "snapshot-settle-wait",  # engine thread: about to wait for a snapshot file written off it
     "prefix-before-rename",  # prefix files' writer: a prefix state's temporary file is written
     "append-tokenized",  # service: an append's text is tokenized, its job not yet submitted
     "handle-checked",  # service: a mutating call checked its handle, before the engine acts

@@ -839,22 +839,27 @@ def test_reset_fork_and_close_are_durable(run: Run) -> None:
 def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(run: Run) -> None:
     """Four sessions generating side by side pass their snapshot threshold in the same step (mid
     turn: four intervals behind). While jobs wait, the engine snapshots one of them per gap
-    between steps, never all four at once (a stall of every session's next token); idle, it takes
-    every due one at once."""
+    between steps, never all four at once (a stall of every session's next token), its file
+    written off the engine thread; idle, it takes every due one at once."""
     # a token a step: drafts (speculative decoding) would end the replies in fewer steps, some
     # before another falls due, and the claim is about steps, not about how fast replies end
     c = run.start(snapshot_every_tokens=8, speculative="off")
     d = run.d
     assert d is not None and d.service.scheduler.snapshotter is not None
     snapshotter, scheduler = d.service.scheduler.snapshotter, d.service.scheduler
-    taken: list[tuple[int, bool]] = []  # (steps so far, jobs waiting) at each snapshot
-    take = snapshotter.take
+    taken: list[tuple[int, bool, bool]] = []  # (steps so far, jobs waiting, written beside)
+    take, take_behind = snapshotter.take, snapshotter.take_behind
 
-    def recording(session: Any) -> bool:
-        taken.append((int(d.service.metrics.steps._value.get()), bool(scheduler.queues)))
-        return take(session)
+    def recording(session: Any, scrub: bool = False) -> bool:
+        taken.append((int(d.service.metrics.steps._value.get()), bool(scheduler.queues), False))
+        return take(session, scrub)
+
+    def recording_behind(session: Any) -> None:
+        taken.append((int(d.service.metrics.steps._value.get()), bool(scheduler.queues), True))
+        take_behind(session)
 
     snapshotter.take = recording  # type: ignore[method-assign]
+    snapshotter.take_behind = recording_behind  # type: ignore[method-assign]
     handles = [c.create().handle for _ in range(4)]
     for h in handles:
         c.append(h, TEXT[:60])  # each short of the threshold: they fall due while generating
@@ -862,6 +867,7 @@ def test_sessions_falling_due_together_are_snapshotted_one_per_step_while_busy(r
     # all four jobs enter the same step, whatever the machine's speed
     for done in in_one_step(d.service, [functools.partial(c.generate, h, 40) for h in handles]):
         done.result(300)
-    busy = [steps for steps, waiting in taken if waiting]
+    busy = [steps for steps, waiting, _ in taken if waiting]
     assert len(busy) >= 4  # every session's threshold was crossed while the others generated
     assert len(busy) == len(set(busy)), taken  # one per gap between steps
+    assert all(beside for _, waiting, beside in taken if waiting), taken  # files off the thread

@@ -168,6 +168,54 @@ def test_a_close_overtaking_a_snapshot_in_flight_leaves_no_file(
     assert holders(state, secret_tokens(daemon)) == {"ids": [], "text": []}
 
 
+def test_a_close_while_a_snapshot_file_is_written_beside_the_steps_waits_for_it_and_deletes_it(
+    daemon: Daemon, client: Client
+) -> None:
+    """While another session decodes, a snapshot's file is written off the engine thread: the
+    steps go on meanwhile. A close that comes before the file is recorded waits for it (its
+    wait, at `snapshot-settle-wait`, is what lets the write finish), then deletes it with the
+    rest: no file holds the closed session's tokens, none is left behind it."""
+    state = daemon.settings.state_dir
+    steps = daemon.service.metrics.steps
+    other = client.create(**POLICY).handle
+    client.append(other, TEXT[:300])
+    h = client.create(**POLICY).handle
+    folder = state / "snapshots" / h.session_id
+    held, release, waited = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:  # the writer thread, this session's temporary written, not renamed
+        if threading.current_thread().name == "sinkd-snapshot" and list(folder.glob(".*.tmp")):
+            held.set()
+            release.wait(WAIT_S)
+
+    def settling() -> None:  # the engine thread waits for the file: let it be written now
+        waited.set()
+        release.set()
+
+    # greedy, the other session's text runs on without an end of generation: the engine is busy
+    decoding = client.s.Generate(pb.GenerateRequest(handle=other, max_tokens=1000), metadata=ALICE)
+    try:
+        with (
+            failpoints.armed("snapshot-before-rename", hold),
+            failpoints.armed("snapshot-settle-wait", settling),
+        ):
+            next(decoding)
+            client.append(h, FILLER[:100] + SECRET + FILLER[100:250])  # falls due: its turn ended
+            assert held.wait(WAIT_S), "the snapshot was not written off the engine thread"
+            assert holders(state, secret_tokens(daemon))["ids"], "the secret is in the journal"
+            at_hold = steps._value.get()
+            deadline = time.monotonic() + WAIT_S
+            while steps._value.get() < at_hold + 5 and time.monotonic() < deadline:
+                next(decoding)  # the other session's tokens keep coming
+            assert steps._value.get() >= at_hold + 5 and not release.is_set()
+            client.s.Close(pb.HandleRequest(handle=h), metadata=ALICE)
+    finally:
+        decoding.cancel()
+    assert waited.is_set()  # the close waited for the file, then deleted it
+    assert not folder.exists()
+    assert holders(state, secret_tokens(daemon)) == {"ids": [], "text": []}
+
+
 def test_forgetting_in_a_loop_merges_at_most_once_per_interval(tmp_path: Path) -> None:
     """Each purge merges the tenant's full-text index on the engine thread: a tenant that forgets
     in a loop must not buy one per call. Its replies wait for the merge instead, at most

@@ -37,10 +37,20 @@ class Snapshot:
 def parts(snapshot: Snapshot) -> list[bytes]:
     """The file's content in pieces, digest last: written one after another, never joined (a
     snapshot is megabytes, and the engine thread waits while it is written)."""
+    return sealed(body(snapshot))
+
+
+def body(snapshot: Snapshot) -> list[bytes]:
+    """The file's pieces before its digest, each an immutable copy: a thread of its own may seal and
+    write them while the session goes on (`sealed`)."""
     logits = b"" if snapshot.logits is None else snapshot.logits.astype("<f4").tobytes()
     meta = dict(snapshot.meta, kv_bytes=len(snapshot.kv), logits_bytes=len(logits))
     meta_bytes = json.dumps(meta, sort_keys=True).encode()
-    pieces = [_HEAD.pack(MAGIC, VERSION, len(meta_bytes)) + meta_bytes, snapshot.kv, logits]
+    return [_HEAD.pack(MAGIC, VERSION, len(meta_bytes)) + meta_bytes, snapshot.kv, logits]
+
+
+def sealed(pieces: list[bytes]) -> list[bytes]:
+    """`body`'s pieces with the SHA-256 of them all after them."""
     digest = hashlib.sha256()
     for piece in pieces:
         digest.update(piece)

@@ -28,6 +28,7 @@ from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.private import private_dir
 from sinkd.daemon.runtime.durable.disk_space import DiskSpace
 from sinkd.daemon.runtime.durable.purge import Purge
+from sinkd.daemon.runtime.durable.snapshot_writer import SNAPSHOT_RETRY_S, SnapshotWriter, Write
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.daemon.store import generation_rows, snapshots
 from sinkd.daemon.store.embedder import Embedder
@@ -220,6 +221,7 @@ class Durability:
         self.lock = StateDirLock(state_dir)
         self.config: dict[str, Any] = {}
         self._doomed: list[str] = []  # snapshot files to delete once the journal forgets them
+        self.writer = SnapshotWriter(self._record, metrics, min(every_s, SNAPSHOT_RETRY_S))
 
     # --- lifecycle ---
 
@@ -242,6 +244,7 @@ class Durability:
 
     def close(self) -> None:
         if self._journal is not None:
+            self.settle()
             self.purge.run_due(self.memory, self._journal, at_once=True)
             self._journal.close()
             self._journal = None
@@ -371,6 +374,7 @@ class Durability:
 
     def reset(self, session: Session) -> None:
         """Journal a reset (call `fresh` once it is committed: a refused commit changes nothing)."""
+        self.settle()
         self.put(session, live=True)
         self._delete_files(self.journal.forget_generation(session.id, session.reset_count))
         self.forget_memory(session.id, session.reset_count)
@@ -378,11 +382,13 @@ class Durability:
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
+        self.settle()
         self.put(session)
         self._delete_files(self.journal.forget_generation(session.id, None))
         self.fresh(session)
 
     def closed(self, session: Session) -> None:
+        self.settle()
         self._delete_files(self.journal.delete_session(session.id))
         self.forget_memory(session.id, None)
         self.owe_purge()
@@ -436,6 +442,25 @@ class Durability:
         too) and drop every chunk, so that no file holds the history before it; the write-ahead
         log is truncated after the commit. Returns its size. On failure (disk full, ...) raises
         SnapshotError and the previous snapshots and the journal are untouched."""
+        self.settle()
+        write = self._copy(session, kv)
+        data = snapshots.sealed(write.pieces)
+        snapshots.write_atomic(write.path, data, fsync=write.fsync)
+        write.size = sum(map(len, data))
+        self._record(write, scrub)
+        return write.size
+
+    def snapshot_behind(self, session: Session, kv: bytes) -> None:
+        """`snapshot`, its file sealed and written off the engine thread (snapshot_writer.py) and
+        recorded at a later `settle`; never a scrub."""
+        self.settle()
+        self.writer.start(self._copy(session, kv))
+
+    def settle(self, wait: bool = True) -> None:
+        """The pending snapshot write recorded, or counted as failed (`wait`: once it is done)."""
+        self.writer.settle(wait)
+
+    def _copy(self, session: Session, kv: bytes) -> Write:
         n_seen = session.seq.state.n_seen
         rel = f"snapshots/{session.id}/{session.reset_count}-{n_seen}.snap"
         path = self.dir / rel
@@ -443,15 +468,18 @@ class Durability:
             path.parent.mkdir(mode=0o700)
             if self.sync == "full":  # the new folder's entry survives a power loss too
                 snapshots.fsync_dir(path.parent.parent)
-        data = snapshots.parts(
-            snapshots.Snapshot(snapshot_meta(session, self.config), kv, session.last_logits)
-        )
-        snapshots.write_atomic(path, data, fsync=self.sync == "full")
+        snap = snapshots.Snapshot(snapshot_meta(session, self.config), kv, session.last_logits)
+        since = session.logged_since_snap
+        return Write(session, n_seen, rel, path, snapshots.body(snap), since, self.sync == "full")
+
+    def _record(self, write: Write, scrub: bool = False) -> None:
+        """The written file's row, and the older snapshots and chunks it makes needless."""
         failpoints.hit("snapshot-before-journal")
+        session, n_seen = write.session, write.n_seen
         now = time.time()
         try:
             self.journal.add_snapshot(
-                SnapshotRow(session.id, session.reset_count, n_seen, rel, sum(map(len, data)), now)
+                SnapshotRow(session.id, session.reset_count, n_seen, write.rel, write.size, now)
             )
             kept = self.journal.snapshots(session.id, session.reset_count)
             doomed = [r for r in kept if r.n_seen != n_seen] if scrub else kept[self.keep :]
@@ -467,19 +495,19 @@ class Durability:
             self.commit()
         except sqlite3.Error as e:  # between steps the transaction holds this snapshot alone
             self.rollback()
-            path.unlink(missing_ok=True)
+            write.path.unlink(missing_ok=True)
             raise JournalError(f"recording a snapshot: {e}") from e
         session.snap_n_seen = n_seen
         session.snap_time = now
-        session.logged_since_snap = 0
+        session.logged_since_snap = max(0, session.logged_since_snap - write.since)
         session.log_chunks, session.log_tokens = self.journal.chunk_stats(
             session.id, session.reset_count
         )
-        return sum(map(len, data))
 
     def newest_snapshot(self, session: Session) -> snapshots.Snapshot:
         """The session's snapshot at its current token count, read and verified (a parked
         session's cells); CorruptSnapshot says why it cannot be had."""
+        self.settle()
         n_seen = session.seq.state.n_seen
         rows = self.snapshots_of(session)
         if not rows or rows[0].n_seen != n_seen:
@@ -509,6 +537,7 @@ class Durability:
         return self.journal.sessions()
 
     def drop_snapshot(self, row: SnapshotRow) -> None:
+        self.settle()
         self.journal.drop_snapshot(row)
         self._delete_files([row.path])
 
@@ -538,6 +567,7 @@ class Durability:
 
     def rows_of(self, session: Session) -> dict[str, Any]:
         """The session generation's rows, as an archive carries them."""
+        self.settle()
         return generation_rows.rows_of(self.journal.db, session.id, session.reset_count)
 
     def adopt_rows(

@@ -13,11 +13,11 @@ from collections.abc import Callable, Set
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.durable.snapshot_writer import SNAPSHOT_RETRY_S, failed
 from sinkd.daemon.runtime.sessions import Registry, Session
 from sinkd.errors import JournalError, SinkdError
 
 log = logging.getLogger("sinkd.snapshots")
-SNAPSHOT_RETRY_S = 30.0  # a failed snapshot (disk full, ...) is not retried sooner
 MID_TURN_INTERVALS = 4  # a session mid-turn is snapshotted once this many intervals behind
 
 
@@ -41,9 +41,10 @@ class Snapshotter:
         working: Callable[[str], bool] = lambda session_id: False,
     ) -> None:
         """Snapshot the sessions that are due. While jobs wait for steps (`busy`), only the most
-        overdue one per gap between steps: a snapshot costs milliseconds per 256 cells, and eight
-        sessions falling due together would otherwise stall every session's next token by their
-        sum (the rest follow, one per step). Not while a turn is still to give its first token
+        overdue one, its file written beside the next steps and recorded between two of them
+        (snapshot_writer.py), and no other until then: a snapshot is megabytes per 256 cells,
+        and eight sessions falling due together would otherwise stall every session's next
+        token by their writes (the rest follow, one at a time). Not while a turn is still to give its first token
         (`answering`): its time to first token does not wait for a snapshot, of its own session
         or another's, that can be taken a step later (a new chat after a restored prefix reads
         a few tokens: a snapshot of the previous chat would double its wait). A session in the
@@ -53,10 +54,11 @@ class Snapshotter:
         (a new chat between its system prompt and its first turn) waits for tokens of its own:
         its journal holds them all, and a snapshot of them would be the prefix's file again."""
         self.durability.purge_due()
+        self.durability.settle(wait=not busy)  # a file written meanwhile: its row, between steps
         for session in self.registry.all():  # forgotten tokens leave the files before all else
             if session.scrub_due and session.has_history and not session.unlogged:
                 self.take(session, scrub=True)
-        if answering:
+        if answering or self.durability.writer.busy:
             return
         now = time.time()
         late = MID_TURN_INTERVALS * self.durability.every_tokens
@@ -68,8 +70,9 @@ class Snapshotter:
             and (s.logged_since_snap >= late or not working(s.id))
             and s.prefix_tokens < s.seq.state.n_seen  # else all of it is a stored prefix's
         ]
-        if busy and len(due) > 1:
-            due = [max(due, key=lambda s: s.logged_since_snap)]
+        if busy and due:  # the file is written beside the next steps (snapshot_writer.py)
+            self.take_behind(max(due, key=lambda s: s.logged_since_snap))
+            return
         for session in due:
             self.take(session)
 
@@ -82,9 +85,15 @@ class Snapshotter:
                 self.take(session)
 
     def take(self, session: Session, scrub: bool = False) -> bool:
+        """A snapshot of the session as it is now, written before this returns (False: it failed,
+        the previous one stays)."""
         engine = self._engine()
         assert engine is not None
         t0 = time.monotonic()
+        self.durability.settle()
+        current = session.snap_n_seen == session.seq.state.n_seen
+        if not scrub and current and session.logged_since_snap == 0:
+            return True  # the write just settled was of the session as it is now
         try:
             if session.parked:  # its cells are its newest snapshot's (a scrub rewrites it)
                 kv = self.durability.newest_snapshot(session).kv
@@ -92,9 +101,7 @@ class Snapshotter:
                 kv = engine.cells.save_seq(session.seq_id)
             size = self.durability.snapshot(session, kv, scrub=scrub)
         except (SinkdError, JournalError, sqlite3.Error, OSError) as e:
-            log.warning("snapshot of session %s failed, the previous one stays: %s", session.id, e)
-            self.metrics.snapshot_failures.inc()
-            session.snap_retry_at = time.time() + min(self.durability.every_s, SNAPSHOT_RETRY_S)
+            failed(session, e, self.metrics, self._retry_s)
             return False
         if scrub:
             session.scrub_due = False
@@ -102,3 +109,20 @@ class Snapshotter:
         self.metrics.snapshot_bytes.observe(size)
         self.metrics.snapshot_seconds.observe(time.monotonic() - t0)
         return True
+
+    def take_behind(self, session: Session) -> None:
+        """A snapshot of the session as it is now, its file written off the engine thread and
+        recorded at a later `settle` (a parked session's is taken here: its cells are a file)."""
+        engine = self._engine()
+        assert engine is not None
+        if session.parked:
+            self.take(session)
+            return
+        try:
+            self.durability.snapshot_behind(session, engine.cells.save_seq(session.seq_id))
+        except (SinkdError, OSError) as e:
+            failed(session, e, self.metrics, self._retry_s)
+
+    @property
+    def _retry_s(self) -> float:
+        return min(self.durability.every_s, SNAPSHOT_RETRY_S)
