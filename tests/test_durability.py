@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -28,6 +29,7 @@ from sinkd.daemon import failpoints
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.durable.durability import Durability
+from sinkd.daemon.runtime.durable.snapshot_writer import Write
 from sinkd.daemon.store import snapshots
 from sinkd.daemon.store.journal import Journal
 from sinkd.errors import JournalError
@@ -114,6 +116,29 @@ def test_one_daemon_per_state_directory(tmp_path: Path) -> None:
     a.close()
     b.open({})  # free once the first is gone (a killed process releases its lock too)
     b.close()
+
+
+@pytest.mark.unit
+def test_a_file_written_beside_the_steps_never_commits_a_callers_statements(tmp_path: Path) -> None:
+    """A snapshot file written off the engine thread is recorded with a commit of its own. A
+    caller whose statements wait in the transaction (a move's release notes the session moved,
+    then closes it, in one commit) makes it wait for the file: the file is then deleted and
+    counted as a failed snapshot, and the caller's statements stay its own to commit or undo."""
+    d = Durability(tmp_path / "state")
+    d.open({})
+    session: Any = SimpleNamespace(id="s_1", tenant="alice")
+    path = tmp_path / "state" / "written-beside.snap"
+    path.write_bytes(b"a sealed snapshot")
+    write = Write(session, 7, "snapshots/s_1/0-7.snap", path, [], 7, True)
+    write.done.set()
+    d.note_moved_out(session)  # the release's first statement, its close to follow
+    d.writer._pending = write  # as `start` leaves it, the thread done
+    d.writer.settle()
+    assert not path.exists() and isinstance(write.error, JournalError)
+    assert session.snap_retry_at > time.time()
+    d.rollback()  # the release refused: nothing of it was committed on the way
+    assert d.moved_out() == []
+    d.close()
 
 
 @pytest.mark.unit

@@ -221,7 +221,7 @@ class Durability:
         self.lock = StateDirLock(state_dir)
         self.config: dict[str, Any] = {}
         self._doomed: list[str] = []  # snapshot files to delete once the journal forgets them
-        self.writer = SnapshotWriter(self._record, metrics, min(every_s, SNAPSHOT_RETRY_S))
+        self.writer = SnapshotWriter(self._record_behind, metrics, min(every_s, SNAPSHOT_RETRY_S))
 
     # --- lifecycle ---
 
@@ -244,7 +244,7 @@ class Durability:
 
     def close(self) -> None:
         if self._journal is not None:
-            self.settle()
+            self.writer.settle()
             self.purge.run_due(self.memory, self._journal, at_once=True)
             self._journal.close()
             self._journal = None
@@ -374,7 +374,7 @@ class Durability:
 
     def reset(self, session: Session) -> None:
         """Journal a reset (call `fresh` once it is committed: a refused commit changes nothing)."""
-        self.settle()
+        self.writer.settle()
         self.put(session, live=True)
         self._delete_files(self.journal.forget_generation(session.id, session.reset_count))
         self.forget_memory(session.id, session.reset_count)
@@ -382,13 +382,13 @@ class Durability:
 
     def failed(self, session: Session) -> None:
         """A failed session's cells were freed: it keeps its record and nothing to replay."""
-        self.settle()
+        self.writer.settle()
         self.put(session)
         self._delete_files(self.journal.forget_generation(session.id, None))
         self.fresh(session)
 
     def closed(self, session: Session) -> None:
-        self.settle()
+        self.writer.settle()
         self._delete_files(self.journal.delete_session(session.id))
         self.forget_memory(session.id, None)
         self.owe_purge()
@@ -442,7 +442,7 @@ class Durability:
         too) and drop every chunk, so that no file holds the history before it; the write-ahead
         log is truncated after the commit. Returns its size. On failure (disk full, ...) raises
         SnapshotError and the previous snapshots and the journal are untouched."""
-        self.settle()
+        self.writer.settle()
         write = self._copy(session, kv)
         data = snapshots.sealed(write.pieces)
         snapshots.write_atomic(write.path, data, fsync=write.fsync)
@@ -453,12 +453,8 @@ class Durability:
     def snapshot_behind(self, session: Session, kv: bytes) -> None:
         """`snapshot`, its file sealed and written off the engine thread (snapshot_writer.py) and
         recorded at a later `settle`; never a scrub."""
-        self.settle()
+        self.writer.settle()
         self.writer.start(self._copy(session, kv))
-
-    def settle(self, wait: bool = True) -> None:
-        """The pending snapshot write recorded, or counted as failed (`wait`: once it is done)."""
-        self.writer.settle(wait)
 
     def _copy(self, session: Session, kv: bytes) -> Write:
         n_seen = session.seq.state.n_seen
@@ -471,6 +467,15 @@ class Durability:
         snap = snapshots.Snapshot(snapshot_meta(session, self.config), kv, session.last_logits)
         since = session.logged_since_snap
         return Write(session, n_seen, rel, path, snapshots.body(snap), since, self.sync == "full")
+
+    def _record_behind(self, write: Write) -> None:
+        """A file written off the engine thread, recorded with a commit of its own; where a
+        caller's statements wait in the transaction (a release's note before its close), deleted
+        instead, and taken again later: their commit is the caller's."""
+        if self.journal.db.own_transaction:
+            write.path.unlink(missing_ok=True)
+            raise JournalError("a transaction was open; the snapshot is taken again later")
+        self._record(write)
 
     def _record(self, write: Write, scrub: bool = False) -> None:
         """The written file's row, and the older snapshots and chunks it makes needless."""
@@ -507,7 +512,7 @@ class Durability:
     def newest_snapshot(self, session: Session) -> snapshots.Snapshot:
         """The session's snapshot at its current token count, read and verified (a parked
         session's cells); CorruptSnapshot says why it cannot be had."""
-        self.settle()
+        self.writer.settle()
         n_seen = session.seq.state.n_seen
         rows = self.snapshots_of(session)
         if not rows or rows[0].n_seen != n_seen:
@@ -537,7 +542,6 @@ class Durability:
         return self.journal.sessions()
 
     def drop_snapshot(self, row: SnapshotRow) -> None:
-        self.settle()
         self.journal.drop_snapshot(row)
         self._delete_files([row.path])
 
@@ -567,7 +571,7 @@ class Durability:
 
     def rows_of(self, session: Session) -> dict[str, Any]:
         """The session generation's rows, as an archive carries them."""
-        self.settle()
+        self.writer.settle()
         return generation_rows.rows_of(self.journal.db, session.id, session.reset_count)
 
     def adopt_rows(

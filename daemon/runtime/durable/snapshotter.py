@@ -54,7 +54,9 @@ class Snapshotter:
         (a new chat between its system prompt and its first turn) waits for tokens of its own:
         its journal holds them all, and a snapshot of them would be the prefix's file again."""
         self.durability.purge_due()
-        self.durability.settle(wait=not busy)  # a file written meanwhile: its row, between steps
+        self.durability.writer.settle(
+            wait=not busy
+        )  # a file written meanwhile: its row, between steps
         for session in self.registry.all():  # forgotten tokens leave the files before all else
             if session.scrub_due and session.has_history and not session.unlogged:
                 self.take(session, scrub=True)
@@ -90,7 +92,7 @@ class Snapshotter:
         engine = self._engine()
         assert engine is not None
         t0 = time.monotonic()
-        self.durability.settle()
+        self.durability.writer.settle()
         current = session.snap_n_seen == session.seq.state.n_seen
         if not scrub and current and session.logged_since_snap == 0:
             return True  # the write just settled was of the session as it is now
