@@ -136,10 +136,11 @@ class Settings(BaseSettings):
     speculative: Literal["auto", "off"] = "auto"
     max_drafts: int = Field(default=8, ge=1, le=16)  # drafts verified with one token, at most
     kv_type: str = "f16"
-    # "auto": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
-    # 63 rows of a sequence per decode: the engine's NOTE); "off": the plain kernel everywhere
-    # (resumes sessions made under it)
-    flash_attn: Literal["auto", "off"] = "auto"
+    # "exact": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
+    # 63 rows of a sequence per decode: the engine's NOTE; sinkd's default before 2026-12-07, so it
+    # resumes the sessions made under it); "off": the plain kernel everywhere; "auto": "off" on
+    # sinkd's patched build (faster, and as exact), "exact" on another
+    flash_attn: Literal["auto", "exact", "off"] = "auto"
     default_evict_chunk: int = Field(default=16, ge=1)
     # a session that leaves K unset shifts once per this many evictions (K = n x E, at most W and
     # within the model's positions): each shift re-rotates the whole context (bench/eviction.py);

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from sinkd.cli.main import app
 from sinkd.daemon import failpoints
+from sinkd.daemon.engine.row_probe import sgemm_float_rows
 from sinkd.daemon.engine.sampler import Sampler, SamplingParams
 from sinkd.daemon.node import Daemon
 from sinkd.daemon.runtime.durable.durability import Durability
@@ -530,25 +531,27 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
 
 @pytest.mark.model
 def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) -> None:
-    """At 256 cells the daemon runs flash attention (exact there, see the engine's NOTE). A session
-    made with `flash_attn = "off"` (as every session was before that rule) is stale under it: its V
-    rows are laid out for the other kernel and its sums were made by it. It says why, and resumes,
-    bit for bit, once the daemon runs the kernel it was made under; a record with no such gate at
-    all stays stale."""
-    c = run.start(flash_attn="off")
+    """At 256 cells `flash_attn = "exact"` runs flash attention (exact there, see the engine's
+    NOTE; the default before 2026-12-07). A session made under it is stale under the default, the
+    plain kernel on sinkd's build: its V rows are laid out for the other kernel and its sums were
+    made by it. It says why, and resumes, bit for bit, once the daemon runs the kernel it was made
+    under; a record with no such gate at all stays stale."""
+    if not sgemm_float_rows():
+        pytest.skip("the default is flash attention on a build without sinkd's patch")
+    c = run.start(flash_attn="exact")
     h = c.create().handle
     workload(c, h, 0)
     seen, before = receipt(c, h).n_seen, logits(c, h)
     run.stop()
     j = Journal(run.state / "journal.db")
-    assert j.sessions()[0].record["config"]["flash_attn"] is False
+    assert j.sessions()[0].record["config"]["flash_attn"] is True
     j.close()
     c = run.start()
     (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
     assert listed.state == "stale"
-    assert "flash_attn was False, the daemon runs True" in listed.stale_reason
+    assert "flash_attn was True, the daemon runs False" in listed.stale_reason
     run.stop()
-    c = run.start(flash_attn="off")
+    c = run.start(flash_attn="exact")
     assert receipt(c, h).n_seen == seen and receipt(c, h).state == "idle"
     assert np.array_equal(logits(c, h), before)
     run.stop()
@@ -558,10 +561,10 @@ def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) ->
     j.put_session(stored.id, stored.tenant, dict(stored.record, config=config))
     j.commit()
     j.close()
-    c = run.start(flash_attn="off")
+    c = run.start(flash_attn="exact")
     (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
     assert listed.state == "stale"
-    assert "flash_attn was None, the daemon runs False" in listed.stale_reason
+    assert "flash_attn was None, the daemon runs True" in listed.stale_reason
     run.stop()
 
 

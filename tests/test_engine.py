@@ -12,6 +12,7 @@ from sinkd.cachepolicy import CacheFull, CacheSequence, ConfigError, PolicyConfi
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.decoding import BatchItem
 from sinkd.daemon.engine.llama import Engine, EngineConfig
+from sinkd.daemon.engine.row_probe import sgemm_float_rows
 from sinkd.daemon.validation import validated
 from sinkd.errors import EngineError, InvalidInput, Unsupported
 from tests.support.texts import TEXT
@@ -316,18 +317,20 @@ def _rows_by_company(
     return rows, engine.flash_attn
 
 
-@pytest.mark.parametrize(("cells", "flash"), [(1024, False), (256, True)])
+@pytest.mark.parametrize(("cells", "flash"), [(1024, "auto"), (256, "exact"), (256, "auto")])
 def test_a_tokens_logits_do_not_depend_on_its_batch_or_the_thread_count(
-    make_engine: MakeEngine, cells: int, flash: bool
+    make_engine: MakeEngine, cells: int, flash: str
 ) -> None:
     """Past 512 cache positions llama.cpp's CPU flash attention splits a lone token's sums by
     thread: the bits would depend on the threads and on the batch. The engine runs flash attention
-    only below 512 cells per stream, in pieces under 64 rows, and the plain path above, and it
-    decodes each item length apart: either way a sequence's rows are the same alone, beside others
-    of any length, and on one thread or two (what resume and batched == solo rest on)."""
-    rows, flash_attn = _rows_by_company(make_engine, cells, "auto")
+    only below 512 cells per stream, in pieces under 64 rows ("exact"; "auto" on a build whose
+    sgemm takes no lone float row), and the plain path otherwise, and it decodes each item length
+    apart: either way a sequence's rows are the same alone, beside others of any length, and on
+    one thread or two (what resume and batched == solo rest on)."""
+    rows, flash_attn = _rows_by_company(make_engine, cells, flash)
     on_cpu = EngineConfig().n_gpu_layers == 0  # flash attention is unverified on a GPU: off there
-    assert flash_attn is (flash and on_cpu)
+    wanted = flash == "exact" or not sgemm_float_rows()
+    assert flash_attn is (on_cpu and cells < 512 and wanted)
     for name in (
         "beside a token",
         "chunk beside a token",
@@ -396,13 +399,13 @@ def test_the_engine_computes_llamas_cells_per_stream_and_the_flash_rule() -> Non
     assert not flash_attention_exact(512, 0) and not flash_attention_exact(256, 1)
 
 
-@pytest.mark.parametrize("flash", ["off", "auto", "on"])
+@pytest.mark.parametrize("flash", ["off", "exact", "on"])
 def test_a_chunks_logits_do_not_depend_on_how_it_was_cut(
     make_engine: MakeEngine, flash: str
 ) -> None:
     """A chunk computes the same bits in pieces of 2 rows or more: whole, 50 + 50, 64 + 36,
     10 + 30 + 60 or 2 + 98, and the token after it too (the plain path's sgemm sums each row alike
-    in any tile); under flash attention as "auto" runs it, in pieces of at most 63 rows, a lone
+    in any tile); under flash attention as "exact" runs it, in pieces of at most 63 rows, a lone
     row too (1 + 99). Forced on as llama.cpp has it, flash attention tiles 64 rows or more of a
     stream and sums them otherwise: a whole chunk of 100 differs. (A lone row on the plain path:
     the next test.)"""
@@ -605,7 +608,7 @@ def test_a_failed_piece_leaves_the_cache_as_the_policy_says(make_engine: MakeEng
     next decode computes what it would have."""
     if EngineConfig().n_gpu_layers:
         pytest.skip("the pieces are the CPU rule's")
-    engine = make_engine(n_ctx_seq=256, n_seq_max=2, n_batch=256, n_threads=2)
+    engine = make_engine(n_ctx_seq=256, n_seq_max=2, n_batch=256, n_threads=2, flash_attn="exact")
     assert engine.flash_attn and engine.max_rows == 63
     toks = engine.vocab.tokenize(TEXT * 3)
 

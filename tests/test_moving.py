@@ -139,7 +139,7 @@ def test_an_archive_is_refused_for_another_tenant_or_any_damage_and_nothing_stay
 
 @pytest.mark.parametrize(
     ("kw", "gate"),
-    [({"model": "gemma3-270m"}, "model"), ({"flash_attn": "off"}, "flash_attn"),
+    [({"model": "gemma3-270m"}, "model"), ({"flash_attn": "exact"}, "flash_attn"),
      ({"n_ctx_seq": 512}, "n_ctx_seq")],
 )  # fmt: skip
 def test_an_archive_from_another_model_or_kernel_is_refused_by_name(

@@ -38,8 +38,11 @@ token of one stream and the attention spans 512 cells or more (`use_split_kv_pat
 count and on what else shared its batch, and a prompt chunk's on how the step cut it. Below 512
 cells per stream and in pieces under 64 rows the kernel sums every row whole, in order, over the
 cells it may see, alike alone, batched, on any thread count and however a chunk is cut (tested), so
-the engine turns it on there (bench/README.md, "peer.py"); above, and on a GPU backend (unverified),
-the plain path runs.
+the engine can run it there (`flash_attn = "exact"`); above, and on a GPU backend (unverified), the
+plain path runs. By default ("auto") it runs there only on a build whose sgemm takes no lone float
+row: on sinkd's patched build the plain path is exact too, and on the 2-core Xeon measured it
+decoded SmolLM2 at 256 cells 1.5x as fast as flash attention (eight sequences 1.55x, prefill 1.2x;
+Gemma 3 level: bench/README.md, "peer.py", 2026-12-07).
 """
 
 from __future__ import annotations
@@ -132,9 +135,10 @@ class EngineConfig(BaseModel):
     kv_type: Literal["f32", "f16", "q8_0", "q4_0", "bf16"] = "f16"
     swa_full: bool = True  # a sliding-window cache can shift only at full size
     kv_unified: bool = False  # control only: a unified cache makes forks unsafe, batching inexact
-    # "auto": on where its sums are exact, in pieces of at most FLASH_MAX_ROWS (the NOTE above);
+    # "exact": on where its sums are exact, in pieces of at most FLASH_MAX_ROWS (the NOTE above);
+    # "auto": "exact" on a build whose sgemm takes no lone float row, else off (the NOTE);
     # "on", tests and benches only: llama.cpp's kernel as it is, in any span and any piece
-    flash_attn: Literal["auto", "off", "on"] = "auto"
+    flash_attn: Literal["auto", "exact", "off", "on"] = "auto"
     # llama.cpp computes each output row's argmax inside the decode (a greedy sampler chain per
     # sequence, "backend sampling"): a greedy token costs no read of the row here, and decode
     # runs need it (runtime/loop/runahead.py). On the CPU it costs the decode ~2% at 8 sessions
@@ -301,7 +305,8 @@ class Engine:
         cparams.type_v = KV_TYPES[cfg.kv_type]
         cparams.no_perf = True
         cells = cells_per_stream(cfg.n_ctx_seq, cfg.n_seq_max, cfg.kv_unified)
-        exact = cfg.flash_attn == "auto" and flash_attention_exact(cells, cfg.n_gpu_layers)
+        wanted = cfg.flash_attn == "exact" or (cfg.flash_attn == "auto" and not sgemm_float_rows())
+        exact = wanted and flash_attention_exact(cells, cfg.n_gpu_layers)
         # what sessions are computed under (a resume gate); see the NOTE above
         self.flash_attn = cfg.flash_attn == "on" or exact
         self.flash_exact = exact
