@@ -537,6 +537,9 @@ def main(solo_only: bool = False, throughput_only: bool = False, decode_runs: bo
             lambda k: Sinkd(k, durable=False, scheme=SERVER_SCHEME),
         ),
     ]
+    # llama-server with the plain attention kernel, as sinkd runs it by default on its build
+    # (daemon/engine/llama.py's NOTE): llama-server's default is flash attention
+    plain_peer = ("llama-server -fa off", lambda k: Server(bins["llama-server"], k, ("-fa", "off")))
     if decode_runs:  # the engine's Python once per run of greedy decodes, not once per token
         servers = [servers[0]] + [
             (f"sinkd speculative=off decode_run={n}",
@@ -547,6 +550,7 @@ def main(solo_only: bool = False, throughput_only: bool = False, decode_runs: bo
     if solo_only or throughput_only:
         # one session: both servers with and without drafts; at eight: without, and sinkd's off
         servers = servers[:7] if solo_only else [*servers[:3], *servers[4:6]]
+        servers.append(plain_peer)
     counts = [k for k, _ in loads]
     for rnd in range(ROUNDS):  # each set back to back, who goes first alternating by round
         for k, n in loads:
