@@ -41,8 +41,8 @@ cells it may see, alike alone, batched, on any thread count and however a chunk 
 the engine can run it there (`flash_attn = "exact"`); above, and on a GPU backend (unverified), the
 plain path runs. By default ("auto") it runs there only on a build whose sgemm takes no lone float
 row: on sinkd's patched build the plain path is exact too, and on the 2-core Xeon measured it
-decoded SmolLM2 at 256 cells 1.5x as fast as flash attention (eight sequences 1.55x, prefill 1.2x;
-Gemma 3 level: bench/README.md, "peer.py", 2026-12-07).
+decoded SmolLM2 1.3-2.0x as fast as flash attention over positions 100-356 (eight sequences 1.45x,
+prefill 1.3x; Gemma 3 level: 0.97x decode, 1.09x prefill; bench/README.md, "attention.py").
 """
 
 from __future__ import annotations
