@@ -137,9 +137,10 @@ class Settings(BaseSettings):
     max_drafts: int = Field(default=8, ge=1, le=16)  # drafts verified with one token, at most
     kv_type: str = "f16"
     # "exact": flash attention where its sums are exact (CPU, below 512 cells per sequence, at most
-    # 63 rows of a sequence per decode: the engine's NOTE; sinkd's default before 2026-12-07, so it
-    # resumes the sessions made under it); "off": the plain kernel everywhere; "auto": "off" on
-    # sinkd's patched build (faster, and as exact), "exact" on another
+    # 63 rows of a sequence per decode: the engine's NOTE; sinkd's default before 2026-12-07);
+    # "off": the plain kernel everywhere; "auto": "off" on sinkd's patched build (faster, and as
+    # exact), "exact" on another, and "exact" while the state directory holds live sessions made
+    # under flash attention (boot.attention_for: an upgrade strands none)
     flash_attn: Literal["auto", "exact", "off"] = "auto"
     default_evict_chunk: int = Field(default=16, ge=1)
     # a session that leaves K unset shifts once per this many evictions (K = n x E, at most W and

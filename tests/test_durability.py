@@ -532,10 +532,12 @@ def test_another_configuration_makes_old_handles_stale_not_garbage(run: Run) -> 
 @pytest.mark.model
 def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) -> None:
     """At 256 cells `flash_attn = "exact"` runs flash attention (exact there, see the engine's
-    NOTE; the default before 2026-12-07). A session made under it is stale under the default, the
-    plain kernel on sinkd's build: its V rows are laid out for the other kernel and its sums were
-    made by it. It says why, and resumes, bit for bit, once the daemon runs the kernel it was made
-    under; a record with no such gate at all stays stale."""
+    NOTE; the default before 2026-12-07). The default ("auto": the plain kernel on sinkd's build)
+    keeps it while the state directory holds sessions made under it, so an upgrade resumes them.
+    Under the other kernel (`flash_attn = "off"`) such a session is stale: its V rows are laid
+    out for the other kernel and its sums were made by it. It says why, and resumes, bit for bit,
+    once the daemon runs the kernel it was made under; a record with no such gate at all stays
+    stale."""
     if not sgemm_float_rows():
         pytest.skip("the default is flash attention on a build without sinkd's patch")
     c = run.start(flash_attn="exact")
@@ -546,7 +548,12 @@ def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) ->
     j = Journal(run.state / "journal.db")
     assert j.sessions()[0].record["config"]["flash_attn"] is True
     j.close()
-    c = run.start()
+    c = run.start()  # the default, after an upgrade: the stored session keeps its kernel
+    assert run.d is not None and run.d.service.engine.flash_attn
+    assert receipt(c, h).n_seen == seen and receipt(c, h).state == "idle"
+    assert np.array_equal(logits(c, h), before)
+    run.stop()
+    c = run.start(flash_attn="off")
     (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
     assert listed.state == "stale"
     assert "flash_attn was True, the daemon runs False" in listed.stale_reason
@@ -565,6 +572,9 @@ def test_a_session_made_under_the_other_attention_kernel_goes_stale(run: Run) ->
     (listed,) = c.s.List(pb.ListSessionsRequest(), metadata=ALICE).sessions
     assert listed.state == "stale"
     assert "flash_attn was None, the daemon runs True" in listed.stale_reason
+    run.stop()
+    run.start()  # no live session made under flash attention is left: the default's kernel
+    assert run.d is not None and not run.d.service.engine.flash_attn
     run.stop()
 
 

@@ -14,6 +14,7 @@ from sinkd.daemon.runtime.durable.durability import Durability
 from sinkd.daemon.runtime.resume import Resumer
 from sinkd.daemon.runtime.sessions import ModelIdentity
 from sinkd.daemon.store.embedder import Embedder, EmbedderUnavailable
+from sinkd.daemon.store.journal import made_under
 from sinkd.daemon.validation import validated
 
 log = logging.getLogger("sinkd.engine")
@@ -27,7 +28,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         n_batch=settings.n_batch,
         n_gpu_layers=settings.n_gpu_layers,
         kv_type=settings.kv_type,
-        flash_attn=settings.flash_attn,
+        flash_attn=attention_for(settings),
         # decode runs take the decode's own argmax (runahead.py); without them it costs more
         # than the numpy argmax it saves (engine/llama.py, EngineConfig)
         backend_argmax=settings.decodes_per_pass > 1,
@@ -35,6 +36,19 @@ def engine_config(settings: Settings) -> EngineConfig:
     if settings.n_threads:
         config = config.model_copy(update={"n_threads": settings.n_threads})
     return config
+
+
+def attention_for(settings: Settings) -> str:
+    """The attention kernel the engine runs: the setting, except that "auto" keeps flash
+    attention where exact while the state directory holds live sessions made under it (the
+    default before 2026-12-07): an upgrade does not strand them as stale. Once none is left, the
+    next start runs "auto"'s kernel; `flash_attn = "off"` switches at once (they go stale)."""
+    if settings.flash_attn != "auto" or not settings.durable:
+        return settings.flash_attn
+    if True in made_under(settings.state_dir / "journal.db", "flash_attn"):
+        log.info("stored sessions were made under flash attention: it stays on where exact")
+        return "exact"
+    return "auto"
 
 
 BM25_ALONE = "bm25 alone"

@@ -122,6 +122,26 @@ class SnapshotRow:
     created: float
 
 
+def made_under(path: Path, gate: str) -> set[Any]:
+    """The values of one configuration gate that the live sessions of the journal at `path` were
+    made under (a record without it: None), read before the daemon opens the journal (at boot,
+    to pick what the engine runs); empty where there is no journal yet."""
+    if not path.exists():
+        return set()
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT record FROM sessions WHERE state = 'live'").fetchall()
+    except sqlite3.Error:  # not a journal yet, or a damaged one: the open will say so
+        return set()
+    finally:
+        db.close()
+    values: set[Any] = set()
+    for (text,) in rows:
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            values.add(json.loads(text).get("config", {}).get(gate))
+    return values
+
+
 def _tokens_blob(tokens: tuple[int, ...] | list[int]) -> bytes:
     """Little-endian int32s (struct, not numpy: a decode step journals one token)."""
     return struct.pack(f"<{len(tokens)}i", *tokens)
