@@ -44,8 +44,8 @@ class Snapshotter:
         overdue one, its file written beside the next steps and recorded between two of them
         (snapshot_writer.py), and no other until then: a snapshot is megabytes per 256 cells,
         and eight sessions falling due together would otherwise stall every session's next
-        token by their writes (the rest follow, one at a time). Not while a turn is still to give its first token
-        (`answering`): its time to first token does not wait for a snapshot, of its own session
+        token by their writes (the rest follow, one at a time). Not while a turn is still to
+        give its first token (`answering`): its time to first token does not wait for a snapshot, of its own session
         or another's, that can be taken a step later (a new chat after a restored prefix reads
         a few tokens: a snapshot of the previous chat would double its wait). A session in the
         middle of a turn (`working`) waits for the turn's end, unless it is MID_TURN_INTERVALS
@@ -54,9 +54,8 @@ class Snapshotter:
         (a new chat between its system prompt and its first turn) waits for tokens of its own:
         its journal holds them all, and a snapshot of them would be the prefix's file again."""
         self.durability.purge_due()
-        self.durability.writer.settle(
-            wait=not busy
-        )  # a file written meanwhile: its row, between steps
+        # a file written beside the last steps gets its row here, between two of them
+        self.durability.writer.settle(wait=not busy)
         for session in self.registry.all():  # forgotten tokens leave the files before all else
             if session.scrub_due and session.has_history and not session.unlogged:
                 self.take(session, scrub=True)
