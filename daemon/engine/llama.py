@@ -305,7 +305,8 @@ class Engine:
         cparams.type_v = KV_TYPES[cfg.kv_type]
         cparams.no_perf = True
         cells = cells_per_stream(cfg.n_ctx_seq, cfg.n_seq_max, cfg.kv_unified)
-        wanted = cfg.flash_attn == "exact" or (cfg.flash_attn == "auto" and not sgemm_float_rows())
+        self.float_rows = "lone float rows" in self.cpu_kernels  # sinkd's patched sgemm
+        wanted = cfg.flash_attn == "exact" or (cfg.flash_attn == "auto" and not self.float_rows)
         exact = wanted and flash_attention_exact(cells, cfg.n_gpu_layers)
         # what sessions are computed under (a resume gate); see the NOTE above
         self.flash_attn = cfg.flash_attn == "on" or exact
@@ -354,7 +355,6 @@ class Engine:
         self.cells = SequenceCells(ctx, self._mem, cfg.n_seq_max, self._decode_calibration)
         # a build whose kernels may sum a lone row otherwise is asked on the model (row_probe.py),
         # once, when drafts are first weighed (`rows_not_exact`)
-        self.float_rows = "lone float rows" in self.cpu_kernels
         self._rows_differ: str | None = None
         self.rows_settled = offloaded or "LLAMAFILE" not in self.cpu_kernels.split(";")[0].split()
 

@@ -124,6 +124,7 @@ class SnapshotWriter:
             write.error = e
         with self._lock:
             late = write.path in self._given_up
+            self._given_up.discard(write.path)
             write.done.set()
         if late:
             write.path.unlink(missing_ok=True)
