@@ -23,13 +23,14 @@ from sinkd.daemon.runtime.api import (
     TokenEvent,
 )
 from sinkd.daemon.runtime.loop.drafting import (
+    OCCURRENCES,
     PROBE_EVERY,
-    PROBE_MATCH,
     PROBE_MAX,
     DecodeCosts,
     DraftControl,
+    Guess,
+    guesses,
     lookup,
-    match,
 )
 from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.service import SinkdService
@@ -108,88 +109,119 @@ def test_lookup_proposes_what_followed_the_longest_latest_match() -> None:
     assert lookup([7, 7, 7], 2) == [7]  # 7 7 at 0..1, then only one token follows it
 
 
-def test_a_session_drafts_the_length_that_pays_and_probes_when_none_does() -> None:
+def test_a_guess_counts_how_many_earlier_occurrences_went_on_as_its_drafts_do() -> None:
+    # three "lines" of one shape, parted by a number: 1 2 <n> 3 4 5 0
+    lines = [t for n in (10, 11, 12) for t in (1, 2, n, 3, 4, 5, 0)]
+    # after a line's fixed words, the next line runs on alike up to its number
+    after_words = guesses([*lines, 1, 2, 13, 3, 4], 6)
+    assert after_words == [Guess([5, 0, 1, 2, 13, 3], 2, 3, [3, 3, 3, 3, 1, 1])]
+    assert [round(after_words[0].likely(j), 2) for j in range(6)] == [0.75] * 4 + [0.25] * 2
+    # at a line's start: the longer suffixes were seen twice, the shortest three times
+    at_start = guesses([*lines, 1, 2], 2)
+    assert [(g.matched, g.occurrences, g.agreeing) for g in at_start] == [
+        (6, 2, [1, 1]),
+        (2, 3, [1, 1]),
+    ]
+    assert at_start[0].drafts == [12, 3]  # what followed the latest occurrence
+    # (the suffixes of 5 to 3 tokens occurred where the one of 6 did: the same guess, given once)
+    # only the latest OCCURRENCES are weighed
+    many = guesses([7, 8, 9] * (OCCURRENCES + 4) + [7, 8], 1)
+    assert all(g.occurrences == OCCURRENCES for g in many)
+    assert guesses([1, 2, 3], 4) == [] and guesses([1, 2, 1, 2], 0) == []
+
+
+def test_a_session_drafts_what_its_text_agrees_on_and_probes_when_nothing_pays() -> None:
     costs = DecodeCosts()  # the prior: each row past the first costs 0.45 of one
+    sure = Guess(list(range(100, 108)), 4, 8, [8] * 8)
+    line_start = Guess(list(range(100, 108)), 4, 8, [8, 8, 8, 2, 2, 2, 2, 2])
+    seen_once = Guess(list(range(100, 108)), 8, 1, [1] * 8)
     control = DraftControl(max_drafts=8)
-    assert control.length(costs) >= 1  # the first drafts are tried
-    for _ in range(20):
-        control.observe(drafted=4, accepted=4)
-    assert control.length(costs) == 8  # all taken: the longest pays most
-    for _ in range(20):
-        control.observe(drafted=1, accepted=0)
-    assert control.length(costs) == 0  # none taken: nothing drafted ...
-    for _ in range(PROBE_EVERY):
-        control.skipped()
-    assert control.length(costs) == 1  # ... but a one-token probe after PROBE_EVERY tokens
-    # measured costs replace the prior: rows that cost as much as their tokens never pay
+    assert control.choose(costs, [sure]) == sure.drafts[:2]  # a new session's: two at most
+    control.observe(drafted=2, accepted=2)
+    assert control.choose(costs, [sure]) == sure.drafts[:4]  # ... one more for each taken
+    control.observe(drafted=4, accepted=4)
+    assert control.choose(costs, [sure]) == sure.drafts  # agreed all along: the longest pays most
+    assert control.choose(costs, [line_start]) == line_start.drafts[:3]  # up to where they part
+    # of two guesses, the one that pays more: eight agreeing occurrences over one
+    assert control.choose(costs, [seen_once, line_start]) == line_start.drafts[:3]
+    assert DraftControl(max_drafts=2).choose(costs, [sure]) == sure.drafts[:2]
+    # measured costs replace the prior: rows that cost as much as their tokens never pay, ...
     linear = DecodeCosts()
     for rows in range(1, 10):
         for _ in range(3):
             linear.observe(rows, 0.01 * rows)
-    sure = DraftControl(max_drafts=8)
-    sure.length(costs)  # what is observed is learnt for the match class of the length chosen
-    for _ in range(20):
-        sure.observe(drafted=3, accepted=2)
-    assert linear.ratio(4) == pytest.approx(4.0) and sure.length(linear) == 0
-    assert sure.length(costs) > 0
+    assert linear.ratio(4) == pytest.approx(4.0) and control.choose(linear, [sure]) == []
+    for _ in range(PROBE_EVERY):
+        control.skipped()
+    # ... but a one-token probe after PROBE_EVERY tokens, where the occurrences all agree
+    assert control.choose(linear, [seen_once]) == []
+    assert control.choose(linear, [seen_once, sure]) == sure.drafts[:1] and control.probing
     # a length not measured yet costs what the measured ones say, not the prior: on a
-    # compute-bound CPU a second row costs ~0.8 of the first, and a long draft pays only if sure
+    # compute-bound CPU a second row costs ~0.8 of the first, and a guess seen once pays not
     heavy = DecodeCosts()
     for rows, seconds in ((1, 0.010), (2, 0.018)):
         for _ in range(3):
             heavy.observe(rows, seconds)
     assert heavy.ratio(9) == pytest.approx(1 + 0.8 * 8) and costs.ratio(9) == pytest.approx(4.6)
-    likely_enough = DraftControl(max_drafts=8)
-    likely_enough.length(costs)
-    for taken in [True, True, False] * 10:  # two drafts in three taken: pays on the prior alone
-        likely_enough.observe(drafted=1, accepted=int(taken))
-    assert likely_enough.length(costs) > 0 and likely_enough.length(heavy) == 0
-    # beside seven other decoding sessions a draft's row weighs more against the step: a length
-    # that pays alone does not pay there, unless the drafts are nearly always taken
+    fresh = DraftControl(max_drafts=8)
+    fresh.observe(drafted=6, accepted=6)  # (its drafts were taken: it may draft eight)
+    assert fresh.choose(costs, [seen_once]) != [] and fresh.choose(heavy, [seen_once]) == []
+    # beside other decoding sessions a draft's row weighs more against the step: a guess that
+    # pays alone pays beside one other only where the text agrees on it, beside seven not at all
     assert costs.ratio(2, sequences=8) > costs.ratio(2) * 1.2
-    likely = DraftControl(max_drafts=1)
-    likely.length(costs)
-    for taken in [True, True, True, False] * 10:  # its one draft taken three times in four
-        likely.observe(drafted=1, accepted=int(taken))
-    assert likely.length(costs) == 1 and likely.length(costs, sequences=8) == 0
-    certain = DraftControl(max_drafts=8)
-    certain.length(costs)
-    for _ in range(40):
-        certain.observe(drafted=4, accepted=4)
-    assert certain.length(costs, sequences=8) > 0
+    assert fresh.choose(costs, [sure], sequences=2) == sure.drafts
+    assert fresh.choose(costs, [seen_once], sequences=2) == []
+    assert fresh.choose(costs, [sure], sequences=8) == []
+    # where nothing could pay, the session does not even look
+    assert DraftControl(max_drafts=8).worth_looking(costs, sequences=2)
+    assert not DraftControl(max_drafts=8).worth_looking(costs, sequences=8)
+    assert not DraftControl(max_drafts=8).worth_looking(linear)
 
 
 def test_a_stream_whose_drafts_are_rejected_pays_for_a_few_then_for_rarer_probes() -> None:
     costs = DecodeCosts()  # a row past the first costs 0.45 of one
     control = DraftControl(max_drafts=8)
-    drafted_at = []
-    for token in range(4000):  # every token follows a match; every draft is rejected
-        matched = (2, 3, 5, 8)[token % 4]
-        k = control.length(costs, 1, matched)
-        if k:
+    sure = Guess(list(range(100, 108)), 4, 8, [8] * 8)  # the text agrees; the stream never does
+    drafted_at, drafted = [], 0
+    for token in range(4000):
+        drafts = control.choose(costs, [sure]) if control.worth_looking(costs) else []
+        if drafts:
             drafted_at.append(token)
-            control.observe(drafted=k, accepted=0)
+            drafted += len(drafts)
+            control.observe(drafted=len(drafts), accepted=0)
         else:
             control.skipped()
     early = [t for t in drafted_at if t < PROBE_EVERY]
-    assert len(early) <= 3  # the prior gives way after one rejection a match class
+    assert len(early) <= 2  # the trust gives way after one rejection
     probes = [t for t in drafted_at if t >= PROBE_EVERY]
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps and all(b > 1.8 * min(a, PROBE_MAX // 2) for a, b in itertools.pairwise(gaps))
-    assert len(drafted_at) <= 12  # 4,000 tokens: a few drafts, then probes ever rarer
+    assert drafted <= 12  # 4,000 tokens: two drafts, then probes ever rarer
 
 
-def test_short_and_long_matches_learn_their_acceptance_apart() -> None:
+def test_a_taken_probe_trusts_the_text_again_and_a_sampled_stream_drafts_less() -> None:
     costs = DecodeCosts()
+    sure = Guess(list(range(100, 108)), 4, 8, [8] * 8)
     control = DraftControl(max_drafts=8)
-    for _ in range(30):  # a log: a whole line matched is taken, two tokens matched are not
-        if k := control.length(costs, 1, 8):
-            control.observe(drafted=k, accepted=k)
-        if k := control.length(costs, 1, 2):
-            control.observe(drafted=k, accepted=0)
-    assert control.length(costs, 1, 8) >= 4 and control.length(costs, 1, 2) == 0
-    assert control.length(costs, 1, PROBE_MATCH) > 0  # the middle class: its prior still
-    assert match([1, 2, 3, 9, 1, 2, 3], 1) == ([9], 3) and match([1, 2, 3], 1) == ([], 0)
+    for _ in range(5):
+        if drafts := control.choose(costs, [sure]):
+            control.observe(drafted=len(drafts), accepted=0)
+    assert control.trust < 0.6 and control.choose(costs, [sure]) == []
+    for _ in range(PROBE_EVERY):
+        control.skipped()
+    assert control.choose(costs, [sure]) == [100] and control.probing
+    control.observe(drafted=1, accepted=1)  # the text is followed again: the drafts come back
+    assert control.trust == 1.0 and control.choose(costs, [sure]) == sure.drafts[:3]
+    # a stream that takes half of what its text predicts drafts shorter than one that takes all
+    line_start = Guess(list(range(100, 108)), 4, 8, [8, 8, 8, 7, 7, 7, 7, 7])
+    halved = DraftControl(max_drafts=8)
+    control.observe(drafted=8, accepted=8)
+    for _ in range(30):
+        if drafts := halved.choose(costs, [line_start]):
+            halved.observe(drafted=len(drafts), accepted=len(drafts) // 2)
+    assert 0.3 < halved.trust < 0.7
+    assert len(halved.choose(costs, [line_start])) < len(control.choose(costs, [line_start]))
+    assert lookup([1, 2, 3, 9, 1, 2, 3], 1) == [9] and lookup([1, 2, 3], 1) == []
 
 
 def test_a_lone_sessions_passes_are_counted_by_rows_for_the_metrics_endpoint(
@@ -437,15 +469,21 @@ def test_a_cancel_or_a_failure_during_a_verification_leaves_no_draft(tmp_path: P
         assert fired.is_set() and 0 < len(got) < 60
         cells_hold_the_ledger(service, session)
 
+        generated(service, handle)  # the session still serves
+        cells_hold_the_ledger(service, session)
+
         def bug() -> None:
             raise RuntimeError("a bug inside a verification")
 
+        # a session of its own (the first one's drafts were rejected: it drafts little now)
+        other = started_session(service)
         armed, fired = during_first_verification(bug)
         with armed, pytest.raises(SinkdError, match="internal error"):
-            generated(service, handle)
+            generated(service, other)
+        session = session_of(service, other)
         assert fired.is_set() and session.state.value != "failed"
         cells_hold_the_ledger(service, session)
-        generated(service, handle)  # the session still serves
+        generated(service, other)  # the session still serves
         cells_hold_the_ledger(service, session)
     finally:
         service.stop()

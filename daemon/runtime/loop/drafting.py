@@ -7,13 +7,19 @@ followed them there. Text that repeats itself (a log's lines, JSON's keys, a rep
 question or a recalled passage) is guessed right; a chat with nothing to look up finds no match
 and drafts nothing.
 
+How likely a guess is, the text says too (llama.cpp's `ngram-cache` keeps such counts): of the
+last few places the same tokens occurred, how many went on as the draft does, draft by draft. A
+log's lines agree on their fixed words and part at their numbers, so the drafts run up to where
+the earlier lines disagreed. Each suffix length that occurs gives a guess: a long one is a
+specific guess seen once, a short one a guess seen many times.
+
 How many to verify is a trade. A verification decodes the pending token and the drafts in one
-pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.5 of one, 5 rows
-~2.6; on a GPU about one), and yields the accepted drafts plus the pending token. `DraftControl`
-keeps how often a session's first draft is taken and how often one after a taken one is, and
-picks the length that maximises tokens per cost under that model; where no length pays, the
-session drafts nothing but a one-token probe now and then, after a long match, so that a session
-whose text turns repetitive finds out.
+pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.6 of one, 5 rows
+~3.4; on a GPU about one). `DraftControl` picks the guess and length with the most expected
+tokens per cost, the text's agreement weighed by how far this session's drafts have been taken
+as the text predicted (a sampled stream follows its text less than a greedy one). Where nothing
+pays, the session drafts nothing but a one-token probe now and then, after an agreed match, so
+that a session whose drafts were rejected finds out when its text turns predictable again.
 
 A clock is read by the executor alone (`DecodeCosts.observe`): the length chosen follows the
 machine's speed, the tokens never do (the executor verifies them one by one).
@@ -23,19 +29,69 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 MIN_MATCH = 2  # a single repeated token predicts little
-MAX_MATCH = 8  # longer suffixes are tried first: the longer the match, the better the guess
-MATCH_CLASSES = (2, 4, 6)  # matches of 2-3, 4-5 and 6 or more tokens: each learns its acceptance
-PRIOR_FIRST = 0.6  # a session's first drafts are tried ...
-PRIOR_THEN = 0.8  # ... at a length of two or three
-PRIOR_WEIGHT = 2  # the priors count as this many drafts seen: one rejection halves a hope
-LEARNING_RATE = 0.1  # of the acceptance estimates, per draft verified, once past the prior
+MAX_MATCH = 8  # the longest suffix looked up
+OCCURRENCES = 8  # earlier occurrences of a suffix weighed (the latest ones)
+TRUST_PRIOR = 2.0  # a session's drafts start trusted as if two expected tokens were taken
+TRUST_DECAY = 0.95  # of what was taken and expected, per verification: the stream is followed
 PROBE_EVERY = 16  # tokens a session that does not draft decodes before a one-token probe ...
 PROBE_MAX = 1024  # ... doubled after each probe rejected, up to this; reset by one taken
-PROBE_MATCH = 4  # a probe's draft follows a match of at least this many tokens
-EXPLORE_EVERY = 8  # every this many lengths chosen, one draft more than pays (learning its worth)
 MIN_GAIN = 1.05  # expected tokens per cost a draft must promise over none
+SLOW_START = 2  # a session drafts at most this many, and one more for each draft it had taken
+
+
+@dataclass(frozen=True)
+class Guess:
+    """What followed the latest earlier occurrence of the context's last `matched` tokens, and how
+    many of the `occurrences` weighed (the latest, at most OCCURRENCES) went on as
+    `drafts[:j + 1]` does (`agreeing[j]`)."""
+
+    drafts: list[int]
+    matched: int
+    occurrences: int
+    agreeing: list[int]
+
+    def likely(self, j: int) -> float:
+        """How likely the first j + 1 drafts are all right, by the text alone: the share of the
+        occurrences that went on so, one more counted that did not (one occurrence: a half)."""
+        return self.agreeing[j] / (self.occurrences + 1)
+
+
+def guesses(
+    context: Sequence[int], k: int, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH
+) -> list[Guess]:
+    """For each suffix of the context of `max_n` down to `min_n` tokens that occurred earlier, up
+    to `k` drafts and their support (longest first). A byte search over the ids (C speed: the
+    occurrences of 7 suffixes in a 1,024-token window take ~30-100 us in all)."""
+    n_ctx = len(context)
+    if k <= 0 or n_ctx <= min_n:
+        return []
+    hay = array("i", context).tobytes()
+    last_start = len(hay) - 4  # an occurrence must end before the last token: something follows
+    found: list[Guess] = []
+    for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
+        pattern = hay[-4 * n :]
+        end, starts = last_start, list[int]()
+        while len(starts) < OCCURRENCES:
+            at = hay.rfind(pattern, 0, end)
+            if at < 0:
+                break
+            if at % 4 == 0:  # on a token's boundary, not inside two
+                starts.append(at // 4 + n)
+            end = at + len(pattern) - 1
+        if not starts or (found and len(starts) == found[-1].occurrences < OCCURRENCES):
+            continue  # none, or where the longer suffix occurred: the same guess again
+        drafts = list(context[starts[0] : starts[0] + k])
+        agreeing = [0] * len(drafts)
+        for start in starts:
+            for j, token in enumerate(drafts):
+                if start + j >= n_ctx or context[start + j] != token:
+                    break
+                agreeing[j] += 1
+        found.append(Guess(drafts, n, len(starts), agreeing))
+    return found
 
 
 def lookup(
@@ -43,36 +99,8 @@ def lookup(
 ) -> list[int]:
     """Up to `k` tokens that followed the latest earlier occurrence of the context's longest
     suffix of `max_n` down to `min_n` tokens; [] where none occurs."""
-    return match(context, k, min_n, max_n)[0]
-
-
-def match(
-    context: Sequence[int], k: int, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH
-) -> tuple[list[int], int]:
-    """`lookup`'s drafts and the length of the suffix they follow (0: none). A byte search over
-    the ids (C speed: ~20 us over a 1,024-token window)."""
-    n_ctx = len(context)
-    if k <= 0 or n_ctx <= min_n:
-        return [], 0
-    hay = array("i", context).tobytes()
-    last_start = len(hay) - 4  # an occurrence must end before the last token: something follows
-    for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
-        pattern = hay[-4 * n :]
-        end = last_start
-        while True:
-            at = hay.rfind(pattern, 0, end)
-            if at < 0:
-                break
-            if at % 4 == 0:  # on a token's boundary, not inside two
-                start = at // 4 + n
-                return list(context[start : start + k]), n
-            end = at + len(pattern) - 1
-    return [], 0
-
-
-def match_class(n: int) -> int:
-    """Which of MATCH_CLASSES a match of `n` tokens falls in."""
-    return sum(n >= c for c in MATCH_CLASSES[1:])
+    found = guesses(context, k, min_n, max_n)
+    return found[0].drafts if found else []
 
 
 class DecodeCosts:
@@ -138,89 +166,84 @@ class DecodeCosts:
 
 
 class DraftControl:
-    """One session's drafting: how often its first draft is taken, learnt apart for short, middle
-    and long matches (a long match is a better guess: a log's line, a quoted span), how often a
-    draft after a taken one is (copied text runs on once it starts: the higher), and the length
-    that pays. Rejections are learnt fast (the prior weighs PRIOR_WEIGHT drafts), so a stream
-    whose drafts are rejected pays for a few of them, then only for probes that grow rarer."""
+    """One session's drafting: how far its drafts are taken against what the text predicted
+    (`trust`), the guess and length that pay, and the probes where none does. Rejections are
+    learnt fast (the prior weighs TRUST_PRIOR expected tokens), so a stream whose drafts are
+    rejected pays for a few of them, then only for probes that grow rarer; a new session's drafts
+    grow longer as they are taken (SLOW_START), so that its first rejection costs two rows."""
 
     def __init__(self, max_drafts: int) -> None:
         self.max_drafts = max_drafts
-        self.first = [PRIOR_FIRST] * len(MATCH_CLASSES)
-        self._first_seen = [0] * len(MATCH_CLASSES)
-        self.then = PRIOR_THEN
-        self._then_seen = 0
+        self._taken = TRUST_PRIOR  # drafts taken, and the text's expectation of them, decayed
+        self._expected = TRUST_PRIOR
+        self._chosen: list[float] = []  # the expected tokens of the drafts last chosen, by length
         self.since_draft = 0  # tokens decoded since its last verification
         self.probe_every = PROBE_EVERY
-        self.chosen = 0  # lengths chosen
-        self.probing = False  # the last length is a probe's
-        self._class = 0  # the match class of the last length chosen
+        self.probing = False  # the last drafts are a probe's
         self.drafted = 0
         self.accepted = 0
 
-    def length(self, costs: DecodeCosts, sequences: int = 1, matched: int = MAX_MATCH) -> int:
-        """How many drafts to verify with the next token (0: none), in a step where `sequences`
-        sessions decode, after a match of `matched` tokens: the length with the most expected
-        tokens per cost, or a one-token probe once `probe_every` tokens went without one, after
-        a match of PROBE_MATCH tokens or more (`probing`)."""
-        self._class = match_class(matched)
-        best = self._best(self.first[self._class], costs, sequences)
-        due = self.since_draft >= self.probe_every and matched >= PROBE_MATCH
-        if best == 0 and self.max_drafts and due:
-            self.probing = True  # one draft, where a long match makes it likely
-            return 1
-        self.probing = False
-        self.chosen += best > 0
-        if best and best < self.max_drafts and self.chosen % EXPLORE_EVERY == 0:
-            return best + 1  # now and then one more: what it yields and costs is learnt too
-        return best
+    @property
+    def trust(self) -> float:
+        """How far this session's drafts are taken as its text predicts them (at most 1)."""
+        return min(1.0, self._taken / self._expected)
+
+    def choose(self, costs: DecodeCosts, found: Sequence[Guess], sequences: int = 1) -> list[int]:
+        """The drafts to verify with the next token ([]: none), in a step where `sequences`
+        sessions decode: of every guess and length, the one with the most expected tokens
+        per cost, if it pays MIN_GAIN; else a one-token probe once `probe_every` tokens went
+        without one, where the text's occurrences all agree on it (`probing`)."""
+        trust, best_gain = self.trust, MIN_GAIN
+        best: tuple[Guess | None, int] = (None, 0)
+        longest = min(self.max_drafts, SLOW_START + self.accepted)
+        for guess in found:
+            expected = 1.0  # tokens a pass yields: the pending one, then each draft if taken
+            for j in range(min(longest, len(guess.drafts))):
+                expected += trust * guess.likely(j)
+                gain = expected / costs.ratio(j + 2, sequences)
+                if gain > best_gain:
+                    best, best_gain = (guess, j + 1), gain
+        chosen, k = best
+        self.probing = chosen is None
+        if chosen is None:
+            sure = [c for c in found if c.occurrences >= 2 and c.agreeing[0] == c.occurrences]
+            if not (self.max_drafts and sure and self.since_draft >= self.probe_every):
+                return []
+            chosen, k = sure[0], 1
+        self._chosen = [chosen.likely(j) for j in range(k)]
+        return chosen.drafts[:k]
 
     def worth_looking(self, costs: DecodeCosts, sequences: int = 1) -> bool:
-        """Whether a lookup could lead to drafts now: a probe is due, or some match class pays.
-        Where none does, the session skips the lookup (a list of its tokens and a byte search,
-        each token) as well as the drafts."""
-        due = self.max_drafts > 0 and self.since_draft >= self.probe_every
-        return due or self._best(max(self.first), costs, sequences) > 0
-
-    def _best(self, first: float, costs: DecodeCosts, sequences: int) -> int:
-        best, best_gain = 0, 1.0
-        expected = 1.0  # tokens a pass yields: the pending one, then draft i with p1 * pc^(i-1)
-        for k in range(1, self.max_drafts + 1):
-            expected += first * self.then ** (k - 1)
-            gain = expected / costs.ratio(k + 1, sequences)
-            # drafting at all must pay clearly (a verification's Python and a rejected draft's
-            # removal are not in the pass's cost); a longer draft must pay beyond noise
-            if gain > best_gain * (MIN_GAIN if best == 0 else 1.02):
-                best, best_gain = k, gain
-        return best
+        """Whether a lookup could lead to drafts now: a probe is due, or drafts the text agrees on
+        wholly would pay at this session's trust. Where not, the session skips the lookup (a list
+        of its tokens and a byte search, each token) as well as the drafts."""
+        if not self.max_drafts:
+            return False
+        if self.since_draft >= self.probe_every:
+            return True
+        sure = self.trust * OCCURRENCES / (OCCURRENCES + 1)
+        return any(
+            (1.0 + sure * k) / costs.ratio(k + 1, sequences) > MIN_GAIN
+            for k in range(1, self.max_drafts + 1)
+        )
 
     def observe(self, drafted: int, accepted: int) -> None:
-        """A verification of `drafted` tokens (of the length last chosen) accepted the first
+        """A verification of `drafted` tokens (the first of those last chosen) accepted the first
         `accepted`."""
         if drafted <= 0:
             return
         self.drafted += drafted
         self.accepted += accepted
         self.since_draft = 0
+        if self.probing and accepted:  # the text is followed again: trusted as at the start
+            self.probe_every = PROBE_EVERY
+            self._taken = self._expected = TRUST_PRIOR
+            return
         if self.probing:  # a probe rejected: the next comes twice as late
-            self.probe_every = PROBE_EVERY if accepted else min(2 * self.probe_every, PROBE_MAX)
-        c = self._class
-        self.first[c] = _learned(self.first[c], accepted >= 1, self._first_seen[c])
-        self._first_seen[c] += 1
-        for _ in range(max(0, accepted - 1)):  # each draft after a taken one: taken
-            self.then = _learned(self.then, True, self._then_seen)
-            self._then_seen += 1
-        if 1 <= accepted < drafted:  # ... and the one that was not
-            self.then = _learned(self.then, False, self._then_seen)
-            self._then_seen += 1
+            self.probe_every = min(2 * self.probe_every, PROBE_MAX)
+        self._taken = TRUST_DECAY * self._taken + accepted
+        self._expected = TRUST_DECAY * self._expected + sum(self._chosen[:drafted])
 
     def skipped(self) -> None:
         """A token decoded without drafts."""
         self.since_draft += 1
-
-
-def _learned(p: float, taken: bool, seen: int) -> float:
-    """The estimate after one more draft: a mean with the prior counted as PRIOR_WEIGHT drafts,
-    then a moving one (LEARNING_RATE), so that a session whose text changes follows it."""
-    rate = max(LEARNING_RATE, 1.0 / (PRIOR_WEIGHT + seen + 1))
-    return p + rate * ((1.0 if taken else 0.0) - p)

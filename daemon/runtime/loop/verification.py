@@ -24,7 +24,7 @@ from sinkd.daemon.engine.decoding import BatchItem, Next, by_length
 from sinkd.daemon.engine.llama import Engine
 from sinkd.daemon.metrics import Metrics
 from sinkd.daemon.runtime.loop.audit import Auditor
-from sinkd.daemon.runtime.loop.drafting import DecodeCosts, DraftControl, match
+from sinkd.daemon.runtime.loop.drafting import DecodeCosts, DraftControl, guesses
 from sinkd.daemon.runtime.loop.jobs import Job
 from sinkd.daemon.runtime.sessions import Session, SessionState
 from sinkd.errors import EngineError, JournalError, SinkdError
@@ -134,9 +134,7 @@ class Verifier:
         if k > 0 and control.worth_looking(self.costs, sequences):
             context = session.retained.all()
             context.append(job.pending or 0)
-            drafts, matched = match(context, k)
-            if drafts:  # as many as pay after a match this long (none: a probe's, or none)
-                drafts = drafts[: min(k, control.length(self.costs, sequences, matched))]
+            drafts = control.choose(self.costs, guesses(context, k), sequences)
         if drafts and seq.plan(1 + len(drafts), max_batch=1 + len(drafts)).sub_batches[0].ops:
             drafts = []  # the policy would move cells for them (a shift): none
         if not drafts:
