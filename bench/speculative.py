@@ -27,6 +27,7 @@ Same tokens: the gRPC replies' token ids, the narrator's printed output and the 
 text and token counts, compared between the two runs.
 
     python bench/speculative.py [--quick]   -> bench/results/speculative[_quick].json
+    SINKD_BENCH_WORKLOADS=chat,json python bench/speculative.py -> results/speculative_some.json
 
 Its last line is a JSON object: `speedup` per workload (tok/s on over off) and `same_tokens`.
 One-session speed against llama-server (plain and with its own ngram drafts) is bench/peer.py
@@ -351,6 +352,15 @@ WORKLOADS = {
 }
 
 
+# SINKD_BENCH_WORKLOADS=chat,narrate: those alone (results/speculative_some.json), for more rounds
+# of the ones in doubt than a whole run affords
+CHOSEN = [w for w in os.environ.get("SINKD_BENCH_WORKLOADS", "").split(",") if w]
+if unknown := set(CHOSEN) - set(WORKLOADS):
+    raise SystemExit(f"SINKD_BENCH_WORKLOADS: no workload {sorted(unknown)}; {sorted(WORKLOADS)}")
+if CHOSEN:
+    WORKLOADS = {name: WORKLOADS[name] for name in CHOSEN}
+
+
 def run_workload(d: Daemon, name: str) -> dict[str, Any]:
     """One workload on one daemon: its decode speed and drafts, from the daemon's metrics."""
     before = d.metrics()
@@ -422,7 +432,7 @@ def main() -> None:
          "tokens", "same tokens"],
         rows,
     )  # fmt: skip
-    name = "speculative_quick" if QUICK else "speculative"
+    name = "speculative_quick" if QUICK else "speculative_some" if CHOSEN else "speculative"
     kept = {"rounds": ROUNDS, "runs": runs, "speedup": speedup, "in_run": in_run}
     print(f"wrote {write(name, {**kept, 'same_tokens': same})}")
     print(json.dumps({"speedup": speedup, "in_run": in_run, "same_tokens": same}))
