@@ -19,9 +19,11 @@ run one after the other: this machine's speed drifts by 10-15% over minutes.
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
 wall time from each reply's first token to its last), read before and after each workload.
 "In run" is drafting's gain within the same run, free of the drift between the two: the tokens
-the session's passes yielded at what a one-row pass of that run cost, over what its passes cost
-(`sinkd_solo_passes_total` and `sinkd_solo_pass_seconds_total` by rows: llama_decode alone, not
-the lookup's ~50 us a token or a verification's Python).
+the session's passes yielded at what a one-row pass after a one-row pass of that run cost (since
+2026-12-07: one after a verification's pass rebuilds llama.cpp's graph, ~0.9 ms, a cost of the
+drafts), over what its passes cost (`sinkd_solo_passes_total`, `sinkd_solo_pass_seconds_total` by
+rows, less `sinkd_solo_rebuilt_pass*`: llama_decode alone, not the lookup's ~50 us a token or a
+verification's Python).
 Acceptance and draft length come from `sinkd_draft_tokens_total` and `sinkd_verifications_total`.
 Same tokens: the gRPC replies' token ids, the narrator's printed output and the JSON replies'
 text and token counts, compared between the two runs.
@@ -130,7 +132,7 @@ COUNTED = {  # the daemon's samples read, by the name used here
 }
 
 
-SOLO = "sinkd_solo_pass"
+SOLO = "sinkd_solo_"
 
 
 def engine_gain(delta: dict[str, float], accepted: float) -> float | None:
@@ -143,9 +145,12 @@ def engine_gain(delta: dict[str, float], accepted: float) -> float | None:
         return {int(k[len(prefix) : -2]): v for k, v in delta.items() if k.startswith(prefix)}
 
     passes, seconds = by_rows("passes"), by_rows("pass_seconds")
-    if not passes.get(1):
+    # a plain token's pass: one after a one-row pass (llama.cpp's graph reused); one after a
+    # verification builds it again, a cost of drafting (bench/README.md, "speculative.py")
+    steady = passes.get(1, 0) - delta.get("sinkd_solo_rebuilt_passes_total", 0)
+    if steady <= 0:
         return None
-    one_row = seconds[1] / passes[1]
+    one_row = (seconds[1] - delta.get("sinkd_solo_rebuilt_pass_seconds_total", 0.0)) / steady
     return (sum(passes.values()) + accepted) * one_row / sum(seconds.values())
 
 
@@ -192,7 +197,7 @@ class Daemon:
             name, _, value = line.rpartition(" ")
             if name in COUNTED:
                 out[COUNTED[name]] = float(value)
-            elif name.startswith(SOLO):  # sinkd_solo_pass[es|_seconds]_total{rows="N"}
+            elif name.startswith(SOLO):  # sinkd_solo_[rebuilt_]pass[es|_seconds]_total...
                 out[name] = float(value)
         return out
 

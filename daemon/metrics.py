@@ -25,6 +25,7 @@ class _SoloPasses:
 
     def __init__(self) -> None:
         self.source: PassTotals | None = None
+        self.rebuilt: Callable[[], tuple[int, float]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         passes = CounterMetricFamily(
@@ -42,6 +43,16 @@ class _SoloPasses:
             seconds.add_metric([str(rows)], total)
         yield passes
         yield seconds
+        n, total = self.rebuilt() if self.rebuilt else (0, 0.0)
+        yield CounterMetricFamily(
+            "sinkd_solo_rebuilt_passes",
+            "Of the one-row passes, those after a pass of another shape (llama.cpp builds its"
+            " graph again)",
+            value=n,
+        )
+        yield CounterMetricFamily(
+            "sinkd_solo_rebuilt_pass_seconds", "Those passes' llama_decode seconds", value=total
+        )
 
 
 class Metrics:
@@ -275,9 +286,12 @@ class Metrics:
             "sinkd_cells_in_use", "KV cells retained, all sessions", registry=r
         )
 
-    def watch_solo_passes(self, source: PassTotals) -> None:
+    def watch_solo_passes(
+        self, source: PassTotals, rebuilt: Callable[[], tuple[int, float]]
+    ) -> None:
         """Where the solo passes' totals are read (the executor's DecodeCosts)."""
         self._solo_passes.source = source
+        self._solo_passes.rebuilt = rebuilt
 
     def count(self, name: str) -> int:
         """The current value of one of our counters, by attribute name."""

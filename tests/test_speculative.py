@@ -242,7 +242,26 @@ def test_a_lone_sessions_passes_are_counted_by_rows_for_the_metrics_endpoint(
     }
     assert verified > 0 and sum(n for rows, n in by_rows.items() if rows > 1) == verified
     assert by_rows[1] > 0 and (sample("sinkd_solo_pass_seconds_total", {"rows": "1"}) or 0) > 0
+    # the one-row passes right after another shape (a verification's, the prompt's) apart
+    rebuilt = sample("sinkd_solo_rebuilt_passes_total") or 0
+    assert 0 < rebuilt < by_rows[1] and (sample("sinkd_solo_rebuilt_pass_seconds_total") or 0) > 0
     service.close(WHO, handle)
+
+
+def test_a_verification_is_charged_the_graph_the_next_pass_builds_again() -> None:
+    costs = DecodeCosts()
+    for _ in range(5):
+        costs.observe(1, 0.010, after=1)  # a token after a token: llama.cpp's graph reused
+        costs.observe(3, 0.022, after=1)
+    assert costs.switch() == 0.0 and costs.ratio(3) == pytest.approx(2.2)
+    for _ in range(5):
+        costs.observe(1, 0.0115, after=3)  # a token after a verification: the graph built again
+    assert costs.rebuilt() == (5, pytest.approx(0.0575)) and costs.totals()[1][0] == 10
+    assert costs.switch() == pytest.approx(0.15)
+    assert costs.ratio(3) == pytest.approx(2.2 + 0.15)  # what a verification costs in all
+    assert costs.ratio(2) == pytest.approx(1.0 + 0.6 + 0.15)  # measured slope, then the switch
+    # a plain one-row pass is measured by the ones after a one-row pass alone
+    assert costs.ratio(1) == 1.0 and costs.per_row() == pytest.approx(0.6)
 
 
 def test_drafts_take_only_the_room_prefill_leaves_and_share_one_length() -> None:

@@ -94,6 +94,9 @@ class Decoder:
         self.max_rows = max_rows  # of a sequence, per llama_decode
         self.before_decode = before_decode
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        # the rows of the last llama_decode: llama.cpp reuses its graph for a pass of the same
+        # shape, and builds it anew (~0.9 ms here) for one of another (DecodeCosts)
+        self.last_rows = 0
         self._greedy_ids: list[int] | None = None  # the sequences its slots hold (None: unknown)
         self._logits_views: tuple[int, dict[int, np.ndarray]] = (0, {})  # (address, n rows -> view)
         self._row_views: dict[int, np.ndarray] = {}  # address -> one row's view (backend argmax)
@@ -162,6 +165,7 @@ class Decoder:
         self.before_decode()
         self._overwriting()
         rc = llama.llama_decode(self._ctx, b)
+        self.last_rows = b.n_tokens
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequence {seq_id}")
 
@@ -290,6 +294,7 @@ class Decoder:
         self.before_decode()
         self._overwriting()
         rc = llama.llama_decode(self._ctx, b)
+        self.last_rows = b.n_tokens
         if rc != 0:
             seqs = [it.seq_id for it in items]
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seqs}")
@@ -369,6 +374,7 @@ class Decoder:
         if lent:
             self._overwriting()
         rc = llama.llama_decode(self._ctx, b)
+        self.last_rows = b.n_tokens
         if rc != 0:
             raise EngineError(f"llama_decode failed with code {rc} on sequences {seq_ids}")
         sampled, ctx = llama.llama_get_sampled_token_ith, self._ctx

@@ -501,6 +501,12 @@ class Engine:
     def decode_rows(self, items: list[BatchItem]) -> list[list[Next]]:
         return self.decoder.decode_rows(items)
 
+    @property
+    def last_rows(self) -> int:
+        """The rows of the last `llama_decode` (0: none yet): a pass of another shape rebuilds
+        llama.cpp's graph."""
+        return self.decoder.last_rows
+
     def _place(self, offloaded: tuple[int, int] | None, n_layer: int) -> None:
         """Where the model's layers went (llama.cpp's own count, from its log), and the backend
         that makes a session's numbers (`devices.backend_name`: a gate of every stored state).

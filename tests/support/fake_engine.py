@@ -168,6 +168,7 @@ class FakeEngine:
         self.tokenizer_sha256 = self.vocab.sha256
         self.template_sha256 = hashlib.sha256(self.vocab.chat_template.encode()).hexdigest()
         self.decoded = 0
+        self.last_rows = 0  # the rows of the last decode (Engine.last_rows)
         # the toy model looks at the last `markov` tokens alone (0: all of them): its text then
         # repeats itself, as a log's or a JSON reply's does, and drafts from it are often right
         self.markov = 0
@@ -252,6 +253,7 @@ class FakeEngine:
                 rows.append(Next(row, greedy_token(row)))
             self.decoded += n
             out.append(rows)
+        self.last_rows = n * len(items)
         return out
 
     def _logits(self, cells: dict[int, int]) -> np.ndarray:
@@ -307,6 +309,7 @@ class FakeEngine:
                 cells[it.pos0 + k] = token
             self.decoded += len(it.tokens)
             rows.append(self._logits(cells) if it.logits else None)
+        self.last_rows = sum(len(it.tokens) for it in items)
         return rows
 
 

@@ -58,7 +58,7 @@ def drafts_at_the_prior(service: SinkdService) -> None:
     """Weigh the service's drafts at the prior's costs, not at what this machine's clock says its
     passes took: how many tokens are drafted is then a function of the tokens alone, the same on
     any machine and under any load (the tokens never depend on it)."""
-    service.scheduler.executor.verifier.costs.observe = lambda rows, seconds: None  # type: ignore[method-assign]
+    service.scheduler.executor.verifier.costs.observe = lambda rows, seconds, after=1: None  # type: ignore[method-assign]
 
 
 def draft_counts(service: SinkdService) -> tuple[int, int]:

@@ -109,24 +109,50 @@ class DecodeCosts:
 
     def __init__(self, prior_per_row: float = 0.45, max_rows: int = 17) -> None:
         self.prior_per_row = prior_per_row
-        self._seconds: list[float | None] = [None] * (max_rows + 1)
-        self._seen = [0] * (max_rows + 1)
+        self._seconds: list[float | None] = [None] * (max_rows + 1)  # running means, by rows
+        self._measured = [0] * (max_rows + 1)  # the passes in those means
         self._per_row: float | None = None
-        self._total = [0.0] * (max_rows + 1)  # every pass's seconds, by rows (for metrics)
+        self._seen = [0] * (max_rows + 1)  # every pass and its seconds, by rows (for metrics)
+        self._total = [0.0] * (max_rows + 1)
+        self._rebuilt = 0  # one-row passes after a pass of another shape, their seconds ...
+        self._rebuilt_total = 0.0
+        self._rebuilt_seconds: float | None = None  # ... and their running mean
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, after: int = 1) -> None:
+        """A pass of `rows` rows took `seconds`; `after`: the rows of the engine's pass before
+        it. llama.cpp reuses its graph for a pass of the last one's shape and builds it anew
+        for another: a one-row pass after a verification's (or a prefill's) is kept apart, and
+        what it costs beyond a one-row pass after one is charged to the pass before (`switch`)."""
         if not 0 < rows < len(self._seconds):
             return
-        old = self._seconds[rows]
         self._seen[rows] += 1
         self._total[rows] += seconds
-        rate = max(0.05, 1.0 / self._seen[rows])
-        self._seconds[rows] = seconds if old is None else old + rate * (seconds - old)
+        if rows == 1 and after != 1:
+            self._rebuilt += 1
+            self._rebuilt_total += seconds
+            self._rebuilt_seconds = _running(self._rebuilt_seconds, seconds, self._rebuilt)
+            return
+        self._measured[rows] += 1
+        self._seconds[rows] = _running(self._seconds[rows], seconds, self._measured[rows])
         self._per_row = None  # derived from the measured passes: again at its next use
 
     def totals(self) -> dict[int, tuple[int, float]]:
         """Passes measured and their seconds, by rows."""
         return {rows: (n, self._total[rows]) for rows, n in enumerate(self._seen) if n}
+
+    def rebuilt(self) -> tuple[int, float]:
+        """Of the one-row passes in `totals`, those after a pass of another shape, and their
+        seconds."""
+        return self._rebuilt, self._rebuilt_total
+
+    def switch(self) -> float:
+        """What a one-row pass after a pass of another shape costs beyond one after a one-row
+        pass, of a one-row pass (measured 3 times each, else 0): the graph a verification
+        makes the next pass build again (~0.9 ms, 0.13 of a token, on this repository's CPU)."""
+        one, rebuilt = self._seconds[1], self._rebuilt_seconds
+        if not one or not rebuilt or self._measured[1] < 3 or self._rebuilt < 3:
+            return 0.0
+        return max(0.0, rebuilt / one - 1.0)
 
     def per_row(self) -> float:
         """What a row past the first adds to a pass, of a one-row pass: the mean of what the
@@ -138,12 +164,12 @@ class DecodeCosts:
 
     def _measured_per_row(self) -> float:
         one = self._seconds[1]
-        if not one or self._seen[1] < 3:
+        if not one or self._measured[1] < 3:
             return self.prior_per_row
         slopes = [
             (seconds / one - 1.0) / (rows - 1)
             for rows, seconds in enumerate(self._seconds)
-            if rows >= 2 and seconds and self._seen[rows] >= 3
+            if rows >= 2 and seconds and self._measured[rows] >= 3
         ]
         return max(0.0, sum(slopes) / len(slopes)) if slopes else self.prior_per_row
 
@@ -151,18 +177,19 @@ class DecodeCosts:
         """Cost of a pass where each of `sequences` sequences carries `rows` rows over the same
         pass with one row each. One sequence: measured (both at least 3 times), else the prior.
         Several: a pass is a fixed part and a part per row, the split one sequence's two-row pass
-        shows; so the more sequences share a step, the more a draft's row costs against it."""
+        shows; so the more sequences share a step, the more a draft's row costs against it. Either
+        way with the graph it makes the next pass build again (`switch`)."""
         rows = min(rows, len(self._seconds) - 1)
         if rows <= 1:
             return 1.0
         if sequences <= 1:
             one, many = self._seconds[1], self._seconds[rows]
-            if one and many and self._seen[1] >= 3 and self._seen[rows] >= 3:
-                return max(1.0, many / one)
-            return 1.0 + self.per_row() * (rows - 1)
-        per_row = min(1.0, self.ratio(2) - 1.0)  # of a one-row pass
+            if one and many and self._measured[1] >= 3 and self._measured[rows] >= 3:
+                return max(1.0, many / one) + self.switch()
+            return 1.0 + self.per_row() * (rows - 1) + self.switch()
+        per_row = min(1.0, self.ratio(2) - 1.0 - self.switch())  # of a one-row pass
         fixed = 1.0 - per_row
-        return (fixed + per_row * sequences * rows) / (fixed + per_row * sequences)
+        return (fixed + per_row * sequences * rows) / (fixed + per_row * sequences) + self.switch()
 
 
 class DraftControl:
@@ -247,3 +274,8 @@ class DraftControl:
     def skipped(self) -> None:
         """A token decoded without drafts."""
         self.since_draft += 1
+
+
+def _running(mean: float | None, seconds: float, n: int) -> float:
+    """A mean of the first 20 values, then a moving one (the machine's speed drifts)."""
+    return seconds if mean is None else mean + max(0.05, 1.0 / n) * (seconds - mean)

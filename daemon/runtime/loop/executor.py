@@ -255,7 +255,7 @@ class Executor:
                 [it for it in items if not it.drafts], lambda it: len(it.tokens)
             ):
                 solo = len(group) == 1 and len(items) == 1 and group[0].decode_pending
-                started = time.perf_counter()
+                after, started = engine.last_rows, time.perf_counter()
                 try:
                     rows = engine.decode_next(
                         [
@@ -268,7 +268,7 @@ class Executor:
                     self.decode_failed(group, e)
                     continue
                 if solo:  # a lone token's pass: what drafts are weighed against
-                    self.verifier.costs.observe(1, time.perf_counter() - started)
+                    self.verifier.costs.observe(1, time.perf_counter() - started, after)
                 self.metrics.steps.inc()
                 for it, row in zip(group, rows, strict=True):
                     self.decoding_now.discard(it.job.session.id)  # its new row is needed

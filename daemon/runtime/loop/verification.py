@@ -78,7 +78,7 @@ class Verifier:
         self.max_drafts = max_drafts
         self._exact: bool | None = None  # the engine's rows are exact (asked once it is loaded)
         self.costs = DecodeCosts()
-        host.metrics.watch_solo_passes(self.costs.totals)
+        host.metrics.watch_solo_passes(self.costs.totals, self.costs.rebuilt)
         self._controls: dict[tuple[str, str], DraftControl] = {}
 
     def drafting(self) -> bool:
@@ -157,7 +157,7 @@ class Verifier:
         host = self.host
         engine = host.engine
         for group in by_length(items, lambda it: len(it.tokens)):
-            started = time.perf_counter()
+            after, started = engine.last_rows, time.perf_counter()
             try:
                 rows = engine.decode_rows(
                     [
@@ -169,7 +169,7 @@ class Verifier:
                 host.decode_failed(group, e)
                 continue
             if solo and len(group) == 1:
-                self.costs.observe(len(group[0].tokens), time.perf_counter() - started)
+                self.costs.observe(len(group[0].tokens), time.perf_counter() - started, after)
             host.metrics.steps.inc()
             for it, item_rows in zip(group, rows, strict=True):
                 host.decoding_now.discard(it.job.session.id)
