@@ -30,7 +30,6 @@ from sinkd.daemon.runtime.loop.drafting import (
     DraftControl,
     Guess,
     guesses,
-    lookup,
 )
 from sinkd.daemon.runtime.loop.stepplan import Candidate, plan_step
 from sinkd.daemon.runtime.service import SinkdService
@@ -97,6 +96,12 @@ def reply(service: SinkdService, opening: str, options: GenerationOptions) -> tu
     rows = session.log_chunks
     service.close(WHO, handle)
     return ids, text, done.reason, rows, receipt
+
+
+def lookup(context: list[int], k: int) -> list[int]:
+    """The drafts of the longest suffix that occurred earlier ([] where none did)."""
+    found = guesses(context, k)
+    return found[0].drafts if found else []
 
 
 def test_lookup_proposes_what_followed_the_longest_latest_match() -> None:

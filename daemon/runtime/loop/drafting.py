@@ -94,15 +94,6 @@ def guesses(
     return found
 
 
-def lookup(
-    context: Sequence[int], k: int, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH
-) -> list[int]:
-    """Up to `k` tokens that followed the latest earlier occurrence of the context's longest
-    suffix of `max_n` down to `min_n` tokens; [] where none occurs."""
-    found = guesses(context, k, min_n, max_n)
-    return found[0].drafts if found else []
-
-
 class DecodeCosts:
     """What a pass of one sequence costs by the rows it carries, relative to one row: a prior
     until measured (`observe`), then a running mean of the measured times. Engine-wide."""
