@@ -249,7 +249,7 @@ def test_a_lone_sessions_passes_are_counted_by_rows_for_the_metrics_endpoint(
     assert by_rows[1] > 0 and (sample("sinkd_solo_pass_seconds_total", {"rows": "1"}) or 0) > 0
     # the one-row passes right after another shape (a verification's, the prompt's) apart
     rebuilt = sample("sinkd_solo_rebuilt_passes_total") or 0
-    assert 0 < rebuilt < by_rows[1] and (sample("sinkd_solo_rebuilt_pass_seconds_total") or 0) > 0
+    assert 0 < rebuilt <= by_rows[1] and (sample("sinkd_solo_rebuilt_pass_seconds_total") or 0) > 0
     service.close(WHO, handle)
 
 
