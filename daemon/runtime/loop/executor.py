@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sinkd.cachepolicy import CacheFull, SubBatch
+from sinkd.cachepolicy import CacheFull, Shift, SubBatch
 from sinkd.daemon import failpoints
 from sinkd.daemon.engine.decoding import BatchItem, Next, by_length
 from sinkd.daemon.engine.llama import Engine
@@ -254,7 +254,15 @@ class Executor:
             for group in by_length(
                 [it for it in items if not it.drafts], lambda it: len(it.tokens)
             ):
-                solo = len(group) == 1 and len(items) == 1 and group[0].decode_pending
+                # a lone token's pass, what drafts are weighed against; not one after a shift:
+                # llama.cpp turns the keys again (RoPE) in it, a cost of the eviction's, not the
+                # token's, which made a draft's rows look cheaper beside a full cache
+                solo = (
+                    len(group) == 1
+                    and len(items) == 1
+                    and group[0].decode_pending
+                    and not any(isinstance(op, Shift) for op in group[0].sub_batch.ops)
+                )
                 after, started = engine.last_rows, time.perf_counter()
                 try:
                     rows = engine.decode_next(
@@ -267,7 +275,7 @@ class Executor:
                 except EngineError as e:
                     self.decode_failed(group, e)
                     continue
-                if solo:  # a lone token's pass: what drafts are weighed against
+                if solo:
                     self.verifier.costs.observe(1, time.perf_counter() - started, after)
                 self.metrics.steps.inc()
                 for it, row in zip(group, rows, strict=True):
