@@ -26,6 +26,7 @@ from sinkd.daemon.runtime.loop.drafting import (
     OCCURRENCES,
     PROBE_EVERY,
     PROBE_MAX,
+    SUPPORT,
     DecodeCosts,
     DraftControl,
     Guess,
@@ -211,7 +212,7 @@ def test_a_taken_probe_trusts_the_text_again_and_a_sampled_stream_drafts_less() 
     for _ in range(5):
         if drafts := control.choose(costs, [sure]):
             control.observe(drafted=len(drafts), accepted=0)
-    assert control.trust < 0.6 and control.choose(costs, [sure]) == []
+    assert control.trust_of(SUPPORT.index(4)) < 0.6 and control.choose(costs, [sure]) == []
     for _ in range(PROBE_EVERY):
         control.skipped()
     assert control.choose(costs, [sure]) == [100] and control.probing
@@ -224,9 +225,26 @@ def test_a_taken_probe_trusts_the_text_again_and_a_sampled_stream_drafts_less() 
     for _ in range(30):
         if drafts := halved.choose(costs, [line_start]):
             halved.observe(drafted=len(drafts), accepted=len(drafts) // 2)
-    assert 0.3 < halved.trust < 0.7
+    assert 0.3 < halved.trust_of(SUPPORT.index(4)) < 0.7
     assert len(halved.choose(costs, [line_start])) < len(control.choose(costs, [line_start]))
     assert lookup([1, 2, 3, 9, 1, 2, 3], 1) == [9] and lookup([1, 2, 3], 1) == []
+
+
+def test_a_stream_that_rejects_what_its_text_said_once_still_drafts_what_it_repeats() -> None:
+    """A narration takes its facts' recurring words and rejects a sentence seen once: the two are
+    trusted apart, so the rejections cost the once-seen guesses their drafts and not the others."""
+    costs = DecodeCosts()
+    repeated = Guess(list(range(100, 108)), 3, 8, [8, 8, 8, 8, 8, 8, 8, 8])
+    said_once = Guess(list(range(200, 208)), 8, 1, [1] * 8)
+    control = DraftControl(max_drafts=8)
+    control.observe(*[len(control.choose(costs, [repeated]))] * 2)  # taken: it may draft more
+    for _ in range(6):  # the once-seen guesses, drafted and rejected
+        if drafts := control.choose(costs, [said_once]):
+            control.observe(drafted=len(drafts), accepted=0)
+    assert control.trust_of(SUPPORT.index(1)) < 0.5
+    assert control.choose(costs, [said_once]) == []
+    assert control.trust_of(SUPPORT.index(4)) == 1.0
+    assert control.choose(costs, [said_once, repeated]) == repeated.drafts[:4]
 
 
 def test_a_lone_sessions_passes_are_counted_by_rows_for_the_metrics_endpoint(
@@ -250,6 +268,23 @@ def test_a_lone_sessions_passes_are_counted_by_rows_for_the_metrics_endpoint(
     # the one-row passes right after another shape (a verification's, the prompt's) apart
     rebuilt = sample("sinkd_solo_rebuilt_passes_total") or 0
     assert 0 < rebuilt <= by_rows[1] and (sample("sinkd_solo_rebuilt_pass_seconds_total") or 0) > 0
+    service.close(WHO, handle)
+
+
+def test_a_pass_after_a_shift_is_not_what_a_plain_token_costs(tmp_path: Path) -> None:
+    """llama.cpp turns the keys again (RoPE) in the pass after a shift: a cost of the eviction's,
+    so that pass is left out of the one-row passes drafts are weighed against."""
+    service = fake_service(tmp_path, speculative="off")
+    policy = PolicyRequest(name="sink", sinks=4, window=24, evict_chunk=4, compact_interval=8)
+    handle = service.create(WHO, policy).handle
+    service.append(WHO, handle, "Sea 171.", timeout=20)
+    ids, _, done = collected(
+        service.generate(WHO, handle, GenerationOptions(60, sampling=GREEDY), timeout=30)
+    )
+    shifts = done.receipt.shifts
+    plain = service.metrics.registry.get_sample_value("sinkd_solo_passes_total", {"rows": "1"})
+    assert shifts >= 4  # 60 tokens through 28 cells, compacted every 8 evicted
+    assert len(ids) - shifts - 2 <= (plain or 0) <= len(ids) - shifts
     service.close(WHO, handle)
 
 

@@ -17,7 +17,9 @@ How many to verify is a trade. A verification decodes the pending token and the 
 pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.6 of one, 5 rows
 ~3.4; on a GPU about one). `DraftControl` picks the guess and length with the most expected
 tokens per cost, the text's agreement weighed by how far this session's drafts have been taken
-as the text predicted (a sampled stream follows its text less than a greedy one). Where nothing
+as the text predicted (a sampled stream follows its text less than a greedy one; a narration
+takes what its facts repeat and rejects what they said once: each class of support is trusted
+apart). Where nothing
 pays, the session drafts nothing but a one-token probe now and then, after an agreed match, so
 that a session whose drafts were rejected finds out when its text turns predictable again.
 
@@ -35,6 +37,10 @@ MIN_MATCH = 2  # a single repeated token predicts little
 MAX_MATCH = 8  # the longest suffix looked up
 OCCURRENCES = 8  # earlier occurrences of a suffix weighed (the latest ones)
 TRUST_PRIOR = 2.0  # a session's drafts start trusted as if two expected tokens were taken
+# guesses are trusted apart by how many occurrences back them: a stream that takes what its text
+# says again and again may reject what it said once (a narration takes its facts' recurring words
+# and rejects a sentence seen once: 6 of 16 first drafts of such guesses taken, 2026-12-07)
+SUPPORT = (1, 2, 4)  # the classes' least occurrences: once, two or three, four or more
 TRUST_DECAY = 0.95  # of what was taken and expected, per verification: the stream is followed
 PROBE_EVERY = 16  # tokens a session that does not draft decodes before a one-token probe ...
 PROBE_MAX = 1024  # ... doubled after each probe rejected, up to this; reset by one taken
@@ -192,9 +198,11 @@ class DraftControl:
 
     def __init__(self, max_drafts: int) -> None:
         self.max_drafts = max_drafts
-        self._taken = TRUST_PRIOR  # drafts taken, and the text's expectation of them, decayed
-        self._expected = TRUST_PRIOR
+        # by SUPPORT class: drafts taken, and the text's expectation of them, decayed
+        self._taken = [TRUST_PRIOR] * len(SUPPORT)
+        self._expected = [TRUST_PRIOR] * len(SUPPORT)
         self._chosen: list[float] = []  # the expected tokens of the drafts last chosen, by length
+        self._chosen_support = 0  # ... and their guess's SUPPORT class
         self.since_draft = 0  # tokens decoded since its last verification
         self.probe_every = PROBE_EVERY
         self.probing = False  # the last drafts are a probe's
@@ -203,18 +211,23 @@ class DraftControl:
 
     @property
     def trust(self) -> float:
-        """How far this session's drafts are taken as its text predicts them (at most 1)."""
-        return min(1.0, self._taken / self._expected)
+        """How far this session's best-trusted drafts are taken as its text predicts them."""
+        return max(self.trust_of(c) for c in range(len(SUPPORT)))
+
+    def trust_of(self, support: int) -> float:
+        """How far drafts of a SUPPORT class are taken as the text predicts them (at most 1)."""
+        return min(1.0, self._taken[support] / self._expected[support])
 
     def choose(self, costs: DecodeCosts, found: Sequence[Guess], sequences: int = 1) -> list[int]:
         """The drafts to verify with the next token ([]: none), in a step where `sequences`
         sessions decode: of every guess and length, the one with the most expected tokens
         per cost, if it pays MIN_GAIN; else a one-token probe once `probe_every` tokens went
         without one, where the text's occurrences all agree on it (`probing`)."""
-        trust, best_gain = self.trust, MIN_GAIN
+        best_gain = MIN_GAIN
         best: tuple[Guess | None, int] = (None, 0)
         longest = min(self.max_drafts, SLOW_START + self.accepted)
         for guess in found:
+            trust = self.trust_of(_support(guess))
             expected = 1.0  # tokens a pass yields: the pending one, then each draft if taken
             for j in range(min(longest, len(guess.drafts))):
                 expected += trust * guess.likely(j)
@@ -229,6 +242,7 @@ class DraftControl:
                 return []
             chosen, k = sure[0], 1
         self._chosen = [chosen.likely(j) for j in range(k)]
+        self._chosen_support = _support(chosen)
         return chosen.drafts[:k]
 
     def worth_looking(self, costs: DecodeCosts, sequences: int = 1) -> bool:
@@ -239,7 +253,8 @@ class DraftControl:
             return False
         if self.since_draft >= self.probe_every:
             return True
-        sure = self.trust * OCCURRENCES / (OCCURRENCES + 1)
+        most = [*(least - 1 for least in SUPPORT[1:]), OCCURRENCES]  # each class's occurrences
+        sure = max(self.trust_of(c) * n / (n + 1) for c, n in enumerate(most))
         return any(
             (1.0 + sure * k) / costs.ratio(k + 1, sequences) > MIN_GAIN
             for k in range(1, self.max_drafts + 1)
@@ -255,16 +270,23 @@ class DraftControl:
         self.since_draft = 0
         if self.probing and accepted:  # the text is followed again: trusted as at the start
             self.probe_every = PROBE_EVERY
-            self._taken = self._expected = TRUST_PRIOR
+            self._taken = [TRUST_PRIOR] * len(SUPPORT)
+            self._expected = [TRUST_PRIOR] * len(SUPPORT)
             return
         if self.probing:  # a probe rejected: the next comes twice as late
             self.probe_every = min(2 * self.probe_every, PROBE_MAX)
-        self._taken = TRUST_DECAY * self._taken + accepted
-        self._expected = TRUST_DECAY * self._expected + sum(self._chosen[:drafted])
+        c = self._chosen_support
+        self._taken[c] = TRUST_DECAY * self._taken[c] + accepted
+        self._expected[c] = TRUST_DECAY * self._expected[c] + sum(self._chosen[:drafted])
 
     def skipped(self) -> None:
         """A token decoded without drafts."""
         self.since_draft += 1
+
+
+def _support(guess: Guess) -> int:
+    """The guess's SUPPORT class: how many occurrences back it."""
+    return max(c for c, least in enumerate(SUPPORT) if guess.occurrences >= least)
 
 
 def _running(mean: float | None, seconds: float, n: int) -> float:
