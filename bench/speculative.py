@@ -13,9 +13,11 @@ each workload through the client a user would run:
 - list_sampled: a numbered list of prose items asked for (gRPC Chat, the chat sampling), and list,
   the same greedy.
 
-Each round starts both daemons and runs every workload on one, then at once on the other (who
-goes first turned round by workload and round), so that a pair is minutes closer than two daemons
-run one after the other: this machine's speed drifts by 10-15% over minutes.
+Each round starts both daemons and runs every workload as PAIRS pairs: on one daemon, then at
+once on the other, who goes first turned round pair by pair (off-on, on-off, ...) and by workload
+and round. This machine's speed drifts by 10-15% over minutes and a single 2-second run swings by
+as much, while two runs back to back mostly agree within a few percent: so the wall's gain is
+the median of the pairs' ratios (since 2026-12-07: 3 rounds of 2 pairs, six pairs a workload).
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
 wall time from each reply's first token to its last), read before and after each workload.
 "In run" is drafting's gain within the same run, free of the drift between the two: the tokens
@@ -30,6 +32,7 @@ text and token counts, compared between the two runs.
 
     python bench/speculative.py [--quick]   -> bench/results/speculative[_quick].json
     SINKD_BENCH_WORKLOADS=chat,json python bench/speculative.py -> results/speculative_some.json
+    SINKD_BENCH_ROUNDS (3), SINKD_BENCH_PAIRS (pairs a workload a round: 2; --quick 1 and 1)
 
 Its last line is a JSON object: `speedup` per workload (tok/s on over off) and `same_tokens`.
 One-session speed against llama-server (plain and with its own ngram drafts) is bench/peer.py
@@ -55,6 +58,7 @@ from common import table, write
 
 QUICK = "--quick" in sys.argv[1:]
 ROUNDS = 1 if QUICK else int(os.environ.get("SINKD_BENCH_ROUNDS", "3"))
+PAIRS = 1 if QUICK else int(os.environ.get("SINKD_BENCH_PAIRS", "2"))
 LOG = Path("/var/log/dpkg.log")
 LOG_LINES = 400 if QUICK else 520  # past line 520 its intervals are quiet: nothing printed
 NARRATE_EVERY = 40  # lines an interval
@@ -133,12 +137,15 @@ COUNTED = {  # the daemon's samples read, by the name used here
 
 
 SOLO = "sinkd_solo_"
+REBUILT = "sinkd_solo_rebuilt_passes_total"
 
 
-def engine_gain(delta: dict[str, float], accepted: float) -> float | None:
+def engine_gain(delta: dict[str, float], accepted: float, plain_rebuilt: float = 0) -> float | None:
     """Drafting's gain within the run, free of the machine's drift between two runs: the
     tokens the session's passes yielded, at what a one-row pass of this same run cost, over
-    what its passes cost (1.0 where nothing was drafted)."""
+    what its passes cost (1.0 where nothing was drafted). `plain_rebuilt`: the one-row passes that
+    built llama.cpp's graph again in the run without drafts (the first after each prefill),
+    charged at their own cost here too: they are not the drafts'."""
 
     def by_rows(kind: str) -> dict[int, float]:
         prefix = f'sinkd_solo_{kind}_total{{rows="'
@@ -147,11 +154,17 @@ def engine_gain(delta: dict[str, float], accepted: float) -> float | None:
     passes, seconds = by_rows("passes"), by_rows("pass_seconds")
     # a plain token's pass: one after a one-row pass (llama.cpp's graph reused); one after a
     # verification builds it again, a cost of drafting (bench/README.md, "speculative.py")
-    steady = passes.get(1, 0) - delta.get("sinkd_solo_rebuilt_passes_total", 0)
+    rebuilt = delta.get("sinkd_solo_rebuilt_passes_total", 0)
+    steady = passes.get(1, 0) - rebuilt
     if steady <= 0:
         return None
     one_row = (seconds[1] - delta.get("sinkd_solo_rebuilt_pass_seconds_total", 0.0)) / steady
-    return (sum(passes.values()) + accepted) * one_row / sum(seconds.values())
+    rebuilt_cost = (
+        delta.get("sinkd_solo_rebuilt_pass_seconds_total", 0.0) / rebuilt if rebuilt else 0
+    )
+    plain = min(plain_rebuilt, rebuilt)
+    yielded = (sum(passes.values()) + accepted - plain) * one_row + plain * rebuilt_cost
+    return yielded / sum(seconds.values())
 
 
 def free_port() -> int:
@@ -376,7 +389,9 @@ def run_workload(d: Daemon, name: str) -> dict[str, Any]:
     return {
         "tokens": int(delta["tokens"]),
         "tok_s": delta["tokens"] / delta["itl_sum"],
-        "engine_gain": engine_gain(delta, delta["accepted"]),
+        "engine_gain": None,  # the pair's (measure_round)
+        "delta": delta,
+        "accepted": delta["accepted"],
         "acceptance": delta["accepted"] / drafted if drafted else None,
         "draft_length": drafted / delta["verifications"] if delta["verifications"] else None,
         "verifications": int(delta["verifications"]),
@@ -386,59 +401,70 @@ def run_workload(d: Daemon, name: str) -> dict[str, Any]:
 
 def measure_round(rnd: int) -> list[dict[str, Any]]:
     """Both daemons up at once (the idle one waits without decoding), each workload run on one
-    then the other back to back, who goes first turned round by workload and round: this
-    machine's speed drifts by 10-15% over minutes, and a pair minutes apart would measure that."""
+    then the other back to back, PAIRS times, who goes first turned round pair by pair and by
+    workload and round: this machine's speed drifts by 10-15% over minutes, and a pair minutes
+    apart would measure that."""
     daemons = {mode: Daemon(mode) for mode in ("off", "auto")}
-    runs: dict[str, dict[str, Any]] = {"off": {}, "auto": {}}
+    pairs: list[dict[str, Any]] = []
     try:
         for i, name in enumerate(WORKLOADS):
-            order = ("off", "auto") if (i + rnd) % 2 == 0 else ("auto", "off")
-            for mode in order:
-                runs[mode][name] = r = run_workload(daemons[mode], name)
-                print(
-                    f"{mode} {name}: {r['tok_s']:.1f} tok/s over {r['tokens']} tokens", flush=True
-                )
+            for pair in range(PAIRS):
+                order = ("off", "auto") if (i + rnd + pair) % 2 == 0 else ("auto", "off")
+                runs = {}
+                for mode in order:
+                    runs[mode] = r = run_workload(daemons[mode], name)
+                    print(f"{mode} {name}: {r['tok_s']:.1f} tok/s over {r['tokens']} tokens",
+                          flush=True)  # fmt: skip
+                off, on = runs["off"], runs["auto"]
+                on["engine_gain"] = engine_gain(on.pop("delta"), on["accepted"],
+                                                off["delta"].get(REBUILT, 0))  # fmt: skip
+                del off["delta"], off["engine_gain"]
+                pairs.append({"workload": name, "round": rnd, "pair": pair, "first": order[0],
+                              "off": off, "auto": on})  # fmt: skip
     finally:
         for d in daemons.values():
             d.stop()
-    return [{"mode": mode, "round": rnd, "workloads": runs[mode]} for mode in ("off", "auto")]
+    return pairs
 
 
 def main() -> None:
-    runs: list[dict[str, Any]] = []
+    pairs: list[dict[str, Any]] = []
     for rnd in range(ROUNDS):
-        runs += measure_round(rnd)
+        pairs += measure_round(rnd)
     speedup: dict[str, float] = {}
     in_run: dict[str, float] = {}
     same = True
     rows = []
     for name in WORKLOADS:
         ratios, gains = [], []
-        for rnd in range(ROUNDS):
-            on = next(r for r in runs if r["mode"] == "auto" and r["round"] == rnd)["workloads"][
-                name
-            ]
-            off = next(r for r in runs if r["mode"] == "off" and r["round"] == rnd)["workloads"][
-                name
-            ]
+        mine = [p for p in pairs if p["workload"] == name]
+        for p in mine:
+            on, off = p["auto"], p["off"]
             ratios.append(on["tok_s"] / off["tok_s"])
             gains.append(on["engine_gain"] or 1.0)
-            same = same and on["result"] == off["result"]
-            rows.append([name, rnd, off["tok_s"], on["tok_s"], on["tok_s"] / off["tok_s"], gains[-1],
+            alike = on["result"] == off["result"]
+            same = same and alike
+            rows.append([name, f"{p['round']}.{p['pair']}", p["first"], off["tok_s"], on["tok_s"],
+                         ratios[-1], gains[-1],
                          on["acceptance"] if on["acceptance"] is not None else "-",
                          on["draft_length"] if on["draft_length"] is not None else "-",
-                         on["tokens"], on["result"] == off["result"]])  # fmt: skip
+                         on["tokens"], alike])  # fmt: skip
         speedup[name] = statistics.median(ratios)
         in_run[name] = statistics.median(gains)
     table(
         "speculative decoding, same run: sinkd serve's defaults, decode tok/s (the daemon's ITL)",
-        ["workload", "round", "off tok/s", "on tok/s", "on / off", "in run", "acceptance",
-         "draft length",
-         "tokens", "same tokens"],
+        ["workload", "round.pair", "first", "off tok/s", "on tok/s", "on / off", "in run",
+         "acceptance", "draft length", "tokens", "same tokens"],
         rows,
     )  # fmt: skip
+    table(
+        f"medians of {ROUNDS * PAIRS} pairs a workload",
+        ["workload", "on / off (wall)", "in run"],
+        [[name, speedup[name], in_run[name]] for name in WORKLOADS],
+    )
     name = "speculative_quick" if QUICK else "speculative_some" if CHOSEN else "speculative"
-    kept = {"rounds": ROUNDS, "runs": runs, "speedup": speedup, "in_run": in_run}
+    kept = {"rounds": ROUNDS, "pairs_a_round": PAIRS, "pairs": pairs, "speedup": speedup,
+            "in_run": in_run}  # fmt: skip
     print(f"wrote {write(name, {**kept, 'same_tokens': same})}")
     print(json.dumps({"speedup": speedup, "in_run": in_run, "same_tokens": same}))
 
