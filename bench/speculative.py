@@ -13,9 +13,9 @@ each workload through the client a user would run:
 - list_sampled: a numbered list of prose items asked for (gRPC Chat, the chat sampling), and list,
   the same greedy.
 
-Each round starts both daemons and runs every workload as PAIRS pairs: on one daemon, then at
-once on the other, who goes first turned round pair by pair (off-on, on-off, ...) and by workload
-and round. This machine's speed drifts by 10-15% over minutes and a single 2-second run swings by
+Each round starts both daemons and runs every workload as PAIRS pairs: on one daemon, then on
+the other once the first has finished its work after the reply (`Daemon.settle`), who goes first
+turned round pair by pair (off-on, on-off, ...) and by workload and round. This machine's speed drifts by 10-15% over minutes and a single 2-second run swings by
 as much, while two runs back to back mostly agree within a few percent: so the wall's gain is
 the median of the pairs' ratios (since 2026-12-07: 3 rounds of 2 pairs, six pairs a workload).
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
@@ -213,6 +213,25 @@ class Daemon:
             elif name.startswith(SOLO):  # sinkd_solo_[rebuilt_]pass[es|_seconds]_total...
                 out[name] = float(value)
         return out
+
+    def cpu_seconds(self) -> float:
+        """The daemon's CPU time so far, every thread's (utime + stime, /proc)."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def settle(self, quiet: float = 0.02, every: float = 0.25, limit: float = 15.0) -> float:
+        """Wait until the daemon's work after a reply is done (a closed session's files, an idle
+        snapshot, the recall index): less than `quiet` of a core for two looks `every` apart.
+        Measured 2026-12-07: a pair's second run read 5-20% slower than its first on narrate,
+        chat and json while the first daemon still worked beside it. Returns the seconds waited."""
+        started, last, calm = time.monotonic(), self.cpu_seconds(), 0
+        while calm < 2 and time.monotonic() - started < limit:
+            time.sleep(every)
+            now = self.cpu_seconds()
+            calm = calm + 1 if now - last < quiet * every else 0
+            last = now
+        return time.monotonic() - started
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -413,6 +432,7 @@ def measure_round(rnd: int) -> list[dict[str, Any]]:
                 runs = {}
                 for mode in order:
                     runs[mode] = r = run_workload(daemons[mode], name)
+                    r["settled_s"] = daemons[mode].settle()  # before the other daemon's run
                     print(f"{mode} {name}: {r['tok_s']:.1f} tok/s over {r['tokens']} tokens",
                           flush=True)  # fmt: skip
                 off, on = runs["off"], runs["auto"]
