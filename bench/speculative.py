@@ -15,9 +15,10 @@ each workload through the client a user would run:
 
 Each round starts both daemons and runs every workload as PAIRS pairs: on one daemon, then on
 the other once the first has finished its work after the reply (`Daemon.settle`), who goes first
-turned round pair by pair (off-on, on-off, ...) and by workload and round. This machine's speed drifts by 10-15% over minutes and a single 2-second run swings by
-as much, while two runs back to back mostly agree within a few percent: so the wall's gain is
-the median of the pairs' ratios (since 2026-12-07: 3 rounds of 2 pairs, six pairs a workload).
+turned round pair by pair (off-on, on-off, ...) and by workload and round. This machine's speed
+drifts by 10-15% over minutes and a single 2-second run swings by as much, while two runs back
+to back mostly agree within a few percent: so the wall's gain is the median of the pairs' ratios
+(since 2026-12-07: 3 rounds of 2 pairs, six pairs a workload).
 Tokens/s is decode speed, from the daemon's own inter-token latency histogram (its sum is the
 wall time from each reply's first token to its last), read before and after each workload.
 "In run" is drafting's gain within the same run, free of the drift between the two: the tokens
@@ -222,9 +223,10 @@ class Daemon:
 
     def settle(self, quiet: float = 0.02, every: float = 0.25, limit: float = 15.0) -> float:
         """Wait until the daemon's work after a reply is done (a closed session's files, an idle
-        snapshot, the recall index): less than `quiet` of a core for two looks `every` apart.
-        Measured 2026-12-07: a pair's second run read 5-20% slower than its first on narrate,
-        chat and json while the first daemon still worked beside it. Returns the seconds waited."""
+        snapshot, the recall index): less than `quiet` of a core for two looks `every` apart, so
+        that none of it runs beside the other daemon's run. A pair's second run read ~5% slower
+        than its first whichever daemon it was (2026-12-07); waiting (0.5-1.8 s) did not change
+        that, so the cause is elsewhere. Returns the seconds waited."""
         started, last, calm = time.monotonic(), self.cpu_seconds(), 0
         while calm < 2 and time.monotonic() - started < limit:
             time.sleep(every)

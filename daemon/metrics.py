@@ -30,7 +30,8 @@ class _SoloPasses:
     def collect(self) -> Iterator[Metric]:
         passes = CounterMetricFamily(
             "sinkd_solo_passes",
-            "Passes of one sequence alone, none after a shift, by rows: a token (1) or a token and its drafts",
+            "Passes of one sequence alone, none after a shift, by rows: a token (1) or a token"
+            " and its drafts",
             labels=["rows"],
         )
         seconds = CounterMetricFamily(

@@ -19,9 +19,9 @@ pass, which costs more the more rows it carries (on a 2-core CPU 2 rows cost ~1.
 tokens per cost, the text's agreement weighed by how far this session's drafts have been taken
 as the text predicted (a sampled stream follows its text less than a greedy one; a narration
 takes what its facts repeat and rejects what they said once: each class of support is trusted
-apart). Where nothing
-pays, the session drafts nothing but a one-token probe now and then, after an agreed match, so
-that a session whose drafts were rejected finds out when its text turns predictable again.
+apart). Where nothing pays, the session drafts nothing but a one-token probe now and then, after
+an agreed match, so that a session whose drafts were rejected finds out when its text turns
+predictable again.
 
 A clock is read by the executor alone (`DecodeCosts.observe`): the length chosen follows the
 machine's speed, the tokens never do (the executor verifies them one by one).
@@ -41,6 +41,7 @@ TRUST_PRIOR = 2.0  # a session's drafts start trusted as if two expected tokens 
 # says again and again may reject what it said once (a narration takes its facts' recurring words
 # and rejects a sentence seen once: 6 of 16 first drafts of such guesses taken, 2026-12-07)
 SUPPORT = (1, 2, 4)  # the classes' least occurrences: once, two or three, four or more
+SUPPORT_MOST = (*(least - 1 for least in SUPPORT[1:]), OCCURRENCES)  # ... and their most
 TRUST_DECAY = 0.95  # of what was taken and expected, per verification: the stream is followed
 PROBE_EVERY = 16  # tokens a session that does not draft decodes before a one-token probe ...
 PROBE_MAX = 1024  # ... doubled after each probe rejected, up to this; reset by one taken
@@ -253,8 +254,7 @@ class DraftControl:
             return False
         if self.since_draft >= self.probe_every:
             return True
-        most = [*(least - 1 for least in SUPPORT[1:]), OCCURRENCES]  # each class's occurrences
-        sure = max(self.trust_of(c) * n / (n + 1) for c, n in enumerate(most))
+        sure = max(self.trust_of(c) * n / (n + 1) for c, n in enumerate(SUPPORT_MOST))
         return any(
             (1.0 + sure * k) / costs.ratio(k + 1, sequences) > MIN_GAIN
             for k in range(1, self.max_drafts + 1)
