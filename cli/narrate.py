@@ -167,6 +167,14 @@ def narrate(
             " ERROR stated) in an interval before it is an incident (else it is listed).",
         ),
     ] = 2,
+    page_handled: Annotated[
+        bool,
+        typer.Option(
+            "--page-handled",
+            help='A failure its program says it carried past ("falling back to", "deferred",'
+            ' "-- using"; no ERROR stated) is an incident as any (else it is listed).',
+        ),
+    ] = False,
     keep_lines: Annotated[
         bool,
         typer.Option(
@@ -255,6 +263,7 @@ def narrate(
         recur_intervals=recur_intervals,
         info_bursts=info_bursts,
         inferred_min=inferred_errors,
+        page_handled=page_handled,
         stream=stream_name,
         keep_lines=keep_lines,
     )

@@ -67,6 +67,7 @@ class NarrateConfig:
     recur_intervals: int = 3
     info_bursts: bool = False
     inferred_min: int = 2
+    page_handled: bool = False
     stream: str = ""  # a narrated stream kept by the daemon (`--stream`); "" this process's
     keep_lines: bool = False  # the daemon keeps each interval's raw lines (`--keep-lines`)
 
@@ -113,6 +114,7 @@ class NarrateConfig:
             recur_intervals=self.recur_intervals,
             info_bursts=self.info_bursts,
             inferred_min=self.inferred_min,
+            page_handled=self.page_handled,
         )
 
 

@@ -29,9 +29,14 @@ from sinkd.narration.severity import ERROR_OR_WORSE, read_severity
 RULES = {
     "today": DigestConfig(),
     # an error back after one interval raised again; a new INFO template reaching 10 lines raised;
-    # one line whose words alone suggest an error raised, and again as a stated one would be
+    # one line whose words alone suggest an error raised, and again as a stated one would be,
+    # though its program said it carried on past it
     "before": DigestConfig(
-        recur_intervals=1, info_bursts=True, inferred_min=1, inferred_weaker=False
+        recur_intervals=1,
+        info_bursts=True,
+        inferred_min=1,
+        inferred_weaker=False,
+        page_handled=True,
     ),
 }
 WITHIN = 200  # lines after an incident's first line in which a narration must cite it

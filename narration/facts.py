@@ -23,13 +23,20 @@ from dataclasses import astuple, dataclass, field, replace
 from typing import Any
 
 from sinkd.narration.grounding import words_of
-from sinkd.narration.severity import ERROR_OR_WORSE, Severity, read_severity
+from sinkd.narration.severity import (
+    ERROR_OR_WORSE,
+    Severity,
+    carries_on,
+    program_of,
+    read_severity,
+)
 from sinkd.narration.templates import MASK, TemplateMiner
 
 RATE_WEIGHT = 0.3  # each interval's weight in a template's baseline rate (per line)
 MAX_MUTED = 256  # templates a stream may have muted
 MAX_INCIDENTS = 50  # incidents opened or ended listed per interval (all are tracked)
 SHOWN_CHARS = 120  # a template as printed and given to the model
+HANDLED_WITHIN = 3  # lines after a failure in which its program may say it carried on
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class DigestConfig:
     inferred_weaker: bool = True  # such an error, once known, pages only as a burst (False: the
     # rules before issue 73, for bench/narrate_incidents.py's comparison)
     info_bursts: bool = False  # a new INFO template bursting is an incident too (else a fact)
+    page_handled: bool = False  # a failure its program says it carried past ("falling back to",
+    # "deferred", "-- using"), where only words say it, pages as any (else it is listed only)
     burst_factor: float = 4.0  # this many times the template's baseline rate
     steady_intervals: int = 3  # present in this many intervals in a row before "stopped" can say so
     stop_min_expected: float = 5.0  # and expected at least this many times in the interval
@@ -251,6 +260,7 @@ class _Tally:
     # a line of it stated error or worse, or its words named a crash (panic, segfault, out of
     # memory): not only words a routine line says too ("denied", "unable to")
     sure: bool = False
+    handled: int = 0  # lines of it its program said it carried past (unless `page_handled`)
 
 
 @dataclass
@@ -290,6 +300,8 @@ class Digest:
         self._gaps: list[Gap] = []
         self.muted: set[int] = set()  # templates the operator muted: listed, never paged
         self._last_time: float | None = None
+        # the last few lines whose words alone said error: line, template, program
+        self._unhandled: list[tuple[int, int, str]] = []
 
     def observe(self, line: str) -> Facts | None:
         """Read one line; the interval it closes, if it closes one."""
@@ -301,6 +313,15 @@ class Digest:
             self._gaps.append(Gap(n - 1, round(now - self._last_time, 1)))
         self._last_time = now
         severity, stated = read_severity(line)
+        inferred = severity == Severity.ERROR and not stated
+        if self._unhandled and n - self._unhandled[-1][0] > HANDLED_WITHIN:
+            self._unhandled = []  # no failure left that a line may still say was handled
+        carried_on = (
+            not cfg.page_handled and (inferred or bool(self._unhandled)) and carries_on(line)
+        )
+        if carried_on and inferred:
+            # "unable to qualify my own domain name -- using short name": handled, a warning
+            severity = Severity.WARNING
         match = self.miner.add(line, n, severity.label)
         tid = match.template.id
         known = self._known.get(tid)
@@ -321,6 +342,8 @@ class Digest:
         )
         if len(tally.words) < cfg.support_tokens:
             tally.words.update(line.split()[: cfg.support_tokens - len(tally.words)])
+        if carried_on or (inferred and not cfg.page_handled):
+            self._note_handling(line, n, tid, carried_on)
         if tid not in self._raised and self._starts_incident(tid, severity, tally, known):
             self._raised[tid] = n
             if self._incident_at is None:
@@ -367,9 +390,11 @@ class Digest:
                     t.example,
                     sorted(t.words),
                     t.sure,
+                    t.handled,
                 ]
                 for tid, t in self._tallies.items()
             ],
+            "unhandled": [list(u) for u in self._unhandled],
             "known": [[tid, *astuple(k)] for tid, k in self._known.items()],
             "raised": sorted(self._raised.items()),
             "open": [i.as_dict() for i in self._open.values()],
@@ -390,10 +415,13 @@ class Digest:
         digest.lines = state["lines"]
         digest._number = state["number"]
         digest._first = state["first"]
-        for tid, count, first, last, severity, example, words, *sure in state["tallies"]:
-            digest._tallies[tid] = _Tally(  # a state from before `sure` counts as sure
-                count, first, last, Severity(severity), example, set(words), all(sure)
+        for tid, count, first, last, severity, example, words, *later in state["tallies"]:
+            sure = later[0] if later else True  # a state from before `sure` counts as sure
+            handled = later[1] if len(later) > 1 else 0
+            digest._tallies[tid] = _Tally(
+                count, first, last, Severity(severity), example, set(words), sure, handled
             )
+        digest._unhandled = [(at, tid, program) for at, tid, program in state.get("unhandled", [])]
         for tid, *known in state["known"]:
             digest._known[tid] = _Known(*known)
         digest._raised = {tid: line for tid, line in state["raised"]}
@@ -445,10 +473,11 @@ class Digest:
         if severity >= ERROR_OR_WORSE:
             usual = cfg.burst_factor * known.rate * cfg.every_lines
             if not tally.sure:  # its words alone say trouble: weaker news than a stated level
-                if tally.count < cfg.inferred_min:
+                unhandled = tally.count - tally.handled
+                if unhandled < cfg.inferred_min:
                     return False  # one "denied" or "unable to" is a fact; the same again a page
                 if known.intervals > 0 and cfg.inferred_weaker:  # seen before: news as a burst
-                    return tally.count >= max(cfg.burst_min, usual)
+                    return unhandled >= max(cfg.burst_min, usual)
             quiet = self._number - known.present_in  # closed intervals without it
             if known.intervals == 0 or quiet >= cfg.recur_intervals:
                 return True
@@ -457,6 +486,25 @@ class Digest:
         if not (new_since_start and tally.count >= cfg.burst_min):
             return False
         return cfg.info_bursts or tally.severity >= Severity.WARNING
+
+    def _note_handling(self, line: str, n: int, tid: int, carried_on: bool) -> None:
+        """A line that says its program carried on ("debconf: falling back to frontend: Readline")
+        marks that program's failure just before it ("debconf: unable to initialize frontend")
+        handled: a fallback taken is not a page. One failure per such line; a failure whose
+        words alone say it is noted for the next lines."""
+        program = program_of(line)
+        self._unhandled = [u for u in self._unhandled if n - u[0] <= HANDLED_WITHIN]
+        if not carried_on:
+            self._unhandled.append((n, tid, program))
+            return
+        for i in reversed(range(len(self._unhandled))):
+            at, failed, by = self._unhandled[i]
+            if by == program:
+                del self._unhandled[i]
+                tally = self._tallies.get(failed)
+                if tally is not None and tally.first_line <= at:  # in this interval
+                    tally.handled += 1
+                return
 
     def _cut(self, incident: bool) -> Facts:
         cfg = self.config

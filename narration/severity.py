@@ -51,6 +51,14 @@ _ERROR_WORDS = re.compile(
 _WARNING_WORDS = re.compile(
     _BEFORE + r"(?:warn(?:ing)?s?|deprecated|retry(?:ing)?|invalid)" + _AFTER, re.IGNORECASE
 )
+# words that say the program carried on past the trouble it reports: a fallback taken, a
+# delivery deferred, a retry to come ("unable to qualify my own domain name -- using short name")
+_CARRIES_ON = re.compile(
+    r"\b(?:falling back|falls? back to|will retry|trying again|deferred)\b|(?:^|\s)--\s+using\b",
+    re.IGNORECASE,
+)
+# the program a line comes from: the first word that ends with a colon, its pid cut ("sshd[12]:")
+_PROGRAM = re.compile(r"(?:^|\s)([A-Za-z][\w.@/-]*?)(?:\[\d+\])?:(?=\s|$)")
 LEVEL_SCAN_TOKENS = 12  # a level token is looked for among the first tokens only
 
 
@@ -84,6 +92,20 @@ def read_severity(line: str) -> tuple[Severity, bool]:
     if _WARNING_WORDS.search(line):
         return Severity.WARNING, False
     return Severity.INFO, False
+
+
+def carries_on(line: str) -> bool:
+    """The line says its program went on past the trouble: "falling back to", "deferred", "will
+    retry". Such a failure, where only the line's words say it, is handled, not news to page."""
+    return _CARRIES_ON.search(line) is not None
+
+
+def program_of(line: str) -> str:
+    """The program that wrote the line, where the line names it before a colon among its first
+    words ("debconf:", "sendmail[4306]:"); "" where it names none."""
+    head = " ".join(line.split()[:LEVEL_SCAN_TOKENS])
+    found = _PROGRAM.search(head)
+    return found.group(1) if found else ""
 
 
 def stated_level(line: str) -> Severity | None:

@@ -430,6 +430,7 @@ def digest_options_from_pb(m: pb.DigestOptions) -> DigestOptions:
         info_bursts=m.info_bursts,
         keep_lines=m.keep_lines,
         inferred_min=m.inferred_min,
+        page_handled=m.page_handled,
     )
 
 

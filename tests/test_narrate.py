@@ -124,6 +124,56 @@ def test_one_line_whose_words_alone_suggest_an_error_is_a_fact_the_same_again_a_
     assert sum(f.incident for f in digest_all([*burst, *steady(40, 967)], every_lines=200)) == 2
 
 
+FALLS_BACK = [  # apt's term.log in a container, each install
+    "debconf: unable to initialize frontend: Dialog",
+    "debconf: (TERM is not set, so the dialog frontend is not usable.)",
+    "debconf: falling back to frontend: Readline",
+    "debconf: unable to initialize frontend: Readline",
+    "debconf: (This frontend requires a controlling tty.)",
+    "debconf: falling back to frontend: Teletype",
+]
+
+
+def test_a_failure_its_program_says_it_carried_past_is_listed_not_paged() -> None:
+    """debconf that cannot start a frontend and falls back to another, twice an install: listed as
+    it said, never paged. Without the fallback, a fallback of another program, one too far after
+    it, or at the rules before, the same failures page."""
+
+    def raised(failures: list[str], **config: Any) -> int:
+        cuts = digest_all([*steady(100), *failures, *steady(100, 100)], every_lines=200, **config)
+        return sum(f.incident for f in cuts)
+
+    cuts = digest_all([*steady(100), *FALLS_BACK, *FALLS_BACK, *steady(100, 100)], every_lines=200)
+    assert not any(f.incident for f in cuts)
+    assert [(e.count, e.severity) for f in cuts for e in f.errors] == [(4, "error")]
+    assert raised([line for line in FALLS_BACK if "falling back" not in line]) == 1
+    other = [line.replace("debconf: falling", "dhclient: falling") for line in FALLS_BACK]
+    assert raised(other) == 1
+    late = [*FALLS_BACK[:2], *steady(2, 100), *FALLS_BACK[2:5], *steady(2, 102), FALLS_BACK[5]]
+    assert raised(late) == 1  # each fallback four lines after its failure
+    assert raised(FALLS_BACK * 2, page_handled=True) == 1
+    # where the line says so itself, the failure is a warning: listed as one, not paged
+    qualify = "Nov  9 12:01:3{} src@eadmin1 sendmail[43{}]: unable to qualify my own domain name"
+    said = [qualify.format(i, i) + f" (eadmin{i}) -- using short name" for i in range(4)]
+    cuts = digest_all([*steady(100), *said, *steady(100, 100)], every_lines=200)
+    assert not any(f.incident for f in cuts) and not any(f.errors for f in cuts)
+    assert raised([qualify.format(i, i) + f" (eadmin{i})" for i in range(4)]) == 1
+
+
+@pytest.mark.parametrize("cut_at", [101, 102, 103])
+def test_a_digest_restored_between_a_failure_and_its_fallback_still_pairs_them(
+    cut_at: int,
+) -> None:
+    lines = [*steady(100), *FALLS_BACK, *FALLS_BACK, *steady(100, 100)]
+    first = Digest(DigestConfig(every_lines=200), clock=lambda: 0.0)
+    before = [f for f in map(first.observe, lines[:cut_at]) if f is not None]
+    second = Digest.restored(json.loads(json.dumps(first.state())), first.config, lambda: 0.0)
+    after = [f for f in map(second.observe, lines[cut_at:]) if f is not None]
+    last = second.cut()
+    cuts = [*before, *after, *([last] if last else [])]
+    assert cuts == digest_all(lines, every_lines=200) and not any(f.incident for f in cuts)
+
+
 def test_a_planted_fatal_line_cuts_its_interval_before_the_next_mark() -> None:
     lines = [
         *steady(130),

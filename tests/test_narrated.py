@@ -26,6 +26,7 @@ from sinkd.errors import (
     SessionElsewhere,
 )
 from sinkd.narration.facts import Digest, DigestConfig, Facts
+from sinkd.proto.convert import digest_options_from_pb, digest_options_to_pb
 from tests.support.disk import holders
 from tests.support.services import fake_service
 
@@ -620,4 +621,31 @@ def test_a_mute_that_finds_its_stream_forgotten_before_it_holds_it_says_so_and_m
         service.narrated.muted(ALICE, "web")
     assert service.narrated.feed(ALICE, "web", log(5)).lines == 5
     assert service.narrated.muted(ALICE, "web") == []
+    service.stop()
+
+
+def test_a_stream_pages_a_failure_its_program_carried_past_only_where_asked(
+    tmp_path: Path,
+) -> None:
+    """debconf failing to start a frontend and falling back, through the daemon and through the
+    gRPC message: listed, not paged, through a restart between a failure and its fallback; a
+    stream asked to (`page_handled`) pages it."""
+    falls_back = [
+        "debconf: unable to initialize frontend: Dialog",
+        "debconf: falling back to frontend: Readline",
+        "debconf: unable to initialize frontend: Readline",
+        "debconf: falling back to frontend: Teletype",
+    ]
+    lines = [*log(50), *falls_back, *log(50, 50)]
+    paging = digest_options_from_pb(digest_options_to_pb(DigestOptions(100, page_handled=True)))
+    service = fake_service(tmp_path, durable=True)
+    service.narrated.feed(ALICE, "apt", lines[:51], False, EVERY)  # a failure, not its fallback
+    service.narrated.feed(ALICE, "asked", lines, True, paging)
+    service.stop()
+    service = fake_service(tmp_path, durable=True)
+    quiet = facts_of(service.narrated.feed(ALICE, "apt", lines[51:], True).closed)
+    assert [(e.count, e.severity) for f in quiet for e in f.errors] == [(2, "error")]
+    assert not any(f.incident for f in quiet)
+    asked = facts_of(service.narrated.history(ALICE, "asked"))
+    assert [i.count for f in asked for i in f.opened] == [2]
     service.stop()

@@ -519,6 +519,7 @@ class DigestOptions:
     # keep each interval's raw lines beside its facts (the first 1,000), forgotten with them
     keep_lines: bool = False
     inferred_min: int = 0  # lines of an error only its words suggest ("denied") before a page
+    page_handled: bool = False  # such an error its program says it carried past pages too
 
 
 @dataclass(frozen=True)

@@ -491,6 +491,7 @@ def digest_config(options: DigestOptions) -> DigestConfig:
         recur_intervals=options.recur_intervals or base.recur_intervals,
         info_bursts=options.info_bursts,
         inferred_min=options.inferred_min or base.inferred_min,
+        page_handled=options.page_handled,
     )
 
 

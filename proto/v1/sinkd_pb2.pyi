@@ -753,7 +753,7 @@ class HeldTenantsResponse(_message.Message):
     def __init__(self, tenants: _Optional[_Iterable[_Union[HeldTenant, _Mapping]]] = ..., arrived: _Optional[str] = ...) -> None: ...
 
 class DigestOptions(_message.Message):
-    __slots__ = ("every_lines", "incident_lines", "incident_seconds", "gap_seconds", "recur_intervals", "info_bursts", "keep_lines", "inferred_min")
+    __slots__ = ("every_lines", "incident_lines", "incident_seconds", "gap_seconds", "recur_intervals", "info_bursts", "keep_lines", "inferred_min", "page_handled")
     EVERY_LINES_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_LINES_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -762,6 +762,7 @@ class DigestOptions(_message.Message):
     INFO_BURSTS_FIELD_NUMBER: _ClassVar[int]
     KEEP_LINES_FIELD_NUMBER: _ClassVar[int]
     INFERRED_MIN_FIELD_NUMBER: _ClassVar[int]
+    PAGE_HANDLED_FIELD_NUMBER: _ClassVar[int]
     every_lines: int
     incident_lines: int
     incident_seconds: float
@@ -770,7 +771,8 @@ class DigestOptions(_message.Message):
     info_bursts: bool
     keep_lines: bool
     inferred_min: int
-    def __init__(self, every_lines: _Optional[int] = ..., incident_lines: _Optional[int] = ..., incident_seconds: _Optional[float] = ..., gap_seconds: _Optional[float] = ..., recur_intervals: _Optional[int] = ..., info_bursts: _Optional[bool] = ..., keep_lines: _Optional[bool] = ..., inferred_min: _Optional[int] = ...) -> None: ...
+    page_handled: bool
+    def __init__(self, every_lines: _Optional[int] = ..., incident_lines: _Optional[int] = ..., incident_seconds: _Optional[float] = ..., gap_seconds: _Optional[float] = ..., recur_intervals: _Optional[int] = ..., info_bursts: _Optional[bool] = ..., keep_lines: _Optional[bool] = ..., inferred_min: _Optional[int] = ..., page_handled: _Optional[bool] = ...) -> None: ...
 
 class NarrateRequest(_message.Message):
     __slots__ = ("stream", "lines", "close", "options", "new_pipe")
