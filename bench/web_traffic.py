@@ -3,7 +3,7 @@ pages and their assets, revisits asking If-Modified-Since, the usual 404s (a fav
 page), a directory without its slash (301), HEAD checks, over keep-alive connections.
 
     apt-get install nginx-light && nginx      # serves /var/www/html, logs /var/log/nginx/
-    python bench/web_traffic.py http://127.0.0.1/ --requests 20000
+    python bench/web_traffic.py http://127.0.0.1/ --requests 20000 --site /var/www/html
 
 `bench/narrate_incidents.py` then reads /var/log/nginx/access.log as a log with no trouble.
 Seeded: the same mix each run.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import random
+from pathlib import Path
 from urllib.parse import urlsplit
 
 PAGES = ["/", "/about.html", "/contact.html", "/pricing.html", "/blog.html", "/docs/"]
@@ -47,12 +48,27 @@ def visit(rng: random.Random) -> list[tuple[str, str, dict[str, str]]]:
     return out
 
 
+def write_site(root: Path) -> None:
+    """The pages and assets the visitors ask for, where the server serves them (the misses stay
+    missing): without them every page is a 404, not ordinary traffic."""
+    for path in [*PAGES, *ASSETS]:
+        file = root / path.lstrip("/")
+        if path.endswith("/"):
+            file = file / "index.html"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        if not file.exists():
+            file.write_text(f"<!doctype html><title>{path}</title><p>{path}</p>\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--site", type=Path, help="the server's root: write the pages there first")
     args = parser.parse_args()
+    if args.site:
+        write_site(args.site)
     where = urlsplit(args.url)
     rng = random.Random(args.seed)
     sent = 0
