@@ -3,7 +3,8 @@
 `Digest` reads every line (a template and its severity each), and cuts the stream into intervals:
 every `every_lines` lines, and early for an incident. An incident is a template at error or worse
 that is new or back after quiet intervals (where only its words say error, not its stated level,
-and they name no crash: when it comes twice, and once known only as a burst), or a template new
+and they name no crash: when it comes twice, not counting lines its program said it carried past,
+and once known only as a burst), or a template new
 since the first interval whose count reaches `burst_min`; its interval closes `incident_lines`
 lines (or `incident_seconds`) after its first line, so a flood becomes one interval with a count,
 not an interval per line. A template already in the previous interval starts no incident: a flood that
