@@ -153,3 +153,20 @@ def test_a_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: ImportError
     with pytest.raises(Unsupported, match=r"pip install 'sinkd\[plots\]'"):
         pyplot()
+
+
+def test_the_engines_install_carries_only_libraries_the_daemon_loads() -> None:
+    """llama-cpp-python built as the Makefile builds it installs no library that nothing sinkd
+    loads links (llama.cpp's common library: deploy/llama.cpp/common-only-for-llava.patch)."""
+    import llama_cpp  # noqa: F401  (loads libllama and the ggml libraries it links)
+
+    def stem(name: str) -> str:
+        return name.split(".so")[0]
+
+    installed = {
+        stem(Path(str(f)).name) for f in md.files("llama_cpp_python") or [] if ".so" in str(f)
+    }
+    maps = Path("/proc/self/maps").read_text()
+    loaded = {stem(Path(line.split()[-1]).name) for line in maps.splitlines() if ".so" in line}
+    assert {"libllama", "libggml", "libggml-base", "libggml-cpu"} <= installed & loaded
+    assert installed <= loaded, f"installed, never loaded: {sorted(installed - loaded)}"
