@@ -14,6 +14,7 @@ ENGINE := $(VENV)/.engine-$(subst llama-cpp-python==,,$(LLAMA_CPP))
 LLAMA_PATCH := deploy/llama.cpp/sgemm-float-rows.patch
 # ... and without llama.cpp's common library, which nothing sinkd loads links (shorter builds)
 COMMON_PATCH := deploy/llama.cpp/common-only-for-llava.patch
+LLAMA_PATCHES := $(LLAMA_PATCH) $(COMMON_PATCH)
 LLAMA_SRC := build/llama-cpu
 # the patched build exports a symbol of its own from ggml's CPU library (pip could replace it)
 FLOAT_ROWS = $(1)/python -c "import ctypes, glob, llama_cpp, os, sys; d = os.path.join(os.path.dirname(llama_cpp.__file__), 'lib'); sys.exit(not any(hasattr(ctypes.CDLL(p), 'sinkd_sgemm_float_rows') for p in glob.glob(d + '/libggml-cpu.*')))"
@@ -25,13 +26,12 @@ check: install lint test
 install: $(VENV)/.installed models
 
 # llama-cpp-python from its sdist with sinkd's patches (3-5 minutes on 2 cores)
-$(ENGINE): $(LLAMA_PATCH) $(COMMON_PATCH)
+$(ENGINE): $(LLAMA_PATCHES)
 	$(PYTHON) -m venv $(VENV)
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
 	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(LLAMA_SRC) '$(LLAMA_CPP)'
 	tar -xzf $(LLAMA_SRC)/*.tar.gz -C $(LLAMA_SRC)
-	cd $(LLAMA_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$(LLAMA_PATCH)
-	cd $(LLAMA_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$(COMMON_PATCH)
+	for p in $(LLAMA_PATCHES); do (cd $(LLAMA_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$$p) || exit 1; done
 	$(BIN)/pip install -q --no-cache-dir --force-reinstall $(LLAMA_SRC)/llama_cpp_python-*/
 	$(call FLOAT_ROWS,$(BIN)) || (echo "llama.cpp was built without $(LLAMA_PATCH)" && false)
 	touch $@
@@ -86,15 +86,13 @@ VK_SRC := build/llama-vulkan
 
 install-vulkan: $(VK_VENV)/.installed
 
-$(VK_VENV)/.installed: pyproject.toml deploy/vulkan/ggml-vulkan-layer-settings.patch $(LLAMA_PATCH) \
-  $(COMMON_PATCH)
+$(VK_VENV)/.installed: pyproject.toml deploy/vulkan/ggml-vulkan-layer-settings.patch $(LLAMA_PATCHES)
 	$(PYTHON) -m venv $(VK_VENV)
 	rm -rf $(VK_SRC) && mkdir -p $(VK_SRC)
 	$(VK_VENV)/bin/pip download -q --no-deps --no-binary :all: -d $(VK_SRC) '$(LLAMA_CPP)'
 	tar -xzf $(VK_SRC)/*.tar.gz -C $(VK_SRC)
 	cd $(VK_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/deploy/vulkan/ggml-vulkan-layer-settings.patch
-	cd $(VK_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$(LLAMA_PATCH)
-	cd $(VK_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$(COMMON_PATCH)
+	for p in $(LLAMA_PATCHES); do (cd $(VK_SRC)/llama_cpp_python-*/ && patch -p1 < $(CURDIR)/$$p) || exit 1; done
 	CMAKE_ARGS="$$CMAKE_ARGS -DGGML_VULKAN=ON" $(VK_VENV)/bin/pip install -q --no-cache-dir $(VK_SRC)/llama_cpp_python-*/
 	$(VK_VENV)/bin/pip install -q -e '.[dev]'
 	$(VK_VENV)/bin/python -c "from sinkd.daemon.engine import devices as d; assert 'Vulkan' in d.backends()" \

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine, table, write
+from common import table, write
 
 ROWS = range(1, 10)
 TIMED = 30  # passes timed per shape
@@ -45,13 +45,12 @@ def row_costs() -> tuple[dict[int, float], float, float]:
     """The median seconds of a pass by rows over a one-row pass's, what a one-row pass after a
     verification's costs beyond one after a one-row pass (of a one-row pass), and the one-row
     pass's seconds."""
+    import speculative
+
     from sinkd.daemon.config import Settings
     from sinkd.daemon.engine.decoding import BatchItem
     from sinkd.daemon.engine.loading import open_engine
     from sinkd.daemon.runtime.boot import engine_config
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    import speculative
 
     with tempfile.TemporaryDirectory() as tmp:
         config = engine_config(Settings(state_dir=Path(tmp), durable=False))
@@ -92,7 +91,6 @@ def row_costs() -> tuple[dict[int, float], float, float]:
 def tokens() -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     """The workloads' prompts as the daemon reads them, and their greedy continuations from a
     real daemon, drafting off."""
-    sys.path.insert(0, str(Path(__file__).parent))
     import speculative
 
     from sinkd.daemon.engine.llama import EngineConfig
@@ -245,7 +243,7 @@ def main() -> None:
     path = write(
         "draft_ceiling",
         {"row_cost": cost, "switch": switch, "one_row_s": one, "cells": BUDGET_CELLS,
-         "budget": budget, "evict_chunk": chunk, "workloads": results, "machine": machine()},
+         "budget": budget, "evict_chunk": chunk, "workloads": results},
     )  # fmt: skip
     print(path)
 
